@@ -1,0 +1,28 @@
+"""The drift pipeline: check drift against the champion's reference, trigger retraining when it moved."""
+from kfp import dsl
+
+from components.monitoring import check_drift, trigger_retraining
+from pipelines.settings import DEFAULT_MODEL_NAME
+
+PIPELINE_NAME = "kfloop-drift"
+
+
+@dsl.pipeline(name=PIPELINE_NAME, description="Evidently drift of features and champion predictions; "
+                                              "retrain when the data has moved.")
+def drift_pipeline(
+    current_uri: str,
+    reference_uri: str = "",
+    schema_uri: str = "",
+    model_name: str = DEFAULT_MODEL_NAME,
+    drift_policy: dict = {},
+    trigger_policy: dict = {},
+    training_params: dict = {},
+) -> bool:
+    drift = check_drift(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
+                        model_name=model_name, drift_policy=drift_policy)
+    drift.set_display_name("check drift")
+    with dsl.If(drift.outputs["drifted"] == True, name="drifted"):  # noqa: E712 (KFP condition, not Python)
+        trigger_retraining(model_name=model_name, dataset_uri=current_uri, data_md5=drift.outputs["data_md5"],
+                           reason="data drift", trigger_policy=trigger_policy, training_params=training_params
+                           ).set_display_name("trigger retraining")
+    return drift.outputs["drifted"]

@@ -1,0 +1,101 @@
+"""Run a pipeline on this machine with kfp.local's SubprocessRunner, with quiet, readable progress."""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from pipelines.settings import Environment, activate
+
+PROGRESS_PREFIX = "[kfloop] "
+_TASK_DONE = re.compile(r"Task \W*'?([\w-]+)'?\W* finished with status \W*(\w+)")
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Failure)): (.+)$")
+
+
+class PipelineFailed(RuntimeError):
+    """A local pipeline run failed; ``step`` and the step's own error message are kept."""
+
+    def __init__(self, pipeline: str, step: str, message: str, log_path: Path):
+        self.step, self.message, self.log_path = step, message, log_path
+        super().__init__(f"{pipeline}: step '{step}' failed: {message} (full log: {log_path})")
+
+
+class _ProgressFilter(io.TextIOBase):
+    """Keeps every line of kfp.local's output in a log file; echoes only kfloop progress and task results."""
+
+    def __init__(self, log: TextIO, echo: TextIO | None):
+        self.log, self.echo, self._buf = log, echo, ""
+        self.last_error = ""
+        self.failed_step = ""
+        self.started = time.monotonic()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.log.write(s)
+        self._buf += s
+        *lines, self._buf = self._buf.split("\n")
+        for line in lines:
+            self._line(re.sub(r"\x1b\[[0-9;]*m", "", line))
+        return len(s)
+
+    def _line(self, line: str) -> None:
+        if m := _ERROR_LINE.match(line.strip()):
+            self.last_error = f"{m.group(1)}: {m.group(2)}"
+        if PROGRESS_PREFIX in line:
+            self._echo(line[line.index(PROGRESS_PREFIX):])
+        elif m := _TASK_DONE.search(line):
+            if m.group(2) != "SUCCESS":
+                self.failed_step = self.failed_step or m.group(1)
+            self._echo(f"{PROGRESS_PREFIX}step {m.group(1)}: {m.group(2).lower()} "
+                       f"({time.monotonic() - self.started:.1f} s)")
+
+    def _echo(self, text: str) -> None:
+        if self.echo is not None:
+            self.echo.write(text + "\n")
+            self.echo.flush()
+
+
+@dataclass(kw_only=True, slots=True)
+class LocalRun:
+    """Result of one local pipeline run."""
+
+    pipeline: str
+    output: Any
+    seconds: float
+    log_path: Path
+
+
+def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environment, *,
+              echo: TextIO | None = sys.stderr) -> LocalRun:
+    """Run ``pipeline(**params)`` with kfp.local's SubprocessRunner in this venv.
+
+    Each step's output goes to a log file under the workdir; ``echo`` gets progress lines.
+
+    Raises:
+        PipelineFailed: a step failed; the message is the step's own error.
+    """
+    from kfp import local
+
+    activate(env)
+    name = pipeline.component_spec.name
+    log_dir = env.workdir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}.log"
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(env.pipeline_root),
+               raise_on_error=True)
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        sink = _ProgressFilter(log, echo)
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                task = pipeline(**params)
+        except RuntimeError as exc:
+            raise PipelineFailed(name, sink.failed_step or "?", sink.last_error or str(exc), log_path) from None
+    return LocalRun(pipeline=name, output=task.output, seconds=time.monotonic() - start, log_path=log_path)

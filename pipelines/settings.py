@@ -1,0 +1,109 @@
+"""Where kfloop keeps its state, and the one place that reads the environment and ``kfloop.yaml``."""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_MODEL_NAME = "kfloop-model"
+CONFIG_FILE = "kfloop.yaml"
+
+
+@dataclass(kw_only=True, slots=True)
+class Environment:
+    """The embedded defaults of one machine, or what the cluster's environment says."""
+
+    workdir: Path
+    """State root: ``--workdir``, else ``KFLOOP_HOME``, else ``./.kfloop``."""
+    tracking_uri: str
+    """MLflow: ``MLFLOW_TRACKING_URI``, else SQLite under the workdir."""
+    git_commit: str
+    """Commit of the code that runs: ``KFLOOP_GIT_COMMIT`` (set in images), else ``git rev-parse HEAD``."""
+
+    @property
+    def pipeline_root(self) -> Path:
+        """kfp.local's artifact root."""
+        return self.workdir / "pipeline-root"
+
+    def export(self) -> dict[str, str]:
+        """The variables a step process needs to see the same environment."""
+        return {"KFLOOP_HOME": str(self.workdir), "MLFLOW_TRACKING_URI": self.tracking_uri,
+                "KFLOOP_GIT_COMMIT": self.git_commit}
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    """HEAD's sha, with ``-dirty`` when the work tree has changes; ``unknown`` outside a git repo."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return sha + ("-dirty" if dirty else "")
+
+
+def load_environment(workdir: str | os.PathLike | None = None) -> Environment:
+    """Resolve the workdir, MLflow URI and git commit (see :class:`Environment`)."""
+    root = Path(workdir or os.environ.get("KFLOOP_HOME") or ".kfloop").resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
+    commit = os.environ.get("KFLOOP_GIT_COMMIT") or git_commit()
+    return Environment(workdir=root, tracking_uri=uri, git_commit=commit)
+
+
+def activate(env: Environment) -> None:
+    """Make this process and every step it starts use ``env`` (MLflow client, artifact root, workdir)."""
+    os.environ.update(env.export())
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+    if env.tracking_uri.startswith("sqlite:"):
+        os.environ.setdefault("MLFLOW_ARTIFACTS_DESTINATION", str(env.workdir / "mlartifacts"))
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs to a nested dict; values are YAML scalars (``3``, ``0.5``, ``true``, ``[64, 32]``).
+
+    Raises:
+        ValueError: a pair has no ``=`` or an empty key.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {pair!r}: expected key=value, e.g. --set training.epochs=5")
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(raw) if raw else ""
+    return out
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` into a copy of ``base``."""
+    out = dict(base)
+    for k, v in override.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config_file(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The optional ``kfloop.yaml`` (``path``, else ``./kfloop.yaml`` if present) as a dict.
+
+    Raises:
+        ValueError: the file is not a YAML mapping.
+    """
+    p = Path(path) if path else Path(CONFIG_FILE)
+    if not p.exists():
+        if path:
+            raise ValueError(f"{p}: config file not found")
+        return {}
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: expected a YAML mapping of settings, got {type(data).__name__}")
+    return data

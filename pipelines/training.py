@@ -1,0 +1,53 @@
+"""The training pipeline: validate -> split -> train -> evaluate vs champion -> register -> promote if blessed."""
+from kfp import dsl
+
+from components.data import split_holdout, validate_data
+from components.evaluation import evaluate_vs_champion
+from components.registry import promote, register_candidate
+from components.training import launch_training
+from pipelines.settings import DEFAULT_MODEL_NAME
+
+PIPELINE_NAME = "kfloop-training"
+
+
+@dsl.pipeline(name=PIPELINE_NAME, description="Validate data, train with DDP, gate against the champion, "
+                                              "register every candidate, promote the blessed one.")
+def training_pipeline(
+    dataset_uri: str,
+    schema_uri: str = "",
+    target: str = "",
+    model_name: str = DEFAULT_MODEL_NAME,
+    nnodes: int = 1,
+    nproc_per_node: int = 2,
+    backend: str = "local",
+    holdout_fraction: float = 0.2,
+    seed: int = 42,
+    training_config: dict = {},
+    promotion_policy: dict = {},
+) -> str:
+    validated = validate_data(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name)
+    validated.set_display_name("validate data")
+    split = split_holdout(dataset_uri=dataset_uri, holdout_fraction=holdout_fraction, seed=seed)
+    split.after(validated).set_display_name("split holdout")
+    trained = launch_training(train_data=split.outputs["train_data"], schema=validated.outputs["schema"],
+                              model_name=model_name, training_config=training_config, nnodes=nnodes,
+                              nproc_per_node=nproc_per_node, backend=backend,
+                              pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    trained.set_display_name("train (DDP)")
+    gate = evaluate_vs_champion(model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
+                                holdout_sha256=split.outputs["Output"], model_name=model_name,
+                                promotion_policy=promotion_policy)
+    gate.set_display_name("evaluate vs champion")
+    registered = register_candidate(model=trained.outputs["model"], report=gate.outputs["report"],
+                                    schema=validated.outputs["schema"], run_id=trained.outputs["Output"],
+                                    model_name=model_name, dataset_uri=dataset_uri,
+                                    data_md5=validated.outputs["data_md5"], holdout_sha256=split.outputs["Output"],
+                                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                                    champion_version=gate.outputs["champion_version"])
+    registered.set_display_name("register candidate")
+    with dsl.If(gate.outputs["blessed"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)
+        promote(model_name=model_name, version=registered.output, champion_version=gate.outputs["champion_version"],
+                model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
+                holdout_sha256=split.outputs["Output"], promotion_policy=promotion_policy
+                ).set_display_name("promote to champion")
+    return registered.output

@@ -1,0 +1,404 @@
+"""The evaluation gate: is the challenger good enough to replace the champion on the same holdout?
+
+Pure numpy/pandas/sklearn; nothing here touches MLflow or KFP. The rule, applied by :func:`evaluate`:
+
+* no champion: promote iff the primary metric clears ``floor``;
+* champion present: the floor, the absolute and the relative improvement, every slice of the declared slice
+  columns, and the paired-bootstrap confidence must all pass; a tie keeps the incumbent;
+* an undefined (NaN) metric never promotes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score
+
+from training.features import encode_target
+
+METRICS = ("accuracy", "f1_macro", "roc_auc", "log_loss")
+"""Metrics the gate computes; all but ``log_loss`` are higher-is-better."""
+LOWER_IS_BETTER = frozenset({"log_loss"})
+_BOOTSTRAP_CHUNK = 100
+"""Resamples drawn and scored at once (bounds memory at chunk x rows)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PromotionPolicy:
+    """When a challenger may replace the champion (see the module docstring for the rule)."""
+
+    primary_metric: str = "accuracy"
+    """One of ``accuracy``, ``f1_macro``, ``roc_auc`` (higher is better) or ``log_loss`` (lower is better)."""
+    floor: float | None = None
+    """Absolute bound the primary metric must clear for any promotion: a minimum, or for ``log_loss`` a
+    maximum. ``None``: no bound."""
+    min_improvement: float = 0.0
+    """Absolute gain over the champion the challenger must reach, in the metric's better direction. A gain of
+    exactly 0 (a tie) never promotes."""
+    min_relative_improvement: float = 0.0
+    """Gain divided by the champion's value (absolute) the challenger must reach."""
+    slice_columns: tuple[str, ...] = ()
+    """Categorical holdout columns whose every value (null included) is a slice checked on its own."""
+    max_slice_regression: float = 0.05
+    """Largest absolute loss on the primary metric any checked slice may show against the champion."""
+    min_slice_rows: int = 30
+    """Slices with fewer holdout rows are skipped (and reported as skipped)."""
+    bootstrap_samples: int = 1000
+    """Paired bootstrap resamples of the holdout used for ``confidence``."""
+    bootstrap_seed: int = 0
+    """Seed of the resampling; the same seed gives the same decision."""
+    required_confidence: float = 0.9
+    """Share of resamples on which the challenger must strictly beat the champion on the primary metric."""
+
+    def __post_init__(self) -> None:
+        if self.primary_metric not in METRICS:
+            raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)}")
+        if self.floor is not None:
+            if not math.isfinite(self.floor):
+                raise ValueError(f"floor={self.floor}: use a finite number, or null for no floor")
+            if self.primary_metric in LOWER_IS_BETTER and self.floor < 0:
+                raise ValueError(f"floor={self.floor}: {self.primary_metric} is >= 0; use a maximum >= 0 or null")
+            if self.primary_metric not in LOWER_IS_BETTER and not 0 <= self.floor <= 1:
+                raise ValueError(f"floor={self.floor}: {self.primary_metric} lies in [0, 1]; use a value in "
+                                 "that range or null")
+        for name in ("min_improvement", "min_relative_improvement", "max_slice_regression"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value}: use a finite number >= 0")
+        if isinstance(self.slice_columns, str):
+            raise ValueError(f"slice_columns={self.slice_columns!r}: use a list of column names, "
+                             f"e.g. [{self.slice_columns!r}]")
+        self.slice_columns = tuple(self.slice_columns)
+        if len(set(self.slice_columns)) != len(self.slice_columns):
+            raise ValueError(f"slice_columns={list(self.slice_columns)}: list each column once")
+        if self.min_slice_rows < 1:
+            raise ValueError(f"min_slice_rows={self.min_slice_rows}: use an integer >= 1")
+        if self.bootstrap_samples < 1:
+            raise ValueError(f"bootstrap_samples={self.bootstrap_samples}: use an integer >= 1 (1000 is typical)")
+        if not 0 <= self.required_confidence <= 1:
+            raise ValueError(f"required_confidence={self.required_confidence}: use a share in [0, 1], e.g. 0.9")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (see :meth:`from_dict`)."""
+        return {**asdict(self), "slice_columns": list(self.slice_columns)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PromotionPolicy":
+        """Build from a mapping such as :meth:`to_dict`'s output or a ``kfloop.yaml`` section.
+
+        Raises:
+            ValueError: an unknown key, or a value :meth:`__post_init__` rejects.
+        """
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown PromotionPolicy keys {unknown}; known keys are "
+                             f"{sorted(cls.__dataclass_fields__)}")
+        return cls(**d)
+
+
+@dataclass(kw_only=True, slots=True)
+class Decision:
+    """The gate's verdict and the evidence behind it."""
+
+    blessed: bool
+    """Whether the challenger may be promoted."""
+    reason: str
+    """One or two sentences, with the numbers, saying why."""
+    primary_metric: str
+    challenger_metrics: dict[str, float]
+    champion_metrics: dict[str, float] | None
+    """``None`` when there is no champion."""
+    improvement: float | None
+    """Challenger minus champion on the primary metric, signed so that positive is better (for
+    ``log_loss``: champion minus challenger)."""
+    relative_improvement: float | None
+    """``improvement`` over the champion's value (absolute)."""
+    confidence: float | None
+    """Share of paired bootstrap resamples on which the challenger strictly beat the champion."""
+    slices: list[dict[str, Any]] = field(default_factory=list)
+    """Per slice: column, value, rows, challenger, champion, delta (challenger minus champion, raw), ok,
+    skipped (why the slice was not checked, else ``None``)."""
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    """Per rule: name, passed, detail."""
+    policy: dict[str, Any] = field(default_factory=dict)
+    """The :class:`PromotionPolicy` applied, as a dict."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: NaN becomes ``None`` (see :meth:`from_dict`)."""
+        return _json_ready(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Decision":
+        """Inverse of :meth:`to_dict` (undefined metrics come back as NaN)."""
+        def metrics(m: dict[str, Any] | None) -> dict[str, float] | None:
+            return None if m is None else {k: math.nan if v is None else float(v) for k, v in m.items()}
+
+        return cls(**{**d, "challenger_metrics": metrics(d["challenger_metrics"]),
+                      "champion_metrics": metrics(d["champion_metrics"])})
+
+
+def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list) -> dict[str, float]:
+    """Accuracy, macro F1, ROC AUC and log loss of ``proba`` (rows x classes, columns in ``classes`` order).
+
+    ROC AUC: binary uses ``classes[1]`` as the positive class; multi-class is one-vs-rest, macro-averaged.
+    A metric that is undefined on these rows (ROC AUC when a class is absent from ``y_true_idx``, or every
+    metric when ``proba`` holds non-finite values) is NaN.
+
+    Raises:
+        ValueError: shapes disagree or a label index is out of range.
+    """
+    y, p = _check_inputs(y_true_idx, proba, classes)
+    if not np.isfinite(p).all():
+        return {m: math.nan for m in METRICS}
+    labels = np.arange(len(classes))
+    pred = p.argmax(axis=1)
+    out = {"accuracy": float(accuracy_score(y, pred)),
+           "f1_macro": float(f1_score(y, pred, average="macro", zero_division=0)),
+           "roc_auc": math.nan,
+           "log_loss": float(log_loss(y, p, labels=labels))}
+    if np.unique(y).size == len(classes):
+        out["roc_auc"] = float(roc_auc_score(y, p[:, 1]) if len(classes) == 2 else
+                               roc_auc_score(y, p, multi_class="ovr", average="macro", labels=labels))
+    return out
+
+
+def align_proba(proba: np.ndarray, proba_classes: list, classes: list) -> np.ndarray:
+    """Reorder ``proba`` (columns in ``proba_classes`` order) into ``classes`` order, e.g. to score a
+    champion trained on a different class set; a class the model does not know gets probability 0.
+
+    Raises:
+        ValueError: the model predicts a class outside ``classes`` (gate models on the same class set).
+    """
+    extra = [c for c in proba_classes if c not in classes]
+    if extra:
+        raise ValueError(f"the model predicts classes {extra} that are not in {classes}; evaluate both models "
+                         "on the same class set")
+    out = np.zeros((proba.shape[0], len(classes)), dtype=np.float64)
+    for j, c in enumerate(proba_classes):
+        out[:, classes.index(c)] = proba[:, j]
+    return out
+
+
+def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.ndarray | None, classes: list,
+             holdout: pd.DataFrame, policy: PromotionPolicy) -> Decision:
+    """Apply ``policy`` to the challenger (and the champion, if any) scored on the same holdout rows.
+
+    ``y_true`` holds the holdout's labels (values of ``classes``); both probability matrices have their
+    columns in ``classes`` order (see :func:`align_proba`); ``holdout`` supplies the slice columns.
+
+    Raises:
+        ValueError: a label is not in ``classes``, shapes disagree, or a slice column is not in ``holdout``.
+    """
+    y = encode_target(pd.Series(np.asarray(y_true, dtype=object), name="y_true"), classes)
+    if len(holdout) != len(y):
+        raise ValueError(f"holdout has {len(holdout)} rows but y_true has {len(y)}; pass the same rows")
+    missing = [c for c in policy.slice_columns if c not in holdout.columns]
+    if missing:
+        raise ValueError(f"slice columns {missing} are not in the holdout; columns are {list(holdout.columns)}")
+    metric = policy.primary_metric
+    chal = compute_metrics(y, challenger_proba, classes)
+    common = {"primary_metric": metric, "challenger_metrics": chal, "policy": policy.to_dict()}
+    floor = _floor_check(metric, chal[metric], policy.floor)
+
+    if champion_proba is None:
+        checks = [_defined_check({"challenger": chal[metric]}, metric), floor]
+        blessed = all(c["passed"] for c in checks)
+        reason = (f"promote: {floor['detail']} (no champion)" if blessed else
+                  "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"]) + " (no champion)")
+        return Decision(blessed=blessed, reason=reason, champion_metrics=None, improvement=None,
+                        relative_improvement=None, confidence=None, checks=checks, **common)
+
+    champ = compute_metrics(y, champion_proba, classes)
+    defined = _defined_check({"challenger": chal[metric], "champion": champ[metric]}, metric)
+    if not defined["passed"]:
+        return Decision(blessed=False, reason=f"reject: {defined['detail']}", champion_metrics=champ,
+                        improvement=None, relative_improvement=None, confidence=None, checks=[defined], **common)
+
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    improvement = sign * (chal[metric] - champ[metric])
+    relative = improvement / abs(champ[metric]) if champ[metric] != 0 else (math.inf if improvement > 0 else 0.0)
+    slices = _slices(y, challenger_proba, champion_proba, classes, holdout, policy)
+    confidence = _bootstrap_confidence(y, np.asarray(challenger_proba, dtype=np.float64),
+                                       np.asarray(champion_proba, dtype=np.float64), metric, policy)
+    checks = [defined, floor,
+              _improvement_check(metric, chal[metric], champ[metric], improvement, policy.min_improvement),
+              {"name": "min_relative_improvement", "passed": relative >= policy.min_relative_improvement,
+               "detail": f"relative improvement {relative:+.3%} "
+                         f"{'>=' if relative >= policy.min_relative_improvement else '<'} "
+                         f"{policy.min_relative_improvement:.3%}"},
+              _slice_check(metric, slices, policy.max_slice_regression),
+              {"name": "confidence", "passed": confidence >= policy.required_confidence,
+               "detail": f"confidence {confidence:.3f} {'>=' if confidence >= policy.required_confidence else '<'} "
+                         f"{policy.required_confidence}"}]
+    blessed = all(c["passed"] for c in checks)
+    if blessed:
+        by_name = {c["name"]: c["detail"] for c in checks}
+        reason = f"promote: {by_name['min_improvement']}, {by_name['confidence']}, {by_name['slices']}"
+    else:
+        reason = "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"])
+    return Decision(blessed=blessed, reason=reason, champion_metrics=champ, improvement=improvement,
+                    relative_improvement=relative, confidence=confidence, slices=slices, checks=checks, **common)
+
+
+def kfp_metrics(decision: Decision) -> dict[str, float]:
+    """Flat scalars for a KFP Metrics artifact: ``blessed`` (0/1), ``challenger_<metric>``,
+    ``champion_<metric>``, ``improvement``, ``relative_improvement``, ``confidence``, ``slices_failed``,
+    ``slices_skipped``. Undefined values (NaN, no champion, infinite) are left out."""
+    out: dict[str, float] = {"blessed": float(decision.blessed)}
+    for role, metrics in (("challenger", decision.challenger_metrics), ("champion", decision.champion_metrics)):
+        out.update({f"{role}_{k}": float(v) for k, v in (metrics or {}).items()})
+    out.update(improvement=decision.improvement, relative_improvement=decision.relative_improvement,
+               confidence=decision.confidence)
+    if decision.champion_metrics is not None:
+        out["slices_failed"] = float(sum(not s["ok"] for s in decision.slices))
+        out["slices_skipped"] = float(sum(s["skipped"] is not None for s in decision.slices))
+    return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(v)}
+
+
+def _check_inputs(y_true_idx: np.ndarray, proba: np.ndarray, classes: list) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y_true_idx)
+    p = np.asarray(proba, dtype=np.float64)
+    if p.ndim != 2 or p.shape != (len(y), len(classes)):
+        raise ValueError(f"proba has shape {p.shape}; expected (rows={len(y)}, classes={len(classes)}) "
+                         f"for classes {classes}")
+    if len(y) == 0:
+        raise ValueError("no rows to evaluate: the holdout is empty")
+    if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= len(classes):
+        raise ValueError(f"y_true_idx must be class indices in [0, {len(classes)}); got dtype {y.dtype}, "
+                         f"values {np.unique(y)[:5].tolist()}")
+    return y, p
+
+
+def _better(metric: str, a: float, b: float) -> bool:
+    return a < b if metric in LOWER_IS_BETTER else a > b
+
+
+def _defined_check(values: dict[str, float], metric: str) -> dict[str, Any]:
+    undefined = [role for role, v in values.items() if not math.isfinite(v)]
+    detail = (f"{metric} is defined for {' and '.join(values)}" if not undefined else
+              f"{' and '.join(undefined)} {metric} is undefined (NaN: non-finite probabilities, or a class "
+              "absent from the holdout)")
+    return {"name": "metrics_defined", "passed": not undefined, "detail": detail}
+
+
+def _floor_check(metric: str, value: float, floor: float | None) -> dict[str, Any]:
+    if floor is None:
+        return {"name": "floor", "passed": math.isfinite(value), "detail": f"{metric} {value:.3f} (no floor)"}
+    lower = metric in LOWER_IS_BETTER
+    passed = bool(value <= floor if lower else value >= floor)
+    op = ("<=" if passed else ">") if lower else (">=" if passed else "<")
+    return {"name": "floor", "passed": passed,
+            "detail": f"{metric} {value:.3f} {op} {'ceiling' if lower else 'floor'} {floor:.3f}"}
+
+
+def _improvement_check(metric: str, chal: float, champ: float, improvement: float, minimum: float) -> dict:
+    head = f"{metric} {chal:.3f} vs champion {champ:.3f}"
+    if improvement == 0:
+        return {"name": "min_improvement", "passed": False, "detail": f"{head} is a tie; the incumbent stays"}
+    passed = improvement > 0 and improvement >= minimum
+    return {"name": "min_improvement", "passed": passed,
+            "detail": f"{head} ({improvement:+.3f} {'>=' if passed else '<'} {minimum:.3f})"}
+
+
+def _slices(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray, classes: list, holdout: pd.DataFrame,
+            policy: PromotionPolicy) -> list[dict[str, Any]]:
+    metric, out = policy.primary_metric, []
+    for col in policy.slice_columns:
+        keys = holdout[col].astype("string").fillna("<null>").to_numpy(dtype=object)
+        for value in sorted(set(keys.tolist())):
+            mask = keys == value
+            rows = int(mask.sum())
+            chal = compute_metrics(y[mask], chal_p[mask], classes)[metric]
+            champ = compute_metrics(y[mask], champ_p[mask], classes)[metric]
+            regression = (chal - champ) if metric in LOWER_IS_BETTER else (champ - chal)
+            skipped = (f"{rows} rows < min_slice_rows {policy.min_slice_rows}" if rows < policy.min_slice_rows
+                       else f"{metric} undefined on this slice" if not math.isfinite(regression) else None)
+            out.append({"column": col, "value": None if value == "<null>" else value, "rows": rows,
+                        "challenger": chal, "champion": champ, "delta": chal - champ,
+                        "ok": skipped is not None or regression <= policy.max_slice_regression,
+                        "skipped": skipped})
+    return out
+
+
+def _slice_check(metric: str, slices: list[dict[str, Any]], max_regression: float) -> dict[str, Any]:
+    failed = [s for s in slices if not s["ok"]]
+    skipped = sum(s["skipped"] is not None for s in slices)
+    tail = f" ({skipped} small or undefined slice(s) skipped)" if skipped else ""
+    if not slices:
+        return {"name": "slices", "passed": True, "detail": "no slice columns declared"}
+    if not failed:
+        return {"name": "slices", "passed": True,
+                "detail": f"no slice regressed more than {max_regression:.3f}{tail}"}
+    verb = "rose" if metric in LOWER_IS_BETTER else "fell"
+    parts = [f"slice {s['column']}={s['value']} {metric} {verb} {abs(s['delta']):.3f} > {max_regression:.3f} "
+             f"({s['challenger']:.3f} vs champion {s['champion']:.3f}, {s['rows']} rows)" for s in failed]
+    return {"name": "slices", "passed": False, "detail": "; ".join(parts)}
+
+
+def _bootstrap_confidence(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray, metric: str,
+                          policy: PromotionPolicy) -> float:
+    """Share of paired resamples (the same rows for both models) on which the challenger strictly wins."""
+    rng = np.random.default_rng(policy.bootstrap_seed)
+    n, wins, done = len(y), 0, 0
+    while done < policy.bootstrap_samples:
+        b = min(_BOOTSTRAP_CHUNK, policy.bootstrap_samples - done)
+        idx = rng.integers(0, n, size=(b, n))
+        counts = np.bincount((idx + n * np.arange(b)[:, None]).ravel(), minlength=b * n).reshape(b, n)
+        w = counts.astype(np.float64)
+        a = _resampled_metric(metric, w, y, chal_p)
+        c = _resampled_metric(metric, w, y, champ_p)
+        wins += int(np.count_nonzero(a < c if metric in LOWER_IS_BETTER else a > c))
+        done += b
+    return wins / policy.bootstrap_samples
+
+
+def _resampled_metric(metric: str, w: np.ndarray, y: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """``metric`` on each resample, given row weights ``w`` (resamples x rows: how often each row was drawn)."""
+    n_classes = p.shape[1]
+    if metric == "accuracy":
+        return w @ (p.argmax(axis=1) == y).astype(np.float64) / w.sum(axis=1)
+    if metric == "log_loss":
+        eps = np.finfo(np.float64).eps
+        return w @ -np.log(np.clip(p[np.arange(len(y)), y], eps, 1.0)) / w.sum(axis=1)
+    if metric == "f1_macro":
+        onehot_true = np.eye(n_classes)[y]
+        onehot_pred = np.eye(n_classes)[p.argmax(axis=1)]
+        tp = w @ (onehot_true * onehot_pred)
+        support = w @ onehot_true + w @ onehot_pred
+        present = support > 0
+        f1 = np.divide(2 * tp, support, out=np.zeros_like(tp), where=present)
+        return f1.sum(axis=1) / present.sum(axis=1)
+    assert metric == "roc_auc", metric
+    if n_classes == 2:
+        return _weighted_auc(w, y == 1, p[:, 1])
+    return np.mean([_weighted_auc(w, y == k, p[:, k]) for k in range(n_classes)], axis=0)
+
+
+def _weighted_auc(w: np.ndarray, positive: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Mann-Whitney AUC per resample (ties count one half); NaN where a resample lacks a class."""
+    order = np.argsort(score, kind="stable")
+    s = score[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    ws, pos = w[:, order], positive[order]
+    p_w = np.add.reduceat(ws * pos, starts, axis=1)
+    n_w = np.add.reduceat(ws * ~pos, starts, axis=1)
+    below = np.cumsum(n_w, axis=1) - n_w
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (p_w * (below + 0.5 * n_w)).sum(axis=1) / (p_w.sum(axis=1) * n_w.sum(axis=1))
+
+
+def _json_ready(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_ready(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
