@@ -9,8 +9,10 @@ from components.base import kfloop_component
 @kfloop_component
 def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_name: str, drift_policy: dict,
                 report: Output[HTML], metrics: Output[Metrics]
-                ) -> NamedTuple("DriftOutputs", [("drifted", bool), ("data_md5", str), ("share", float)]):
+                ) -> NamedTuple("DriftOutputs", [("drifted", bool), ("data_md5", str), ("summary", str)]):
     """Evidently drift of the schema's features and the champion's predictions, current against reference."""
+    import json
+
     from monitoring.steps import drift_step
 
     result = drift_step(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
@@ -19,7 +21,7 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
     metrics.log_metric("drifted", float(result.drifted))
     for name, col in result.columns.items():
         metrics.log_metric(f"drift_score_{name}", col.score)
-    return result.drifted, result.data_md5, result.share_drifted_columns
+    return result.drifted, result.data_md5, json.dumps(result.to_dict())
 
 
 @kfloop_component

@@ -2,7 +2,7 @@
 from kfp import dsl
 
 from components.monitoring import check_drift, trigger_retraining
-from pipelines.settings import DEFAULT_MODEL_NAME
+from training.settings import DEFAULT_MODEL_NAME
 
 PIPELINE_NAME = "kfloop-drift"
 
@@ -17,7 +17,7 @@ def drift_pipeline(
     drift_policy: dict = {},
     trigger_policy: dict = {},
     training_params: dict = {},
-) -> bool:
+) -> str:
     drift = check_drift(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
                         model_name=model_name, drift_policy=drift_policy)
     drift.set_display_name("check drift")
@@ -25,4 +25,4 @@ def drift_pipeline(
         trigger_retraining(model_name=model_name, dataset_uri=current_uri, data_md5=drift.outputs["data_md5"],
                            reason="data drift", trigger_policy=trigger_policy, training_params=training_params
                            ).set_display_name("trigger retraining")
-    return drift.outputs["drifted"]
+    return drift.outputs["summary"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from pipelines.settings import Environment, activate
+from training.settings import Environment, activate
 
 PROGRESS_PREFIX = "[kfloop] "
 _TASK_DONE = re.compile(r"Task \W*'?([\w-]+)'?\W* finished with status \W*(\w+)")
@@ -73,10 +73,11 @@ class LocalRun:
 
 
 def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environment, *,
-              echo: TextIO | None = sys.stderr) -> LocalRun:
+              echo: TextIO | None = None, quiet: bool = False) -> LocalRun:
     """Run ``pipeline(**params)`` with kfp.local's SubprocessRunner in this venv.
 
-    Each step's output goes to a log file under the workdir; ``echo`` gets progress lines.
+    Each step's output goes to a log file under the workdir; progress lines go to ``echo`` (default: stderr)
+    unless ``quiet``.
 
     Raises:
         PipelineFailed: a step failed; the message is the step's own error.
@@ -92,7 +93,7 @@ def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environ
                raise_on_error=True)
     start = time.monotonic()
     with open(log_path, "w") as log:
-        sink = _ProgressFilter(log, echo)
+        sink = _ProgressFilter(log, None if quiet else (echo or sys.stderr))
         try:
             with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 task = pipeline(**params)

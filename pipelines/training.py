@@ -5,7 +5,7 @@ from components.data import split_holdout, validate_data
 from components.evaluation import evaluate_vs_champion
 from components.registry import promote, register_candidate
 from components.training import launch_training
-from pipelines.settings import DEFAULT_MODEL_NAME
+from training.settings import DEFAULT_MODEL_NAME
 
 PIPELINE_NAME = "kfloop-training"
 

@@ -200,29 +200,27 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
         raise ValueError(f"slice columns {missing} are not in the holdout; columns are {list(holdout.columns)}")
     metric = policy.primary_metric
     chal = compute_metrics(y, challenger_proba, classes)
-    common = {"primary_metric": metric, "challenger_metrics": chal, "policy": policy.to_dict()}
-    floor = _floor_check(metric, chal[metric], policy.floor)
-
-    if champion_proba is None:
-        checks = [_defined_check({"challenger": chal[metric]}, metric), floor]
-        blessed = all(c["passed"] for c in checks)
-        reason = (f"promote: {floor['detail']} (no champion)" if blessed else
-                  "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"]) + " (no champion)")
-        return Decision(blessed=blessed, reason=reason, champion_metrics=None, improvement=None,
-                        relative_improvement=None, confidence=None, checks=checks, **common)
-
-    champ = compute_metrics(y, champion_proba, classes)
-    defined = _defined_check({"challenger": chal[metric], "champion": champ[metric]}, metric)
+    champ = None if champion_proba is None else compute_metrics(y, champion_proba, classes)
+    common = {"primary_metric": metric, "challenger_metrics": chal, "champion_metrics": champ,
+              "policy": policy.to_dict()}
+    undefined = {"improvement": None, "relative_improvement": None, "confidence": None}
+    defined = _defined_check({"challenger": chal[metric]} if champ is None else
+                             {"challenger": chal[metric], "champion": champ[metric]}, metric)
     if not defined["passed"]:
-        return Decision(blessed=False, reason=f"reject: {defined['detail']}", champion_metrics=champ,
-                        improvement=None, relative_improvement=None, confidence=None, checks=[defined], **common)
+        return Decision(blessed=False, reason=f"reject: {defined['detail']}", checks=[defined], **undefined,
+                        **common)
+    floor = _floor_check(metric, chal[metric], policy.floor)
+    if champ is None:
+        verdict = "promote" if floor["passed"] else "reject"
+        return Decision(blessed=floor["passed"], reason=f"{verdict}: {floor['detail']} (no champion)",
+                        checks=[defined, floor], **undefined, **common)
 
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     improvement = sign * (chal[metric] - champ[metric])
     relative = improvement / abs(champ[metric]) if champ[metric] != 0 else (math.inf if improvement > 0 else 0.0)
-    slices = _slices(y, challenger_proba, champion_proba, classes, holdout, policy)
-    confidence = _bootstrap_confidence(y, np.asarray(challenger_proba, dtype=np.float64),
-                                       np.asarray(champion_proba, dtype=np.float64), metric, policy)
+    chal_p, champ_p = np.asarray(challenger_proba, dtype=np.float64), np.asarray(champion_proba, dtype=np.float64)
+    slices = _slices(y, chal_p, champ_p, classes, holdout, policy)
+    confidence = _bootstrap_confidence(y, chal_p, champ_p, metric, policy)
     checks = [defined, floor,
               _improvement_check(metric, chal[metric], champ[metric], improvement, policy.min_improvement),
               {"name": "min_relative_improvement", "passed": relative >= policy.min_relative_improvement,
@@ -239,8 +237,8 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
         reason = f"promote: {by_name['min_improvement']}, {by_name['confidence']}, {by_name['slices']}"
     else:
         reason = "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"])
-    return Decision(blessed=blessed, reason=reason, champion_metrics=champ, improvement=improvement,
-                    relative_improvement=relative, confidence=confidence, slices=slices, checks=checks, **common)
+    return Decision(blessed=blessed, reason=reason, improvement=improvement, relative_improvement=relative,
+                    confidence=confidence, slices=slices, checks=checks, **common)
 
 
 def kfp_metrics(decision: Decision) -> dict[str, float]:
@@ -286,7 +284,7 @@ def _defined_check(values: dict[str, float], metric: str) -> dict[str, Any]:
 
 def _floor_check(metric: str, value: float, floor: float | None) -> dict[str, Any]:
     if floor is None:
-        return {"name": "floor", "passed": math.isfinite(value), "detail": f"{metric} {value:.3f} (no floor)"}
+        return {"name": "floor", "passed": True, "detail": f"{metric} {value:.3f} (no floor set)"}
     lower = metric in LOWER_IS_BETTER
     passed = bool(value <= floor if lower else value >= floor)
     op = ("<=" if passed else ">") if lower else (">=" if passed else "<")
@@ -384,7 +382,7 @@ def _weighted_auc(w: np.ndarray, positive: np.ndarray, score: np.ndarray) -> np.
     starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
     ws, pos = w[:, order], positive[order]
     p_w = np.add.reduceat(ws * pos, starts, axis=1)
-    n_w = np.add.reduceat(ws * ~pos, starts, axis=1)
+    n_w = np.add.reduceat(ws, starts, axis=1) - p_w
     below = np.cumsum(n_w, axis=1) - n_w
     with np.errstate(invalid="ignore", divide="ignore"):
         return (p_w * (below + 0.5 * n_w)).sum(axis=1) / (p_w.sum(axis=1) * n_w.sum(axis=1))

@@ -25,6 +25,11 @@ class Environment:
     """Commit of the code that runs: ``KFLOOP_GIT_COMMIT`` (set in images), else ``git rev-parse HEAD``."""
 
     @property
+    def artifact_root(self) -> Path:
+        """Artifact location of experiments kfloop creates on a local (SQLite) tracking store."""
+        return self.workdir / "mlartifacts"
+
+    @property
     def pipeline_root(self) -> Path:
         """kfp.local's artifact root."""
         return self.workdir / "pipeline-root"
@@ -61,8 +66,6 @@ def activate(env: Environment) -> None:
     os.environ.update(env.export())
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
-    if env.tracking_uri.startswith("sqlite:"):
-        os.environ.setdefault("MLFLOW_ARTIFACTS_DESTINATION", str(env.workdir / "mlartifacts"))
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -1,0 +1,372 @@
+"""Data drift of a current batch against a reference: one Evidently ``DataDriftPreset`` report, a verdict per
+column (features and the champion's predictions) and one for the dataset."""
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import pandas as pd
+from evidently import DataDefinition, Dataset, Report
+from evidently.legacy.calculations.stattests.registry import StatTestInvalidFeatureTypeError, get_registered_stattest
+from evidently.legacy.core import ColumnType
+from evidently.presets import DataDriftPreset
+
+from training.fileio import atomic_write_text
+
+P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
+                             "g_test", "ks", "mannw", "t_test", "TVD", "z"})
+"""Evidently stattests whose score is a p-value: lower means drift (drifted when score < threshold)."""
+DISTANCE_METHODS = frozenset({"ed", "hellinger", "jensenshannon", "kl_div", "psi", "wasserstein"})
+"""Evidently stattests whose score is a distance: higher means drift (drifted when score >= threshold)."""
+ALL_NULL_METHOD = "all_null"
+"""Method reported for a column without a single non-null value in the reference or the current batch."""
+PREDICTION_COLUMN = "prediction"
+"""Column holding the champion's predicted class, added to both frames by the caller."""
+
+_COLUMN_TYPES = {"numeric": ColumnType.Numerical, "categorical": ColumnType.Categorical}
+_VALUE_DRIFT = "evidently:metric_v2:ValueDrift"
+_DRIFTED_COLUMNS_COUNT = "evidently:metric_v2:DriftedColumnsCount"
+
+
+def _registered_kinds(method: str) -> list[str]:
+    """Column kinds Evidently's stattest registry allows ``method`` for (empty when it is not registered)."""
+    kinds = []
+    for kind, column_type in _COLUMN_TYPES.items():
+        try:
+            get_registered_stattest(method, column_type)
+        except ValueError:  # StatTestNotFoundError or StatTestInvalidFeatureTypeError
+            continue
+        kinds.append(kind)
+    return kinds
+
+
+# Evidently names an automatically chosen stattest by its display name ("K-S p_value"), a configured one by name.
+_BY_DISPLAY_NAME = {get_registered_stattest(name, _COLUMN_TYPES[kind]).display_name: name
+                    for name in P_VALUE_METHODS | DISTANCE_METHODS for kind in _registered_kinds(name)}
+
+
+def score_direction(method: str) -> Literal["p_value", "distance"]:
+    """Which way an Evidently stattest's score points: ``p_value`` (drift when score < threshold) or ``distance``
+    (drift when score >= threshold).
+
+    Raises:
+        ValueError: ``method`` is not an Evidently stattest for numeric or categorical columns.
+    """
+    _check_method(method, "method")
+    return "p_value" if method in P_VALUE_METHODS else "distance"
+
+
+def _check_method(method: Any, where: str) -> None:
+    if not isinstance(method, str) or not _registered_kinds(method):
+        raise ValueError(f"{where}={method!r} is not an Evidently drift method for numeric or categorical columns; "
+                         f"use one of {sorted(P_VALUE_METHODS | DISTANCE_METHODS)}, or None for Evidently's choice")
+    assert method in P_VALUE_METHODS | DISTANCE_METHODS, f"Evidently stattest {method!r} has no known direction"
+
+
+def _check_threshold(threshold: Any, method: str | None, where: str) -> None:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < math.inf:
+        raise ValueError(f"{where}={threshold!r}: use a positive number, e.g. 0.05 for a p-value method or 0.1 for "
+                         "a distance")
+    if method is None:
+        raise ValueError(f"{where}={threshold!r} is set without a method: Evidently then picks p-value tests (lower "
+                         "means drift) for references up to 1000 rows and distances (higher means drift) above, so "
+                         "the threshold would flip meaning; set the method too")
+    if method in P_VALUE_METHODS and threshold >= 1:
+        raise ValueError(f"{where}={threshold!r}: {method!r} scores a p-value, so use a threshold in (0, 1), "
+                         "e.g. 0.05")
+
+
+@dataclass(kw_only=True, slots=True)
+class ColumnDriftOverride:
+    """Drift method and/or threshold for one column, replacing the policy-wide ones."""
+
+    method: str | None = None
+    """Evidently stattest for this column (a name in ``P_VALUE_METHODS`` or ``DISTANCE_METHODS``); None keeps the
+    policy's ``method``."""
+    threshold: float | None = None
+    """Threshold for this column; None keeps the policy's ``threshold`` (or the method's default)."""
+
+    def __post_init__(self) -> None:
+        if self.method is None and self.threshold is None:
+            raise ValueError("a column override needs a method, a threshold or both; drop it to use the policy's")
+        if self.method is not None:
+            _check_method(self.method, "column override method")
+
+
+@dataclass(kw_only=True, slots=True)
+class DriftPolicy:
+    """When a current batch counts as drifted from the reference."""
+
+    drift_share: float = 0.5
+    """Share of checked columns that must drift for the dataset to count as drifted, in (0, 1]."""
+    method: str | None = None
+    """Evidently stattest for every column (must suit both numeric and categorical ones, e.g. ``psi``); None lets
+    Evidently choose per column: p-value tests for references up to 1000 rows, distances above."""
+    threshold: float | None = None
+    """Threshold for ``method``; None uses the method's default. Needs ``method``."""
+    column_overrides: dict[str, ColumnDriftOverride] = field(default_factory=dict)
+    """Per-column method and/or threshold; a plain mapping such as ``{"age": {"method": "psi", "threshold": 0.2}}``
+    is accepted too."""
+    include_predictions: bool = True
+    """Also check the ``prediction`` column (the champion's predicted class) when both frames have it."""
+
+    def __post_init__(self) -> None:
+        share = self.drift_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+            raise ValueError(f"drift_share={share!r}: use a share in (0, 1], e.g. 0.5 for half of the columns")
+        if self.method is not None:
+            _check_method(self.method, "method")
+        if self.threshold is not None:
+            _check_threshold(self.threshold, self.method, "threshold")
+        if not isinstance(self.include_predictions, bool):
+            raise ValueError(f"include_predictions={self.include_predictions!r}: use true or false")
+        if not isinstance(self.column_overrides, Mapping):
+            raise ValueError(f"column_overrides={self.column_overrides!r}: use a mapping of column name to "
+                             '{"method": ..., "threshold": ...}')
+        overrides = {}
+        for column, override in self.column_overrides.items():
+            if not isinstance(column, str) or not column:
+                raise ValueError(f"column_overrides key {column!r}: use a column name")
+            if isinstance(override, Mapping):
+                unknown = sorted(set(override) - {"method", "threshold"})
+                if unknown:
+                    raise ValueError(f"column_overrides[{column!r}] has unknown keys {unknown}; use method and/or "
+                                     "threshold")
+                override = ColumnDriftOverride(**override)
+            if not isinstance(override, ColumnDriftOverride):
+                raise ValueError(f"column_overrides[{column!r}]={override!r}: use a ColumnDriftOverride or a "
+                                 'mapping like {"method": "psi", "threshold": 0.2}')
+            if override.threshold is not None:
+                _check_threshold(override.threshold, override.method or self.method,
+                                 f"column_overrides[{column!r}].threshold")
+            overrides[column] = override
+        self.column_overrides = overrides
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DriftPolicy:
+        """Build a policy from a plain mapping (YAML, JSON or pipeline parameters).
+
+        Raises:
+            ValueError: an unknown key or an invalid value.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown drift policy keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+    def method_for(self, column: str) -> str | None:
+        """The stattest configured for ``column`` (its override, else ``method``); None means Evidently's choice."""
+        override = self.column_overrides.get(column)
+        return override.method if override is not None and override.method is not None else self.method
+
+    def threshold_for(self, column: str) -> float | None:
+        """The threshold configured for ``column`` (its override, else ``threshold``); None means the default."""
+        override = self.column_overrides.get(column)
+        return override.threshold if override is not None and override.threshold is not None else self.threshold
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ColumnDrift:
+    """The drift verdict for one column."""
+
+    method: str
+    """Evidently stattest actually used, or ``all_null`` for a column with no values in one of the frames."""
+    score: float
+    """The stattest's score (see ``score_direction``); NaN when the test is undefined (e.g. a constant column).
+    For ``all_null``: the difference between the two frames' shares of missing values."""
+    threshold: float | None
+    """The threshold the score was compared with; None for ``all_null``."""
+    drifted: bool
+    """Evidently's verdict for the column; for ``all_null``: exactly one frame has no values."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; a NaN score becomes None."""
+        score = self.score if math.isfinite(self.score) else None
+        return {"method": self.method, "score": score, "threshold": self.threshold, "drifted": self.drifted}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class DriftResult:
+    """The outcome of one drift check."""
+
+    drifted: bool
+    """``share_drifted_columns >= policy.drift_share``."""
+    share_drifted_columns: float
+    """Drifted columns over checked columns."""
+    columns: dict[str, ColumnDrift]
+    """Verdict per checked column: numeric features, categorical features, then ``prediction``."""
+    report_path: Path | None
+    """Evidently's HTML report, when one was asked for."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON contract of ``kfloop drift --json``."""
+        return {
+            "drifted": self.drifted,
+            "share_drifted_columns": self.share_drifted_columns,
+            "columns": {name: col.to_dict() for name, col in self.columns.items()},
+            "report_path": None if self.report_path is None else str(self.report_path),
+        }
+
+
+def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list[str], categorical: list[str],
+                policy: DriftPolicy, report_path: str | Path | None = None) -> DriftResult:
+    """Compare ``current`` with ``reference`` column by column in one Evidently report.
+
+    Numeric columns are compared as numbers (bools as 0/1), categorical ones and ``prediction`` as categories.
+    Evidently ignores missing values; a column with no values at all in one frame is reported with method
+    ``all_null`` (drifted unless both frames lack values). HTML goes to ``report_path`` when given.
+
+    Raises:
+        ValueError: a frame is empty or lacks a column, a column is listed twice, a method does not suit a
+            column's kind, an override names a column that is not checked, or a numeric column holds non-numbers.
+    """
+    kinds = _checked_columns(reference, current, numeric, categorical, policy)
+    ref = _normalised(reference, kinds, "reference")
+    cur = _normalised(current, kinds, "current")
+
+    columns: dict[str, ColumnDrift] = {}
+    compared = []
+    for name in kinds:
+        ref_missing, cur_missing = ref[name].isna().mean(), cur[name].isna().mean()
+        if ref_missing == 1 or cur_missing == 1:
+            columns[name] = ColumnDrift(method=ALL_NULL_METHOD, score=float(abs(cur_missing - ref_missing)),
+                                        threshold=None, drifted=bool(ref_missing != cur_missing))
+        else:
+            compared.append(name)
+
+    snapshot = None
+    if compared:
+        snapshot = _run_report(ref, cur, {name: kinds[name] for name in compared}, policy)
+        columns.update(_column_verdicts(snapshot, compared))
+    columns = {name: columns[name] for name in kinds}
+
+    share = sum(col.drifted for col in columns.values()) / len(columns)
+    path = None
+    if report_path is not None:
+        path = Path(report_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if snapshot is not None:
+            snapshot.save_html(str(path))  # save_html silently ignores a Path
+        else:
+            atomic_write_text(path, _no_comparison_html(columns))
+    return DriftResult(drifted=share >= policy.drift_share, share_drifted_columns=share, columns=columns,
+                       report_path=path)
+
+
+def _checked_columns(reference: pd.DataFrame, current: pd.DataFrame, numeric: list[str], categorical: list[str],
+                     policy: DriftPolicy) -> dict[str, str]:
+    """Column name -> ``numeric`` | ``categorical``, in check order, after validating the inputs."""
+    features = [*numeric, *categorical]
+    repeated = sorted({c for c in features if features.count(c) > 1})
+    if repeated:
+        raise ValueError(f"columns {repeated} are listed more than once in numeric/categorical; list each once")
+    if PREDICTION_COLUMN in features:
+        raise ValueError(f"a feature is named {PREDICTION_COLUMN!r}, the name of the champion's prediction column; "
+                         "rename the feature")
+    for label, frame in (("reference", reference), ("current", current)):
+        if frame.empty:
+            raise ValueError(f"the {label} data has no rows; pass a non-empty batch")
+        missing = [c for c in features if c not in frame.columns]
+        if missing:
+            raise ValueError(f"the {label} data lacks feature columns {missing}; its columns are "
+                             f"{list(frame.columns)}")
+    kinds = {c: "numeric" for c in numeric} | {c: "categorical" for c in categorical}
+    if policy.include_predictions:
+        present = [label for label, frame in (("reference", reference), ("current", current))
+                   if PREDICTION_COLUMN in frame.columns]
+        if len(present) == 1:
+            raise ValueError(f"only the {present[0]} data has a {PREDICTION_COLUMN!r} column; add the champion's "
+                             "predictions to both frames or set include_predictions=False")
+        if present:
+            kinds[PREDICTION_COLUMN] = "categorical"
+    if not kinds:
+        raise ValueError("no columns to check; pass the schema's numeric and/or categorical feature columns")
+    unknown = sorted(set(policy.column_overrides) - set(kinds))
+    if unknown:
+        raise ValueError(f"column_overrides name {unknown}, which are not checked; checked columns are {list(kinds)}")
+    for name, kind in kinds.items():
+        method = policy.method_for(name)
+        if method is not None and kind not in _registered_kinds(method):
+            raise ValueError(f"column {name!r} is {kind} but drift method {method!r} only applies to "
+                             f"{' and '.join(_registered_kinds(method))} columns; set column_overrides[{name!r}] "
+                             f"to a {kind} method such as {'wasserstein' if kind == 'numeric' else 'jensenshannon'}")
+    return kinds
+
+
+def _normalised(frame: pd.DataFrame, kinds: dict[str, str], label: str) -> pd.DataFrame:
+    """Numeric columns as float64 with NaN for missing and non-finite values (Evidently cannot take bools);
+    categorical columns as objects with None for missing."""
+    out = {}
+    for name, kind in kinds.items():
+        series = frame[name]
+        if kind == "numeric":
+            try:
+                values = series.to_numpy(dtype="float64", na_value=np.nan)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"numeric column {name!r} in the {label} data holds non-numbers "
+                                 f"(e.g. {series.dropna().head(3).tolist()}): {err}") from err
+            out[name] = np.where(np.isfinite(values), values, np.nan)
+        else:
+            out[name] = series.astype(object).where(series.notna(), None).to_numpy()
+    return pd.DataFrame(out, index=pd.RangeIndex(len(frame)))
+
+
+def _run_report(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], policy: DriftPolicy):
+    names = list(kinds)
+    definition = DataDefinition(numerical_columns=[c for c in names if kinds[c] == "numeric"],
+                                categorical_columns=[c for c in names if kinds[c] == "categorical"])
+    methods = {c: m for c in names if (m := policy.method_for(c)) is not None}
+    thresholds = {c: t for c in names if (t := policy.threshold_for(c)) is not None}
+    preset = DataDriftPreset(columns=names, drift_share=policy.drift_share, per_column_method=methods or None,
+                             per_column_threshold=thresholds or None)
+    return Report([preset], include_tests=True).run(Dataset.from_pandas(cur[names], data_definition=definition),
+                                                    Dataset.from_pandas(ref[names], data_definition=definition))
+
+
+def _column_verdicts(snapshot, compared: list[str]) -> dict[str, ColumnDrift]:
+    """Per-column score from the ValueDrift metrics, drifted flag from their tests (status FAIL)."""
+    payload = json.loads(snapshot.json())
+    metrics = {m["id"]: m for m in payload["metrics"]}
+    verdicts: dict[str, ColumnDrift] = {}
+    evidently_share = None
+    for test in payload["tests"]:
+        params = test["metric_config"]["params"]
+        metric = metrics[test["metric_config"]["metric_id"]]
+        if params["type"] == _DRIFTED_COLUMNS_COUNT:
+            evidently_share = metric["value"]["share"]
+            continue
+        assert params["type"] == _VALUE_DRIFT, f"unexpected Evidently test {params['type']}"
+        name, reported = params["column"], params["method"]
+        method = reported if reported in P_VALUE_METHODS | DISTANCE_METHODS else _BY_DISPLAY_NAME[reported]
+        score, threshold, drifted = float(metric["value"]), float(params["threshold"]), test["status"] == "FAIL"
+        assert _agrees(method, score, threshold, drifted), (
+            f"Evidently says column {name!r} drifted={drifted} with {method} score {score} and threshold "
+            f"{threshold}, against the {score_direction(method)} direction")
+        verdicts[name] = ColumnDrift(method=method, score=score, threshold=threshold, drifted=drifted)
+    assert sorted(verdicts) == sorted(compared), f"Evidently checked {sorted(verdicts)}, asked for {compared}"
+    own_share = sum(v.drifted for v in verdicts.values()) / len(verdicts)
+    assert evidently_share is not None and math.isclose(evidently_share, own_share), (
+        f"Evidently's share of drifted columns {evidently_share} disagrees with its column tests ({own_share})")
+    return verdicts
+
+
+def _agrees(method: str, score: float, threshold: float, drifted: bool) -> bool:
+    """Whether Evidently's flag follows the method's direction (ties and NaN scores accept either flag)."""
+    if math.isnan(score) or score == threshold:
+        return True
+    return drifted == (score < threshold if score_direction(method) == "p_value" else score > threshold)
+
+
+def _no_comparison_html(columns: dict[str, ColumnDrift]) -> str:
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{'drifted' if col.drifted else 'no values in either'}"
+                   "</td></tr>" for name, col in columns.items())
+    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>Drift report</title></head><body>"
+            "<h1>No drift comparison</h1><p>No column has values in both the reference and the current data, so "
+            f"Evidently compared nothing.</p><table><tr><th>column</th><th>verdict</th></tr>{rows}</table>"
+            "</body></html>\n")

@@ -1,0 +1,36 @@
+"""Shared fixtures: demo data files and an isolated kfloop workdir (MLflow on SQLite inside it)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def demo_files(tmp_path_factory) -> dict[str, Path]:
+    """The demo's train / stable / drifted files, generated once per session (same bytes as the DVC stage)."""
+    from data.generate import write_demo
+
+    return write_demo(tmp_path_factory.mktemp("demo-data"))
+
+
+@pytest.fixture
+def isolated_env(tmp_path, monkeypatch):
+    """A fresh workdir with its own MLflow database; the environment variables are restored afterwards."""
+    from training.settings import activate, load_environment
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for key in ("KFLOOP_HOME", "KFLOOP_GIT_COMMIT"):
+        monkeypatch.delenv(key, raising=False)
+    env = load_environment(tmp_path / "workdir")
+    for key, value in env.export().items():
+        monkeypatch.setenv(key, value)
+    activate(env)
+    return env

@@ -1,0 +1,71 @@
+"""The CLI surface is pinned (a new flag is a deliberate change); schema and validate commands on real files."""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipelines.cli import EXIT_DATA_FILE, EXIT_FAILED, build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+SURFACE = {
+    "": ["--debug", "--workdir"],
+    "compile": ["--image", "--out"],
+    "demo": ["--json"],
+    "drift": ["--config", "--current", "--json", "--model-name", "--reference", "--report", "--schema", "--set"],
+    "infer-schema": ["--data", "--id-column", "--target", "--task"],
+    "run": ["--config", "--host", "--json", "--local", "--set", "--wait"],
+    "train": ["--backend", "--config", "--data", "--model-dir", "--nnodes", "--nproc-per-node", "--schema", "--set"],
+    "validate": ["--data", "--schema"],
+}
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return sorted(o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help")
+
+
+def test_cli_surface_is_pinned():
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert {"": _flags(parser), **{name: _flags(p) for name, p in subparsers.items()}} == SURFACE
+
+
+def test_python_dash_m_pipelines_is_the_cli():
+    out = subprocess.run([sys.executable, "-m", "pipelines", "--help"], capture_output=True, text=True, check=True)
+    assert "infer-schema" in out.stdout and "demo" in out.stdout
+
+
+def test_infer_schema_then_validate(tmp_path, demo_files, capsys):
+    assert main(["infer-schema", "--data", str(demo_files["train.parquet"]), "--target", "churned"]) == 0
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(capsys.readouterr().out)
+    assert main(["validate", "--data", str(demo_files["train.parquet"]), "--schema", str(schema)]) == 0
+
+    bad = pd.read_parquet(demo_files["train.parquet"]).head(300)
+    bad.loc[0, "age"] = -5
+    bad.loc[1, "contract"] = "lifetime"
+    bad_path = tmp_path / "bad.csv"
+    bad.to_csv(bad_path, index=False)
+    capsys.readouterr()
+    assert main(["validate", "--data", str(bad_path), "--schema", str(schema)]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "age" in err and "-5" in err and "contract" in err and "lifetime" in err
+
+
+@pytest.mark.parametrize("content", [None, b""])
+def test_unreadable_file_gets_one_line_and_its_own_exit_code(tmp_path, content, capsys):
+    path = tmp_path / "data.parquet"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["validate", "--data", str(path), "--schema", str(REPO / "data" / "schema.yaml")]) == EXIT_DATA_FILE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert str(path) in err[0] and len(err) == 2 and err[1].startswith("hint:")
+
+
+def test_bad_setting_names_the_fix(capsys):
+    assert main(["run", "training", "--local", "--set", "dataset_uri=x.csv", "--set", "training.epochs=0"]) == 1
+    assert "epochs=0" in capsys.readouterr().err

@@ -1,0 +1,279 @@
+"""The training pipeline's steps as plain functions. Each component calls one; each runs without KFP."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.fileio import atomic_write_json, atomic_write_text, file_digest
+from training.settings import Environment, load_environment
+
+
+def _progress(text: str) -> None:
+    print(f"[kfloop] {text}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------- validate
+
+@dataclass(kw_only=True, slots=True)
+class ValidateResult:
+    data_md5: str
+    """md5 of the data file: the hash DVC records for it."""
+    target: str
+    schema_source: str
+    """``schema_uri``, ``champion vN`` or ``inferred`` (first run only)."""
+    rows: int
+
+
+def resolve_schema(df, *, dataset_uri: str, schema_uri: str, target: str, model_name: str):
+    """The schema a training run validates against: ``schema_uri``, else the champion's recorded schema, else
+    (the very first run, no champion) one inferred from this data.
+
+    Raises:
+        ValueError: no schema and no target to infer one, or a target that contradicts the schema.
+    """
+    from training.registry import champion_schema, get_champion
+    from training.validation import infer_schema, load_schema, schema_roles
+
+    if schema_uri:
+        schema, source = load_schema(schema_uri), schema_uri
+    elif (recorded := champion_schema(model_name)) is not None:
+        schema, source = load_schema(recorded), f"champion v{get_champion(model_name).version}"
+    elif target:
+        schema, source = infer_schema(df, target=target), "inferred"
+    else:
+        raise ValueError(f"{dataset_uri}: model '{model_name}' has no champion schema to validate against; pass "
+                         "schema_uri=FILE, or target=COLUMN to infer a schema on this first run")
+    roles = schema_roles(schema)
+    if target and target != roles.target:
+        raise ValueError(f"target '{target}' differs from the schema's target '{roles.target}' ({source}); "
+                         f"use another model_name for a different prediction task")
+    return schema, source
+
+
+def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name: str,
+                  schema_out: str) -> ValidateResult:
+    """Validate the dataset before any GPU is spent and write the schema used.
+
+    Raises:
+        training.validation.DataFileError: the file is unusable.
+        training.validation.ValidationError: every failed rule, in one report.
+    """
+    from training.validation import ValidationError, read_table, schema_roles, schema_to_yaml, validate
+
+    df = read_table(dataset_uri)
+    schema, source = resolve_schema(df, dataset_uri=dataset_uri, schema_uri=schema_uri, target=target,
+                                    model_name=model_name)
+    report = validate(df, schema)
+    report.source = dataset_uri
+    if not report.ok:
+        for line in report.format().splitlines():
+            _progress(f"validate: {line}")
+        raise ValidationError(report)
+    atomic_write_text(schema_out, schema_to_yaml(schema))
+    _progress(f"validate: {dataset_uri}: {len(df)} rows valid against schema from {source}")
+    return ValidateResult(data_md5=file_digest(dataset_uri, "md5"), target=schema_roles(schema).target,
+                          schema_source=source, rows=len(df))
+
+
+def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, holdout_out: str) -> str:
+    """Split off the holdout; returns its sha256, which pins the evaluation."""
+    from training.holdout import split_holdout, write_parquet
+    from training.validation import read_table
+
+    train, holdout = split_holdout(read_table(dataset_uri), fraction=fraction, seed=seed)
+    write_parquet(train, train_out)
+    sha = write_parquet(holdout, holdout_out)
+    _progress(f"split: {len(train)} training rows, {len(holdout)} holdout rows (sha256 {sha[:12]})")
+    return sha
+
+
+# ---------------------------------------------------------------------------------------------------- train
+
+@dataclass(kw_only=True, slots=True)
+class TrainStepResult:
+    run_id: str
+    """MLflow run holding params, per-epoch metrics and (after registration) the model."""
+    metrics: dict[str, float]
+    world_size: int
+
+
+def ensure_experiment(model_name: str, env: Environment) -> str:
+    """The MLflow experiment of ``model_name`` (created on first use; artifacts under the workdir when the
+    tracking store is a local database)."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    exp = client.get_experiment_by_name(model_name)
+    if exp is not None:
+        return exp.experiment_id
+    location = env.artifact_root.as_uri() if env.tracking_uri.startswith("sqlite:") else None
+    return client.create_experiment(model_name, artifact_location=location)
+
+
+def _training_config(config: dict[str, Any], **overrides: Any):
+    from training.config import TrainingConfig
+
+    return TrainingConfig.from_dict({**config, **overrides})
+
+
+def train_step(*, train_path: str, schema_path: str, model_name: str, config: dict[str, Any], nnodes: int,
+               nproc_per_node: int, backend: str, pipeline_run_id: str, model_dir: str) -> TrainStepResult:
+    """Train in one MLflow run (rank 0 logs params and per-epoch metrics); the run is marked FAILED on error.
+
+    Raises:
+        training.launcher.LaunchError: a rank failed; the message names it and its error.
+        ValueError: a bad training config, or ``backend='kubernetes'`` (see ``kfloop render-job``).
+    """
+    import mlflow
+
+    from training.launcher import train_local
+
+    cfg = _training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend)
+    if cfg.backend != "local":
+        raise ValueError(f"backend '{cfg.backend}' is not available in this release; use backend=local")
+    env = load_environment()
+    client = mlflow.MlflowClient()
+    run = client.create_run(ensure_experiment(model_name, env),
+                            tags={"kfloop.pipeline_run_id": pipeline_run_id, "kfloop.git_commit": env.git_commit})
+    run_id = run.info.run_id
+    _progress(f"train: {cfg.nnodes} node(s) x {cfg.nproc_per_node} rank(s), MLflow run {run_id}")
+    try:
+        result = train_local(train_path, schema_path, model_dir=Path(model_dir),
+                             checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, config=cfg,
+                             mlflow_run_id=run_id, log_dir=env.workdir / "logs" / pipeline_run_id)
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    _progress(f"train: done in {result.seconds:.1f} s, " +
+              ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items())))
+    return TrainStepResult(run_id=run_id, metrics=result.metrics, world_size=result.world_size)
+
+
+def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environment, model_dir: str | None):
+    """``kfloop train``: validate, then train on the whole file, no registry.
+
+    Raises:
+        training.validation.ValidationError: the data does not match the schema.
+        training.launcher.LaunchError: a rank failed.
+    """
+    import time
+
+    from training.launcher import train_local
+    from training.validation import ValidationError, load_schema, validate
+
+    report = validate(data, load_schema(schema))
+    if not report.ok:
+        raise ValidationError(report)
+    cfg = _training_config(training)
+    if cfg.backend != "local":
+        raise ValueError(f"backend '{cfg.backend}' is not available in this release; use --backend local")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = Path(model_dir) if model_dir else env.workdir / "models" / stamp
+    return train_local(data, schema, model_dir=out, checkpoint_dir=out.parent / f".{out.name}-checkpoints",
+                       config=cfg, log_dir=env.workdir / "logs" / f"train-{stamp}")
+
+
+# ---------------------------------------------------------------------------------------------------- evaluate
+
+@dataclass(kw_only=True, slots=True)
+class EvaluateResult:
+    blessed: bool
+    champion_version: str
+    """The champion compared against; empty when there was none."""
+    reason: str
+    kfp_metrics: dict[str, float]
+
+
+def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256: str, model_name: str,
+                           policy: dict[str, Any], champion=None):
+    """Score challenger and ``champion`` (default: the current one) on the pinned holdout and decide.
+
+    Returns ``(decision, champion_info)``.
+
+    Raises:
+        ValueError: the holdout is not the pinned one, or the models disagree on the classes.
+    """
+    import tempfile
+
+    from training.gate import PromotionPolicy, align_proba, evaluate
+    from training.holdout import verify_pinned
+    from training.model import Predictor
+    from training.registry import download_model_dir, get_champion
+    from training.validation import read_table
+
+    verify_pinned(holdout_path, holdout_sha256)
+    holdout = read_table(holdout_path)
+    challenger = Predictor.load(model_dir)
+    target = challenger.description["target"]
+    schema_categorical = challenger.transform.categorical
+    rules = PromotionPolicy.from_dict({"slice_columns": list(schema_categorical), **policy})
+    champion = champion if champion is not None else get_champion(model_name)
+    champion_proba = None
+    if champion is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            incumbent = Predictor.load(download_model_dir(model_name, champion.version, Path(tmp)))
+        champion_proba = align_proba(incumbent.predict_proba(holdout), incumbent.classes, challenger.classes)
+    decision = evaluate(y_true=holdout[target].to_numpy(), challenger_proba=challenger.predict_proba(holdout),
+                        champion_proba=champion_proba, classes=challenger.classes, holdout=holdout, policy=rules)
+    return decision, champion
+
+
+def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, model_name: str,
+                  policy: dict[str, Any], report_out: str) -> EvaluateResult:
+    """The gate: decision with its reason, written as the evaluation report JSON."""
+    from training.gate import kfp_metrics
+
+    decision, champion = score_against_champion(model_dir=model_dir, holdout_path=holdout_path,
+                                                holdout_sha256=holdout_sha256, model_name=model_name,
+                                                policy=policy)
+    version = champion.version if champion is not None else ""
+    atomic_write_json(report_out, {**decision.to_dict(), "champion_version": version or None,
+                                   "holdout_sha256": holdout_sha256})
+    _progress(f"evaluate: {'blessed' if decision.blessed else 'not blessed'}: {decision.reason}")
+    return EvaluateResult(blessed=decision.blessed, champion_version=version, reason=decision.reason,
+                          kfp_metrics=kfp_metrics(decision))
+
+
+# ---------------------------------------------------------------------------------------------------- registry
+
+def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id: str, model_name: str,
+                  dataset_uri: str, data_md5: str, holdout_sha256: str, pipeline_run_id: str,
+                  champion_version: str) -> str:
+    """Log the model into its training run and register it as a version with decision, reason and lineage."""
+    from training.config import TrainingConfig
+    from training.model import Predictor
+    from training.registry import Lineage, log_candidate, register_candidate
+
+    decision = json.loads(Path(report_path).read_text())
+    config = Predictor.load(model_dir).description["config"]
+    lineage = Lineage(data_md5=data_md5, data_uri=str(Path(dataset_uri).resolve()), holdout_sha256=holdout_sha256,
+                      git_commit=load_environment().git_commit, pipeline_run_id=pipeline_run_id,
+                      seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
+                      previous_champion=champion_version or None, training_config=config)
+    model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage)
+    version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
+    _progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")
+    return version
+
+
+def promote_step(*, model_name: str, version: str, compared_against: str, model_dir: str, holdout_path: str,
+                 holdout_sha256: str, policy: dict[str, Any]):
+    """Move ``champion`` under the lock; if the champion changed since the gate, re-decide against it first."""
+    from training.registry import promote
+
+    def recheck(current):
+        decision, _ = score_against_champion(model_dir=model_dir, holdout_path=holdout_path,
+                                             holdout_sha256=holdout_sha256, model_name=model_name,
+                                             policy=policy, champion=current)
+        return decision
+
+    lock = load_environment().workdir / "locks" / f"{model_name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    result = promote(model_name, version, compared_against=compared_against or None, recheck=recheck,
+                     lock_path=lock)
+    _progress(f"promote: {model_name} v{version}: {'champion' if result.promoted else 'not promoted'}"
+              f" ({result.reason})")
+    return result

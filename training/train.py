@@ -1,0 +1,325 @@
+"""The one training entry point, run by torchrun on this machine and in every training pod:
+
+    torchrun ... -m training.train --data FILE --schema FILE --model-dir DIR --checkpoint-dir DIR --config FILE.json
+                                   [--mlflow-run-id ID]
+
+``python -m training.train ...`` without torchrun trains in a single process. Each rank reads the whole data file,
+carves the seeded validation part, fits the features on the rest and trains its DistributedSampler shard with DDP
+(gloo on CPU, NCCL on GPUs). After every epoch rank 0 writes a checkpoint and logs metrics; a restarted run resumes
+from the newest good checkpoint. At the end the ranks compare parameter digests and rank 0 writes the model dir.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data.distributed import DistributedSampler
+
+from training import checkpoints
+from training.config import TrainingConfig
+from training.features import FeatureTransform, encode_target, target_classes
+from training.fileio import file_digest
+from training.model import MLP, Architecture, save_model_dir
+from training.validation import load_schema, read_table, schema_roles
+
+logger = logging.getLogger("kfloop.train")
+
+RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "hidden", "dropout", "seed", "val_fraction")
+"""Config fields a checkpoint must agree on to be resumed (``epochs`` may grow; the world size may change)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class _Rank:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments of the entry point."""
+    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, type=Path, help="training data (Parquet or CSV)")
+    parser.add_argument("--schema", required=True, type=Path, help="kfloop pandera schema YAML")
+    parser.add_argument("--model-dir", required=True, type=Path, help="where rank 0 writes the model dir")
+    parser.add_argument("--checkpoint-dir", required=True, type=Path,
+                        help="step checkpoints; shared by all nodes; a run resumes from the newest good one")
+    parser.add_argument("--config", required=True, type=Path, help="TrainingConfig as JSON")
+    parser.add_argument("--mlflow-run-id", help="MLflow run that rank 0 logs params and metrics to "
+                                                "(tracking URI from MLFLOW_TRACKING_URI)")
+    return parser.parse_args(argv)
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    """Train on this rank; see the module docstring.
+
+    Raises:
+        ValueError: invalid config, schema task other than classification, too few rows, or checkpoints in
+            ``--checkpoint-dir`` from a different run.
+        DataFileError: the data or schema file cannot be read.
+    """
+    args = parse_args(argv)
+    cfg = TrainingConfig.from_dict(json.loads(args.config.read_text()))
+    me = _init_distributed(cfg)
+    logging.basicConfig(level=logging.INFO if me.rank == 0 else logging.WARNING, force=True,
+                        format=f"%(asctime)s [rank {me.rank}] %(levelname)s %(name)s: %(message)s")
+    try:
+        _train(args, cfg, me)
+    finally:
+        dist.destroy_process_group()
+
+
+def _init_distributed(cfg: TrainingConfig) -> _Rank:
+    """Join the process group from torchrun's env (RANK, WORLD_SIZE, MASTER_ADDR/PORT), or a world of one."""
+    torch.set_num_threads(cfg.threads_per_rank)
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but this node has no usable CUDA device; use device='cpu' or 'auto'")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    backend = "nccl" if cuda else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, init_method="env://", device_id=device if cuda else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return _Rank(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+
+
+def _split(df: pd.DataFrame, cfg: TrainingConfig, source: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Seeded (train, validation) rows."""
+    n_val = round(len(df) * cfg.val_fraction)
+    if n_val < 1 or n_val >= len(df) - 1:
+        raise ValueError(f"{source}: {len(df)} rows are too few for val_fraction={cfg.val_fraction}; "
+                         "give more rows or change val_fraction")
+    order = np.random.default_rng(cfg.seed).permutation(len(df))
+    return df.iloc[np.sort(order[n_val:])], df.iloc[np.sort(order[:n_val])]
+
+
+def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
+    roles = schema_roles(load_schema(args.schema))
+    if roles.task != "classification":
+        raise ValueError(f"{args.schema}: task is {roles.task!r}, but training.train trains classifiers; "
+                         "set metadata.kfloop.task to 'classification'")
+    df = read_table(args.data)
+    train_df, val_df = _split(df, cfg, args.data)
+    classes = target_classes(df[roles.target])
+    transform = FeatureTransform.fit(train_df, numeric=roles.numeric, categorical=roles.categorical)
+    x_train, y_train = _tensors(train_df, transform, roles.target, classes, me.device)
+    x_val, y_val = _tensors(val_df.iloc[me.rank::me.world_size], transform, roles.target, classes, me.device)
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=cfg.hidden, dropout=cfg.dropout)
+    model = MLP(arch).to(me.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
+    fingerprint = {"data_sha256": file_digest(args.data), "schema_sha256": file_digest(args.schema),
+                   **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
+    epoch, step = _resume(args.checkpoint_dir, me, fingerprint, model, optimizer, scheduler)
+    ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None)
+    sampler = DistributedSampler(range(len(x_train)), num_replicas=me.world_size, rank=me.rank, shuffle=True,
+                                 seed=cfg.seed)
+
+    mlflow_log = _MlflowLog(args.mlflow_run_id) if me.rank == 0 and args.mlflow_run_id else None
+    if mlflow_log:
+        mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": len(train_df),
+                           "val_rows": len(val_df), "n_inputs": arch.n_inputs})
+    for epoch in range(epoch, cfg.epochs):
+        started = time.perf_counter()
+        sampler.set_epoch(epoch)
+        ddp.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=me.device)
+        batches = torch.tensor(list(sampler), device=me.device).split(cfg.batch_size)
+        for batch in batches:
+            loss = F.cross_entropy(ddp(x_train[batch]), y_train[batch])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            loss_sum += loss.detach().double() * len(batch)
+        scheduler.step()
+        metrics = {"train_loss": _mean_over_ranks(loss_sum, sum(len(b) for b in batches), me.device),
+                   **_evaluate(model, x_val, y_val, me.device)}
+        rng_states = _all_gather_json(_rng_state(me.device), me.device)
+        if me.rank == 0:
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict(), "rng": rng_states, "epoch": epoch + 1, "step": step,
+                     "sampler_epoch": epoch, "fingerprint": fingerprint, "metrics": metrics}
+            checkpoints.save(args.checkpoint_dir, step, state, keep=cfg.checkpoint_keep)
+            logger.info("epoch %d/%d step %d %s (%.2fs)", epoch + 1, cfg.epochs, step,
+                        " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), time.perf_counter() - started)
+            if mlflow_log:
+                mlflow_log.metrics(metrics, step=epoch + 1)
+
+    final = _evaluate(model, x_val, y_val, me.device)
+    digests = _all_gather_json(_param_digest(model), me.device)
+    if me.rank == 0:
+        assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
+        save_model_dir(args.model_dir, model=model, arch=arch, transform=transform, classes=classes,
+                       target=roles.target, extra={"config": cfg.to_dict(), "metrics": final,
+                                                   "world_size": me.world_size, "param_digests": digests})
+        logger.info("wrote %s: %s", args.model_dir, final)
+
+
+def _tensors(df: pd.DataFrame, transform: FeatureTransform, target: str, classes: list,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.from_numpy(transform.transform(df)).to(device)
+    y = torch.from_numpy(encode_target(df[target], classes)).to(device)
+    return x, y
+
+
+def _resume(directory: Path, me: _Rank, fingerprint: dict[str, Any], model: MLP, optimizer: torch.optim.Optimizer,
+            scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int]:
+    """Load the checkpoint rank 0 picks (the same on every rank); return (completed epochs, step).
+
+    Without a checkpoint each rank seeds its own RNG stream from the config seed and its rank.
+
+    Raises:
+        ValueError: the checkpoint belongs to a different run (data, schema or a field of RESUME_KEYS).
+    """
+    chosen = torch.tensor([-1], device=me.device)
+    if me.rank == 0:
+        chosen[0] = checkpoints.latest_good(directory) if checkpoints.committed_steps(directory) else -1
+        chosen[0] = -1 if chosen[0] is None else chosen[0]
+    dist.broadcast(chosen, src=0)
+    step = int(chosen[0])
+    if step < 0:
+        _seed_rank(fingerprint["seed"], me)
+        return 0, 0
+    state = checkpoints.load(directory, step)
+    differs = sorted(k for k in fingerprint if state["fingerprint"].get(k) != fingerprint[k])
+    if differs:
+        raise ValueError(f"{checkpoints.sidecar_path(directory, step)} is from a different training run (differs "
+                         f"in {differs}); use an empty --checkpoint-dir or the original data, schema and config")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if len(state["rng"]) == me.world_size:
+        _set_rng_state(state["rng"][me.rank], me.device)
+    else:
+        logger.warning("checkpoint has RNG states of %d ranks, this run has %d: reseeding", len(state["rng"]),
+                       me.world_size)
+        _seed_rank(fingerprint["seed"] + step, me)
+    if me.rank == 0:
+        logger.info("resuming from checkpoint step %d (epoch %d) in %s", step, state["epoch"], directory)
+    return state["epoch"], step
+
+
+def _seed_rank(seed: int, me: _Rank) -> None:
+    """A distinct RNG stream per rank (dropout masks must differ between ranks)."""
+    random.seed(seed * 1000 + me.rank)
+    np.random.seed(seed * 1000 + me.rank)
+    torch.manual_seed(seed * 1000 + me.rank)
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    """This rank's torch (and CUDA), numpy and Python RNG states as JSON values."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+             "numpy": [kind, keys.tolist(), pos, has_gauss, cached],
+             "python": [version, list(internal), gauss_next]}
+    if device.type == "cuda":
+        state["cuda"] = base64.b64encode(torch.cuda.get_rng_state(device).numpy().tobytes()).decode()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Inverse of :func:`_rng_state`."""
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["cuda"])), dtype=torch.uint8),
+                                 device)
+
+
+def _all_gather_json(value: Any, device: torch.device) -> list[Any]:
+    """``value`` of every rank, in rank order, sent as JSON bytes (no pickle, unlike all_gather_object)."""
+    data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([data.numel()], device=device))
+    padded = torch.zeros(max(int(s) for s in sizes), dtype=torch.uint8, device=device)
+    padded[:data.numel()] = data
+    gathered = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(gathered, padded)
+    return [json.loads(bytes(g[:int(s)].cpu().numpy())) for g, s in zip(gathered, sizes)]
+
+
+def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> float:
+    both = torch.stack([total.double(), torch.tensor(float(count), dtype=torch.float64, device=device)])
+    dist.all_reduce(both)
+    return float(both[0] / both[1])
+
+
+def _evaluate(model: MLP, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, float]:
+    """Validation loss and accuracy over all ranks' shards (sums all-reduced, so every rank gets the same)."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(x)
+        sums = torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                            (logits.argmax(dim=1) == y).sum().double(),
+                            torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+    dist.all_reduce(sums)
+    return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
+
+
+def _param_digest(model: MLP) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes)."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class _MlflowLog:
+    """Rank 0's MLflow logging into an existing run (tracking URI from ``MLFLOW_TRACKING_URI``)."""
+
+    def __init__(self, run_id: str):
+        import mlflow  # only rank 0 of a run that logs pays for the import
+
+        self._entities = mlflow.entities
+        self._client = mlflow.MlflowClient()
+        self._run_id = run_id
+
+    def params(self, params: dict[str, Any]) -> None:
+        """Log the params the run does not have yet (a resumed run keeps the values it started with)."""
+        existing = self._client.get_run(self._run_id).data.params
+        new = [self._entities.Param(k, str(v)) for k, v in params.items() if k not in existing]
+        if new:
+            self._client.log_batch(self._run_id, params=new)
+
+    def metrics(self, metrics: dict[str, float], *, step: int) -> None:
+        """One value per metric for ``step`` (the epoch number)."""
+        for key, value in metrics.items():
+            self._client.log_metric(self._run_id, key, value, step=step)
+
+
+if __name__ == "__main__":
+    main()
