@@ -7,22 +7,22 @@ from components.base import kfloop_component
 @kfloop_component
 def register_candidate(model: Input[Model], report: Input[Artifact], schema: Input[Artifact], run_id: str,
                        model_name: str, dataset_uri: str, data_md5: str, holdout_sha256: str,
-                       pipeline_run_id: str, champion_version: str) -> str:
+                       pipeline_run_id: str) -> str:
     """Register the candidate with its decision, reason and lineage; returns the version."""
     from training.steps import register_step
 
     return register_step(model_dir=model.path, report_path=report.path, schema_path=schema.path, run_id=run_id,
                          model_name=model_name, dataset_uri=dataset_uri, data_md5=data_md5,
                          holdout_sha256=holdout_sha256, pipeline_run_id=pipeline_run_id,
-                         champion_version=champion_version)
+                         champion_version=report.metadata["champion_version"])
 
 
 @kfloop_component
-def promote(model_name: str, version: str, champion_version: str, model: Input[Model],
+def promote(model_name: str, version: str, report: Input[Artifact], model: Input[Model],
             holdout_data: Input[Dataset], holdout_sha256: str, promotion_policy: dict) -> bool:
     """Move ``champion`` to ``version`` under the lock, after re-reading the champion and re-checking."""
     from training.steps import promote_step
 
-    return promote_step(model_name=model_name, version=version, compared_against=champion_version,
+    return promote_step(model_name=model_name, version=version, compared_against=report.metadata["champion_version"],
                         model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,
                         policy=promotion_policy).promoted

@@ -1,6 +1,8 @@
 """The demo data, produced by the DVC stage in ``data/dvc.yaml`` and pushed to a local remote."""
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,8 @@ def ensure_demo_data(remote_dir: Path) -> DemoData:
     if not (REPO_ROOT / ".dvc").is_dir():
         raise FileNotFoundError(f"{REPO_ROOT}: not a DVC repository; run `dvc init` there or use a kfloop checkout")
     remote_dir.mkdir(parents=True, exist_ok=True)
+    # the stage's `python` must be this interpreter, whether or not the venv is activated
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     with Repo(str(REPO_ROOT)) as repo:
         with repo.config.edit("local") as conf:
             conf["remote"][REMOTE_NAME] = {"url": str(remote_dir)}

@@ -12,6 +12,7 @@ from typing import Any, Literal, Mapping
 import numpy as np
 import pandas as pd
 from evidently import DataDefinition, Dataset, Report
+from evidently.core.report import Snapshot
 from evidently.legacy.calculations.stattests.registry import StatTestInvalidFeatureTypeError, get_registered_stattest
 from evidently.legacy.core import ColumnType
 from evidently.presets import DataDriftPreset
@@ -317,7 +318,7 @@ def _normalised(frame: pd.DataFrame, kinds: dict[str, str], label: str) -> pd.Da
     return pd.DataFrame(out, index=pd.RangeIndex(len(frame)))
 
 
-def _run_report(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], policy: DriftPolicy):
+def _run_report(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], policy: DriftPolicy) -> Snapshot:
     names = list(kinds)
     definition = DataDefinition(numerical_columns=[c for c in names if kinds[c] == "numeric"],
                                 categorical_columns=[c for c in names if kinds[c] == "categorical"])
@@ -329,7 +330,7 @@ def _run_report(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], pol
                                                     Dataset.from_pandas(ref[names], data_definition=definition))
 
 
-def _column_verdicts(snapshot, compared: list[str]) -> dict[str, ColumnDrift]:
+def _column_verdicts(snapshot: Snapshot, compared: list[str]) -> dict[str, ColumnDrift]:
     """Per-column score from the ValueDrift metrics, drifted flag from their tests (status FAIL)."""
     payload = json.loads(snapshot.json())
     metrics = {m["id"]: m for m in payload["metrics"]}

@@ -138,9 +138,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result.to_dict())
     else:
-        print(f"drifted: {result.drifted} (share of drifted columns {result.share_drifted_columns:.2f})")
-        for name, col in result.columns.items():
-            print(f"  {name:<24} {col.method:<14} score={col.score:.4g} threshold={col.threshold:.4g} "
+        drift = result.drift
+        print(f"drifted: {drift.drifted} (share of drifted columns {drift.share_drifted_columns:.2f})")
+        for name, col in drift.columns.items():
+            print(f"  {name:<24} {col.method:<14} score={col.score:.4g} threshold={col.threshold} "
                   f"{'DRIFT' if col.drifted else 'ok'}")
     return 0
 

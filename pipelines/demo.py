@@ -41,7 +41,7 @@ def run_demo(workdir: Path) -> dict[str, Any]:
     steps: dict[str, float] = {}
     start = time.monotonic()
     data = _timed(steps, "data (dvc repro + push)", lambda: ensure_demo_data(root / "dvc-remote"))
-    common = {"model_name": MODEL_NAME}
+    common = {"model_name": MODEL_NAME, "promotion": {"floor": 0.6}}
     first = _timed(steps, "(a) first training", lambda: run_pipeline(
         "training", {**common, "dataset_uri": str(data.train), "schema_uri": str(DATA_DIR / SCHEMA)}, env=env))
     stable = _timed(steps, "(b) drift check: stable batch", lambda: run_pipeline(
@@ -67,7 +67,7 @@ def _predict_with_champion(path) -> dict[str, Any]:
 
 
 def _versions() -> list[dict[str, Any]]:
-    from training.registry import list_versions
+    from pipelines.runs import list_versions
 
     return list_versions(MODEL_NAME)
 

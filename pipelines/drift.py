@@ -1,5 +1,6 @@
 """The drift pipeline: check drift against the champion's reference, trigger retraining when it moved."""
 from kfp import dsl
+from kfp.dsl import Artifact
 
 from components.monitoring import check_drift, trigger_retraining
 from training.settings import DEFAULT_MODEL_NAME
@@ -17,12 +18,12 @@ def drift_pipeline(
     drift_policy: dict = {},
     trigger_policy: dict = {},
     training_params: dict = {},
-) -> str:
+) -> Artifact:
     drift = check_drift(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
                         model_name=model_name, drift_policy=drift_policy)
     drift.set_display_name("check drift")
-    with dsl.If(drift.outputs["drifted"] == True, name="drifted"):  # noqa: E712 (KFP condition, not Python)
-        trigger_retraining(model_name=model_name, dataset_uri=current_uri, data_md5=drift.outputs["data_md5"],
-                           reason="data drift", trigger_policy=trigger_policy, training_params=training_params
+    with dsl.If(drift.outputs["Output"] == True, name="drifted"):  # noqa: E712 (KFP condition, not Python)
+        trigger_retraining(model_name=model_name, dataset_uri=current_uri, drift_result=drift.outputs["result"],
+                           trigger_policy=trigger_policy, training_params=training_params
                            ).set_display_name("trigger retraining")
-    return drift.outputs["summary"]
+    return drift.outputs["result"]

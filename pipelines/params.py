@@ -16,6 +16,9 @@ SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "tar
                "nproc_per_node", "backend", "holdout_fraction", "seed"}
 """Parameters of either pipeline; one kfloop.yaml serves both, so each pipeline ignores the other's."""
 
+TRAINING_KEYS = {"training", "promotion", "nnodes", "nproc_per_node", "backend", "holdout_fraction", "seed"}
+"""Settings the drift pipeline hands to the training runs it triggers."""
+
 
 def typed_config(section: str, values: dict[str, Any]) -> Any:
     """Build the typed config of ``section`` (it raises ValueError naming the fix)."""
@@ -47,6 +50,8 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
                 params[SECTIONS[key][0]] = value
         elif key in declared:
             params[key] = value
+    if "training_params" in declared:  # the drift pipeline's retrain runs get the training settings
+        params["training_params"] = {k: v for k, v in settings.items() if k in TRAINING_KEYS}
     missing = [k for k, spec in declared.items() if not spec.optional and k not in params]
     if missing:
         raise ValueError(f"missing required parameter(s) {missing}: pass them with --set KEY=VALUE")

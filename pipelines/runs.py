@@ -35,23 +35,47 @@ def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = N
 
 def training_summary(model_name: str, version: str) -> dict[str, Any]:
     """The contract fields of a training run: version, decision, champion, metrics, reason."""
-    from training.registry import version_summary
+    import mlflow
 
-    info = version_summary(model_name, version)
-    return {"model_name": model_name, "model_version": version, "promoted": info.champion_version == version,
-            "champion_version": info.champion_version, "metrics": info.metrics, "reason": info.reason,
-            "decision": info.decision}
+    from training.registry import get_champion
+
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version(model_name, version)
+    champion = get_champion(model_name, client=client)
+    champion_version = champion.version if champion else None
+    return {"model_name": model_name, "model_version": version, "promoted": champion_version == version,
+            "champion_version": champion_version, "decision": mv.tags.get("decision"),
+            "reason": mv.description or mv.tags.get("reason", ""), "metrics": holdout_metrics(client, mv.run_id)}
 
 
-def drift_summary(model_name: str, drift_json: str, *, since: float) -> dict[str, Any]:
+def holdout_metrics(client: Any, run_id: str) -> dict[str, float]:
+    """The challenger's metrics on the holdout, as the gate logged them on the run."""
+    prefix = "eval_challenger_"
+    return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
+
+
+def list_versions(model_name: str) -> list[dict[str, Any]]:
+    """Every version, oldest first: decision, reason, holdout metrics, whether it is the champion now."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    champion = client.get_registered_model(model_name).aliases.get("champion")
+    versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
+    return [{"version": mv.version, "decision": mv.tags.get("decision"), "reason": mv.description or "",
+             "metrics": holdout_metrics(client, mv.run_id), "champion": mv.version == champion,
+             "data_md5": mv.tags.get("data_md5")} for mv in versions]
+
+
+def drift_summary(model_name: str, drift_result: Any, *, since: float) -> dict[str, Any]:
     """Verdict, per-column drift and what the trigger did (and the training run it started, if any)."""
     import json
+    from pathlib import Path
 
     from monitoring.steps import last_trigger
 
-    result = json.loads(drift_json)
+    result = json.loads(Path(drift_result.path).read_text())
     trigger = last_trigger(model_name, since=since)
     retrain = None
-    if trigger is not None and trigger.get("model_version"):
-        retrain = training_summary(model_name, trigger["model_version"])
+    if trigger is not None and trigger["run_id"]:  # a local run's id is the version it registered
+        retrain = training_summary(model_name, trigger["run_id"])
     return {"model_name": model_name, **result, "trigger": trigger, "retrain": retrain}

@@ -42,11 +42,10 @@ def training_pipeline(
                                     schema=validated.outputs["schema"], run_id=trained.outputs["Output"],
                                     model_name=model_name, dataset_uri=dataset_uri,
                                     data_md5=validated.outputs["data_md5"], holdout_sha256=split.outputs["Output"],
-                                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                                    champion_version=gate.outputs["champion_version"])
+                                    pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     registered.set_display_name("register candidate")
-    with dsl.If(gate.outputs["blessed"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)
-        promote(model_name=model_name, version=registered.output, champion_version=gate.outputs["champion_version"],
+    with dsl.If(gate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)
+        promote(model_name=model_name, version=registered.output, report=gate.outputs["report"],
                 model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
                 holdout_sha256=split.outputs["Output"], promotion_policy=promotion_policy
                 ).set_display_name("promote to champion")

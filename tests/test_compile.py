@@ -45,5 +45,5 @@ def _conditions(spec: dict) -> list[str]:
 def test_branches_are_dsl_if_on_step_outputs(tmp_path):
     training = _stable(compile_pipeline("training", tmp_path / "t.yaml"))
     drift = _stable(compile_pipeline("drift", tmp_path / "d.yaml"))
-    assert _conditions(training) == ["inputs.parameter_values['pipelinechannel--evaluate-vs-champion-blessed'] == true"]
-    assert _conditions(drift) == ["inputs.parameter_values['pipelinechannel--check-drift-drifted'] == true"]
+    assert _conditions(training) == ["inputs.parameter_values['pipelinechannel--evaluate-vs-champion-Output'] == true"]
+    assert _conditions(drift) == ["inputs.parameter_values['pipelinechannel--check-drift-Output'] == true"]

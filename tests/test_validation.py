@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from data.generate import generate, write_demo
+from data.generate import generate
 from training.validation import (
     DataFileError,
     Failure,
@@ -156,8 +156,9 @@ def test_validate_raises_data_file_error_for_a_bad_file(tmp_path, schema):
 
 # ---------------------------------------------------------------------------------------------- data failures
 
-def test_demo_data_validates_clean(tmp_path, schema):
-    for path in write_demo(tmp_path).values():
+def test_demo_data_validates_clean(demo_files, schema):
+    assert list(demo_files) == ["train.parquet", "batch_stable.parquet", "batch_drifted.parquet"]
+    for path in demo_files.values():
         report = validate(path, schema)
         assert report.ok, report.format()
         assert report.format() == ""
@@ -187,6 +188,22 @@ def test_nulls_where_not_allowed(tmp_path, schema, good):
     assert found[("contract", "not_nullable")].count == 2
     assert found[("contract", "not_nullable")].rows == [4, 8]
     assert found[("monthly_charges", "not_nullable")].rows == [6]
+
+
+def test_blank_cells_in_an_int_column_are_reported_once(tmp_path, schema, good):
+    df = good.astype({"age": object})
+    df.loc[[2, 3], "age"] = None  # blank in the CSV: pandas reads the column as float with NaN
+    found = _by_rule(validate(_csv(tmp_path, df), schema))
+    assert set(found) == {("age", "not_nullable")}
+    assert found[("age", "not_nullable")].rows == [2, 3]
+
+
+def test_nullable_integers_infer_a_nullable_dtype(good):
+    df = good.astype({"support_calls": "Int64"})
+    df.loc[[0, 1], "support_calls"] = pd.NA
+    schema = infer_schema(df, target="churned")
+    assert str(schema.columns["support_calls"].dtype) == "Int64" and schema.columns["support_calls"].nullable
+    assert validate(df, load_schema(schema_to_yaml(schema))).ok
 
 
 def test_nulls_allowed_where_seen(tmp_path, schema, good):
@@ -337,6 +354,7 @@ def test_infer_schema_regression_and_explicit_ids(good):
         (lambda df: df, {"task": "ranking"}, "task must be one of"),
         (lambda df: df.assign(when=pd.Timestamp("2024-01-01")), {}, "column 'when' has dtype datetime64"),
         (lambda df: df, {"id_columns": ["plan"]}, "id column 'plan' has duplicate values"),
+        (lambda df: df, {"target": "plan", "task": "regression"}, "regression target 'plan' has dtype object"),
     ],
 )
 def test_infer_schema_rejects(good, change, kwargs, message):

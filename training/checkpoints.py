@@ -164,14 +164,18 @@ def _split(value: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {_TENSOR: key}
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value):
-            return {k: _split(v, f"{key}/{k}", tensors) for k, v in value.items()}
-        return {_ITEMS: [[k, _split(v, f"{key}/{k}", tensors)] for k, v in value.items()]}
+            return {k: _split(v, _child(key, k), tensors) for k, v in value.items()}
+        return {_ITEMS: [[k, _split(v, _child(key, k), tensors)] for k, v in value.items()]}
     if isinstance(value, (list, tuple)):
-        return [_split(v, f"{key}/{i}", tensors) for i, v in enumerate(value)]
+        return [_split(v, _child(key, i), tensors) for i, v in enumerate(value)]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise ValueError(f"checkpoint state at '{key or '/'}' is a {type(value).__name__}: store tensors, dicts, "
                      "lists and JSON scalars only")
+
+
+def _child(key: str, name: Any) -> str:
+    return f"{key}/{name}" if key else str(name)
 
 
 def _join(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:

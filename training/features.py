@@ -79,14 +79,16 @@ class FeatureTransform:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (see :meth:`from_dict`)."""
-        return {"numeric": {c: asdict(s) for c, s in self.numeric.items()}, "categorical": self.categorical}
+        """JSON-ready form (see :meth:`from_dict`); columns are lists because their order is the matrix layout."""
+        return {"numeric": [{"column": c, **asdict(s)} for c, s in self.numeric.items()],
+                "categorical": [{"column": c, "vocabulary": v} for c, v in self.categorical.items()]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FeatureTransform":
         """Inverse of :meth:`to_dict`."""
-        return cls(numeric={c: NumericStats(**s) for c, s in d["numeric"].items()},
-                   categorical={c: list(v) for c, v in d["categorical"].items()})
+        return cls(numeric={s["column"]: NumericStats(median=s["median"], mean=s["mean"], std=s["std"])
+                            for s in d["numeric"]},
+                   categorical={c["column"]: list(c["vocabulary"]) for c in d["categorical"]})
 
 
 def target_classes(labels: pd.Series) -> list:

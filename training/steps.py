@@ -230,8 +230,7 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
                                                 holdout_sha256=holdout_sha256, model_name=model_name,
                                                 policy=policy)
     version = champion.version if champion is not None else ""
-    atomic_write_json(report_out, {**decision.to_dict(), "champion_version": version or None,
-                                   "holdout_sha256": holdout_sha256})
+    atomic_write_json(report_out, decision.to_dict())
     _progress(f"evaluate: {'blessed' if decision.blessed else 'not blessed'}: {decision.reason}")
     return EvaluateResult(blessed=decision.blessed, champion_version=version, reason=decision.reason,
                           kfp_metrics=kfp_metrics(decision))

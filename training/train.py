@@ -174,7 +174,7 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
                 mlflow_log.metrics(metrics, step=epoch + 1)
 
     final = _evaluate(model, x_val, y_val, me.device)
-    digests = _all_gather_json(_param_digest(model), me.device)
+    digests = _all_gather_json(param_digest(model), me.device)
     if me.rank == 0:
         assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
         save_model_dir(args.model_dir, model=model, arch=arch, transform=transform, classes=classes,
@@ -201,8 +201,8 @@ def _resume(directory: Path, me: _Rank, fingerprint: dict[str, Any], model: MLP,
     """
     chosen = torch.tensor([-1], device=me.device)
     if me.rank == 0:
-        chosen[0] = checkpoints.latest_good(directory) if checkpoints.committed_steps(directory) else -1
-        chosen[0] = -1 if chosen[0] is None else chosen[0]
+        good = checkpoints.latest_good(directory)
+        chosen[0] = -1 if good is None else good
     dist.broadcast(chosen, src=0)
     step = int(chosen[0])
     if step < 0:
@@ -288,13 +288,13 @@ def _evaluate(model: MLP, x: torch.Tensor, y: torch.Tensor, device: torch.device
     return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
 
 
-def _param_digest(model: MLP) -> str:
+def param_digest(model: MLP) -> str:
     """sha256 over every parameter and buffer (name, dtype, shape, bytes)."""
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}:".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
-import pyarrow as pyarrow
+import pyarrow
 import pyarrow.parquet as pq
 import yaml
 from pandera.errors import SchemaDefinitionError, SchemaErrors
@@ -236,12 +236,16 @@ def _python(value: Any) -> Any:
 
 def _widened_range(series: pd.Series, margin: float, integer: bool) -> tuple[float, float]:
     lo, hi = float(series.min()), float(series.max())
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"column '{series.name}' holds infinite values: replace them before inferring a schema")
     pad = margin * (hi - lo) if hi > lo else max(abs(hi) * margin, 1.0)
     new_lo, new_hi = lo - pad, hi + pad
     if lo >= 0:
         new_lo = max(new_lo, 0.0)
     if integer:
         return int(math.floor(new_lo)), int(math.ceil(new_hi))
+    if pad == 0:
+        return lo, hi
     step = 10.0 ** (math.floor(math.log10(pad)) - 2)
     decimals = max(0, -int(math.floor(math.log10(step))))
     return round(math.floor(new_lo / step) * step, decimals), round(math.ceil(new_hi / step) * step, decimals)
@@ -262,6 +266,7 @@ def _kind(series: pd.Series) -> str:
 
 
 _DTYPES = {"bool": "bool", "int": "int64", "float": "float64", "str": "str"}
+_NULLABLE_DTYPES = {**_DTYPES, "bool": "boolean", "int": "Int64"}  # NumPy bool and int64 cannot hold nulls
 
 
 def _detect_ids(df: pd.DataFrame, target: str) -> list[str]:
@@ -297,7 +302,7 @@ def infer_schema(
 
     Raises:
         ValueError: unknown task or bad numbers, empty ``df``, missing target/id column, nulls in the target,
-            fewer than 2 classes, non-unique id column, or a column dtype kfloop does not support.
+            fewer than 2 classes, a non-numeric regression target, non-unique id column, or a column dtype kfloop does not support.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
@@ -318,6 +323,8 @@ def infer_schema(
             raise ValueError(f"id column '{name}' is not a non-target column of the data")
         if not df[name].is_unique:
             raise ValueError(f"id column '{name}' has duplicate values: pass the right id_columns")
+    if task == "regression" and _kind(df[target]) not in ("int", "float"):
+        raise ValueError(f"regression target '{target}' has dtype {df[target].dtype}: it must be numeric")
     classes = None
     if task == "classification":
         classes = sorted(_python(v) for v in df[target].unique())
@@ -333,15 +340,16 @@ def infer_schema(
             checks.append(pa.Check.isin(classes))
         elif name in id_columns:
             pass
-        elif kind in ("int", "float"):
+        elif kind in ("int", "float") and series.notna().any():
             lo, hi = _widened_range(series.dropna(), margin, integer=kind == "int")
             checks.append(pa.Check.in_range(lo, hi))
         elif kind == "str" and series.nunique() <= max_categories:
             checks.append(pa.Check.isin(sorted(str(v) for v in series.dropna().unique())))
+        nullable = bool(series.isna().any())
         columns[name] = pa.Column(
-            _DTYPES[kind],
+            (_NULLABLE_DTYPES if nullable else _DTYPES)[kind],
             checks=checks or None,
-            nullable=bool(series.isna().any()),
+            nullable=nullable,
             unique=name in id_columns,
         )
     table_checks = [pa.Check.kfloop_min_rows(min_rows=min_rows, error=f"min_rows({min_rows})")]
@@ -451,8 +459,14 @@ def _example(value: Any) -> Any:
     return _python(value)
 
 
-def _summarise(column: str | None, rule: str, values: pd.Series, index: pd.Series) -> Failure:
-    """A Failure from the failing values of one rule (``values`` and ``index`` aligned), keeping a few examples."""
+def _summarise(column: str | None, rule: str, values: pd.Series, labels: pd.Series, rows: pd.Index | None) -> Failure:
+    """A Failure from the failing ``values`` of one rule at index ``labels``, keeping a few examples.
+
+    With ``rows`` (the data's index, when unique) the failures are first put in row order.
+    """
+    if rows is not None:
+        order = np.argsort(rows.get_indexer(labels), kind="stable")
+        values, labels = values.iloc[order], labels.iloc[order]
     examples = []
     for value in values.head(10_000):  # enough to find five distinct values without hashing every failure
         value = _example(value)
@@ -460,8 +474,8 @@ def _summarise(column: str | None, rule: str, values: pd.Series, index: pd.Serie
             examples.append(value)
             if len(examples) == MAX_EXAMPLES:
                 break
-    rows = [_python(label) for label in index.dropna().head(MAX_EXAMPLES)]
-    return Failure(column=column, rule=rule, examples=examples, count=len(values), rows=rows)
+    row_labels = [_python(label) for label in labels.head(MAX_EXAMPLES)]
+    return Failure(column=column, rule=rule, examples=examples, count=len(values), rows=row_labels)
 
 
 def _rule_name(check: str) -> str:
@@ -494,7 +508,9 @@ def _recheck_coercible(name: str, column: pa.Column, df: pd.DataFrame) -> list[F
         failed = ~result.check_output.reindex(numbers.index, fill_value=True)
         if failed.any():
             bad = numbers[failed]
-            failures.append(_summarise(name, str(check.error or check.name), bad, bad.index.to_series()))
+            if pd.api.types.is_integer_dtype(column.dtype.type):  # to_numeric made 150 a float 150.0
+                bad = bad.map(lambda v: int(v) if float(v).is_integer() else v)
+            failures.append(_summarise(name, str(check.error or check.name), bad, bad.index.to_series(), None))
     return failures
 
 
@@ -527,11 +543,18 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
 
 def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame) -> list[Failure]:
     """Group pandera's failure cases (one row per failing value) into one Failure per (column, rule)."""
-    cases = cases.assign(rule=cases["check"].map(lambda c: _rule_name(str(c))))
-    cases = cases.sort_values("index", kind="stable", na_position="last")  # examples in row order
-    uncoercible = set(cases.loc[cases["check"].astype(str).str.startswith("coerce_dtype("), "column"])
+    # Work on the few distinct check names, not on the (up to millions of) failure rows.
+    names = {check: str(check) for check in cases["check"].unique()}
+    cases = cases.assign(rule=cases["check"].map({check: _rule_name(name) for check, name in names.items()}))
+    coercions = [check for check, name in names.items() if name.startswith("coerce_dtype(")]
+    dtypes = [check for check, name in names.items() if name.startswith("dtype(")]
+    uncoercible = set(cases.loc[cases["check"].isin(coercions), "column"])
     # A failed coercion is also reported as a dtype failure of the same values; keep one of the two.
-    cases = cases[~(cases["column"].isin(uncoercible) & cases["check"].astype(str).str.startswith("dtype("))]
+    cases = cases[~(cases["column"].isin(uncoercible) & cases["check"].isin(dtypes))]
+    # Nulls in a non-nullable column are reported by not_nullable, not again as values that fail coercion.
+    non_nullable = [name for name, column in schema.columns.items() if not column.nullable]
+    cases = cases[~(cases["check"].isin(coercions) & cases["column"].isin(non_nullable) & cases["failure_case"].isna())]
+    rows = df.index if df.index.is_unique else None
     rechecked = {name for name in uncoercible
                  if name in schema.columns and schema.columns[name].checks
                  and pd.api.types.is_numeric_dtype(schema.columns[name].dtype.type)}
@@ -548,7 +571,7 @@ def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame)
         elif column in rechecked and not pd.isna(group["check_number"].iloc[0]):
             continue
         else:
-            failures.append(_summarise(column, rule, group["failure_case"], group["index"]))
+            failures.append(_summarise(column, rule, group["failure_case"], group["index"], rows))
     for name in rechecked:
         failures.extend(_recheck_coercible(name, schema.columns[name], df))
     order = {name: i for i, name in enumerate(schema.columns)}

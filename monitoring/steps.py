@@ -1,0 +1,99 @@
+"""The drift pipeline's steps as plain functions. Each component calls one; each runs without KFP."""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from training.fileio import file_digest
+from training.settings import load_environment
+
+
+def _progress(text: str) -> None:
+    print(f"[kfloop] {text}", flush=True)
+
+
+@dataclass(kw_only=True, slots=True)
+class DriftStepResult:
+    """A drift check of one data file, with what it was compared against."""
+
+    drift: Any
+    """The :class:`monitoring.drift.DriftResult`."""
+    data_md5: str
+    """md5 (DVC's hash) of the current data file: the trigger dedupes on it."""
+    reference_uri: str
+    champion_version: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``kfloop drift --json``: the DriftResult contract plus data hash, reference and champion."""
+        return {**self.drift.to_dict(), "data_md5": self.data_md5, "reference_uri": self.reference_uri,
+                "champion_version": self.champion_version}
+
+
+def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, policy: dict[str, Any],
+               report_out: str) -> DriftStepResult:
+    """Evidently drift of the schema's features, and of the champion's predictions, current against reference.
+
+    Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used.
+
+    Raises:
+        ValueError: no reference or schema given and no champion to take them from.
+        training.validation.DataFileError: a data file is unusable.
+    """
+    from monitoring.drift import DriftPolicy, check_drift
+    from training.model import Predictor
+    from training.registry import champion_schema, download_model_dir, get_champion
+    from training.validation import load_schema, read_table, schema_roles
+
+    rules = DriftPolicy.from_dict(policy)
+    champion = get_champion(model_name) if model_name else None
+    reference_uri = reference_uri or (champion.tags.get("data_uri", "") if champion else "")
+    schema_text = schema_uri or (champion_schema(model_name) if champion else None)
+    if not reference_uri or not schema_text:
+        raise ValueError(f"model '{model_name}' has no champion to take the reference data and schema from; "
+                         "pass reference_uri and schema_uri")
+    roles = schema_roles(load_schema(schema_text))
+    reference, current = read_table(reference_uri), read_table(current_uri)
+    if champion is not None and rules.include_predictions:
+        with tempfile.TemporaryDirectory() as tmp:
+            predictor = Predictor.load(download_model_dir(model_name, champion.version, Path(tmp)))
+        reference["prediction"] = predictor.predict(reference).astype(str)
+        current["prediction"] = predictor.predict(current).astype(str)
+    result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical, policy=rules,
+                         report_path=report_out or None)
+    drifted = [name for name, col in result.columns.items() if col.drifted]
+    _progress(f"drift: {current_uri} vs {reference_uri}: drifted={result.drifted} "
+              f"(share {result.share_drifted_columns:.2f}; columns {drifted or 'none'})")
+    return DriftStepResult(drift=result, data_md5=file_digest(current_uri, "md5"), reference_uri=reference_uri,
+                           champion_version=champion.version if champion else None)
+
+
+def trigger_store(model_name: str):
+    """The trigger state of ``model_name`` in the workdir (a file that survives restarts of the step)."""
+    from monitoring.trigger import TriggerStore
+
+    return TriggerStore(load_environment().workdir / "trigger" / f"{model_name}.json")
+
+
+def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], start: Callable[[], str]):
+    """Retrain unless the cooldown or the dedupe on (model, data hash, window) says no; ``start()`` starts a
+    training run and returns its id. Returns the :class:`monitoring.trigger.TriggerDecision` (with ``run_id``)."""
+    import time
+
+    from monitoring.trigger import TriggerPolicy, maybe_trigger
+
+    decision = maybe_trigger(trigger_store(model_name), model=model_name, data_hash=data_md5, now=time.time(),
+                             policy=TriggerPolicy.from_dict(policy), start=start)
+    _progress(f"trigger: {'fired, run ' + str(decision.run_id) if decision.fire else 'skipped'}: {decision.reason}")
+    return decision
+
+
+def last_trigger(model_name: str, *, since: float) -> dict[str, Any] | None:
+    """The trigger's last decision for ``model_name`` if made at or after ``since``: fire, reason, run_id, at."""
+    entry = trigger_store(model_name).load()["models"].get(model_name)
+    if not entry or not entry["last_check"] or entry["last_check"]["at"] < since:
+        return None
+    check = entry["last_check"]
+    runs = [f["run_id"] for f in entry["fired"] if f["key"] == check["key"] and f["at"] == check["at"]]
+    return {**check, "run_id": runs[0] if check["fire"] and runs else None}
