@@ -28,11 +28,10 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     """Start a training run on the drifted data unless the cooldown or dedupe says no; returns the run id, or ''
     when skipped. Locally the run is the training pipeline under kfp.local and its id the registered version."""
     from monitoring.steps import trigger_step
-    from pipelines.runs import run_pipeline
+    from pipelines.local_start import start_local_training
 
     def start() -> str:
-        params = {**training_params, "dataset_uri": dataset_uri, "model_name": model_name}
-        return run_pipeline("training", params)["model_version"]
+        return start_local_training({**training_params, "dataset_uri": dataset_uri, "model_name": model_name})
 
     decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"], policy=trigger_policy,
                             start=start)

@@ -59,8 +59,8 @@ def _predict_with_champion(path) -> dict[str, Any]:
     import mlflow
     import pandas as pd
 
-    rows = pd.read_parquet(path).head(5)
     model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")
+    rows = pd.read_parquet(path).head(5)[model.metadata.get_input_schema().input_names()]
     out = model.predict(rows)
     return {"model_uri": f"models:/{MODEL_NAME}@champion", "rows": len(rows),
             "predictions": out["prediction"].tolist()}

@@ -120,7 +120,6 @@ def env(tmp_path_factory) -> Env:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", uri)
-        mp.setenv("MLFLOW_ENABLE_TELEMETRY", "false")
         mlflow.set_tracking_uri(uri)
         client = mlflow.MlflowClient()
         experiment_id = client.create_experiment("kfloop-tests", artifact_location=str(root / "mlartifacts"))

@@ -108,9 +108,11 @@ class Decision:
     reason: str
     """One or two sentences, with the numbers, saying why."""
     primary_metric: str
+    """The policy's primary metric, which the decision is about."""
     challenger_metrics: dict[str, float]
+    """Every metric of :data:`METRICS` for the challenger on the holdout (NaN where undefined)."""
     champion_metrics: dict[str, float] | None
-    """``None`` when there is no champion."""
+    """The same for the champion; ``None`` when there is no champion."""
     improvement: float | None
     """Challenger minus champion on the primary metric, signed so that positive is better (for
     ``log_loss``: champion minus challenger)."""

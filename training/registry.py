@@ -156,6 +156,7 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     model_dir = Path(model_dir)
     predictor = Predictor.load(model_dir)
     scalars = kfp_metrics(_decision(decision))
+    weights_sha = file_digest(model_dir / WEIGHTS_FILE)
     client = mlflow.MlflowClient()
     active = mlflow.active_run()
     with (nullcontext() if active is not None and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)):
@@ -168,8 +169,7 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     client.log_dict(run_id, lineage.to_dict(), LINEAGE_ARTIFACT)
     now_ms = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(f"eval_{k}", v, now_ms, 0) for k, v in scalars.items()],
-                     tags=[RunTag(f"kfloop.{k}", v) for k, v in
-                           {**lineage.tags(), WEIGHTS_TAG: file_digest(model_dir / WEIGHTS_FILE)}.items()])
+                     tags=[RunTag(f"kfloop.{k}", v) for k, v in {**lineage.tags(), WEIGHTS_TAG: weights_sha}.items()])
     return info.model_uri
 
 

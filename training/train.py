@@ -137,8 +137,9 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
     fingerprint = {"data_sha256": file_digest(args.data), "schema_sha256": file_digest(args.schema),
                    **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
-    epoch, step = _resume(args.checkpoint_dir, me, fingerprint, model, optimizer, scheduler)
+    start_epoch, step = _resume(args.checkpoint_dir, me, cfg, fingerprint, model, optimizer, scheduler)
     ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None)
+    _settle_buckets(ddp, x_train[:1])
     sampler = DistributedSampler(range(len(x_train)), num_replicas=me.world_size, rank=me.rank, shuffle=True,
                                  seed=cfg.seed)
 
@@ -146,22 +147,13 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     if mlflow_log:
         mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": len(train_df),
                            "val_rows": len(val_df), "n_inputs": arch.n_inputs})
-    for epoch in range(epoch, cfg.epochs):
+    for epoch in range(start_epoch, cfg.epochs):
         started = time.perf_counter()
         sampler.set_epoch(epoch)
-        ddp.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=me.device)
-        batches = torch.tensor(list(sampler), device=me.device).split(cfg.batch_size)
-        for batch in batches:
-            loss = F.cross_entropy(ddp(x_train[batch]), y_train[batch])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            loss_sum += loss.detach().double() * len(batch)
+        train_loss, steps = _train_epoch(ddp, optimizer, list(sampler), x_train, y_train, cfg.batch_size, me.device)
+        step += steps
         scheduler.step()
-        metrics = {"train_loss": _mean_over_ranks(loss_sum, sum(len(b) for b in batches), me.device),
-                   **_evaluate(model, x_val, y_val, me.device)}
+        metrics = {"train_loss": train_loss, **_evaluate(model, x_val, y_val, me.device)}
         rng_states = _all_gather_json(_rng_state(me.device), me.device)
         if me.rank == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -183,6 +175,23 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
         logger.info("wrote %s: %s", args.model_dir, final)
 
 
+def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, order: list[int],
+                 x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> tuple[float, int]:
+    """One pass over this rank's rows in sampler ``order``; returns (mean loss over all ranks, optimizer steps)."""
+    ddp.train()
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    batches = torch.tensor(order, device=device).split(batch_size)
+    for batch in batches:
+        loss = F.cross_entropy(ddp(x[batch]), y[batch])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.detach().double() * len(batch)
+    totals = torch.stack([loss_sum, torch.tensor(float(len(order)), dtype=torch.float64, device=device)])
+    dist.all_reduce(totals)
+    return float(totals[0] / totals[1]), len(batches)
+
+
 def _tensors(df: pd.DataFrame, transform: FeatureTransform, target: str, classes: list,
              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     x = torch.from_numpy(transform.transform(df)).to(device)
@@ -190,14 +199,28 @@ def _tensors(df: pd.DataFrame, transform: FeatureTransform, target: str, classes
     return x, y
 
 
-def _resume(directory: Path, me: _Rank, fingerprint: dict[str, Any], model: MLP, optimizer: torch.optim.Optimizer,
-            scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int]:
+def _settle_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
+    """Run DDP's first backward on a zero loss, before any optimizer step.
+
+    DDP regroups its gradient buckets after the first backward, and with more than two ranks the rounding of an
+    all-reduced value depends on its position in the bucket. Regrouping here, in eval mode (no dropout RNG draw),
+    makes every optimizer step of a fresh and of a resumed run reduce identically, so resuming reproduces an
+    uninterrupted run bit for bit.
+    """
+    ddp.eval()
+    (ddp(x).sum() * 0).backward()
+    ddp.module.zero_grad(set_to_none=True)
+
+
+def _resume(directory: Path, me: _Rank, cfg: TrainingConfig, fingerprint: dict[str, Any], model: MLP,
+            optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int]:
     """Load the checkpoint rank 0 picks (the same on every rank); return (completed epochs, step).
 
     Without a checkpoint each rank seeds its own RNG stream from the config seed and its rank.
 
     Raises:
-        ValueError: the checkpoint belongs to a different run (data, schema or a field of RESUME_KEYS).
+        ValueError: the checkpoint belongs to a different run (data, schema or a field of RESUME_KEYS), or has
+            trained more epochs than ``cfg.epochs``.
     """
     chosen = torch.tensor([-1], device=me.device)
     if me.rank == 0:
@@ -206,13 +229,16 @@ def _resume(directory: Path, me: _Rank, fingerprint: dict[str, Any], model: MLP,
     dist.broadcast(chosen, src=0)
     step = int(chosen[0])
     if step < 0:
-        _seed_rank(fingerprint["seed"], me)
+        _seed_rank(cfg.seed, me)
         return 0, 0
     state = checkpoints.load(directory, step)
     differs = sorted(k for k in fingerprint if state["fingerprint"].get(k) != fingerprint[k])
     if differs:
         raise ValueError(f"{checkpoints.sidecar_path(directory, step)} is from a different training run (differs "
                          f"in {differs}); use an empty --checkpoint-dir or the original data, schema and config")
+    if state["epoch"] > cfg.epochs:
+        raise ValueError(f"{checkpoints.sidecar_path(directory, step)} has trained {state['epoch']} epochs, more "
+                         f"than epochs={cfg.epochs}; set epochs >= {state['epoch']} or use an empty --checkpoint-dir")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
@@ -221,7 +247,7 @@ def _resume(directory: Path, me: _Rank, fingerprint: dict[str, Any], model: MLP,
     else:
         logger.warning("checkpoint has RNG states of %d ranks, this run has %d: reseeding", len(state["rng"]),
                        me.world_size)
-        _seed_rank(fingerprint["seed"] + step, me)
+        _seed_rank(cfg.seed + step, me)
     if me.rank == 0:
         logger.info("resuming from checkpoint step %d (epoch %d) in %s", step, state["epoch"], directory)
     return state["epoch"], step
@@ -268,12 +294,6 @@ def _all_gather_json(value: Any, device: torch.device) -> list[Any]:
     gathered = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(gathered, padded)
     return [json.loads(bytes(g[:int(s)].cpu().numpy())) for g, s in zip(gathered, sizes)]
-
-
-def _mean_over_ranks(total: torch.Tensor, count: int, device: torch.device) -> float:
-    both = torch.stack([total.double(), torch.tensor(float(count), dtype=torch.float64, device=device)])
-    dist.all_reduce(both)
-    return float(both[0] / both[1])
 
 
 def _evaluate(model: MLP, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, float]:
