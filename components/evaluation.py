@@ -10,10 +10,11 @@ def evaluate_vs_champion(model: Input[Model], holdout_data: Input[Dataset], hold
     """Score both models on the holdout and apply the PromotionPolicy. Returns ``blessed``, which drives
     ``dsl.If`` (a single output: kfp.local resolves conditions only on a task's ``Output``); the report's
     metadata holds the champion compared against and the reason."""
+    from training.settings import from_struct
     from training.steps import evaluate_step
 
     result = evaluate_step(model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,
-                           model_name=model_name, policy=promotion_policy, report_out=report.path)
+                           model_name=model_name, policy=from_struct(promotion_policy), report_out=report.path)
     for name, value in result.kfp_metrics.items():
         metrics.log_metric(name, value)
     report.metadata.update({"champion_version": result.champion_version, "reason": result.reason})

@@ -11,9 +11,10 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
     Returns ``drifted`` (drives ``dsl.If``); ``result`` is the JSON verdict with the data's md5."""
     from monitoring.steps import drift_step
     from training.fileio import atomic_write_json
+    from training.settings import from_struct
 
     checked = drift_step(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
-                        model_name=model_name, policy=drift_policy, report_out=report.path)
+                        model_name=model_name, policy=from_struct(drift_policy), report_out=report.path)
     metrics.log_metric("share_drifted_columns", checked.drift.share_drifted_columns)
     for name, col in checked.drift.columns.items():
         metrics.log_metric(f"drift_score_{name}", col.score)
@@ -29,10 +30,12 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     when skipped. Locally the run is the training pipeline under kfp.local and its id the registered version."""
     from monitoring.steps import trigger_step
     from pipelines.local_start import start_local_training
+    from training.settings import from_struct
 
     def start() -> str:
-        return start_local_training({**training_params, "dataset_uri": dataset_uri, "model_name": model_name})
+        settings = {**from_struct(training_params), "dataset_uri": dataset_uri, "model_name": model_name}
+        return start_local_training(settings)
 
-    decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"], policy=trigger_policy,
-                            start=start)
+    decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"],
+                            policy=from_struct(trigger_policy), start=start)
     return decision.run_id or ""

@@ -21,8 +21,9 @@ def register_candidate(model: Input[Model], report: Input[Artifact], schema: Inp
 def promote(model_name: str, version: str, report: Input[Artifact], model: Input[Model],
             holdout_data: Input[Dataset], holdout_sha256: str, promotion_policy: dict) -> bool:
     """Move ``champion`` to ``version`` under the lock, after re-reading the champion and re-checking."""
+    from training.settings import from_struct
     from training.steps import promote_step
 
     return promote_step(model_name=model_name, version=version, compared_against=report.metadata["champion_version"],
                         model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,
-                        policy=promotion_policy).promoted
+                        policy=from_struct(promotion_policy)).promoted

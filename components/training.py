@@ -9,11 +9,12 @@ def launch_training(train_data: Input[Dataset], schema: Input[Artifact], model_n
                     nnodes: int, nproc_per_node: int, backend: str, pipeline_run_id: str, model: Output[Model],
                     metrics: Output[Metrics]) -> str:
     """Train with DDP on ``nnodes`` x ``nproc_per_node`` ranks; returns the MLflow run id."""
+    from training.settings import from_struct
     from training.steps import train_step
 
     result = train_step(train_path=train_data.path, schema_path=schema.path, model_name=model_name,
-                        config=training_config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend,
-                        pipeline_run_id=pipeline_run_id, model_dir=model.path)
+                        config=from_struct(training_config), nnodes=nnodes, nproc_per_node=nproc_per_node,
+                        backend=backend, pipeline_run_id=pipeline_run_id, model_dir=model.path)
     for name, value in result.metrics.items():
         metrics.log_metric(name, value)
     model.metadata.update({"mlflow_run_id": result.run_id, "world_size": result.world_size})

@@ -6,6 +6,7 @@ import io
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
@@ -13,7 +14,8 @@ from typing import Any, Callable, TextIO
 from training.settings import Environment, activate
 
 PROGRESS_PREFIX = "[kfloop] "
-_TASK_DONE = re.compile(r"Task \W*'?([\w-]+)'?\W* finished with status \W*(\w+)")
+_TASK_START = re.compile(r"Executing task \W*'([\w-]+)'")
+_TASK_DONE = re.compile(r"Task \W*'([\w-]+)'\W* finished with status \W*(\w+)")
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Failure)): (.+)$")
 
 
@@ -32,7 +34,8 @@ class _ProgressFilter(io.TextIOBase):
         self.log, self.echo, self._buf = log, echo, ""
         self.last_error = ""
         self.failed_step = ""
-        self.started = time.monotonic()
+        self.step_seconds: dict[str, float] = {}
+        self._step_started: dict[str, float] = {}
 
     def writable(self) -> bool:
         return True
@@ -50,11 +53,14 @@ class _ProgressFilter(io.TextIOBase):
             self.last_error = f"{m.group(1)}: {m.group(2)}"
         if PROGRESS_PREFIX in line:
             self._echo(line[line.index(PROGRESS_PREFIX):])
+        elif m := _TASK_START.search(line):
+            self._step_started[m.group(1)] = time.monotonic()
         elif m := _TASK_DONE.search(line):
-            if m.group(2) != "SUCCESS":
-                self.failed_step = self.failed_step or m.group(1)
-            self._echo(f"{PROGRESS_PREFIX}step {m.group(1)}: {m.group(2).lower()} "
-                       f"({time.monotonic() - self.started:.1f} s)")
+            step, status = m.groups()
+            if status != "SUCCESS":
+                self.failed_step = self.failed_step or step
+            self.step_seconds[step] = time.monotonic() - self._step_started.get(step, time.monotonic())
+            self._echo(f"{PROGRESS_PREFIX}step {step}: {status.lower()} ({self.step_seconds[step]:.1f} s)")
 
     def _echo(self, text: str) -> None:
         if self.echo is not None:
@@ -69,6 +75,8 @@ class LocalRun:
     pipeline: str
     output: Any
     seconds: float
+    step_seconds: dict[str, float]
+    """Wall time of each step as kfp.local ran it (process start, imports, executor, outputs)."""
     log_path: Path
 
 
@@ -95,8 +103,11 @@ def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environ
     with open(log_path, "w") as log:
         sink = _ProgressFilter(log, None if quiet else (echo or sys.stderr))
         try:
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), warnings.catch_warnings():
+                # kfp.local notes that it ignores display names and that our image is not a plain Python one
+                warnings.filterwarnings("ignore", module=r"kfp\.local\.")
                 task = pipeline(**params)
         except RuntimeError as exc:
             raise PipelineFailed(name, sink.failed_step or "?", sink.last_error or str(exc), log_path) from None
-    return LocalRun(pipeline=name, output=task.output, seconds=time.monotonic() - start, log_path=log_path)
+    return LocalRun(pipeline=name, output=task.output, seconds=time.monotonic() - start,
+                    step_seconds=sink.step_seconds, log_path=log_path)

@@ -30,7 +30,8 @@ def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = N
         summary = training_summary(model_name, run.output)
     else:
         summary = drift_summary(model_name, run.output, since=started)
-    return {**summary, "seconds": round(run.seconds, 2)}
+    return {**summary, "seconds": round(run.seconds, 2),
+            "step_seconds": {step: round(t, 2) for step, t in run.step_seconds.items()}}
 
 
 def training_summary(model_name: str, version: str) -> dict[str, Any]:
@@ -59,10 +60,10 @@ def list_versions(model_name: str) -> list[dict[str, Any]]:
     import mlflow
 
     client = mlflow.MlflowClient()
-    champion = client.get_registered_model(model_name).aliases.get("champion")
+    champion = str(client.get_registered_model(model_name).aliases.get("champion"))
     versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
-    return [{"version": mv.version, "decision": mv.tags.get("decision"), "reason": mv.description or "",
-             "metrics": holdout_metrics(client, mv.run_id), "champion": mv.version == champion,
+    return [{"version": str(mv.version), "decision": mv.tags.get("decision"), "reason": mv.description or "",
+             "metrics": holdout_metrics(client, mv.run_id), "champion": str(mv.version) == champion,
              "data_md5": mv.tags.get("data_md5")} for mv in versions]
 
 

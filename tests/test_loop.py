@@ -43,11 +43,11 @@ def champion_env(tmp_path_factory, demo_files):
 
 
 def _versions(name: str) -> list[str]:
-    return sorted(v.version for v in mlflow.MlflowClient().search_model_versions(f"name='{name}'"))
+    return sorted(str(v.version) for v in mlflow.MlflowClient().search_model_versions(f"name='{name}'"))
 
 
 def _champion(name: str) -> str:
-    return mlflow.MlflowClient().get_model_version_by_alias(name, "champion").version
+    return str(mlflow.MlflowClient().get_model_version_by_alias(name, "champion").version)
 
 
 def test_first_run_infers_schema_promotes_and_records_lineage(champion_env, demo_files):
@@ -100,7 +100,7 @@ def _bad_inputs(tmp, train: pd.DataFrame, parquet_path) -> dict[str, tuple]:
     cases["truncated parquet"] = (truncated, EXIT_DATA_FILE, ["truncated.parquet"])
     text = good.astype({"age": object})
     text.loc[3, "age"] = "forty"
-    cases["text in numeric"] = (frame("text", text), EXIT_FAILED, ["age", "forty"])
+    cases["text in numeric"] = (csv("text", text.to_csv(index=False)), EXIT_FAILED, ["age", "forty"])
     nulls = good.copy()
     nulls.loc[[1, 2], "contract"] = None
     cases["nulls not allowed"] = (frame("nulls", nulls), EXIT_FAILED, ["contract", "null"])

@@ -110,3 +110,17 @@ def load_config_file(path: str | os.PathLike | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{p}: expected a YAML mapping of settings, got {type(data).__name__}")
     return data
+
+
+def from_struct(value: Any) -> Any:
+    """Undo what a KFP ``dict`` parameter (a protobuf Struct) does to numbers: integral floats back to ints.
+
+    Fields typed ``float`` accept ints, so this is safe for every typed config; lists and dicts are walked.
+    """
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: from_struct(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [from_struct(v) for v in value]
+    return value

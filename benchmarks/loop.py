@@ -1,0 +1,111 @@
+"""The loop's speed on this machine: time of each demo step and of the whole demo, and kfp.local's overhead per
+step against calling the same step function directly in a fresh process (same interpreter start and imports).
+
+    .venv/bin/python benchmarks/loop.py [--out benchmarks/results/loop.json]
+
+Goals (issue 3): whole demo <= 120 s after setup on 2 cores; overhead <= 0.3 s per step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEMO_GOAL_S = 120.0
+OVERHEAD_GOAL_S = 0.3
+REPEATS = 3
+
+# Steps of the training pipeline that are safe to call again with the same inputs (read-only or idempotent).
+DIRECT_CALLS = {
+    "validate-data": "from training.steps import validate_step as f; f(dataset_uri={data!r}, schema_uri={schema!r}, "
+                     "target='', model_name='bench', schema_out={tmp!r} + '/schema.yaml')",
+    "split-holdout": "from training.steps import split_step as f; f(dataset_uri={data!r}, fraction=0.2, seed=42, "
+                     "train_out={tmp!r} + '/train.parquet', holdout_out={tmp!r} + '/holdout.parquet')",
+    "evaluate-vs-champion": "from training.steps import evaluate_step as f; f(model_dir={model!r}, "
+                            "holdout_path={holdout!r}, holdout_sha256={sha!r}, model_name='bench', policy={{}}, "
+                            "report_out={tmp!r} + '/report.json')",
+}
+
+
+def _direct_seconds(code: str) -> float:
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
+    return time.monotonic() - start
+
+
+def measure_overhead(workdir: Path) -> dict[str, dict[str, float]]:
+    """Run the training pipeline ``REPEATS`` times and each re-callable step directly as often; medians."""
+    from data.demo import DATA_DIR, DEMO_DIR
+    from pipelines.local import run_local
+    from pipelines.params import pipeline_params
+    from pipelines.training import training_pipeline
+    from training.settings import activate, load_environment
+
+    env = load_environment(workdir)
+    activate(env)
+    data, schema = str(DEMO_DIR / "train.parquet"), str(DATA_DIR / "schema.yaml")
+    params = pipeline_params(training_pipeline, {"dataset_uri": data, "schema_uri": schema, "model_name": "bench"})
+    kfp_times: dict[str, list[float]] = {step: [] for step in DIRECT_CALLS}
+    direct_times: dict[str, list[float]] = {step: [] for step in DIRECT_CALLS}
+    for _ in range(REPEATS):
+        run = run_local(training_pipeline, params, env, quiet=True)
+        root = sorted((env.pipeline_root).glob("kfloop-training-*"))[-1]
+        sha = json.loads((root / "split-holdout" / "executor_output.json").read_text())
+        sha = sha["parameterValues"]["Output"]
+        with tempfile.TemporaryDirectory() as tmp:
+            values = {"data": data, "schema": schema, "tmp": tmp, "model": str(root / "launch-training" / "model"),
+                      "holdout": str(root / "split-holdout" / "holdout_data"), "sha": sha}
+            for step, code in DIRECT_CALLS.items():
+                kfp_times[step].append(run.step_seconds[step])
+                direct_times[step].append(_direct_seconds(code.format(**values)))
+    return {step: {"kfp_local_s": statistics.median(kfp_times[step]),
+                   "direct_s": statistics.median(direct_times[step]),
+                   "overhead_s": statistics.median(k - d for k, d in zip(kfp_times[step], direct_times[step]))}
+            for step in DIRECT_CALLS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="benchmarks/results/loop.json")
+    args = parser.parse_args(argv)
+
+    from pipelines.demo import run_demo
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.monotonic()
+        summary = run_demo(Path(tmp) / "demo-bench")
+        demo_wall = time.monotonic() - start
+        overhead = measure_overhead(Path(tmp) / "overhead-bench")
+
+    mean_overhead = statistics.mean(v["overhead_s"] for v in overhead.values())
+    result = {"machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()},
+              "demo_steps_s": summary["seconds"], "demo_wall_s": round(demo_wall, 2),
+              "demo_goal_s": DEMO_GOAL_S, "demo_within_goal": demo_wall <= DEMO_GOAL_S,
+              "training_steps_s": summary["first_training"]["step_seconds"],
+              "kfp_local_overhead": overhead, "mean_overhead_per_step_s": round(mean_overhead, 3),
+              "overhead_goal_s": OVERHEAD_GOAL_S, "overhead_within_goal": mean_overhead <= OVERHEAD_GOAL_S}
+
+    print(f"{'demo step':<36} {'seconds':>8}")
+    for step, seconds in summary["seconds"].items():
+        print(f"{step:<36} {seconds:>8.2f}")
+    print(f"{'whole demo (wall)':<36} {demo_wall:>8.2f}   goal <= {DEMO_GOAL_S:.0f} s")
+    print()
+    print(f"{'step (kfp.local vs direct)':<28} {'kfp.local':>10} {'direct':>8} {'overhead':>9}")
+    for step, v in overhead.items():
+        print(f"{step:<28} {v['kfp_local_s']:>10.2f} {v['direct_s']:>8.2f} {v['overhead_s']:>9.2f}")
+    print(f"{'mean overhead per step':<28} {'':>10} {'':>8} {mean_overhead:>9.2f}   goal <= {OVERHEAD_GOAL_S} s")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
