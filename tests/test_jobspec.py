@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,10 +15,10 @@ import pytest
 from training.jobspec import JobSpec
 from training.launcher import LaunchError, launch_local
 
-# A stand-in for training.train: records its env and pids; then returns (env), waits (wait), or joins the process
-# group and rank 3 raises while the others wait (fail).
+# A stand-in for training.train: records its env and pids; then returns (env), waits (wait), dies without an error
+# file on rank 1 (crash), or joins the process group and raises on rank 3 while the others wait (fail).
 WORKER = '''
-import json, os, signal
+import json, os, signal, sys
 from pathlib import Path
 
 KEYS = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -30,8 +32,12 @@ def main():
     Path(os.environ["KFLOOP_TEST_OUT"], f"rank-{rank}.json").write_text(json.dumps(info))
     if os.environ["KFLOOP_TEST_MODE"] == "env":
         return
-    if os.environ["KFLOOP_TEST_MODE"] == "wait":
-        print(f"READY {rank}", flush=True)
+    if os.environ["KFLOOP_TEST_MODE"] == "crash" and rank == 1:
+        sys.stderr.write("fatal: cannot map shard 1\\n")
+        sys.stderr.flush()
+        os._exit(3)
+    if os.environ["KFLOOP_TEST_MODE"] in ("wait", "crash"):
+        os.write(1, f"READY {rank}\\n".encode())  # one write: the node's ranks share one pipe
         signal.pause()
     import torch.distributed as dist
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -157,20 +163,37 @@ def test_a_failing_rank_fails_the_launch_with_its_error_and_stops_every_process(
     assert [pid for pid in pids if _alive(pid)] == []
 
 
+def test_a_rank_dying_without_an_error_file_is_named_with_its_stderr(tmp_path):
+    spec, out = _worker_spec(tmp_path, "crash")
+    with pytest.raises(LaunchError) as caught:
+        launch_local(spec, log_dir=tmp_path / "logs")
+    err = caught.value
+    assert (err.rank, err.node) == (1, 0)
+    assert "fatal: cannot map shard 1" in str(err)
+    pids = {info["pid"] for info in _ranks(out).values()} | {info["agent_pid"] for info in _ranks(out).values()}
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
 def test_sigterm_to_the_caller_stops_every_node(tmp_path):
     spec, out = _worker_spec(tmp_path, "wait")
     caller = subprocess.Popen([sys.executable, "-c", CALLER, str(tmp_path / "logs"), json.dumps(spec.env)],
-                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1])
-    ready = 0
-    for line in caller.stdout:
-        ready += "READY" in line
-        if ready == 4:
-            break
-    assert ready == 4, "every rank joined before the caller was stopped"
-    ranks = _ranks(out)
-    pids = {info["pid"] for info in ranks.values()} | {info["agent_pid"] for info in ranks.values()}
-    assert all(_alive(pid) for pid in pids)
-    os.kill(caller.pid, signal.SIGTERM)
-    assert caller.wait(timeout=60) == 128 + signal.SIGTERM
-    caller.stdout.close()
-    assert [pid for pid in pids if _alive(pid)] == []
+                              stdout=subprocess.PIPE, cwd=Path(__file__).parents[1])
+    try:
+        output, deadline = b"", time.monotonic() + 120
+        while output.count(b"READY") < 4:
+            remaining = deadline - time.monotonic()
+            assert remaining > 0 and select.select([caller.stdout], [], [], remaining)[0], output
+            chunk = os.read(caller.stdout.fileno(), 4096)
+            assert chunk, f"the launch ended before every rank was ready: {output!r}"
+            output += chunk
+        ranks = _ranks(out)
+        pids = {info["pid"] for info in ranks.values()} | {info["agent_pid"] for info in ranks.values()}
+        assert len(pids) == 6 and all(_alive(pid) for pid in pids)
+        os.kill(caller.pid, signal.SIGTERM)
+        assert caller.wait(timeout=60) == 128 + signal.SIGTERM
+        assert [pid for pid in pids if _alive(pid)] == []
+    finally:
+        if caller.poll() is None:
+            caller.terminate()
+            caller.wait(timeout=60)
+        caller.stdout.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -35,6 +36,8 @@ STOP_GRACE_SECONDS = 10.0
 """How long agents get after SIGTERM (torchrun then stops its workers) before everything left is SIGKILLed."""
 ERROR_TAIL_LINES = 8
 """Traceback or log lines quoted in a LaunchError."""
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?local_rank: (\d+)\).*?exitcode\s*:\s*(-?\d+)",
+                         re.DOTALL)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -109,7 +112,8 @@ class _Agent:
         shutil.rmtree(self.torchrun_dir, ignore_errors=True)  # error files of an earlier launch would mislead
         self.error_file.unlink(missing_ok=True)
         env = {**os.environ, **spec.env, **spec.pod_env(node, "localhost", port),
-               "TORCHELASTIC_ERROR_FILE": str(self.error_file), "PET_LOG_DIR": str(self.torchrun_dir), TAG_ENV: tag}
+               "TORCHELASTIC_ERROR_FILE": str(self.error_file), "PET_LOG_DIR": str(self.torchrun_dir), "PET_TEE": "3",
+               TAG_ENV: tag}
         self.proc = subprocess.Popen(spec.command(python=sys.executable), env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.pidfd = os.pidfd_open(self.proc.pid)
@@ -138,8 +142,9 @@ def launch_local(spec: JobSpec, *, log_dir: Path, echo: bool = False) -> LaunchR
     """Run ``spec`` as ``spec.nnodes`` torchrun agents on localhost and wait for all of them.
 
     Node ``i`` gets ``os.environ``, then ``spec.env``, then ``spec.pod_env(i, "localhost", <free port>)``, and
-    writes ``<log_dir>/node-<i>.log`` (echoed to stdout with a ``[node<i>]`` prefix when ``echo``),
-    ``node-<i>.error.json`` (torchrun's error file) and torchrun's own files under ``torchrun/node-<i>/``.
+    writes ``<log_dir>/node-<i>.log`` (echoed to stdout with a ``[node<i>]`` prefix when ``echo``; torchrun
+    prefixes worker lines with ``[default<local rank>]:``), ``node-<i>.error.json`` (torchrun's error file) and,
+    under ``torchrun/node-<i>/``, torchrun's per-worker error files and stdout/stderr copies.
     While it waits, SIGTERM (main thread only) raises SystemExit so that the agents are stopped too.
 
     Raises:
@@ -157,16 +162,15 @@ def launch_local(spec: JobSpec, *, log_dir: Path, echo: bool = False) -> LaunchR
         for node in range(spec.nnodes):
             agents.append(_Agent(spec, node, port, log_dir, tag, echo))
         failed = _first_failure(agents)
-        if failed is not None:
-            _stop(agents, tag)
-            raise _launch_error(failed, agents, spec)
         seconds = time.monotonic() - started
     finally:
         _stop(agents, tag)
         for agent in agents:
-            agent.close()
+            agent.close()  # the logs are complete from here on
         if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    if failed is not None:
+        raise _launch_error(failed, agents, spec)
     return LaunchResult(world_size=spec.world_size, seconds=seconds, logs=[a.log for a in agents])
 
 
@@ -235,24 +239,52 @@ def tagged_processes(tag: str) -> list[int]:
 
 
 def _launch_error(failed: _Agent, agents: list[_Agent], spec: JobSpec) -> LaunchError:
-    """The error of the first worker that failed (earliest error file of the last attempt on any node), else the
-    failed agent's own error file, else the end of its log."""
-    worker_errors = []
-    for agent in agents:
-        for path in agent.torchrun_dir.glob("*/attempt_*/*/error.json"):
-            attempt = int(path.parent.parent.name.removeprefix("attempt_"))
-            worker_errors.append((attempt, -path.stat().st_mtime_ns, agent, int(path.parent.name), path))
-    if worker_errors:
-        _, _, agent, local_rank, path = max(worker_errors, key=lambda e: e[:2])
+    """Name the rank that failed first and its error: from the earliest worker error file (written by ``@record``)
+    of the last attempt on any node; else from the failed node's root cause and that worker's stderr; else from
+    the agent's own error file (e.g. a rendezvous timeout); else from the end of the node's log."""
+    worker = _first_worker_error(agents) or _crashed_worker(failed)
+    if worker is not None:
+        agent, local_rank, error = worker
         return LaunchError(node=agent.node, rank=agent.node * spec.nproc_per_node + local_rank,
-                           exit_code=failed.proc.returncode, error=_describe(json.loads(path.read_text())),
-                           log=agent.log)
+                           exit_code=failed.proc.returncode, error=error, log=agent.log)
     if failed.error_file.is_file():
         error = _describe(json.loads(failed.error_file.read_text()))
     else:
-        lines = failed.log.read_text(errors="replace").splitlines() if failed.log.is_file() else []
-        error = "\n".join(lines[-ERROR_TAIL_LINES:]) or "no output"
+        error = _tail(failed.log) or "no output"
     return LaunchError(node=failed.node, rank=None, exit_code=failed.proc.returncode, error=error, log=failed.log)
+
+
+def _first_worker_error(agents: list[_Agent]) -> tuple[_Agent, int, str] | None:
+    found = []
+    for agent in agents:
+        for path in agent.torchrun_dir.glob("*/attempt_*/*/error.json"):
+            attempt = int(path.parent.parent.name.removeprefix("attempt_"))
+            found.append((attempt, -path.stat().st_mtime_ns, agent, int(path.parent.name), path))
+    if not found:
+        return None
+    _, _, agent, local_rank, path = max(found, key=lambda f: f[:2])
+    return agent, local_rank, _describe(json.loads(path.read_text()))
+
+
+def _crashed_worker(agent: _Agent) -> tuple[_Agent, int, str] | None:
+    """A worker that died without an error file (import error, signal): the root cause torchrun printed in the
+    node's log, with the end of that worker's stderr."""
+    log = agent.log.read_text(errors="replace") if agent.log.is_file() else ""
+    cause = _ROOT_CAUSE.search(log)
+    if cause is None:
+        return None
+    local_rank, exit_code = int(cause.group(1)), cause.group(2)
+    attempts = sorted(agent.torchrun_dir.glob("*/attempt_*"), key=lambda p: int(p.name.removeprefix("attempt_")))
+    stderr = _tail(attempts[-1] / str(local_rank) / "stderr.log") if attempts else ""
+    return agent, local_rank, stderr or f"the process exited with code {exit_code} and wrote nothing to stderr"
+
+
+def _tail(path: Path) -> str:
+    """The last ERROR_TAIL_LINES non-blank lines of a text file ('' when missing)."""
+    if not path.is_file():
+        return ""
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    return "\n".join(lines[-ERROR_TAIL_LINES:])
 
 
 def _describe(error_json: dict[str, Any]) -> str:

@@ -49,8 +49,11 @@ class _Rank:
     """Where this process sits in the job."""
 
     rank: int
+    """Global rank (0 does the side effects)."""
     world_size: int
+    """Processes in the job."""
     device: torch.device
+    """``cuda:<LOCAL_RANK>`` or ``cpu``."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
