@@ -1,6 +1,8 @@
 """The demo data, produced by the DVC stage in ``data/dvc.yaml`` and pushed to a local remote."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -40,7 +42,9 @@ def ensure_demo_data(remote_dir: Path) -> DemoData:
     remote_dir.mkdir(parents=True, exist_ok=True)
     # the stage's `python` must be this interpreter, whether or not the venv is activated
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    with Repo(str(REPO_ROOT)) as repo:
+    # DVC logs "stage didn't change" on stdout; keep stdout for the demo's own output (e.g. --json)
+    logging.getLogger("dvc").setLevel(logging.WARNING)
+    with contextlib.redirect_stdout(sys.stderr), Repo(str(REPO_ROOT)) as repo:
         with repo.config.edit("local") as conf:
             conf["remote"][REMOTE_NAME] = {"url": str(remote_dir)}
             conf["core"]["remote"] = REMOTE_NAME

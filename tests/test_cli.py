@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,15 @@ def test_unreadable_file_gets_one_line_and_its_own_exit_code(tmp_path, content, 
 def test_bad_setting_names_the_fix(capsys):
     assert main(["run", "training", "--local", "--set", "dataset_uri=x.csv", "--set", "training.epochs=0"]) == 1
     assert "epochs=0" in capsys.readouterr().err
+
+
+def test_train_two_nodes_of_two_ranks_ends_with_identical_parameters(tmp_path, demo_files, capsys):
+    model_dir = tmp_path / "model"
+    code = main(["--workdir", str(tmp_path / "w"), "train", "--data", str(demo_files["train.parquet"]), "--schema",
+                 str(REPO / "data" / "schema.yaml"), "--nnodes", "2", "--nproc-per-node", "2", "--model-dir",
+                 str(model_dir), "--set", "training.epochs=2"])
+    assert code == 0, capsys.readouterr().err
+    assert f"model: {model_dir}" in capsys.readouterr().out
+    description = json.loads((model_dir / "model.json").read_text())
+    assert description["world_size"] == 4
+    assert len(description["param_digests"]) == 4 and len(set(description["param_digests"])) == 1

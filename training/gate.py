@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score
 
 from training.features import encode_target
 
@@ -152,6 +151,8 @@ def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list) ->
     Raises:
         ValueError: shapes disagree or a label index is out of range.
     """
+    from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score  # 1 s import: only when scoring
+
     y, p = _check_inputs(y_true_idx, proba, classes)
     if not np.isfinite(p).all():
         return {m: math.nan for m in METRICS}

@@ -15,9 +15,7 @@ from safetensors.torch import load_file, save
 from training.features import FeatureTransform
 from training.fileio import atomic_write_bytes, atomic_write_json
 
-WEIGHTS_FILE = "weights.safetensors"
-FEATURES_FILE = "features.json"
-MODEL_FILE = "model.json"
+from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
 
 
 @dataclass(kw_only=True, slots=True)

@@ -22,11 +22,13 @@ import pandas as pd
 from filelock import FileLock
 
 from training.fileio import file_digest
-from training.gate import Decision, kfp_metrics
-from training.model import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE, Predictor
+from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
 
 if TYPE_CHECKING:
     import mlflow
+
+    from training.gate import Decision
+    from training.model import Predictor
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -154,6 +156,9 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     from mlflow.entities import Metric, RunTag
 
     model_dir = Path(model_dir)
+    from training.gate import kfp_metrics
+    from training.model import Predictor
+
     predictor = Predictor.load(model_dir)
     scalars = kfp_metrics(_decision(decision))
     weights_sha = file_digest(model_dir / WEIGHTS_FILE)
@@ -356,7 +361,9 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
     return PromotionResult(promoted=True, champion_version=version, previous_champion=previous, reason=reason)
 
 
-def _decision(decision: dict[str, Any]) -> Decision:
+def _decision(decision: dict[str, Any]) -> "Decision":
+    from training.gate import Decision
+
     try:
         return Decision.from_dict(decision)
     except (KeyError, TypeError) as e:
@@ -364,7 +371,7 @@ def _decision(decision: dict[str, Any]) -> Decision:
                          "evaluation report") from e
 
 
-def _input_example(predictor: Predictor) -> pd.DataFrame:
+def _input_example(predictor: "Predictor") -> pd.DataFrame:
     """Two rows: typical values (medians, first category), then all nulls (object columns keep JSON nulls)."""
     t = predictor.transform
     typical = {**{c: s.median for c, s in t.numeric.items()},
@@ -372,7 +379,7 @@ def _input_example(predictor: Predictor) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series([v, None], dtype=object) for c, v in typical.items()})
 
 
-def _signature(predictor: Predictor) -> "mlflow.models.ModelSignature":
+def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
     """Inputs typed ``any``: MLflow's enforcement rejects int64 for ``double`` and pandas ``category`` for
     ``string``, while the model's own preprocessing coerces both; outputs are the prediction frame."""
     from mlflow.models import ModelSignature
