@@ -9,15 +9,12 @@ churn, so a model trained on unshifted data loses accuracy on shifted data until
 from __future__ import annotations
 
 import argparse
-import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from training.fileio import atomic_write_bytes
+from training.fileio import atomic_write_bytes, parquet_bytes
 
 TARGET = "churned"
 ID_COLUMN = "customer_id"
@@ -128,15 +125,6 @@ def generate(
         "plan": np.array(PLANS, dtype=object)[plan],
         TARGET: churned,
     })
-
-
-def parquet_bytes(df: pd.DataFrame) -> bytes:
-    """``df`` as Parquet with fixed writer settings, so equal frames give equal bytes."""
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", compression_level=3, use_dictionary=True,
-                   write_statistics=True, version="2.6", data_page_version="1.0", store_schema=True)
-    return buf.getvalue()
 
 
 def write_demo(out: str | Path, *, seed: int = 0, rows: int = TRAIN_ROWS) -> dict[str, Path]:

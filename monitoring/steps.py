@@ -7,11 +7,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.fileio import file_digest
+from training.progress import progress
 from training.settings import load_environment
-
-
-def _progress(text: str) -> None:
-    print(f"[kfloop] {text}", flush=True)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -63,7 +60,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical, policy=rules,
                          report_path=report_out or None)
     drifted = [name for name, col in result.columns.items() if col.drifted]
-    _progress(f"drift: {current_uri} vs {reference_uri}: drifted={result.drifted} "
+    progress(f"drift: {current_uri} vs {reference_uri}: drifted={result.drifted} "
               f"(share {result.share_drifted_columns:.2f}; columns {drifted or 'none'})")
     return DriftStepResult(drift=result, data_md5=file_digest(current_uri, "md5"), reference_uri=reference_uri,
                            champion_version=champion.version if champion else None)
@@ -85,7 +82,7 @@ def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], star
 
     decision = maybe_trigger(trigger_store(model_name), model=model_name, data_hash=data_md5, now=time.time(),
                              policy=TriggerPolicy.from_dict(policy), start=start)
-    _progress(f"trigger: {'fired, run ' + str(decision.run_id) if decision.fire else 'skipped'}: {decision.reason}")
+    progress(f"trigger: {'fired, run ' + str(decision.run_id) if decision.fire else 'skipped'}: {decision.reason}")
     return decision
 
 

@@ -8,18 +8,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pipelines.runs import run_pipeline
+from training.progress import progress
 from training.settings import activate, load_environment
 
 MODEL_NAME = "kfloop-demo"
 SCHEMA = "schema.yaml"
 
 
-def _progress(text: str) -> None:
-    print(f"[kfloop] {text}", file=sys.stderr, flush=True)
-
-
 def _timed(steps: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
-    _progress(f"== {name}")
+    progress(f"== {name}", stream=sys.stderr)
     start = time.monotonic()
     result = fn()
     steps[name] = round(time.monotonic() - start, 2)

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from training.progress import PREFIX as PROGRESS_PREFIX
 from training.settings import Environment, activate
 
-PROGRESS_PREFIX = "[kfloop] "
 _TASK_START = re.compile(r"Executing task \W*'([\w-]+)'")
 _TASK_DONE = re.compile(r"Task \W*'([\w-]+)'\W* finished with status \W*(\w+)")
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Failure)): (.+)$")

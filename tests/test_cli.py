@@ -82,3 +82,18 @@ def test_train_two_nodes_of_two_ranks_ends_with_identical_parameters(tmp_path, d
     description = json.loads((model_dir / "model.json").read_text())
     assert description["world_size"] == 4
     assert len(description["param_digests"]) == 4 and len(set(description["param_digests"])) == 1
+
+
+def test_drift_json_contract(tmp_path, demo_files, capsys):
+    report = tmp_path / "drift.html"
+    code = main(["drift", "--reference", str(demo_files["train.parquet"]), "--current",
+                 str(demo_files["batch_drifted.parquet"]), "--schema", str(REPO / "data" / "schema.yaml"),
+                 "--report", str(report), "--json", "--set", "drift.drift_share=0.3"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["drifted"] is True and out["share_drifted_columns"] >= 0.3
+    assert set(out["columns"]) == {"age", "tenure_months", "monthly_charges", "total_charges", "support_calls",
+                                   "contract", "payment_method", "region", "plan"}
+    for col in out["columns"].values():
+        assert set(col) == {"method", "score", "threshold", "drifted"}
+    assert report.stat().st_size > 0 and out["report_path"] == str(report)

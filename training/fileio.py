@@ -6,7 +6,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
@@ -52,3 +55,17 @@ def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def parquet_bytes(df: "pd.DataFrame") -> bytes:
+    """``df`` as Parquet with fixed writer settings, so equal frames give equal bytes (and equal hashes)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", compression_level=3, use_dictionary=True,
+                   write_statistics=True, version="2.6", data_page_version="1.0", store_schema=True)
+    return buf.getvalue()

@@ -1,13 +1,12 @@
 """The train/holdout split: seeded, written deterministically, and pinned by the holdout file's sha256."""
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from training.fileio import atomic_write_bytes, file_digest
+from training.fileio import atomic_write_bytes, file_digest, parquet_bytes
 
 
 def split_holdout(df: pd.DataFrame, *, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -29,9 +28,7 @@ def split_holdout(df: pd.DataFrame, *, fraction: float, seed: int) -> tuple[pd.D
 
 def write_parquet(df: pd.DataFrame, path: str | Path) -> str:
     """Write ``df`` as Parquet atomically and return the file's sha256 (byte-stable for equal frames)."""
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False, engine="pyarrow", compression="zstd")
-    atomic_write_bytes(path, buf.getvalue())
+    atomic_write_bytes(path, parquet_bytes(df))
     return file_digest(path)
 
 

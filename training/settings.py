@@ -66,6 +66,7 @@ def activate(env: Environment) -> None:
     os.environ.update(env.export())
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -7,11 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from training.fileio import atomic_write_json, atomic_write_text, file_digest
+from training.progress import progress
 from training.settings import Environment, load_environment
-
-
-def _progress(text: str) -> None:
-    print(f"[kfloop] {text}", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------- validate
@@ -69,10 +66,10 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
     report.source = dataset_uri
     if not report.ok:
         for line in report.format().splitlines():
-            _progress(f"validate: {line}")
+            progress(f"validate: {line}")
         raise ValidationError(report)
     atomic_write_text(schema_out, schema_to_yaml(schema))
-    _progress(f"validate: {dataset_uri}: {len(df)} rows valid against schema from {source}")
+    progress(f"validate: {dataset_uri}: {len(df)} rows valid against schema from {source}")
     return ValidateResult(data_md5=file_digest(dataset_uri, "md5"), target=schema_roles(schema).target,
                           schema_source=source, rows=len(df))
 
@@ -85,7 +82,7 @@ def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, 
     train, holdout = split_holdout(read_table(dataset_uri), fraction=fraction, seed=seed)
     write_parquet(train, train_out)
     sha = write_parquet(holdout, holdout_out)
-    _progress(f"split: {len(train)} training rows, {len(holdout)} holdout rows (sha256 {sha[:12]})")
+    progress(f"split: {len(train)} training rows, {len(holdout)} holdout rows (sha256 {sha[:12]})")
     return sha
 
 
@@ -112,10 +109,18 @@ def ensure_experiment(model_name: str, env: Environment) -> str:
     return client.create_experiment(model_name, artifact_location=location)
 
 
-def _training_config(config: dict[str, Any], **overrides: Any):
+def _local_training_config(config: dict[str, Any], **overrides: Any):
+    """The typed config, for the one backend this release launches.
+
+    Raises:
+        ValueError: an invalid field, or a backend other than ``local``.
+    """
     from training.config import TrainingConfig
 
-    return TrainingConfig.from_dict({**config, **overrides})
+    cfg = TrainingConfig.from_dict({**config, **overrides})
+    if cfg.backend != "local":
+        raise ValueError(f"backend '{cfg.backend}' is not available in this release; use backend=local")
+    return cfg
 
 
 def train_step(*, train_path: str, schema_path: str, model_name: str, config: dict[str, Any], nnodes: int,
@@ -124,21 +129,19 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
 
     Raises:
         training.launcher.LaunchError: a rank failed; the message names it and its error.
-        ValueError: a bad training config, or ``backend='kubernetes'`` (see ``kfloop render-job``).
+        ValueError: a bad training config, or a backend other than ``local``.
     """
     import mlflow
 
     from training.launcher import train_local
 
-    cfg = _training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend)
-    if cfg.backend != "local":
-        raise ValueError(f"backend '{cfg.backend}' is not available in this release; use backend=local")
+    cfg = _local_training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend)
     env = load_environment()
     client = mlflow.MlflowClient()
     run = client.create_run(ensure_experiment(model_name, env),
                             tags={"kfloop.pipeline_run_id": pipeline_run_id, "kfloop.git_commit": env.git_commit})
     run_id = run.info.run_id
-    _progress(f"train: {cfg.nnodes} node(s) x {cfg.nproc_per_node} rank(s), MLflow run {run_id}")
+    progress(f"train: {cfg.nnodes} node(s) x {cfg.nproc_per_node} rank(s), MLflow run {run_id}")
     try:
         result = train_local(train_path, schema_path, model_dir=Path(model_dir),
                              checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, config=cfg,
@@ -147,7 +150,7 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, "FINISHED")
-    _progress(f"train: done in {result.seconds:.1f} s, " +
+    progress(f"train: done in {result.seconds:.1f} s, " +
               ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items())))
     return TrainStepResult(run_id=run_id, metrics=result.metrics, world_size=result.world_size)
 
@@ -164,12 +167,10 @@ def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environ
     from training.launcher import train_local
     from training.validation import ValidationError, load_schema, validate
 
+    cfg = _local_training_config(training)
     report = validate(data, load_schema(schema))
     if not report.ok:
         raise ValidationError(report)
-    cfg = _training_config(training)
-    if cfg.backend != "local":
-        raise ValueError(f"backend '{cfg.backend}' is not available in this release; use --backend local")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(model_dir) if model_dir else env.workdir / "models" / stamp
     return train_local(data, schema, model_dir=out, checkpoint_dir=out.parent / f".{out.name}-checkpoints",
@@ -231,7 +232,7 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
                                                 policy=policy)
     version = champion.version if champion is not None else ""
     atomic_write_json(report_out, decision.to_dict())
-    _progress(f"evaluate: {'blessed' if decision.blessed else 'not blessed'}: {decision.reason}")
+    progress(f"evaluate: {'blessed' if decision.blessed else 'not blessed'}: {decision.reason}")
     return EvaluateResult(blessed=decision.blessed, champion_version=version, reason=decision.reason,
                           kfp_metrics=kfp_metrics(decision))
 
@@ -254,7 +255,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       previous_champion=champion_version or None, training_config=config)
     model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
-    _progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")
+    progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")
     return version
 
 
@@ -273,6 +274,6 @@ def promote_step(*, model_name: str, version: str, compared_against: str, model_
     lock.parent.mkdir(parents=True, exist_ok=True)
     result = promote(model_name, version, compared_against=compared_against or None, recheck=recheck,
                      lock_path=lock)
-    _progress(f"promote: {model_name} v{version}: {'champion' if result.promoted else 'not promoted'}"
+    progress(f"promote: {model_name} v{version}: {'champion' if result.promoted else 'not promoted'}"
               f" ({result.reason})")
     return result
