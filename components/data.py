@@ -1,7 +1,7 @@
 """Data steps: validate against the schema before any GPU is spent, then split off the pinned holdout."""
 from typing import NamedTuple
 
-from kfp.dsl import Artifact, Dataset, Input, Output
+from kfp.dsl import Artifact, Dataset, Output
 
 from components.base import kfloop_component
 

@@ -9,6 +9,7 @@ churn, so a model trained on unshifted data loses accuracy on shifted data until
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         parser.error(str(exc))
     for path in paths.values():
-        print(path)
+        print(f"wrote {path}", file=sys.stderr)  # stdout stays free for callers' own output (kfloop demo --json)
 
 
 if __name__ == "__main__":

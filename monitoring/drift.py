@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from evidently import DataDefinition, Dataset, Report
 from evidently.core.report import Snapshot
-from evidently.legacy.calculations.stattests.registry import StatTestInvalidFeatureTypeError, get_registered_stattest
+from evidently.legacy.calculations.stattests.registry import get_registered_stattest
 from evidently.legacy.core import ColumnType
 from evidently.presets import DataDriftPreset
 

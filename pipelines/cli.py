@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import traceback
@@ -79,6 +80,11 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return merge(load_config_file(args.config), parse_overrides(args.overrides))
 
 
+def _stdout_for_json(args: argparse.Namespace):
+    """Under ``--json`` stdout carries only the JSON: whatever the work prints goes to stderr instead."""
+    return contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+
+
 def _print_json(obj: Any) -> None:
     print(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
@@ -87,7 +93,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.demo import format_summary, run_demo
     from training.settings import load_environment
 
-    summary = run_demo(load_environment(args.workdir).workdir)
+    with _stdout_for_json(args):
+        summary = run_demo(load_environment(args.workdir).workdir)
     _print_json(summary) if args.json else print(format_summary(summary))
     return 0
 
@@ -132,9 +139,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from training.settings import activate, load_environment
 
     activate(load_environment(args.workdir))
-    result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
-                        model_name=args.model_name or "", policy=_settings(args).get("drift", {}),
-                        report_out=args.report or "")
+    with _stdout_for_json(args):
+        result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
+                            model_name=args.model_name or "", policy=_settings(args).get("drift", {}),
+                            report_out=args.report or "")
     if args.json:
         _print_json(result.to_dict())
     else:
@@ -151,7 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.host:
         raise ValueError("--host (the Kubeflow Pipelines API) is not available in this release; use --local")
-    summary = run_pipeline(args.pipeline, _settings(args), workdir=args.workdir)
+    with _stdout_for_json(args):
+        summary = run_pipeline(args.pipeline, _settings(args), workdir=args.workdir)
     if args.json:
         _print_json(summary)
     else:

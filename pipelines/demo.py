@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +15,7 @@ SCHEMA = "schema.yaml"
 
 
 def _timed(steps: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
-    progress(f"== {name}", stream=sys.stderr)
+    progress(f"== {name}")
     start = time.monotonic()
     result = fn()
     steps[name] = round(time.monotonic() - start, 2)

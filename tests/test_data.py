@@ -66,7 +66,8 @@ def test_cli_writes_three_files(tmp_path):
     result = subprocess.run([sys.executable, "-m", "data.generate", "--out", str(out), "--rows", "300", "--seed", "5"],
                             cwd=REPO, capture_output=True, text=True, check=True)
     assert sorted(p.name for p in out.iterdir()) == sorted(DEMO_FILES)
-    assert result.stdout.split() == [str(out / name) for name in DEMO_FILES]
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"wrote {out / name}" for name in DEMO_FILES]
     assert (out / "train.parquet").read_bytes() == write_demo(tmp_path / "api", seed=5, rows=300)[
         "train.parquet"].read_bytes()
 

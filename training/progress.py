@@ -8,5 +8,5 @@ PREFIX = "[kfloop] "
 
 
 def progress(text: str, *, stream: TextIO | None = None) -> None:
-    """Print one progress line (default: stdout, which is a step's log)."""
-    print(f"{PREFIX}{text}", file=stream or sys.stdout, flush=True)
+    """Print one progress line to stderr (a step's log; stdout stays free for results such as ``--json``)."""
+    print(f"{PREFIX}{text}", file=stream or sys.stderr, flush=True)
