@@ -4,13 +4,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pipelines.drift import drift_pipeline
+from pipelines.compile import PIPELINES
 from pipelines.local import run_local
 from pipelines.params import pipeline_params
 from training.settings import DEFAULT_MODEL_NAME, Environment, load_environment
-from pipelines.training import training_pipeline
-
-PIPELINES = {"training": training_pipeline, "drift": drift_pipeline}
 
 
 def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = None,
