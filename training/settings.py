@@ -11,6 +11,8 @@ import yaml
 
 DEFAULT_MODEL_NAME = "kfloop-model"
 CONFIG_FILE = "kfloop.yaml"
+CODE_ROOT = Path(__file__).resolve().parents[1]
+"""The checkout the running code comes from: its commit is the lineage's ``git_commit``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,8 +42,8 @@ class Environment:
                 "KFLOOP_GIT_COMMIT": self.git_commit}
 
 
-def git_commit(cwd: Path | None = None) -> str:
-    """HEAD's sha, with ``-dirty`` when the work tree has changes; ``unknown`` outside a git repo."""
+def git_commit(cwd: Path = CODE_ROOT) -> str:
+    """HEAD's sha of the code's checkout, with ``-dirty`` when tracked files changed; ``unknown`` outside git."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
                              check=True).stdout.strip()
