@@ -1,9 +1,7 @@
 """The drift pipeline's steps as plain functions. Each component calls one; each runs without KFP."""
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from training.fileio import file_digest
@@ -39,8 +37,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         training.validation.DataFileError: a data file is unusable.
     """
     from monitoring.drift import DriftPolicy, check_drift
-    from training.model import Predictor
-    from training.registry import champion_schema, download_model_dir, get_champion
+    from training.registry import champion_schema, get_champion, load_version_predictor
     from training.validation import load_schema, read_table, schema_roles
 
     rules = DriftPolicy.from_dict(policy)
@@ -53,8 +50,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     roles = schema_roles(load_schema(schema_text))
     reference, current = read_table(reference_uri), read_table(current_uri)
     if champion is not None and rules.include_predictions:
-        with tempfile.TemporaryDirectory() as tmp:
-            predictor = Predictor.load(download_model_dir(model_name, champion.version, Path(tmp)))
+        predictor = load_version_predictor(model_name, champion.version)
         reference["prediction"] = predictor.predict(reference).astype(str)
         current["prediction"] = predictor.predict(current).astype(str)
     result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical, policy=rules,

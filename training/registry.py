@@ -308,6 +308,21 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
     return local
 
 
+def load_version_predictor(model_name: str, version: str) -> "Predictor":
+    """Version ``version`` as a :class:`training.model.Predictor`, from its verified model directory (its
+    logged code is never run).
+
+    Raises:
+        WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
+    """
+    import tempfile
+
+    from training.model import Predictor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return Predictor.load(download_model_dir(model_name, version, Path(tmp)))
+
+
 def promote(model_name: str, version: str, *, compared_against: str | None,
             recheck: Callable[[ChampionInfo | None], DecisionLike], lock_path: str | Path,
             lock_timeout_s: float = 600, client: "mlflow.MlflowClient | None" = None) -> PromotionResult:

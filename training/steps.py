@@ -197,12 +197,10 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     Raises:
         ValueError: the holdout is not the pinned one, or the models disagree on the classes.
     """
-    import tempfile
-
     from training.gate import PromotionPolicy, align_proba, evaluate
     from training.holdout import verify_pinned
     from training.model import Predictor
-    from training.registry import download_model_dir, get_champion
+    from training.registry import get_champion, load_version_predictor
     from training.validation import read_table
 
     verify_pinned(holdout_path, holdout_sha256)
@@ -214,8 +212,7 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     champion = champion if champion is not None else get_champion(model_name)
     champion_proba = None
     if champion is not None:
-        with tempfile.TemporaryDirectory() as tmp:
-            incumbent = Predictor.load(download_model_dir(model_name, champion.version, Path(tmp)))
+        incumbent = load_version_predictor(model_name, champion.version)
         champion_proba = align_proba(incumbent.predict_proba(holdout), incumbent.classes, challenger.classes)
     decision = evaluate(y_true=holdout[target].to_numpy(), challenger_proba=challenger.predict_proba(holdout),
                         champion_proba=champion_proba, classes=challenger.classes, holdout=holdout, policy=rules)
