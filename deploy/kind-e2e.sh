@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# End to end on a throwaway kind cluster (needs docker, kind, kubectl and the kfloop venv):
+#   1. a kind cluster and the Kubeflow Training Operator v1.9 (standalone manifests), its Worker init container
+#      made to meet the restricted Pod Security profile;
+#   2. the CPU image (deploy/Dockerfile) built and loaded into the cluster;
+#   3. namespace `kfloop` enforcing the restricted Pod Security profile, deploy/rbac.yaml, a shared volume;
+#   4. `kubectl auth can-i` as the kfloop service account: what it must be allowed and what it must not;
+#   5. demo data, schema and training config put on the shared volume, a PyTorchJob (2 nodes x 2 gloo processes)
+#      rendered by `kfloop render-job` and created as the service account, waited for, the model read back.
+#
+# Usage: deploy/kind-e2e.sh            (KEEP_CLUSTER=1 keeps the cluster; CLUSTER, IMAGE, KFLOOP override names)
+set -euo pipefail
+
+CLUSTER="${CLUSTER:-kfloop-e2e}"
+IMAGE="${IMAGE:-kfloop:e2e}"
+KFLOOP="${KFLOOP:-.venv/bin/kfloop}"
+NAMESPACE=kfloop
+JOB=kfloop-train
+SA="system:serviceaccount:${NAMESPACE}:kfloop"
+OPERATOR="github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"
+TIMEOUT_SECONDS="${TIMEOUT_SECONDS:-900}"
+
+cd "$(dirname "$0")/.."
+for tool in docker kind kubectl "$KFLOOP"; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "kind-e2e: '$tool' not found; install it (or set KFLOOP=path/to/kfloop)" >&2
+    exit 2
+  fi
+done
+
+log() { printf '\n== %s\n' "$*"; }
+cleanup() {
+  if [[ "${KEEP_CLUSTER:-0}" == 1 ]]; then
+    echo "kind-e2e: keeping cluster ${CLUSTER} (kind delete cluster --name ${CLUSTER})"
+  else
+    kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
+  fi
+}
+trap cleanup EXIT
+
+log "kind cluster ${CLUSTER}"
+clusters="$(kind get clusters 2>/dev/null)"
+grep -qx "$CLUSTER" <<<"$clusters" || kind create cluster --name "$CLUSTER" --wait 120s
+kubectl config use-context "kind-${CLUSTER}" >/dev/null
+
+log "Training Operator v1.9"
+kubectl apply --server-side -k "$OPERATOR"
+# Its Worker pods' init container must meet the restricted profile too (see deploy/operator-restricted-init.yaml).
+kubectl apply -f deploy/operator-restricted-init.yaml
+init_flag=--pytorch-init-container-template-file=/etc/kfloop-init/initContainer.yaml
+args="$(kubectl -n kubeflow get deployment training-operator -o jsonpath='{.spec.template.spec.containers[0].args}')"
+if [[ "$args" != *"$init_flag"* ]]; then
+  kubectl -n kubeflow patch deployment training-operator --type=strategic -p '
+spec:
+  template:
+    spec:
+      containers:
+        - name: training-operator
+          volumeMounts: [{name: kfloop-init, mountPath: /etc/kfloop-init, readOnly: true}]
+      volumes: [{name: kfloop-init, configMap: {name: kfloop-restricted-pytorch-init}}]'
+  if [[ -z "$args" ]]; then
+    patch="[{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/args\", \"value\": [\"${init_flag}\"]}]"
+  else
+    patch="[{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/args/-\", \"value\": \"${init_flag}\"}]"
+  fi
+  kubectl -n kubeflow patch deployment training-operator --type=json -p "$patch"
+fi
+kubectl -n kubeflow rollout status deployment/training-operator --timeout=300s
+
+log "image ${IMAGE}"
+commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+docker build -f deploy/Dockerfile --build-arg VARIANT=cpu --build-arg "GIT_COMMIT=${commit}" -t "$IMAGE" .
+kind load docker-image "$IMAGE" --name "$CLUSTER"
+
+log "namespace ${NAMESPACE} (restricted Pod Security enforced), RBAC, shared volume"
+kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -f -
+kubectl label --overwrite namespace "$NAMESPACE" pod-security.kubernetes.io/enforce=restricted
+kubectl apply -f deploy/rbac.yaml
+# kind's local-path storage is ReadWriteOnce: fine here, every pod runs on the one node.
+kubectl apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: kfloop-shared, namespace: ${NAMESPACE}}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+EOF
+
+log "RBAC: kubectl auth can-i as ${SA}"
+failures=0
+can_i() {  # can_i yes|no VERB RESOURCE [NAMESPACE]
+  local want="$1" verb="$2" resource="$3" ns="${4:-$NAMESPACE}" got
+  got="$(kubectl auth can-i "$verb" "$resource" --as="$SA" -n "$ns" 2>/dev/null || true)"
+  if [[ "$got" == "$want" ]]; then
+    echo "ok   ${verb} ${resource} (${ns}): ${got}"
+  else
+    echo "FAIL ${verb} ${resource} (${ns}): got '${got}', want '${want}'"
+    failures=$((failures + 1))
+  fi
+}
+can_i yes create pytorchjobs.kubeflow.org; can_i yes get pytorchjobs.kubeflow.org
+can_i yes list pytorchjobs.kubeflow.org; can_i yes watch pytorchjobs.kubeflow.org
+can_i yes patch pytorchjobs.kubeflow.org; can_i yes delete pytorchjobs.kubeflow.org
+can_i yes create trainjobs.trainer.kubeflow.org; can_i yes delete trainjobs.trainer.kubeflow.org
+can_i yes get pods; can_i yes list pods; can_i yes watch pods; can_i yes get pods/log; can_i yes list events
+can_i yes get leases.coordination.k8s.io; can_i yes create leases.coordination.k8s.io
+can_i yes update leases.coordination.k8s.io
+can_i no update pytorchjobs.kubeflow.org; can_i no create pods; can_i no delete pods; can_i no create pods/exec
+can_i no get secrets; can_i no list configmaps; can_i no watch events; can_i no delete leases.coordination.k8s.io
+can_i no create deployments.apps; can_i no create rolebindings.rbac.authorization.k8s.io
+can_i no create pytorchjobs.kubeflow.org default; can_i no list pods kube-system
+(( failures == 0 )) || { echo "kind-e2e: ${failures} RBAC check(s) failed" >&2; exit 1; }
+
+log "inputs on the shared volume"
+kubectl -n "$NAMESPACE" delete pod kfloop-files --ignore-not-found --wait=true
+kubectl apply -f - <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: kfloop-files, namespace: ${NAMESPACE}}
+spec:
+  securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000,
+                    seccompProfile: {type: RuntimeDefault}}
+  containers:
+    - name: files
+      image: ${IMAGE}
+      imagePullPolicy: Never
+      command: [sleep, infinity]
+      env: [{name: HOME, value: /tmp}]
+      securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+      volumeMounts: [{name: shared, mountPath: /shared}, {name: tmp, mountPath: /tmp}]
+  volumes:
+    - {name: shared, persistentVolumeClaim: {claimName: kfloop-shared}}
+    - {name: tmp, emptyDir: {}}
+EOF
+kubectl -n "$NAMESPACE" wait --for=condition=Ready pod/kfloop-files --timeout=180s
+kubectl -n "$NAMESPACE" exec -i kfloop-files -- python - "/shared/${JOB}" <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+
+import data
+from data.generate import write_demo
+from training.config import TrainingConfig
+
+root = Path(sys.argv[1])
+shutil.rmtree(root, ignore_errors=True)
+root.mkdir(parents=True)
+shutil.copy(write_demo(root / "demo", rows=3000)["train.parquet"], root / "data.parquet")
+shutil.copy(Path(data.__file__).with_name("schema.yaml"), root / "schema.yaml")
+config = TrainingConfig(nnodes=2, nproc_per_node=2, epochs=2, device="cpu")
+(root / "config.json").write_text(json.dumps(config.to_dict()))
+print("inputs:", sorted(p.name for p in root.iterdir()))
+EOF
+
+log "PyTorchJob ${JOB}: kfloop render-job, created as ${SA}"
+"$KFLOOP" render-job --nnodes 2 --nproc-per-node 2 \
+  --set training.epochs=2 --set "cluster.namespace=${NAMESPACE}" --set "cluster.image=${IMAGE}" \
+  --set cluster.image_pull_policy=Never --set cluster.cpu=1 --set cluster.memory=2Gi --set cluster.shm_size=256Mi \
+  --set cluster.active_deadline_seconds="${TIMEOUT_SECONDS}" > "${TMPDIR:-/tmp}/${JOB}.yaml"
+kubectl -n "$NAMESPACE" delete pytorchjob "$JOB" --ignore-not-found --wait=true
+kubectl create --as="$SA" -f "${TMPDIR:-/tmp}/${JOB}.yaml"
+
+deadline=$((SECONDS + TIMEOUT_SECONDS))
+state=""
+while (( SECONDS < deadline )); do
+  state="$(kubectl -n "$NAMESPACE" get pytorchjob "$JOB" \
+    -o jsonpath='{range .status.conditions[?(@.status=="True")]}{.type}{" "}{end}')"
+  [[ "$state" == *Succeeded* || "$state" == *Failed* ]] && break
+  sleep 5
+done
+
+log "result: ${state:-no condition}"
+kubectl -n "$NAMESPACE" get pytorchjob,pods -l app.kubernetes.io/name=kfloop
+kubectl -n "$NAMESPACE" logs "${JOB}-master-0" --tail=20 || true
+if [[ "$state" != *Succeeded* ]]; then
+  kubectl -n "$NAMESPACE" get events --sort-by=.lastTimestamp | tail -20
+  echo "kind-e2e: job ${JOB} did not succeed within ${TIMEOUT_SECONDS}s" >&2
+  exit 1
+fi
+kubectl -n "$NAMESPACE" exec kfloop-files -- cat "/shared/${JOB}/model/model.json"
+echo
+echo "kind-e2e: ok"
