@@ -1,0 +1,53 @@
+"""The trigger state kept on the registered model in MLflow, so it outlives the pods that decide (a drift step's
+or the webhook's local disk does not)."""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from monitoring.trigger import TriggerStore
+
+STATE_TAG = "kfloop.trigger_state"
+"""Registered-model tag holding the trigger document (MLflow allows 100,000 characters; the history is capped)."""
+_PROCESS_LOCK = threading.RLock()
+
+
+class RegistryTriggerStore(TriggerStore):
+    """:class:`TriggerStore` whose document is the ``kfloop.trigger_state`` tag of registered model ``model_name``.
+
+    MLflow has no compare-and-set, so ``lock`` serialises deciders within a process only; across pods the
+    KFP path also refuses to start a training run while one is in flight.
+    """
+
+    def __init__(self, model_name: str, client: Any = None):
+        import mlflow
+
+        self.model_name = model_name
+        self.client = client or mlflow.MlflowClient()
+        self.path = f"registered model {model_name!r} tag {STATE_TAG} at {mlflow.get_tracking_uri()}"
+        self.lock = _PROCESS_LOCK
+
+    def _read(self) -> bytes | None:
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+        try:
+            value = self.client.get_registered_model(self.model_name).tags.get(STATE_TAG)
+        except MlflowException as err:
+            if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+                return None
+            raise
+        return None if value is None else value.encode()
+
+    def _write(self, state: dict[str, Any]) -> None:
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+
+        try:
+            self.client.create_registered_model(self.model_name,
+                                                description="kfloop candidates; alias 'champion' serves")
+        except MlflowException as err:
+            if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+                raise
+        self.client.set_registered_model_tag(self.model_name, STATE_TAG, json.dumps(state, sort_keys=True))

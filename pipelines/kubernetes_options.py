@@ -1,0 +1,127 @@
+"""How the compiled steps run on Kubernetes: credentials from a Secret as env, GPU placement of the launch step.
+
+The pipelines call :func:`apply` at the end of their body; :func:`using` makes other options active while
+``pipelines.compile`` rebuilds a pipeline, so the options are chosen at compile time (``kfloop compile
+--credentials-secret NAME --gpus N --gpu-node-selector KEY=VALUE --gpu-toleration KEY=VALUE:EFFECT
+--shared-volume-claim NAME``). Only Secret *names* go into the YAML: the values stay in the cluster.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+from kfp import kubernetes as kfp_k8s  # aliased: ``kubernetes`` is the Kubernetes client package
+from kfp.dsl import PipelineTask
+from kfp.dsl.pipeline_context import Pipeline
+
+DEFAULT_SECRET = "kfloop-mlflow"
+REQUIRED_KEYS = ("MLFLOW_TRACKING_URI",)
+"""Secret keys every step needs: the pod does not start without them (a silent local SQLite would lose data)."""
+OPTIONAL_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+                 "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_ENDPOINT_URL", "AZURE_STORAGE_CONNECTION_STRING")
+"""Secret keys set as env of the same name when present (tracking-server auth, artifact-store credentials)."""
+TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class KubernetesOptions:
+    """Kubernetes settings of the compiled pipelines."""
+
+    credentials_secret: str = DEFAULT_SECRET
+    """Secret whose keys (``REQUIRED_KEYS``, ``OPTIONAL_KEYS``) become env of every step."""
+    gpus: int = 0
+    """``nvidia.com/gpu`` limit of the training launch step (``backend=local``: torchrun runs in that pod; with
+    ``backend=kubernetes`` the PyTorchJob's pods take their GPUs from ``cluster:`` instead)."""
+    gpu_node_selector: dict[str, str] = field(default_factory=dict)
+    """Node labels the training launch step must run on, e.g. ``{"nvidia.com/gpu.present": "true"}``."""
+    gpu_tolerations: tuple[dict[str, Any], ...] = ()
+    """Tolerations of the launch step, e.g. ``{"key": "nvidia.com/gpu", "operator": "Exists", "effect":
+    "NoSchedule"}``."""
+    shared_volume_claim: str = ""
+    """PersistentVolumeClaim mounted in the launch step at ``shared_mount_path``: with ``backend=kubernetes`` the
+    step stages inputs for the PyTorchJob and collects its model there, so it must be the claim (and path) of the
+    run's ``cluster_config`` (:attr:`training.cluster.ClusterConfig.shared_volume_claim`). Empty: none."""
+    shared_mount_path: str = "/shared"
+    """Where the launch step sees ``shared_volume_claim``."""
+
+    def __post_init__(self) -> None:
+        if not _DNS1123_SUBDOMAIN.fullmatch(self.credentials_secret):
+            raise ValueError(f"credentials_secret={self.credentials_secret!r}: use a Kubernetes Secret name "
+                             "(lower-case letters, digits, '-' and '.'), e.g. kfloop-mlflow")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            raise ValueError(f"gpus={self.gpus!r}: use the number of GPUs of the training step, e.g. 8 (0: none)")
+        for tol in self.gpu_tolerations:
+            if tol.get("effect") not in TOLERATION_EFFECTS or tol.get("operator") not in ("Equal", "Exists"):
+                raise ValueError(f"gpu toleration {tol}: use KEY=VALUE:EFFECT or KEY:EFFECT with EFFECT one of "
+                                 f"{list(TOLERATION_EFFECTS)}")
+        if self.shared_volume_claim and not _DNS1123_SUBDOMAIN.fullmatch(self.shared_volume_claim):
+            raise ValueError(f"shared_volume_claim={self.shared_volume_claim!r}: use the PersistentVolumeClaim's "
+                             "name, e.g. kfloop-shared")
+        if not self.shared_mount_path.startswith("/"):
+            raise ValueError(f"shared_mount_path={self.shared_mount_path!r}: use an absolute path, e.g. /shared")
+
+    @classmethod
+    def from_flags(cls, *, credentials_secret: str | None = None, gpus: int | None = None,
+                   node_selector: Sequence[str] = (), tolerations: Sequence[str] = (),
+                   shared_volume_claim: str | None = None, shared_mount_path: str | None = None) -> KubernetesOptions:
+        """Options from ``kfloop compile`` flags: ``KEY=VALUE`` selectors, ``KEY[=VALUE]:EFFECT`` tolerations.
+
+        Raises:
+            ValueError: a malformed flag value, naming the expected form.
+        """
+        selector = {}
+        for item in node_selector:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--gpu-node-selector {item!r}: use KEY=VALUE, e.g. nvidia.com/gpu.present=true")
+            selector[key] = value
+        tols = []
+        for item in tolerations:
+            taint, sep, effect = item.rpartition(":")
+            key, eq, value = taint.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--gpu-toleration {item!r}: use KEY=VALUE:EFFECT or KEY:EFFECT, e.g. "
+                                 "nvidia.com/gpu:NoSchedule")
+            tols.append({"key": key, "operator": "Equal" if eq else "Exists", "effect": effect,
+                         **({"value": value} if eq else {})})
+        return cls(credentials_secret=credentials_secret or DEFAULT_SECRET, gpus=gpus or 0, gpu_node_selector=selector,
+                   gpu_tolerations=tuple(tols), shared_volume_claim=shared_volume_claim or "",
+                   shared_mount_path=shared_mount_path or "/shared")
+
+
+_ACTIVE: contextvars.ContextVar[KubernetesOptions] = contextvars.ContextVar("kfloop_k8s",
+                                                                            default=KubernetesOptions())
+
+
+@contextlib.contextmanager
+def using(options: KubernetesOptions) -> Iterator[None]:
+    """Make ``options`` the ones :func:`apply` uses while a pipeline is (re)built."""
+    token = _ACTIVE.set(options)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def apply(*, gpu_step: PipelineTask | None = None) -> None:
+    """Give every step of the pipeline being built the credentials Secret as env, and ``gpu_step`` its GPUs,
+    node selector, tolerations and the shared volume. Call it last in a ``@dsl.pipeline`` body."""
+    options = _ACTIVE.get()
+    for task in Pipeline.get_default_pipeline().tasks.values():
+        kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in REQUIRED_KEYS})
+        kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in OPTIONAL_KEYS}, optional=True)
+    if gpu_step is not None:
+        if options.gpus:
+            gpu_step.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(options.gpus)
+        for key, value in sorted(options.gpu_node_selector.items()):
+            kfp_k8s.add_node_selector(gpu_step, key, value)
+        for tol in options.gpu_tolerations:
+            kfp_k8s.add_toleration(gpu_step, key=tol["key"], operator=tol["operator"], value=tol.get("value"),
+                                   effect=tol["effect"])
+        if options.shared_volume_claim:
+            kfp_k8s.mount_pvc(gpu_step, options.shared_volume_claim, options.shared_mount_path)

@@ -1,0 +1,338 @@
+"""The alert webhook end to end: HTTP in, the trigger decision on state kept in MLflow, training runs started
+through the real kfp.Client on the KFP API test server. The clock is injected; nothing sleeps."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.client
+import io
+import json
+import threading
+
+import pytest
+from kfp_server import KfpApiServer
+
+from monitoring.trigger import TriggerPolicy
+from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
+from monitoring.webhook import SIGNATURE_HEADER, AlertWebhook, WebhookAuth
+from pipelines import kfp_remote
+from pipelines.remote import alert_starter, upload_pipelines
+
+KFP_TOKEN = "kfp-token-for-webhook-tests"
+HOOK_TOKEN = "hook-token-5d2f"
+HMAC_KEY = "hmac-key-88e1"
+T0 = 86400 * 20_000 + 600.0
+POLICY = TriggerPolicy(cooldown_seconds=3600, window_seconds=86400)
+SETTINGS = {"dataset_uri": "s3://bucket/current.parquet", "training": {"epochs": 2}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def kfp(isolated_env, monkeypatch, tmp_path):
+    monkeypatch.setenv(kfp_remote.TOKEN_ENV, KFP_TOKEN)
+    monkeypatch.setenv(kfp_remote.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
+    monkeypatch.setenv("KFLOOP_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with KfpApiServer(token=KFP_TOKEN) as server:
+        upload_pipelines(server.url)
+        yield server
+
+
+class Hook:
+    """A running webhook and what it logged."""
+
+    def __init__(self, kfp: KfpApiServer, clock: Clock, **kw):
+        self.log = io.StringIO()
+        self.webhook = AlertWebhook(auth=WebhookAuth(token=HOOK_TOKEN, hmac_secret=HMAC_KEY), policy=POLICY,
+                                    start=alert_starter(SETTINGS, host=kfp.url), store_for=RegistryTriggerStore,
+                                    clock=clock, log=self.log, **kw)
+        self.server = self.webhook.server(0, "127.0.0.1")
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def request(self, body: bytes, *, method: str = "POST", path: str = "/alerts",
+                headers: dict | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.server_address[1], timeout=30)
+        try:
+            conn.request(method, path, body=body, headers={"Authorization": f"Bearer {HOOK_TOKEN}",
+                                                          "Content-Type": "application/json", **(headers or {})})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def post(self, payload: dict, **kw) -> tuple[int, dict]:
+        return self.request(json.dumps(payload).encode(), **kw)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def hook(kfp, clock):
+    h = Hook(kfp, clock)
+    yield h
+    h.close()
+
+
+def alertmanager(status: str = "firing", model: str = "churn", **annotations: str) -> dict:
+    return {"version": "4", "groupKey": "{}:{alertname=\"FeatureDrift\"}", "status": status, "receiver": "kfloop",
+            "groupLabels": {"alertname": "FeatureDrift"}, "commonLabels": {}, "commonAnnotations": {},
+            "externalURL": "http://alertmanager:9093", "truncatedAlerts": 0,
+            "alerts": [{"status": status,
+                        "labels": {"alertname": "FeatureDrift", "model": model, "severity": "warning"},
+                        "annotations": {"summary": "PSI of tenure above 0.2", **annotations},
+                        "startsAt": "2026-12-03T00:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+                        "generatorURL": "http://prometheus/graph", "fingerprint": f"fp-{model}"}]}
+
+
+def training_runs(kfp) -> list[dict]:
+    return list(kfp.store.runs.values())
+
+
+def test_ten_alerts_in_one_window_start_one_run(kfp, hook, clock):
+    answers = []
+    for i in range(10):
+        clock.now = T0 + 60 * i
+        answers.append(hook.post(alertmanager()))
+
+    assert [status for status, _ in answers] == [200] * 10
+    decisions = [body["decisions"][0] for _, body in answers]
+    assert [d["fire"] for d in decisions] == [True] + [False] * 9
+    assert all(d["reason"].startswith("duplicate:") for d in decisions[1:])
+    (run,) = training_runs(kfp)
+    assert decisions[0]["run_id"] == run["run_id"]
+    assert run["runtime_config"]["parameters"] == {"dataset_uri": "s3://bucket/current.parquet",
+                                                   "model_name": "churn", "training_config": {"epochs": 2}}
+    assert kfp.store.pipelines[run["pipeline_version_reference"]["pipeline_id"]]["name"] == "kfloop-training"
+
+
+def test_an_alert_while_a_training_run_is_in_flight_starts_none(kfp, hook, clock):
+    client = kfp_remote.connect(kfp.url)
+    manual = kfp_remote.create_run(client, kfp_remote.find_version(client, "kfloop-training", "a" * 40),
+                                   {"dataset_uri": "s3://bucket/manual.parquet"})
+    kfp.set_run_state(manual.run_id, "RUNNING")
+
+    status, body = hook.post({"model": "churn", "reason": "accuracy dropped"})
+
+    assert status == 200
+    assert body["decisions"][0]["fire"] is False and manual.run_id in body["decisions"][0]["reason"]
+    assert [r["run_id"] for r in training_runs(kfp)] == [manual.run_id]
+
+    kfp.set_run_state(manual.run_id, "SUCCEEDED")  # once it is done, the same alert may start one
+    status, body = hook.post({"model": "churn", "reason": "accuracy dropped"})
+    assert body["decisions"][0]["fire"] is True and len(training_runs(kfp)) == 2
+
+
+def test_an_alert_after_the_cooldown_starts_one(kfp, hook, clock):
+    first = hook.post({"model": "churn", "reason": "drift", "data_md5": "md5-a"})[1]["decisions"][0]
+    kfp.set_run_state(first["run_id"], "SUCCEEDED")
+
+    clock.now = T0 + 3599
+    blocked = hook.post({"model": "churn", "reason": "drift", "data_md5": "md5-b"})[1]["decisions"][0]
+    clock.now = T0 + 3600
+    after = hook.post({"model": "churn", "reason": "drift", "data_md5": "md5-b"})[1]["decisions"][0]
+
+    assert first["fire"] and not blocked["fire"] and blocked["reason"].startswith("cooldown:")
+    assert after["fire"] and after["run_id"] != first["run_id"]
+    assert [r["run_id"] for r in training_runs(kfp)] == [first["run_id"], after["run_id"]]
+
+
+def test_the_trigger_state_outlives_the_webhook(kfp, hook, clock):
+    import mlflow
+
+    hook.post(alertmanager())
+    hook.close()
+    restarted = Hook(kfp, clock)  # a new pod: nothing in memory, nothing on its disk
+    try:
+        clock.now = T0 + 7200
+        _, body = restarted.post(alertmanager())
+    finally:
+        restarted.close()
+    assert body["decisions"][0]["reason"].startswith("duplicate:") and len(training_runs(kfp)) == 1
+    state = json.loads(mlflow.MlflowClient().get_registered_model("churn").tags[STATE_TAG])
+    assert [f["run_id"] for f in state["models"]["churn"]["fired"]] == [training_runs(kfp)[0]["run_id"]]
+
+
+def test_resolved_alerts_start_nothing(kfp, hook):
+    status, body = hook.post(alertmanager(status="resolved"))
+    assert status == 200 and body == {"decisions": []} and not training_runs(kfp)
+
+
+def test_hmac_signed_alerts_are_accepted(kfp, hook):
+    body = json.dumps({"model": "churn", "reason": "drift"}).encode()
+    signature = "sha256=" + hmac.new(HMAC_KEY.encode(), body, hashlib.sha256).hexdigest()
+    status, answer = hook.request(body, headers={"Authorization": "", SIGNATURE_HEADER: signature})
+    assert status == 200 and answer["decisions"][0]["fire"] is True
+    status, _ = hook.request(body + b" ", headers={"Authorization": "", SIGNATURE_HEADER: signature})
+    assert status == 401
+
+
+@pytest.mark.parametrize("case, status, reason", [
+    ("bad token", 401, "bearer token"),
+    ("no auth", 401, "invalid"),
+    ("oversized", 413, "exceeds the limit of 2048"),
+    ("not json", 400, "bad payload"),
+    ("no model label", 400, "add label 'model'"),
+    ("plain without reason", 400, '{"model": NAME, "reason": TEXT}'),
+    ("old alertmanager version", 400, '"version": "4"'),
+    ("unknown field", 400, "unknown field(s) ['modle']"),
+])
+def test_bad_requests_get_4xx_with_a_reason_and_start_nothing(kfp, clock, case, status, reason):
+    hook = Hook(kfp, clock, max_body_bytes=2048)
+    no_model = alertmanager()
+    no_model["alerts"][0]["labels"].pop("model")
+    old = alertmanager()
+    old["version"] = "3"
+    requests = {
+        "bad token": (json.dumps({"model": "churn", "reason": "x"}).encode(), {"Authorization": "Bearer nope"}),
+        "no auth": (json.dumps({"model": "churn", "reason": "x"}).encode(), {"Authorization": ""}),
+        "oversized": (json.dumps({"model": "churn", "reason": "x" * 4096}).encode(), {}),
+        "not json": (b"{model: churn", {}),
+        "no model label": (json.dumps(no_model).encode(), {}),
+        "plain without reason": (json.dumps({"model": "churn"}).encode(), {}),
+        "old alertmanager version": (json.dumps(old).encode(), {}),
+        "unknown field": (json.dumps({"model": "churn", "reason": "x", "modle": "y"}).encode(), {}),
+    }
+    body, headers = requests[case]
+    try:
+        got, answer = hook.request(body, headers=headers)
+        assert (got, reason in answer["error"]) == (status, True), answer
+        assert hook.request(b"", method="GET", path="/healthz") == (200, {"status": "ok"})
+    finally:
+        hook.close()
+    assert not training_runs(kfp)
+    lines = [json.loads(line) for line in hook.log.getvalue().splitlines()]
+    assert [line["status"] for line in lines if line["event"] == "rejected"] == [status]
+    assert HOOK_TOKEN not in hook.log.getvalue() and "nope" not in hook.log.getvalue()
+
+
+def test_the_webhook_refuses_to_start_without_auth():
+    with pytest.raises(ValueError, match="KFLOOP_WEBHOOK_TOKEN"):
+        WebhookAuth.from_env({})
+
+
+def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_once(kfp, tmp_path):
+    from kfp.dsl import Artifact
+
+    from components.monitoring import trigger_retraining
+
+    client = kfp_remote.connect(kfp.url)
+    training = kfp_remote.find_version(client, "kfloop-training", "a" * 40)
+    pinned = {"pipeline_name": "kfloop-training", "pipeline_id": training.pipeline_id,
+              "pipeline_version_id": training.pipeline_version_id, "version_name": "a" * 40,
+              "experiment": "kfloop", "namespace": "", "host": kfp.url}
+    drift_result = Artifact(uri=str(tmp_path / "result.json"), metadata={"data_md5": "md5-drifted"})
+
+    def step() -> str:  # what the step's executor calls, as a fresh pod would (no state in the process)
+        return trigger_retraining.python_func(model_name="churn", dataset_uri="s3://bucket/drifted.parquet",
+                                              drift_result=drift_result, trigger_policy={"cooldown_seconds": 3600},
+                                              training_params={"nnodes": 2}, training_pipeline_version=pinned)
+
+    run_id = step()
+    again = step()
+
+    (run,) = training_runs(kfp)
+    assert run_id == run["run_id"] and again == ""
+    assert run["pipeline_version_reference"]["pipeline_version_id"] == training.pipeline_version_id
+    assert run["runtime_config"]["parameters"] == {"dataset_uri": "s3://bucket/drifted.parquet",
+                                                   "model_name": "churn", "nnodes": 2}
+    assert RegistryTriggerStore("churn").load()["models"]["churn"]["fired"][0]["run_id"] == run_id
+
+
+def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret():
+    from pathlib import Path
+
+    import yaml
+
+    from pipelines.cli import build_parser
+
+    docs = {d["kind"]: d for d in yaml.safe_load_all((Path(__file__).parents[1] / "deploy" / "webhook.yaml")
+                                                     .read_text())}
+    assert set(docs) == {"ServiceAccount", "RoleBinding", "Deployment", "Service"}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = build_parser().parse_args(container["args"])
+    assert args.command == "serve" and container["ports"][0]["containerPort"] == args.port
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["seccompProfile"]["type"] == \
+        "RuntimeDefault"
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["KFLOOP_WEBHOOK_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "kfloop-webhook"
+    assert all("value" not in e for name, e in env.items() if name != "KFLOOP_HOME")
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    token_dir = next(m for m in container["volumeMounts"] if m["name"] == "kfp-token")["mountPath"]
+    assert f"{token_dir}/token" == kfp_remote.SA_TOKEN_PATH
+
+
+def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
+    import os
+    import queue
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("KFLOOP_WEBHOOK_TOKEN", HOOK_TOKEN)
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines", "serve", "--port", "0", "--bind", "127.0.0.1",
+                             "--kfp-host", kfp.url, "--set", "dataset_uri=s3://bucket/current.parquet"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=dict(os.environ),
+                            start_new_session=True)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
+    reader.start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        port = None
+        while port is None:
+            assert proc.poll() is None, "".join(seen)
+            try:
+                seen.append(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                pytest.fail(f"kfloop serve did not start: {''.join(seen)}")
+            if seen[-1].startswith("{") and json.loads(seen[-1])["event"] == "listening":
+                port = json.loads(seen[-1])["port"]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/alerts", body=json.dumps({"model": "churn", "reason": "drift"}),
+                     headers={"Authorization": f"Bearer {HOOK_TOKEN}"})
+        answer = json.loads(conn.getresponse().read())
+        conn.request("POST", "/alerts", body="{}", headers={"Authorization": "Bearer wrong"})
+        refused = conn.getresponse()
+        refused.read()
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        reader.join(timeout=60)
+    while not lines.empty():
+        seen.append(lines.get())
+    (run,) = training_runs(kfp)
+    assert answer["decisions"][0]["run_id"] == run["run_id"] and refused.status == 401
+    events = [json.loads(line) for line in seen if line.startswith("{")]
+    assert [e["event"] for e in events] == ["listening", "trigger", "rejected"]
+    assert HOOK_TOKEN not in "".join(seen) and KFP_TOKEN not in "".join(seen)
+
+
+def test_kfloop_serve_refuses_to_start_without_auth(monkeypatch, capsys, isolated_env):
+    from pipelines.cli import main
+
+    monkeypatch.delenv("KFLOOP_WEBHOOK_TOKEN", raising=False)
+    monkeypatch.delenv("KFLOOP_WEBHOOK_HMAC_SECRET", raising=False)
+    assert main(["serve", "--port", "0"]) == 1
+    assert "KFLOOP_WEBHOOK_TOKEN" in capsys.readouterr().err
