@@ -1,0 +1,107 @@
+"""What monitoring leaves behind for people: every drift check of a model as an MLflow run (verdict, per-column
+scores, Evidently's HTML report), linked from the champion it checked; and the trigger's cooldown state."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+DRIFT_EXPERIMENT_SUFFIX = "-drift"
+"""Drift checks of model ``M`` are runs of experiment ``M-drift``."""
+DRIFT_RESULT_ARTIFACT = "drift.json"
+DRIFT_REPORT_ARTIFACT = "drift_report.html"
+REPORT_URI_TAG = "drift_report_uri"
+"""Version tag: artifact URI of the latest drift report computed with this version as champion."""
+
+
+def record_drift_check(model_name: str, checked: Any, *, current_uri: str, report_path: str | None) -> str:
+    """Log one drift check (a :class:`monitoring.steps.DriftStepResult`) as a run of ``<model>-drift``: metrics
+    ``share_drifted_columns``, ``drifted`` and ``score.<column>``, the JSON verdict and the HTML report as
+    artifacts; the champion version it checked gets a ``drift_report_uri`` tag pointing at the report.
+
+    Returns:
+        The run id.
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow refused a call.
+    """
+    import mlflow
+    from mlflow.entities import Metric, Param, RunTag
+
+    from training.settings import load_environment
+    from training.steps import ensure_experiment
+
+    client = mlflow.MlflowClient()
+    experiment_id = ensure_experiment(model_name + DRIFT_EXPERIMENT_SUFFIX, load_environment())
+    drift = checked.drift
+    run = client.create_run(experiment_id, tags={"kfloop.champion_version": checked.champion_version or "none",
+                                                 "kfloop.data_md5": checked.data_md5})
+    run_id = run.info.run_id
+    now_ms = int(time.time() * 1000)
+    metrics = {"share_drifted_columns": drift.share_drifted_columns, "drifted": float(drift.drifted),
+               **{f"score.{col}": c.score for col, c in drift.columns.items()}}
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now_ms, 0) for k, v in metrics.items()],
+                     params=[Param("current_uri", current_uri[:6000]),
+                             Param("reference_uri", checked.reference_uri[:6000])],
+                     tags=[RunTag("kfloop.drifted", str(drift.drifted).lower())])
+    client.log_dict(run_id, checked.to_dict(), DRIFT_RESULT_ARTIFACT)
+    if report_path and Path(report_path).is_file():
+        client.log_text(run_id, Path(report_path).read_text(encoding="utf-8"), DRIFT_REPORT_ARTIFACT)
+        report_uri = f"{run.info.artifact_uri}/{DRIFT_REPORT_ARTIFACT}"
+        if checked.champion_version:
+            client.set_model_version_tag(model_name, checked.champion_version, REPORT_URI_TAG, report_uri)
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def drift_checks(model_name: str, *, limit: int = 200) -> list[dict[str, Any]]:
+    """The recorded drift checks of ``model_name``, oldest first: ``at`` (UTC ISO), ``run_id``, ``drifted``,
+    ``share_drifted_columns``, ``columns`` ({name: {method, score, threshold, drifted}}), ``champion_version``,
+    ``data_md5``, ``current_uri``. Empty when none was recorded.
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    experiment = client.get_experiment_by_name(model_name + DRIFT_EXPERIMENT_SUFFIX)
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"],
+                              max_results=limit)
+    out = []
+    for run in reversed(runs):
+        result = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{DRIFT_RESULT_ARTIFACT}")
+        out.append({"at": utc_iso(run.info.start_time / 1000), "run_id": run.info.run_id,
+                    "drifted": result["drifted"], "share_drifted_columns": result["share_drifted_columns"],
+                    "columns": result["columns"], "champion_version": result.get("champion_version"),
+                    "data_md5": result.get("data_md5"), "current_uri": run.data.params.get("current_uri")})
+    return out
+
+
+def trigger_status(store: Any, model_name: str, *, cooldown_seconds: float, now: float) -> dict[str, Any]:
+    """The trigger's state for ``model_name`` from ``store`` (a :class:`monitoring.trigger.TriggerStore`): last
+    check, last fired run, whether the cooldown holds and until when.
+
+    Raises:
+        monitoring.trigger.TriggerStateError: the stored state is unusable.
+    """
+    entry = store.load()["models"].get(model_name) or {"fired": [], "last_check": None}
+    last_fired = max(entry["fired"], key=lambda f: f["at"]) if entry["fired"] else None
+    until = last_fired["at"] + cooldown_seconds if last_fired else None
+    check = entry["last_check"]
+    return {"store": str(store.path),
+            "last_check": None if check is None else {**check, "at": utc_iso(check["at"])},
+            "last_fired": None if last_fired is None else {"at": utc_iso(last_fired["at"]),
+                                                            "run_id": last_fired["run_id"],
+                                                            "data_hash": last_fired["data_hash"]},
+            "in_cooldown": until is not None and now < until,
+            "cooldown_until": None if until is None else utc_iso(until)}
+
+
+def utc_iso(seconds: float) -> str:
+    """``seconds`` since the epoch as UTC ISO 8601 (seconds precision)."""
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
+

@@ -1,0 +1,176 @@
+"""Rebuild a registered version from its lineage and prove it is the same model.
+
+The version's recorded data md5 is fetched from DVC (the repo's cache, else its remotes), split with the pipeline's
+holdout settings (checked against the recorded holdout sha256), and trained again on CPU with gloo with the
+recorded training config and seed, by the code of the recorded commit (the running checkout must be that commit).
+Identical means: every recorded metric equal, and the weights file byte for byte (sha256) and tensor by tensor.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.fileio import file_digest
+from training.progress import progress
+
+
+class ReproduceError(RuntimeError):
+    """The version cannot be reproduced here; the message says why and what to do."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Reproduction:
+    """What :func:`reproduce` rebuilt and how it compares with the registered version."""
+
+    model_name: str
+    version: str
+    data_md5: str
+    data_source: str
+    """Where the data came from: the DVC cache or a remote's path."""
+    git_commit: str
+    seed: int
+    world_size: int
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per metric: ``recorded`` and ``reproduced``."""
+    weights_sha256: dict[str, str] = field(default_factory=dict)
+    """``recorded`` and ``reproduced``."""
+    differing_tensors: list[str] = field(default_factory=list)
+    """Tensor names whose values differ (empty when identical)."""
+    model_dir: str = ""
+    """The rebuilt model directory."""
+
+    @property
+    def identical(self) -> bool:
+        """Same weights (bytes and tensors) and every metric equal."""
+        return (self.weights_sha256["recorded"] == self.weights_sha256["reproduced"] and not self.differing_tensors
+                and all(_same(m["recorded"], m["reproduced"]) for m in self.metrics.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, with ``identical``."""
+        return {**asdict(self), "identical": self.identical}
+
+
+def check_code(recorded: str, current: str) -> None:
+    """Refuse unless the running code is the recorded commit, clean.
+
+    Raises:
+        ReproduceError: the commits differ, either side has uncommitted changes, or one is unknown.
+    """
+    how = (f"check out the recorded commit in a clean tree, e.g. `git worktree add ../kfloop-{recorded[:12]} "
+           f"{recorded.removesuffix('-dirty')}` and run kfloop reproduce there")
+    if recorded in ("", "unknown") or recorded.endswith("-dirty"):
+        raise ReproduceError(f"the version was trained from code {recorded or 'of unknown commit'} (uncommitted "
+                             "or unrecorded changes), which no commit holds: it cannot be reproduced exactly")
+    if current != recorded:
+        state = ("the working tree has uncommitted changes to tracked files" if current.endswith("-dirty")
+                 else "the running code is another commit")
+        raise ReproduceError(f"the version was trained by commit {recorded}, but {state} ({current}); {how}")
+
+
+def fetch_by_md5(md5: str, dst: Path, *, repo_root: Path) -> tuple[Path, str]:
+    """Copy the DVC object ``md5`` to ``dst``: from the repo's cache, else from each configured remote.
+
+    Returns:
+        ``(dst, source)``, ``source`` naming where it was found.
+
+    Raises:
+        ReproduceError: not in the cache nor any remote (the message lists where it looked), or the copy does
+            not hash to ``md5``.
+    """
+    from dvc.repo import Repo
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    looked = []
+    with Repo(str(repo_root)) as repo:
+        stores = [("DVC cache", repo.cache.local)] + [(f"DVC remote '{name}'", repo.cloud.get_remote_odb(name))
+                                                       for name in repo.config["remote"]]
+        for label, odb in stores:
+            path = odb.oid_to_path(md5)
+            looked.append(f"{label} ({path})")
+            if odb.fs.exists(path):
+                odb.fs.get_file(path, str(dst))
+                break
+        else:
+            raise ReproduceError(f"data md5 {md5} is in none of: {'; '.join(looked)}. Push the training data "
+                                 "with `dvc push`, or configure the remote that holds it (`dvc remote add`)")
+    actual = file_digest(dst, "md5")
+    if actual != md5:
+        dst.unlink()
+        raise ReproduceError(f"{looked[-1]} holds md5 {actual} under {md5}: the DVC store is corrupt")
+    return dst, looked[-1]
+
+
+def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: str, repo_root: Path,
+              holdout_fraction: float = 0.2, split_seed: int = 42, client: Any = None) -> Reproduction:
+    """Rebuild ``model_name`` ``version`` under ``workdir`` and compare it with the registered one.
+
+    ``holdout_fraction`` and ``split_seed`` are the training pipeline's; the split is checked against the
+    recorded holdout sha256.
+
+    Raises:
+        ReproduceError: the code is not the recorded commit, the data cannot be fetched, or the split differs.
+        training.launcher.LaunchError: retraining failed.
+    """
+    import mlflow
+    from safetensors.torch import load_file
+
+    from training.config import TrainingConfig
+    from training.features import encode_target
+    from training.gate import compute_metrics
+    from training.holdout import split_holdout, write_parquet
+    from training.launcher import train_local
+    from training.model import Predictor
+    from training.model_files import WEIGHTS_FILE
+    from training.registry import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, download_model_dir
+    from training.validation import read_table
+
+    client = client or mlflow.MlflowClient()
+    mv = client.get_model_version(model_name, str(version))
+    tags = mv.tags
+    check_code(tags.get("git_commit", ""), current_commit)
+    lineage = mlflow.artifacts.load_dict(f"runs:/{mv.run_id}/{LINEAGE_ARTIFACT}")
+    root = Path(workdir) / "reproduce" / f"{model_name}-v{version}"
+    shutil.rmtree(root, ignore_errors=True)
+    data, source = fetch_by_md5(tags["data_md5"], root / "data" / "dataset.parquet", repo_root=repo_root)
+    progress(f"reproduce: data md5 {tags['data_md5']} from {source}")
+    train, holdout = split_holdout(read_table(data), fraction=holdout_fraction, seed=split_seed)
+    write_parquet(train, root / "data" / "train.parquet")
+    holdout_sha = write_parquet(holdout, root / "data" / "holdout.parquet")
+    if holdout_sha != tags["holdout_sha256"]:
+        raise ReproduceError(f"the split (holdout_fraction={holdout_fraction}, seed={split_seed}) gives holdout "
+                             f"sha256 {holdout_sha}, not the recorded {tags['holdout_sha256']}; pass the "
+                             "pipeline run's --set holdout_fraction=... --set seed=...")
+    schema = root / "schema.yaml"
+    schema.write_text(mlflow.artifacts.load_text(f"runs:/{mv.run_id}/{SCHEMA_ARTIFACT}"))
+    config = TrainingConfig.from_dict({**lineage["training_config"], "device": "cpu", "backend": "local"})
+    progress(f"reproduce: retraining on CPU, {config.nnodes} node(s) x {config.nproc_per_node} rank(s), "
+             f"seed {config.seed}")
+    rebuilt = train_local(root / "data" / "train.parquet", schema, model_dir=root / "model",
+                          checkpoint_dir=root / "checkpoints", config=config, log_dir=root / "logs")
+    registered = download_model_dir(model_name, str(version), root / "registered", client=client)
+
+    ours, theirs = Predictor.load(rebuilt.model_dir), Predictor.load(registered)
+    holdout = read_table(root / "data" / "holdout.parquet")  # as the evaluation step reads it
+    y = encode_target(holdout[ours.description["target"]], ours.classes)
+    holdout_now = compute_metrics(y, ours.predict_proba(holdout), ours.classes)
+    recorded_run = client.get_run(mv.run_id).data.metrics
+    metrics = {f"holdout_{k}": {"recorded": recorded_run.get(f"eval_challenger_{k}", math.nan), "reproduced": v}
+               for k, v in holdout_now.items()}
+    metrics |= {k: {"recorded": theirs.description["metrics"][k], "reproduced": v}
+                for k, v in ours.description["metrics"].items()}
+    a, b = load_file(rebuilt.model_dir / WEIGHTS_FILE), load_file(registered / WEIGHTS_FILE)
+    differing = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not bool((a[k] == b[k]).all()))
+    result = Reproduction(model_name=model_name, version=str(version), data_md5=tags["data_md5"], data_source=source,
+                          git_commit=tags["git_commit"], seed=config.seed, world_size=rebuilt.world_size,
+                          metrics=metrics, differing_tensors=differing, model_dir=str(rebuilt.model_dir),
+                          weights_sha256={"recorded": tags["weights_sha256"],
+                                          "reproduced": file_digest(rebuilt.model_dir / WEIGHTS_FILE)})
+    progress(f"reproduce: {model_name} v{version} {'identical' if result.identical else 'DIFFERS'}")
+    return result
+
+
+def _same(a: float, b: float) -> bool:
+    return a == b or (math.isnan(a) and math.isnan(b))
