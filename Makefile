@@ -7,7 +7,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup demo test bench compile clean
+.PHONY: setup demo test chaos audit bench compile clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,21 @@ demo:
 test:
 	$(BIN)/pytest -q
 
+chaos:
+	PYTHONPATH=tests $(BIN)/pytest -q -m chaos -p chaos_report
+
+# Known vulnerabilities of the installed pins (local version parts such as +cpu dropped), from PyPI's advisory
+# data; --strict fails the audit when a pin cannot be looked up (an unreachable service never passes silently).
+audit:
+	$(BIN)/pip freeze --exclude-editable | sed 's/+[A-Za-z0-9.]*$$//' | \
+		$(BIN)/pip-audit --strict --progress-spinner off --disable-pip --no-deps -r /dev/stdin
+
 bench:
 	$(BIN)/python benchmarks/loop.py
+	$(BIN)/python benchmarks/collectives.py
+	$(BIN)/python benchmarks/ddp.py
+	$(BIN)/python benchmarks/drift.py
+	$(BIN)/python benchmarks/summary.py
 
 compile:
 	$(BIN)/kfloop compile --out pipelines/compiled

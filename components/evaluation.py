@@ -14,7 +14,8 @@ def evaluate_vs_champion(model: Input[Model], holdout_data: Input[Dataset], hold
     from training.steps import evaluate_step
 
     result = evaluate_step(model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,
-                           model_name=model_name, policy=from_struct(promotion_policy), report_out=report.path)
+                           model_name=model_name, policy=from_struct(promotion_policy), report_out=report.path,
+                           run_id=model.metadata.get("mlflow_run_id", ""))
     for name, value in result.kfp_metrics.items():
         metrics.log_metric(name, value)
     report.metadata.update({"champion_version": result.champion_version, "reason": result.reason})

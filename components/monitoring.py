@@ -25,17 +25,23 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
 
 @kfloop_component
 def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Artifact], trigger_policy: dict,
-                       training_params: dict) -> str:
-    """Start a training run on the drifted data unless the cooldown or dedupe says no; returns the run id, or ''
-    when skipped. Locally the run is the training pipeline under kfp.local and its id the registered version."""
+                       training_params: dict, training_pipeline_version: dict) -> str:
+    """Start a training run on the drifted data unless the cooldown, the dedupe or a run in flight says no; returns
+    the run id, or '' when skipped. With ``training_pipeline_version`` (set by ``kfloop run/schedule --host``) the
+    run is that pinned version on the KFP server and the trigger state lives on the registered model in MLflow;
+    without it the run is the training pipeline under kfp.local (its id the registered version) and the state a
+    file in the workdir."""
     from monitoring.steps import trigger_step
+    from monitoring.trigger_registry import RegistryTriggerStore
+    from pipelines.kfp_remote import start_pinned_training
     from pipelines.local_start import start_local_training
     from training.settings import from_struct
 
-    def start() -> str:
-        settings = {**from_struct(training_params), "dataset_uri": dataset_uri, "model_name": model_name}
-        return start_local_training(settings)
-
+    pinned = from_struct(training_pipeline_version)
+    settings = {**from_struct(training_params), "dataset_uri": dataset_uri, "model_name": model_name}
     decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"],
-                            policy=from_struct(trigger_policy), start=start)
+                            policy=from_struct(trigger_policy),
+                            start=(lambda: start_pinned_training(pinned, settings)) if pinned
+                            else (lambda: start_local_training(settings)),
+                            store=RegistryTriggerStore(model_name) if pinned else None)
     return decision.run_id or ""

@@ -30,7 +30,8 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                report_out: str) -> DriftStepResult:
     """Evidently drift of the schema's features, and of the champion's predictions, current against reference.
 
-    Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used.
+    Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used. With a
+    ``model_name`` the check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
 
     Raises:
         ValueError: no reference or schema given and no champion to take them from.
@@ -58,8 +59,13 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     drifted = [name for name, col in result.columns.items() if col.drifted]
     progress(f"drift: {current_uri} vs {reference_uri}: drifted={result.drifted} "
               f"(share {result.share_drifted_columns:.2f}; columns {drifted or 'none'})")
-    return DriftStepResult(drift=result, data_md5=file_digest(current_uri, "md5"), reference_uri=reference_uri,
-                           champion_version=champion.version if champion else None)
+    checked = DriftStepResult(drift=result, data_md5=file_digest(current_uri, "md5"), reference_uri=reference_uri,
+                              champion_version=champion.version if champion else None)
+    if model_name:
+        from monitoring.records import record_drift_check
+
+        record_drift_check(model_name, checked, current_uri=current_uri, report_path=report_out or None)
+    return checked
 
 
 def trigger_store(model_name: str):
@@ -69,15 +75,17 @@ def trigger_store(model_name: str):
     return TriggerStore(load_environment().workdir / "trigger" / f"{model_name}.json")
 
 
-def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], start: Callable[[], str]):
+def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], start: Callable[[], str],
+                 store: Any = None):
     """Retrain unless the cooldown or the dedupe on (model, data hash, window) says no; ``start()`` starts a
-    training run and returns its id. Returns the :class:`monitoring.trigger.TriggerDecision` (with ``run_id``)."""
+    training run and returns its id. ``store`` defaults to the workdir's file (:func:`trigger_store`). Returns the
+    :class:`monitoring.trigger.TriggerDecision` (with ``run_id``)."""
     import time
 
     from monitoring.trigger import TriggerPolicy, maybe_trigger
 
-    decision = maybe_trigger(trigger_store(model_name), model=model_name, data_hash=data_md5, now=time.time(),
-                             policy=TriggerPolicy.from_dict(policy), start=start)
+    decision = maybe_trigger(store or trigger_store(model_name), model=model_name, data_hash=data_md5,
+                             now=time.time(), policy=TriggerPolicy.from_dict(policy), start=start)
     progress(f"trigger: {'fired, run ' + str(decision.run_id) if decision.fire else 'skipped'}: {decision.reason}")
     return decision
 

@@ -80,13 +80,28 @@ class TriggerStateError(ValueError):
         self.problem = problem
 
 
+class RunInFlight(RuntimeError):
+    """Raised by a ``start()`` callback that did not start a run because one is already pending or running."""
+
+
 class TriggerStore:
     """The trigger history in one JSON file, written atomically. ``lock`` (``<path>.lock``, reentrant within a
-    process) is held by ``record`` and across ``maybe_trigger``."""
+    process) is held by ``record`` and across ``maybe_trigger``. Subclasses keep the same document elsewhere by
+    overriding ``_read``/``_write`` (and ``lock``)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.lock = FileLock(f"{self.path}.lock")
+
+    def _read(self) -> bytes | None:
+        """The stored document, or None when there is none yet."""
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _write(self, state: dict[str, Any]) -> None:
+        atomic_write_json(self.path, state)
 
     def load(self) -> dict[str, Any]:
         """The state: ``{"version": 1, "models": {model: {"fired": [...], "last_check": {...} | None}}}``; empty
@@ -95,9 +110,8 @@ class TriggerStore:
         Raises:
             TriggerStateError: the file is not valid JSON or not a trigger state.
         """
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        raw = self._read()
+        if raw is None:
             return {"version": STATE_VERSION, "models": {}}
         try:
             state = json.loads(raw)
@@ -125,7 +139,7 @@ class TriggerStore:
                 entry["fired"].append({"key": decision.key, "data_hash": decision.data_hash,
                                        "window": decision.window, "at": now, "run_id": run_id})
                 del entry["fired"][:-HISTORY_LIMIT]
-            atomic_write_json(self.path, state)
+            self._write(state)
 
 
 def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy) -> TriggerDecision:
@@ -162,15 +176,21 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
 def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy,
                   start: Callable[[], str]) -> TriggerDecision:
     """Decide, call ``start()`` (which starts a training run and returns its id) when the decision fires, and record,
-    all under the store's file lock, so concurrent triggers never both start a run.
+    all under the store's file lock, so concurrent triggers never both start a run. When ``start()`` raises
+    :class:`RunInFlight` the decision is recorded as skipped (not fired) with that reason.
 
     Raises:
         ValueError, TriggerStateError: as ``decide``.
-        Exception: whatever ``start()`` raises; nothing is recorded then.
+        Exception: whatever else ``start()`` raises; nothing is recorded then.
     """
     with store.lock:
         decision = decide(store, model=model, data_hash=data_hash, now=now, policy=policy)
-        run_id = start() if decision.fire else None
+        run_id = None
+        if decision.fire:
+            try:
+                run_id = start()
+            except RunInFlight as busy:
+                decision = dataclasses.replace(decision, fire=False, reason=f"in flight: {busy}")
         store.record(decision, now, run_id=run_id)
     return dataclasses.replace(decision, run_id=run_id)
 

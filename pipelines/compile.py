@@ -4,30 +4,39 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from kfp import compiler
+from kfp import compiler, dsl
 
+from pipelines import kubernetes_options
 from pipelines.drift import drift_pipeline
+from pipelines.kubernetes_options import KubernetesOptions
 from pipelines.training import training_pipeline
 
 PIPELINES = {"training": training_pipeline, "drift": drift_pipeline}
 
 
-def compile_pipeline(name: str, path: Path, *, image: str | None = None) -> Path:
-    """Compile one pipeline; ``image`` replaces every step's container image.
+def compile_pipeline(name: str, path: Path, *, image: str | None = None,
+                     options: KubernetesOptions | None = None) -> Path:
+    """Compile one pipeline; ``image`` replaces every step's container image; ``options`` (credentials Secret,
+    GPU placement of the launch step) replace the defaults the pipeline was built with.
 
     Raises:
         KeyError: unknown pipeline name.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(PIPELINES[name], str(path))
-    if image:
-        spec = yaml.safe_load(path.read_text())
+    pipeline = PIPELINES[name]
+    if options is not None and options != KubernetesOptions():
+        with kubernetes_options.using(options):  # rebuild the graph so kubernetes_options.apply() sees them
+            pipeline = dsl.pipeline(name=pipeline.component_spec.name,
+                                    description=pipeline.component_spec.description)(pipeline.pipeline_func)
+    compiler.Compiler().compile(pipeline, str(path))
+    if image:  # the file holds the pipeline spec, then the Kubernetes platform spec
+        spec, *platform = yaml.safe_load_all(path.read_text())
         for executor in spec["deploymentSpec"]["executors"].values():
             executor["container"]["image"] = image
-        path.write_text(yaml.safe_dump(spec, sort_keys=True))
+        path.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=True))
     return path
 
 
-def compile_all(out: Path, *, image: str | None = None) -> list[Path]:
+def compile_all(out: Path, *, image: str | None = None, options: KubernetesOptions | None = None) -> list[Path]:
     """Write ``training.yaml`` and ``drift.yaml`` under ``out``."""
-    return [compile_pipeline(name, out / f"{name}.yaml", image=image) for name in PIPELINES]
+    return [compile_pipeline(name, out / f"{name}.yaml", image=image, options=options) for name in PIPELINES]

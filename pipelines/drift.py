@@ -3,6 +3,7 @@ from kfp import dsl
 from kfp.dsl import Artifact
 
 from components.monitoring import check_drift, trigger_retraining
+from pipelines import kubernetes_options
 from training.settings import DEFAULT_MODEL_NAME
 
 PIPELINE_NAME = "kfloop-drift"
@@ -18,12 +19,15 @@ def drift_pipeline(
     drift_policy: dict = {},
     trigger_policy: dict = {},
     training_params: dict = {},
+    training_pipeline_version: dict = {},
 ) -> Artifact:
     drift = check_drift(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
                         model_name=model_name, drift_policy=drift_policy)
     drift.set_display_name("check drift")
     with dsl.If(drift.outputs["Output"] == True, name="drifted"):  # noqa: E712 (KFP condition, not Python)
         trigger_retraining(model_name=model_name, dataset_uri=current_uri, drift_result=drift.outputs["result"],
-                           trigger_policy=trigger_policy, training_params=training_params
+                           trigger_policy=trigger_policy, training_params=training_params,
+                           training_pipeline_version=training_pipeline_version
                            ).set_display_name("trigger retraining")
+    kubernetes_options.apply()
     return drift.outputs["result"]

@@ -9,6 +9,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "promotion": ("promotion_policy", "training.gate:PromotionPolicy"),
     "drift": ("drift_policy", "monitoring.drift:DriftPolicy"),
     "trigger": ("trigger_policy", "monitoring.trigger:TriggerPolicy"),
+    "cluster": ("cluster_config", "training.k8s_launcher:KubernetesSettings"),
 }
 """Config section -> (the pipeline's dict parameter, the typed config that validates it)."""
 
@@ -16,7 +17,7 @@ SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "tar
                "nproc_per_node", "backend", "holdout_fraction", "seed"}
 """Parameters of either pipeline; one kfloop.yaml serves both, so each pipeline ignores the other's."""
 
-TRAINING_KEYS = {"training", "promotion", "nnodes", "nproc_per_node", "backend", "holdout_fraction", "seed"}
+TRAINING_KEYS = {"training", "promotion", "cluster", "nnodes", "nproc_per_node", "backend", "holdout_fraction", "seed"}
 """Settings the drift pipeline hands to the training runs it triggers."""
 
 

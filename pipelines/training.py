@@ -5,6 +5,7 @@ from components.data import split_holdout, validate_data
 from components.evaluation import evaluate_vs_champion
 from components.registry import promote, register_candidate
 from components.training import launch_training
+from pipelines import kubernetes_options
 from training.settings import DEFAULT_MODEL_NAME
 
 PIPELINE_NAME = "kfloop-training"
@@ -24,6 +25,7 @@ def training_pipeline(
     seed: int = 42,
     training_config: dict = {},
     promotion_policy: dict = {},
+    cluster_config: dict = {},
 ) -> str:
     validated = validate_data(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name)
     validated.set_display_name("validate data")
@@ -32,7 +34,7 @@ def training_pipeline(
     trained = launch_training(train_data=split.outputs["train_data"], schema=validated.outputs["schema"],
                               model_name=model_name, training_config=training_config, nnodes=nnodes,
                               nproc_per_node=nproc_per_node, backend=backend,
-                              pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+                              pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, cluster_config=cluster_config)
     trained.set_display_name("train (DDP)")
     gate = evaluate_vs_champion(model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
                                 holdout_sha256=split.outputs["Output"], model_name=model_name,
@@ -49,4 +51,5 @@ def training_pipeline(
                 model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
                 holdout_sha256=split.outputs["Output"], promotion_policy=promotion_policy
                 ).set_display_name("promote to champion")
+    kubernetes_options.apply(gpu_step=trained)
     return registered.output

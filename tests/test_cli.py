@@ -15,13 +15,26 @@ from pipelines.cli import EXIT_DATA_FILE, EXIT_FAILED, build_parser, main
 REPO = Path(__file__).resolve().parents[1]
 SURFACE = {
     "": ["--debug", "--workdir"],
-    "compile": ["--image", "--out"],
+    "bench": ["--max-bytes", "--nproc", "--out"],
+    "compile": ["--credentials-secret", "--gpu-node-selector", "--gpu-toleration", "--gpus", "--image", "--out",
+                "--shared-mount-path", "--shared-volume-claim"],
     "demo": ["--json"],
     "drift": ["--config", "--current", "--json", "--model-name", "--reference", "--report", "--schema", "--set"],
     "infer-schema": ["--data", "--id-column", "--target", "--task"],
-    "run": ["--config", "--host", "--json", "--local", "--set", "--wait"],
+    "render-job": ["--config", "--gpus-per-node", "--kind", "--nnodes", "--nproc-per-node", "--run-id", "--set"],
+    "run": ["--config", "--host", "--json", "--local", "--namespace", "--set", "--version", "--wait"],
+    "schedule": ["--config", "--cron", "--delete", "--disable", "--host", "--name", "--namespace", "--set",
+                 "--version"],
+    "serve": ["--bind", "--config", "--kfp-host", "--max-body-bytes", "--namespace", "--port", "--set", "--version"],
+    "upload": ["--credentials-secret", "--gpu-node-selector", "--gpu-toleration", "--gpus", "--host", "--image",
+               "--json", "--namespace", "--shared-mount-path", "--shared-volume-claim", "--version"],
     "train": ["--backend", "--config", "--data", "--model-dir", "--nnodes", "--nproc-per-node", "--schema", "--set"],
-    "validate": ["--data", "--schema"],
+    "validate": ["--data", "--report-csv", "--schema"],
+    "status": ["--config", "--json", "--model", "--set"],
+    "history": ["--json", "--model"],
+    "rollback": ["--json", "--model", "--reason", "--to"],
+    "reproduce": ["--config", "--json", "--set"],
+    "report": ["--model", "--out"],
 }
 
 

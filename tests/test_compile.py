@@ -7,16 +7,22 @@ import pytest
 import yaml
 
 from pipelines.compile import PIPELINES, compile_pipeline
+from pipelines.kubernetes_options import KubernetesOptions
 
 GOLDEN = Path(__file__).resolve().parents[1] / "pipelines" / "compiled"
 VOLATILE = ("sdkVersion",)
 
 
+def _documents(path: Path) -> list[dict]:
+    """The pipeline spec, then the Kubernetes platform spec."""
+    return list(yaml.safe_load_all(path.read_text()))
+
+
 def _stable(path: Path) -> dict:
-    spec = yaml.safe_load(path.read_text())
+    spec, *platform = _documents(path)
     for key in VOLATILE:
         spec.pop(key, None)
-    return spec
+    return {**spec, "platforms": platform}
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
@@ -47,3 +53,69 @@ def test_branches_are_dsl_if_on_step_outputs(tmp_path):
     drift = _stable(compile_pipeline("drift", tmp_path / "d.yaml"))
     assert _conditions(training) == ["inputs.parameter_values['pipelinechannel--evaluate-vs-champion-Output'] == true"]
     assert _conditions(drift) == ["inputs.parameter_values['pipelinechannel--check-drift-Output'] == true"]
+
+
+def _k8s_executors(path: Path) -> dict:
+    _, platform = _documents(path)
+    return platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_gets_the_credentials_secret_by_name(name, tmp_path):
+    path = compile_pipeline(name, tmp_path / "p.yaml")
+    spec, _ = _documents(path)
+    k8s = _k8s_executors(path)
+    assert set(k8s) == set(spec["deploymentSpec"]["executors"])
+    for executor in k8s.values():
+        required, optional = executor["secretAsEnv"]
+        assert required["secretName"] == optional["secretName"] == "kfloop-mlflow"
+        assert [m["envVar"] for m in required["keyToEnv"]] == ["MLFLOW_TRACKING_URI"] and not required["optional"]
+        assert optional["optional"] and {"AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD"} <= {
+            m["envVar"] for m in optional["keyToEnv"]}
+
+
+def test_compile_options_set_the_secret_and_place_only_the_launch_step_on_gpu_nodes(tmp_path):
+    options = KubernetesOptions.from_flags(credentials_secret="team-mlflow", gpus=4,
+                                           node_selector=["nvidia.com/gpu.present=true"],
+                                           tolerations=["nvidia.com/gpu:NoSchedule", "pool=a100:NoExecute"])
+    k8s = _k8s_executors(compile_pipeline("training", tmp_path / "t.yaml", options=options))
+    assert {e["secretAsEnv"][0]["secretName"] for e in k8s.values()} == {"team-mlflow"}
+    placed = {name for name, e in k8s.items() if "nodeSelector" in e or "tolerations" in e}
+    assert placed == {"exec-launch-training"}
+    launch = k8s["exec-launch-training"]
+    assert launch["nodeSelector"] == {"labels": {"nvidia.com/gpu.present": "true"}}
+    assert launch["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                     {"key": "pool", "operator": "Equal", "value": "a100", "effect": "NoExecute"}]
+    spec, _ = _documents(tmp_path / "t.yaml")
+    gpu = {name for name, e in spec["deploymentSpec"]["executors"].items() if "accelerator" in
+           e["container"].get("resources", {})}
+    assert gpu == {"exec-launch-training"}
+    accelerator = spec["deploymentSpec"]["executors"]["exec-launch-training"]["container"]["resources"]["accelerator"]
+    assert (accelerator["resourceCount"], accelerator["resourceType"]) == ("4", "nvidia.com/gpu")
+    assert "pvcMount" not in launch
+
+
+def test_shared_volume_is_mounted_in_the_launch_step_only(tmp_path):
+    options = KubernetesOptions.from_flags(shared_volume_claim="kfloop-shared", shared_mount_path="/mnt/shared")
+    k8s = _k8s_executors(compile_pipeline("training", tmp_path / "t.yaml", options=options))
+    mounted = {name: e["pvcMount"] for name, e in k8s.items() if "pvcMount" in e}
+    assert list(mounted) == ["exec-launch-training"]
+    [mount] = mounted["exec-launch-training"]
+    assert mount["mountPath"] == "/mnt/shared"
+    assert mount["pvcNameParameter"]["runtimeValue"]["constant"] == "kfloop-shared"
+    # the default build is untouched by a compile with options
+    assert _stable(compile_pipeline("training", tmp_path / "d.yaml")) == _stable(GOLDEN / "training.yaml")
+
+
+@pytest.mark.parametrize("flags, fix", [
+    ({"node_selector": ["gpu"]}, "KEY=VALUE"),
+    ({"tolerations": ["nvidia.com/gpu"]}, "KEY:EFFECT"),
+    ({"tolerations": ["nvidia.com/gpu:Never"]}, "NoSchedule"),
+    ({"credentials_secret": "My_Secret"}, "Kubernetes Secret name"),
+    ({"gpus": -1}, "number of GPUs"),
+    ({"shared_volume_claim": "Shared_PVC"}, "PersistentVolumeClaim's name"),
+    ({"shared_volume_claim": "kfloop-shared", "shared_mount_path": "shared"}, "absolute path"),
+])
+def test_bad_compile_options_name_the_fix(flags, fix):
+    with pytest.raises(ValueError, match=fix):
+        KubernetesOptions.from_flags(**flags)

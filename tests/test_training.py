@@ -44,13 +44,17 @@ def make_frame(n_rows: int, seed: int) -> pd.DataFrame:
                          "active": active, "plan": plan, "region": region, "label": label})
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory) -> SimpleNamespace:
-    root = tmp_path_factory.mktemp("training-data")
-    df = make_frame(3000, seed=0)
+def write_training_files(root: Path, n_rows: int, seed: int) -> SimpleNamespace:
+    """``make_frame`` rows as ``train.parquet`` and its inferred schema as ``schema.yaml`` under ``root``."""
+    df = make_frame(n_rows, seed=seed)
     df.to_parquet(root / "train.parquet", index=False)
     (root / "schema.yaml").write_text(schema_to_yaml(infer_schema(df, target="label")))
     return SimpleNamespace(data=root / "train.parquet", schema=root / "schema.yaml")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> SimpleNamespace:
+    return write_training_files(tmp_path_factory.mktemp("training-data"), 3000, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +93,8 @@ def test_config_names_the_valid_keys_for_an_unknown_one():
     ({"device": "tpu"}, r"use one of \('auto', 'cpu', 'cuda'\)"),
     ({"dropout": 1.0}, r"probability in \[0, 1\)"),
     ({"learning_rate": 0}, "positive number"),
+    ({"bucket_cap_mb": 0}, r"bucket_cap_mb=0: use a positive size in MiB"),
+    ({"bf16_autocast": "yes"}, "bf16_autocast='yes': use true or false"),
 ])
 def test_config_errors_state_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -206,3 +206,18 @@ def test_invalid_decide_arguments(tmp_path):
     decision = decide(store, model="churn", data_hash="md5-a", now=T0, policy=POLICY)
     with pytest.raises(ValueError, match="did not fire"):
         store.record(dataclasses.replace(decision, fire=False), T0, run_id="run-1")
+
+
+def test_a_run_in_flight_is_recorded_as_skipped_and_fires_later(tmp_path):
+    from monitoring.trigger import RunInFlight
+
+    store = TriggerStore(tmp_path / "state.json")
+
+    def busy() -> str:
+        raise RunInFlight("training run r-7 is RUNNING")
+
+    skipped = maybe_trigger(store, model="churn", data_hash="md5-a", now=T0, policy=POLICY, start=busy)
+    later = fire(store, "md5-a", T0 + 60)
+
+    assert (skipped.fire, skipped.run_id) == (False, None) and "r-7 is RUNNING" in skipped.reason
+    assert later.fire and [f["run_id"] for f in fired(store)] == ["run-1"]

@@ -38,6 +38,11 @@ class CheckpointError(Exception):
     """A checkpoint that cannot be loaded (missing, truncated, corrupt)."""
 
 
+class CheckpointVersionError(CheckpointError):
+    """A checkpoint saved by another torch minor version: refused, never skipped (its optimizer and RNG states
+    may not mean the same thing under this version)."""
+
+
 def tensors_path(directory: str | Path, step: int) -> Path:
     """Path of the tensors file of checkpoint ``step``."""
     return Path(directory) / f"ckpt-{step:08d}.safetensors"
@@ -91,10 +96,15 @@ def latest_good(directory: str | Path) -> int | None:
 
     Each newer checkpoint that fails verification (truncated, corrupt, unreadable sidecar) is skipped with a
     warning naming the file and the problem.
+
+    Raises:
+        CheckpointVersionError: the newest readable checkpoint was saved by another torch minor version.
     """
     for step in reversed(committed_steps(directory)):
         try:
             _read_verified(directory, step)
+        except CheckpointVersionError:
+            raise
         except CheckpointError as exc:
             logger.warning("skipping checkpoint step %d: %s; falling back to the previous one", step, exc)
             continue
@@ -106,6 +116,7 @@ def load(directory: str | Path, step: int) -> dict[str, Any]:
     """The state saved as checkpoint ``step``, with tensors on the CPU.
 
     Raises:
+        CheckpointVersionError: the checkpoint was saved by another torch minor version.
         CheckpointError: the checkpoint is missing, or its tensors file does not match the recorded sha256.
     """
     sidecar, data = _read_verified(directory, step)
@@ -138,7 +149,17 @@ def _read_verified(directory: str | Path, step: int) -> tuple[dict[str, Any], by
     if digest != sidecar.get("sha256"):
         raise CheckpointError(f"{path}: sha256 {digest[:12]}... does not match the sidecar's "
                               f"{str(sidecar.get('sha256'))[:12]}... (truncated or corrupt, {len(data)} bytes)")
+    saved_by = str(sidecar.get("torch_version"))
+    if _minor(saved_by) != _minor(torch.__version__):
+        raise CheckpointVersionError(
+            f"{sidecar_path(directory, step)} was saved by torch {saved_by}, this is torch {torch.__version__}: "
+            f"resume with torch {'.'.join(_minor(saved_by))}.x, or start over with an empty checkpoint directory")
     return sidecar, data
+
+
+def _minor(version: str) -> tuple[str, ...]:
+    """``("2", "13")`` for ``2.13.0+cpu``."""
+    return tuple(version.split("+")[0].split(".")[:2])
 
 
 def _clean(directory: Path, keep: int) -> None:

@@ -43,14 +43,23 @@ class TrainingConfig:
     """``cuda`` (NCCL), ``cpu`` (gloo), or ``auto``: CUDA when available."""
     threads_per_rank: int = 1
     """Intra-op CPU threads of each rank (``torch.set_num_threads``)."""
+    bucket_cap_mb: float = 25.0
+    """DDP gradient bucket size in MiB: each bucket's all-reduce starts as soon as its gradients are ready, so
+    smaller buckets overlap more with the backward pass and larger ones pay less per-collective latency."""
+    bf16_autocast: bool = True
+    """On CUDA, run forward and loss under bf16 autocast (tensor cores); CPU training stays float32."""
     checkpoint_keep: int = 2
     """Complete checkpoints kept; at least 2, so a corrupt newest one leaves one to fall back on."""
     rdzv_timeout_seconds: int = 60
     """How long a node waits for the others to join before failing."""
+    collective_timeout_seconds: int = 600
+    """How long a rank waits in a collective (all-reduce, broadcast) for the others before the job fails: a
+    stalled or lost rank ends the job after this long instead of hanging it."""
 
     def __post_init__(self) -> None:
         self.hidden = tuple(self.hidden)
-        positive_ints = ("epochs", "batch_size", "nnodes", "nproc_per_node", "threads_per_rank", "rdzv_timeout_seconds")
+        positive_ints = ("epochs", "batch_size", "nnodes", "nproc_per_node", "threads_per_rank", "rdzv_timeout_seconds",
+                         "collective_timeout_seconds")
         for name in positive_ints:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -59,6 +68,11 @@ class TrainingConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r}: use an integer >= 0")
+        if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
+                or not self.bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb={self.bucket_cap_mb!r}: use a positive size in MiB, e.g. 25")
+        if not isinstance(self.bf16_autocast, bool):
+            raise ValueError(f"bf16_autocast={self.bf16_autocast!r}: use true or false")
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate={self.learning_rate!r}: use a positive number such as 3e-3")
         if not 0 < self.lr_gamma <= 1:

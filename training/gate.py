@@ -119,9 +119,13 @@ class Decision:
     """``improvement`` over the champion's value (absolute)."""
     confidence: float | None
     """Share of paired bootstrap resamples on which the challenger strictly beat the champion."""
+    interval: list[float] | None = None
+    """5th and 95th percentile of ``improvement`` over the paired bootstrap resamples (``None`` without a
+    champion)."""
     slices: list[dict[str, Any]] = field(default_factory=list)
-    """Per slice: column, value, rows, challenger, champion, delta (challenger minus champion, raw), ok,
-    skipped (why the slice was not checked, else ``None``)."""
+    """Per slice: column, value, rows, challenger, champion, delta (challenger minus champion, raw), interval
+    (5th and 95th percentile of delta over paired bootstrap resamples of the slice's rows), ok, skipped (why the
+    slice was not checked, else ``None``)."""
     checks: list[dict[str, Any]] = field(default_factory=list)
     """Per rule: name, passed, detail."""
     policy: dict[str, Any] = field(default_factory=dict)
@@ -223,7 +227,8 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     relative = improvement / abs(champ[metric]) if champ[metric] != 0 else (math.inf if improvement > 0 else 0.0)
     chal_p, champ_p = np.asarray(challenger_proba, dtype=np.float64), np.asarray(champion_proba, dtype=np.float64)
     slices = _slices(y, chal_p, champ_p, classes, holdout, policy)
-    confidence = _bootstrap_confidence(y, chal_p, champ_p, metric, policy)
+    gains = _bootstrap_improvements(y, chal_p, champ_p, metric, policy)
+    confidence = float(np.count_nonzero(gains > 0)) / policy.bootstrap_samples
     checks = [defined, floor,
               _improvement_check(metric, chal[metric], champ[metric], improvement, policy.min_improvement),
               {"name": "min_relative_improvement", "passed": relative >= policy.min_relative_improvement,
@@ -241,7 +246,7 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     else:
         reason = "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"])
     return Decision(blessed=blessed, reason=reason, improvement=improvement, relative_improvement=relative,
-                    confidence=confidence, slices=slices, checks=checks, **common)
+                    confidence=confidence, interval=_percentiles(gains), slices=slices, checks=checks, **common)
 
 
 def kfp_metrics(decision: Decision) -> dict[str, float]:
@@ -317,8 +322,11 @@ def _slices(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray, classes: lis
             regression = (chal - champ) if metric in LOWER_IS_BETTER else (champ - chal)
             skipped = (f"{rows} rows < min_slice_rows {policy.min_slice_rows}" if rows < policy.min_slice_rows
                        else f"{metric} undefined on this slice" if not math.isfinite(regression) else None)
+            sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+            deltas = sign * _bootstrap_improvements(y[mask], chal_p[mask], champ_p[mask], metric, policy)
             out.append({"column": col, "value": None if value == "<null>" else value, "rows": rows,
                         "challenger": chal, "champion": champ, "delta": chal - champ,
+                        "interval": _percentiles(deltas),
                         "ok": skipped is not None or regression <= policy.max_slice_regression,
                         "skipped": skipped})
     return out
@@ -339,11 +347,12 @@ def _slice_check(metric: str, slices: list[dict[str, Any]], max_regression: floa
     return {"name": "slices", "passed": False, "detail": "; ".join(parts)}
 
 
-def _bootstrap_confidence(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray, metric: str,
-                          policy: PromotionPolicy) -> float:
-    """Share of paired resamples (the same rows for both models) on which the challenger strictly wins."""
+def _bootstrap_improvements(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray, metric: str,
+                            policy: PromotionPolicy) -> np.ndarray:
+    """The challenger's improvement (positive is better) on each paired resample (the same rows for both
+    models); NaN where the metric is undefined on a resample."""
     rng = np.random.default_rng(policy.bootstrap_seed)
-    n, wins, done = len(y), 0, 0
+    n, done, gains = len(y), 0, []
     while done < policy.bootstrap_samples:
         b = min(_BOOTSTRAP_CHUNK, policy.bootstrap_samples - done)
         idx = rng.integers(0, n, size=(b, n))
@@ -351,9 +360,15 @@ def _bootstrap_confidence(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray
         w = counts.astype(np.float64)
         a = _resampled_metric(metric, w, y, chal_p)
         c = _resampled_metric(metric, w, y, champ_p)
-        wins += int(np.count_nonzero(a < c if metric in LOWER_IS_BETTER else a > c))
+        gains.append(c - a if metric in LOWER_IS_BETTER else a - c)
         done += b
-    return wins / policy.bootstrap_samples
+    return np.concatenate(gains)
+
+
+def _percentiles(values: np.ndarray) -> list[float] | None:
+    """[5th, 95th] percentile of the finite ``values``; ``None`` when there are none."""
+    finite = values[np.isfinite(values)]
+    return [float(v) for v in np.percentile(finite, [5, 95])] if finite.size else None
 
 
 def _resampled_metric(metric: str, w: np.ndarray, y: np.ndarray, p: np.ndarray) -> np.ndarray:

@@ -76,7 +76,9 @@ class LaunchError(RuntimeError):
         self.error = error
         self.log = log
         who = f"rank {rank} (node {node})" if rank is not None else f"node {node}"
-        super().__init__(f"training failed on {who}, exit code {exit_code}: {error}\nfull log: {log}")
+        first, *rest = error.splitlines() or [""]
+        quoted = "".join(f"\n  | {line}" for line in rest)  # quoted, so no log reader takes a line for ours
+        super().__init__(f"training failed on {who}, exit code {exit_code}: {first}{quoted}\nfull log: {log}")
 
 
 def free_port() -> int:

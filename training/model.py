@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from training.features import FeatureTransform
@@ -75,6 +76,7 @@ class Predictor:
 
         Raises:
             FileNotFoundError: the directory is incomplete (no ``model.json``).
+            ValueError: the weights file is not safetensors (e.g. a pickle); it is never unpickled.
         """
         model_dir = Path(model_dir)
         if not (model_dir / MODEL_FILE).is_file():
@@ -82,7 +84,12 @@ class Predictor:
         desc = json.loads((model_dir / MODEL_FILE).read_text())
         arch = Architecture(**{**desc["architecture"], "hidden": tuple(desc["architecture"]["hidden"])})
         model = MLP(arch)
-        model.load_state_dict(load_file(model_dir / WEIGHTS_FILE))
+        try:
+            weights = load_file(model_dir / WEIGHTS_FILE)
+        except SafetensorError as exc:
+            raise ValueError(f"{model_dir / WEIGHTS_FILE}: not a safetensors file ({exc}); kfloop never unpickles "
+                             "weights: write them with save_model_dir") from None
+        model.load_state_dict(weights)
         transform = FeatureTransform.from_dict(json.loads((model_dir / FEATURES_FILE).read_text()))
         return cls(model, transform, desc["classes"], desc)
 

@@ -1,5 +1,6 @@
-"""The MLflow model registry, kfloop's way: every candidate becomes a tagged version; only :func:`promote`
-moves the ``champion`` alias, under a lock, after re-reading the champion it was compared against.
+"""The MLflow model registry, kfloop's way: every candidate becomes a tagged version; only :func:`promote` (and
+:func:`rollback`) move the ``champion`` alias, under a lock, after re-reading the champion and re-checking; each move
+is appended to the champion history (:func:`champion_history`) as it happens.
 
 MLflow is reached through ``mlflow.MlflowClient`` (tracking URI from ``MLFLOW_TRACKING_URI`` or
 ``mlflow.set_tracking_uri``); every function that only talks to the registry takes an optional ``client``.
@@ -8,10 +9,12 @@ scored from its downloaded model directory (:func:`download_model_dir`), never b
 """
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
@@ -38,9 +41,14 @@ EVALUATION_ARTIFACT = "evaluation.json"
 LINEAGE_ARTIFACT = "lineage.json"
 WEIGHTS_TAG = "weights_sha256"
 """Version tag (and ``kfloop.``-prefixed run tag) holding the sha256 of ``weights.safetensors``."""
+HISTORY_TAG_PREFIX = "champion_move."
+"""Registered-model tags ``champion_move.000001``, ...: the champion history, one JSON :class:`ChampionMove`
+per move, written under the promotion lock right after the alias moved; never rewritten."""
 MAX_TAG_CHARS = 5000
 """Model-version tag values are a VARCHAR(5000) in MLflow's SQL schema; longer text goes in descriptions."""
 PYFUNC_MODEL_FILE = Path(__file__).with_name("pyfunc_model.py")
+CODE_MODEL_LOADER = "mlflow.pyfunc.loaders.code_model"
+"""The pyfunc loader of a models-from-code model: the only kind kfloop logs."""
 SERVING_REQUIREMENTS = ("mlflow", "torch", "safetensors", "numpy", "pandas")
 """Distributions the pyfunc model needs at load time, pinned to the installed versions (local part dropped)."""
 
@@ -130,6 +138,10 @@ class PromotionResult:
 
 class WeightsMismatchError(RuntimeError):
     """Downloaded weights do not hash to what the registry recorded: the artifact changed after registration."""
+
+
+class ForeignModelError(RuntimeError):
+    """A model version kfloop did not log (foreign model code, or weights its run never recorded)."""
 
 
 def _client(client: "mlflow.MlflowClient | None") -> "mlflow.MlflowClient":
@@ -273,6 +285,8 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
     Raises:
         ValueError: the version has no weights sha256 tag (not registered by kfloop).
         WeightsMismatchError: the downloaded weights do not match the tag; the download is removed.
+        ForeignModelError: the MLmodel points at code other than kfloop's pyfunc model, or the version's run did
+            not record its weights; nothing is downloaded but the MLmodel.
         FileNotFoundError: the logged model holds no complete model directory.
     """
     import mlflow
@@ -289,8 +303,19 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
     dst.mkdir(parents=True, exist_ok=True)
     mlmodel = mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/MLmodel", dst_path=str(dst / ".mlmodel"),
                                                   tracking_uri=client.tracking_uri)
-    artifacts = Model.load(mlmodel).flavors["python_function"].get("artifacts", {})
+    flavor = Model.load(mlmodel).flavors.get("python_function", {})
     shutil.rmtree(dst / ".mlmodel")
+    code = flavor.get("model_code_path") or flavor.get("python_model") or flavor.get("loader_module")
+    if (flavor.get("loader_module") != CODE_MODEL_LOADER or Path(str(code)).name != PYFUNC_MODEL_FILE.name
+            or flavor.get("code")):
+        raise ForeignModelError(f"{model_name} v{version} ({root}): its MLmodel points at code {code!r} "
+                                f"(code paths {flavor.get('code')}), not kfloop's {PYFUNC_MODEL_FILE.name}; refusing "
+                                "to load a version kfloop did not log")
+    run_sha = client.get_run(mv.run_id).data.tags.get(f"kfloop.{WEIGHTS_TAG}") if mv.run_id else None
+    if run_sha != expected:
+        raise ForeignModelError(f"{model_name} v{version}: its run {mv.run_id} recorded weights sha256 {run_sha}, "
+                                f"the version claims {expected}; refusing a version that log_candidate() did not log")
+    artifacts = flavor.get("artifacts", {})
     if "model_dir" not in artifacts:
         raise FileNotFoundError(f"{model_name} v{version} ({root}) was not logged with a kfloop model_dir "
                                 "artifact (log it with log_candidate())")
@@ -330,20 +355,23 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
 
     Under a file lock, re-read the champion. If it is not ``compared_against`` (the version the gate compared
     with; ``None`` or ``""`` for none), ``recheck(current_champion)`` decides again and the alias moves only if
-    it is still blessed; otherwise the version is tagged ``decision=superseded`` with the reason. On promotion
-    the version gets ``promoted_at`` and ``previous_champion`` tags and the registered model
-    ``champion_version``, ``champion_promoted_at`` and ``previous_champion``. A version that is already
-    champion is reported as promoted and left alone.
+    it is still blessed; otherwise the version is tagged ``decision=superseded`` with the reason. The alias moves
+    first; then the move is appended to the champion history (:func:`champion_history`), the version gets
+    ``promoted_at`` and ``previous_champion`` tags and the registered model ``champion_version``,
+    ``champion_promoted_at`` and ``previous_champion``. A version that is already champion is reported as
+    promoted; whatever of its move was not recorded (an earlier attempt failed after the alias moved) is.
 
     Raises:
         ValueError: ``version``'s decision tag is not ``promote`` (only blessed candidates may become champion).
         filelock.Timeout: the lock was not acquired within ``lock_timeout_s``.
+        RegistryUnavailableError: MLflow did not answer after its bounded retries (the alias still points at
+            a valid version; run the step again).
         mlflow.exceptions.MlflowException: the version does not exist, or MLflow refused a call.
     """
     client = _client(client)
     version, compared_against = str(version), (str(compared_against) if compared_against else None)
     Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_path), timeout=lock_timeout_s):
+    with FileLock(str(lock_path), timeout=lock_timeout_s), _unavailable_is_clear(client, model_name):
         mv = client.get_model_version(model_name, version)
         if mv.tags.get("decision") != "promote":
             raise ValueError(f"{model_name} v{version} has decision={mv.tags.get('decision')!r}; only a version "
@@ -351,8 +379,13 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
         current = get_champion(model_name, client=client)
         previous = current.version if current else None
         if previous == version:
-            return PromotionResult(promoted=True, champion_version=version,
-                                   previous_champion=_none(mv.tags.get("previous_champion")),
+            history = champion_history(model_name, client=client)
+            before = history[-1].previous if history and history[-1].version == version else (
+                history[-1].version if history else _none(mv.tags.get("previous_champion")))
+            move = _move_champion(client, model_name, version, previous=before, action="promote",
+                                  reason=mv.tags.get("reason", ""),
+                                  actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
+            return PromotionResult(promoted=True, champion_version=version, previous_champion=move.previous,
                                    reason=f"v{version} is already the champion")
         reason = mv.tags.get("reason", "")
         if previous != compared_against:
@@ -366,24 +399,213 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
                                        reason=reason)
             reason = f"{changed}; re-check: {verdict.reason}"
             client.set_model_version_tag(model_name, version, "recheck_reason", _truncate(reason))
-        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        client.set_model_version_tag(model_name, version, "promoted_at", now)
-        client.set_model_version_tag(model_name, version, "previous_champion", previous or "none")
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
-        for key, value in {"champion_version": version, "champion_promoted_at": now,
-                           "previous_champion": previous or "none"}.items():
-            client.set_registered_model_tag(model_name, key, value)
+        _move_champion(client, model_name, version, previous=previous, action="promote", reason=reason,
+                       actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
     return PromotionResult(promoted=True, champion_version=version, previous_champion=previous, reason=reason)
+
+
+def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str, lock_path: str | Path,
+             lock_timeout_s: float = 600, client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
+    """Move ``champion`` back to ``to`` (default: the champion the current one replaced), under the same lock
+    as :func:`promote`, after re-reading the champion and verifying the target (:func:`verify_version`). The
+    move is recorded in the champion history with ``reason`` and ``actor``; the version left gets
+    ``rolled_back_at`` and ``rollback_reason`` tags.
+
+    Raises:
+        ValueError: no champion, no previous champion recorded and no ``to``, ``to`` is the champion already,
+            an empty reason, or a target that fails verification (not blessed, not ours, weights changed).
+        filelock.Timeout: the lock was not acquired within ``lock_timeout_s``.
+        RegistryUnavailableError: MLflow did not answer; the champion is unchanged or the move is repaired by
+            running the same rollback again.
+    """
+    if not reason.strip():
+        raise ValueError("a rollback needs a reason (--reason TEXT): it is recorded in the champion history")
+    client = _client(client)
+    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock_path), timeout=lock_timeout_s), _unavailable_is_clear(client, model_name):
+        current = get_champion(model_name, client=client)
+        if current is None:
+            raise ValueError(f"{model_name} has no champion to roll back; promote a version first")
+        target = str(to) if to else _replaced_by(model_name, current, client)
+        if target is None:
+            raise ValueError(f"{model_name} v{current.version} replaced no recorded champion; pass --to VERSION")
+        if target == current.version:
+            history = champion_history(model_name, client=client)
+            if history and history[-1].version == target:
+                raise ValueError(f"{model_name} v{target} is already the champion; pass another --to VERSION")
+            # the alias moved but the earlier attempt failed before recording it: complete that move
+            _move_champion(client, model_name, target, previous=history[-1].version if history else None,
+                           action="rollback", reason=reason, actor=actor)
+            return PromotionResult(promoted=True, champion_version=target,
+                                   previous_champion=history[-1].version if history else None,
+                                   reason=f"rollback: {reason}")
+        verify_version(model_name, target, client=client)
+        client.set_registered_model_alias(model_name, CHAMPION_ALIAS, target)
+        move = _move_champion(client, model_name, target, previous=current.version, action="rollback",
+                              reason=reason, actor=actor)
+        client.set_model_version_tag(model_name, current.version, "rolled_back_at", move.at)
+        client.set_model_version_tag(model_name, current.version, "rollback_reason", _truncate(reason))
+    return PromotionResult(promoted=True, champion_version=target, previous_champion=current.version,
+                           reason=f"rollback: {reason}")
+
+
+def verify_version(model_name: str, version: str, *, client: "mlflow.MlflowClient | None" = None) -> None:
+    """Check that ``version`` may serve: READY, blessed (``decision=promote``), logged by a run of the
+    experiment its ``kfloop_experiment`` tag names, and its downloaded weights hash to the sha256 recorded at
+    registration (on the version and on the run).
+
+    Raises:
+        ValueError: a check failed; the message names it.
+        WeightsMismatchError: the stored weights changed after registration.
+        mlflow.exceptions.MlflowException: the version does not exist.
+    """
+    import tempfile
+
+    client = _client(client)
+    mv = client.get_model_version(model_name, str(version))
+    label = f"{model_name} v{version}"
+    if mv.status != "READY":
+        raise ValueError(f"{label} is {mv.status}, not READY")
+    if mv.tags.get("decision") != "promote":
+        raise ValueError(f"{label} has decision={mv.tags.get('decision')!r}; only a version the gate blessed "
+                         "(decision=promote) can serve as champion")
+    recorded = mv.tags.get("kfloop_experiment")
+    experiment = client.get_experiment_by_name(recorded) if recorded else None
+    run = client.get_run(mv.run_id) if mv.run_id else None
+    if experiment is None or run is None or run.info.experiment_id != experiment.experiment_id:
+        raise ValueError(f"{label} was not logged by a run of kfloop experiment "
+                         f"{mv.tags.get('kfloop_experiment')!r}; refusing a version registered from outside")
+    if run.data.tags.get(f"kfloop.{WEIGHTS_TAG}") != mv.tags.get(WEIGHTS_TAG):
+        raise ValueError(f"{label}: its {WEIGHTS_TAG} tag differs from run {mv.run_id}'s; the version was "
+                         "re-tagged after registration")
+    with tempfile.TemporaryDirectory() as tmp:
+        download_model_dir(model_name, str(version), Path(tmp), client=client)
+
+
+@dataclass(kw_only=True, slots=True)
+class ChampionMove:
+    """One move of ``champion``, recorded as it happens (registered-model tag ``champion_move.<seq>``)."""
+
+    seq: int
+    """1, 2, ... in the order of the moves."""
+    at: str
+    """When the alias moved (UTC, ISO 8601)."""
+    version: str
+    """The champion from then on."""
+    previous: str | None
+    """The champion before (``None``: there was none)."""
+    action: str
+    """``promote`` or ``rollback``."""
+    reason: str
+    """The gate's reason for a promotion, the operator's for a rollback."""
+    actor: str
+    """Who or what moved it: ``pipeline run <id>`` or the operator's user name."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def champion_history(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> list[ChampionMove]:
+    """Every recorded move of ``champion``, oldest first (empty when the model does not exist).
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+    client = _client(client)
+    try:
+        tags = client.get_registered_model(model_name).tags
+    except MlflowException as e:
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return []
+        raise
+    moves = [ChampionMove(**json.loads(v)) for k, v in tags.items() if k.startswith(HISTORY_TAG_PREFIX)]
+    return sorted(moves, key=lambda m: m.seq)
+
+
+def champion_at(history: list[ChampionMove], at: str) -> str | None:
+    """The champion version at time ``at`` (ISO 8601 UTC, as :attr:`ChampionMove.at`) per ``history``."""
+    when = datetime.fromisoformat(at)
+    current = None
+    for move in history:
+        if datetime.fromisoformat(move.at) > when:
+            break
+        current = move.version
+    return current
+
+
+class RegistryUnavailableError(RuntimeError):
+    """MLflow did not answer after its bounded retries; says what state the registry was left in."""
+
+
+def _move_champion(client: "mlflow.MlflowClient", model_name: str, version: str, *, previous: str | None,
+                   action: str, reason: str, actor: str) -> ChampionMove:
+    """After the alias moved to ``version``: append the move to the history, then tag the version and the
+    registered model. Called again for the same move (a retry after a failure here) it only fills in what
+    is missing."""
+    history = champion_history(model_name, client=client)
+    last = history[-1] if history else None
+    if last is not None and last.version == version:
+        move = last
+    else:
+        move = ChampionMove(seq=(last.seq if last else 0) + 1, previous=previous, version=version, action=action,
+                            at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            reason=reason[:MAX_TAG_CHARS // 2], actor=actor)
+        client.set_registered_model_tag(model_name, f"{HISTORY_TAG_PREFIX}{move.seq:06d}",
+                                        json.dumps(move.to_dict()))
+    client.set_model_version_tag(model_name, version, "promoted_at", move.at)
+    client.set_model_version_tag(model_name, version, "previous_champion", move.previous or "none")
+    for key, value in {"champion_version": version, "champion_promoted_at": move.at,
+                       "previous_champion": move.previous or "none"}.items():
+        client.set_registered_model_tag(model_name, key, value)
+    return move
+
+
+def _replaced_by(model_name: str, current: ChampionInfo, client: "mlflow.MlflowClient") -> str | None:
+    """The champion ``current`` replaced when it was last promoted (its ``previous_champion`` tag if the
+    history predates it)."""
+    promotions = [m for m in champion_history(model_name, client=client)
+                  if m.version == current.version and m.action == "promote"]
+    return promotions[-1].previous if promotions else _none(current.tags.get("previous_champion"))
+
+
+@contextmanager
+def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
+    """Turn MLflow's transport failure (after its own bounded retries) into one clear error."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as e:
+        if "API request to" not in e.message:
+            raise
+        raise RegistryUnavailableError(
+            f"MLflow at {client.tracking_uri} did not answer for {model_name} after "
+            f"MLFLOW_HTTP_REQUEST_MAX_RETRIES retries ({e.message.splitlines()[0][:300]}). 'champion' still "
+            "points at a valid version (the old one, or the new one if only recording the move failed); run the "
+            "same command again once MLflow is back: registration finds the version by run id and a move "
+            "already made is recorded, not repeated"
+        ) from e
 
 
 def _decision(decision: dict[str, Any]) -> "Decision":
     from training.gate import Decision
 
     try:
-        return Decision.from_dict(decision)
+        gate = Decision.from_dict(decision)
     except (KeyError, TypeError) as e:
         raise ValueError(f"decision is not a training.gate.Decision.to_dict() result ({e!r}); pass the gate's "
                          "evaluation report") from e
+    value = gate.challenger_metrics.get(gate.primary_metric, math.nan)
+    if gate.blessed and not math.isfinite(value):
+        raise ValueError(f"decision is blessed but its primary metric {gate.primary_metric!r} is "
+                         f"{'missing' if gate.primary_metric not in gate.challenger_metrics else value}; a "
+                         "missing or NaN metric never promotes: re-run the evaluation step")
+    return gate
 
 
 def _input_example(predictor: "Predictor") -> pd.DataFrame:

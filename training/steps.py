@@ -65,7 +65,7 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
     report = validate(df, schema)
     report.source = dataset_uri
     if not report.ok:
-        for line in report.format().splitlines():
+        for line in [*report.format_diff().splitlines(), *report.format().splitlines()]:
             progress(f"validate: {line}")
         raise ValidationError(report)
     atomic_write_text(schema_out, schema_to_yaml(schema))
@@ -88,6 +88,10 @@ def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, 
 
 # ---------------------------------------------------------------------------------------------------- train
 
+FAILURE_ARTIFACTS = "training-failure"
+"""Artifact folder of a failed training run: the launch's logs and error files."""
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainStepResult:
     run_id: str
@@ -96,57 +100,86 @@ class TrainStepResult:
     world_size: int
 
 
-def ensure_experiment(model_name: str, env: Environment) -> str:
-    """The MLflow experiment of ``model_name`` (created on first use; artifacts under the workdir when the
+def ensure_experiment(name: str, env: Environment) -> str:
+    """The MLflow experiment ``name`` (created on first use; artifacts under the workdir when the
     tracking store is a local database)."""
     import mlflow
 
     client = mlflow.MlflowClient()
-    exp = client.get_experiment_by_name(model_name)
+    exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     location = env.artifact_root.as_uri() if env.tracking_uri.startswith("sqlite:") else None
-    return client.create_experiment(model_name, artifact_location=location)
+    return client.create_experiment(name, artifact_location=location)
 
 
-def _local_training_config(config: dict[str, Any], **overrides: Any):
-    """The typed config, for the one backend this release launches.
+def _training_config(config: dict[str, Any], **overrides: Any):
+    """The typed config.
 
     Raises:
-        ValueError: an invalid field, or a backend other than ``local``.
+        ValueError: an invalid field.
     """
     from training.config import TrainingConfig
 
-    cfg = TrainingConfig.from_dict({**config, **overrides})
-    if cfg.backend != "local":
-        raise ValueError(f"backend '{cfg.backend}' is not available in this release; use backend=local")
-    return cfg
+    return TrainingConfig.from_dict({**config, **overrides})
+
+
+def _launch(cfg, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path, log_dir: Path, run_name: str,
+            cluster: dict[str, Any] | None, mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None):
+    """Train on ``cfg.backend``: local torchrun agents, or a PyTorchJob named after ``run_name`` (its checkpoints
+    then live in the job's folder on the shared volume, not in ``checkpoint_dir``)."""
+    if cfg.backend == "kubernetes":
+        from training.k8s_launcher import KubernetesSettings, train_kubernetes
+
+        settings = KubernetesSettings.from_dict(cluster)
+        return train_kubernetes(data, schema, model_dir=model_dir, config=cfg, cluster=settings.cluster,
+                                policy=settings.launcher, pipeline_run_id=run_name, log_dir=log_dir,
+                                mlflow_run_id=mlflow_run_id, mlflow_tracking_uri=mlflow_tracking_uri)
+    from training.launcher import train_local
+
+    return train_local(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=cfg,
+                       mlflow_run_id=mlflow_run_id, log_dir=log_dir)
+
+
+def _unfinished_run(client, experiment_id: str, pipeline_run_id: str) -> str | None:
+    """The MLflow run a killed launch step of this pipeline run left RUNNING: its retry attaches to that step's
+    Kubernetes job, which logs into this run."""
+    runs = client.search_runs([experiment_id], max_results=1, filter_string=(
+        f"tags.`kfloop.pipeline_run_id` = '{pipeline_run_id}' and attributes.status = 'RUNNING'"))
+    return runs[0].info.run_id if runs else None
 
 
 def train_step(*, train_path: str, schema_path: str, model_name: str, config: dict[str, Any], nnodes: int,
-               nproc_per_node: int, backend: str, pipeline_run_id: str, model_dir: str) -> TrainStepResult:
-    """Train in one MLflow run (rank 0 logs params and per-epoch metrics); the run is marked FAILED on error.
+               nproc_per_node: int, backend: str, pipeline_run_id: str, model_dir: str,
+               cluster: dict[str, Any] | None = None) -> TrainStepResult:
+    """Train in one MLflow run (rank 0 logs params and per-epoch metrics); on error the launch's logs and error
+    files become the run's ``training-failure`` artifacts and the run is marked FAILED. ``backend=kubernetes``
+    runs a PyTorchJob on ``cluster`` (training/k8s_launcher.py); a retry of the step reuses the run it left.
 
     Raises:
-        training.launcher.LaunchError: a rank failed; the message names it and its error.
-        ValueError: a bad training config, or a backend other than ``local``.
+        training.launcher.LaunchError: a rank failed (or, on Kubernetes, the job); the message names it and its error.
+        ValueError: a bad training or cluster config.
     """
     import mlflow
 
-    from training.launcher import train_local
-
-    cfg = _local_training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend)
+    cfg = _training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend)
     env = load_environment()
     client = mlflow.MlflowClient()
-    run = client.create_run(ensure_experiment(model_name, env),
-                            tags={"kfloop.pipeline_run_id": pipeline_run_id, "kfloop.git_commit": env.git_commit})
-    run_id = run.info.run_id
+    experiment_id = ensure_experiment(model_name, env)
+    run_id = _unfinished_run(client, experiment_id, pipeline_run_id) if cfg.backend == "kubernetes" else None
+    if run_id is None:
+        run_id = client.create_run(experiment_id, tags={"kfloop.pipeline_run_id": pipeline_run_id,
+                                                        "kfloop.git_commit": env.git_commit}).info.run_id
     progress(f"train: {cfg.nnodes} node(s) x {cfg.nproc_per_node} rank(s), MLflow run {run_id}")
+    log_dir = env.workdir / "logs" / pipeline_run_id
     try:
-        result = train_local(train_path, schema_path, model_dir=Path(model_dir),
-                             checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, config=cfg,
-                             mlflow_run_id=run_id, log_dir=env.workdir / "logs" / pipeline_run_id)
+        result = _launch(cfg, train_path, schema_path, model_dir=Path(model_dir),
+                         checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, log_dir=log_dir,
+                         run_name=pipeline_run_id, cluster=cluster, mlflow_run_id=run_id,
+                         mlflow_tracking_uri=env.tracking_uri)
     except BaseException:
+        if log_dir.is_dir():  # node logs and torchrun's error files, for the post-mortem
+            client.log_artifacts(run_id, str(log_dir), FAILURE_ARTIFACTS)
         client.set_terminated(run_id, "FAILED")
         raise
     client.set_terminated(run_id, "FINISHED")
@@ -155,26 +188,27 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
     return TrainStepResult(run_id=run_id, metrics=result.metrics, world_size=result.world_size)
 
 
-def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environment, model_dir: str | None):
-    """``kfloop train``: validate, then train on the whole file, no registry.
+def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environment, model_dir: str | None,
+               cluster: dict[str, Any] | None = None):
+    """``kfloop train``: validate, then train on the whole file, no registry (``backend=kubernetes``: as a
+    PyTorchJob on ``cluster``).
 
     Raises:
         training.validation.ValidationError: the data does not match the schema.
-        training.launcher.LaunchError: a rank failed.
+        training.launcher.LaunchError: a rank (or the Kubernetes job) failed.
     """
     import time
 
-    from training.launcher import train_local
     from training.validation import ValidationError, load_schema, validate
 
-    cfg = _local_training_config(training)
+    cfg = _training_config(training)
     report = validate(data, load_schema(schema))
     if not report.ok:
         raise ValidationError(report)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(model_dir) if model_dir else env.workdir / "models" / stamp
-    return train_local(data, schema, model_dir=out, checkpoint_dir=out.parent / f".{out.name}-checkpoints",
-                       config=cfg, log_dir=env.workdir / "logs" / f"train-{stamp}")
+    return _launch(cfg, data, schema, model_dir=out, checkpoint_dir=out.parent / f".{out.name}-checkpoints",
+                   log_dir=env.workdir / "logs" / f"train-{stamp}", run_name=f"train-{stamp}", cluster=cluster)
 
 
 # ---------------------------------------------------------------------------------------------------- evaluate
@@ -220,8 +254,9 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
 
 
 def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, model_name: str,
-                  policy: dict[str, Any], report_out: str) -> EvaluateResult:
-    """The gate: decision with its reason, written as the evaluation report JSON."""
+                  policy: dict[str, Any], report_out: str, run_id: str = "") -> EvaluateResult:
+    """The gate: decision with its reason, written as the evaluation report JSON; with ``run_id`` the
+    candidate's pictures (:func:`training.figures.log_evaluation_figures`) are logged to its training run."""
     from training.gate import kfp_metrics
 
     decision, champion = score_against_champion(model_dir=model_dir, holdout_path=holdout_path,
@@ -229,6 +264,16 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
                                                 policy=policy)
     version = champion.version if champion is not None else ""
     atomic_write_json(report_out, decision.to_dict())
+    if run_id:
+        from training.features import encode_target
+        from training.figures import log_evaluation_figures
+        from training.model import Predictor
+        from training.validation import read_table
+
+        challenger, holdout = Predictor.load(model_dir), read_table(holdout_path)
+        log_evaluation_figures(run_id, y=encode_target(holdout[challenger.description["target"]], challenger.classes),
+                               proba=challenger.predict_proba(holdout), classes=challenger.classes,
+                               decision=decision.to_dict())
     progress(f"evaluate: {'blessed' if decision.blessed else 'not blessed'}: {decision.reason}")
     return EvaluateResult(blessed=decision.blessed, champion_version=version, reason=decision.reason,
                           kfp_metrics=kfp_metrics(decision))

@@ -19,6 +19,7 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ logger = logging.getLogger("kfloop.train")
 
 RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "hidden", "dropout", "seed", "val_fraction")
 """Config fields a checkpoint must agree on to be resumed (``epochs`` may grow; the world size may change)."""
+RESTARTS_TAG = "kfloop.restarts"
+"""MLflow run tag: worker-group restarts torchrun made (``TORCHELASTIC_RESTART_COUNT`` of the last attempt)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -102,11 +105,28 @@ def _init_distributed(cfg: TrainingConfig) -> _Rank:
     else:
         device = torch.device("cpu")
     backend = "nccl" if cuda else "gloo"
-    if "RANK" in os.environ:
-        dist.init_process_group(backend, init_method="env://", device_id=device if cuda else None)
+    timeout = timedelta(seconds=cfg.collective_timeout_seconds)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        dist.init_process_group(backend, store=_attempt_store(timeout), rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), device_id=device if cuda else None,
+                                timeout=timeout)
+    elif "RANK" in os.environ:
+        dist.init_process_group(backend, init_method="env://", device_id=device if cuda else None, timeout=timeout)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return _Rank(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+
+
+def _attempt_store(timeout: timedelta) -> dist.Store:
+    """The torchrun agent's store, under a prefix of its own for each restart of the workers.
+
+    With the static rendezvous (the Training Operator's default: ``MASTER_ADDR``/``MASTER_PORT``, no elastic
+    policy) every attempt shares one store, and ``init_method="env://"`` adds no prefix: a restarted rank would
+    read the addresses of the ranks that died and fail to connect.
+    """
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"kfloop/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def _split(df: pd.DataFrame, cfg: TrainingConfig, source: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -141,7 +161,8 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     fingerprint = {"data_sha256": file_digest(args.data), "schema_sha256": file_digest(args.schema),
                    **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
     start_epoch, step = _resume(args.checkpoint_dir, me, cfg, fingerprint, model, optimizer, scheduler)
-    ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None)
+    ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
+                                  bucket_cap_mb=cfg.bucket_cap_mb)
     _settle_buckets(ddp, x_train[:1])
     sampler = DistributedSampler(range(len(x_train)), num_replicas=me.world_size, rank=me.rank, shuffle=True,
                                  seed=cfg.seed)
@@ -150,23 +171,25 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     if mlflow_log:
         mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": len(train_df),
                            "val_rows": len(val_df), "n_inputs": arch.n_inputs})
+        mlflow_log.restarts(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     for epoch in range(start_epoch, cfg.epochs):
         started = time.perf_counter()
         sampler.set_epoch(epoch)
-        train_loss, steps = _train_epoch(ddp, optimizer, list(sampler), x_train, y_train, cfg.batch_size, me.device)
+        train_loss, steps = _train_epoch(ddp, optimizer, list(sampler), x_train, y_train, cfg.batch_size, me.device,
+                                         bf16=cfg.bf16_autocast)
         step += steps
         scheduler.step()
         metrics = {"train_loss": train_loss, **_evaluate(model, x_val, y_val, me.device)}
         rng_states = _all_gather_json(_rng_state(me.device), me.device)
         if me.rank == 0:
+            if mlflow_log:  # before the checkpoint: a restart may log an epoch twice, never skip one
+                mlflow_log.metrics(metrics, step=epoch + 1)
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict(), "rng": rng_states, "epoch": epoch + 1, "step": step,
                      "sampler_epoch": epoch, "fingerprint": fingerprint, "metrics": metrics}
             checkpoints.save(args.checkpoint_dir, step, state, keep=cfg.checkpoint_keep)
             logger.info("epoch %d/%d step %d %s (%.2fs)", epoch + 1, cfg.epochs, step,
                         " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), time.perf_counter() - started)
-            if mlflow_log:
-                mlflow_log.metrics(metrics, step=epoch + 1)
 
     final = _evaluate(model, x_val, y_val, me.device)
     digests = _all_gather_json(param_digest(model), me.device)
@@ -179,13 +202,19 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
 
 
 def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, order: list[int],
-                 x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device) -> tuple[float, int]:
-    """One pass over this rank's rows in sampler ``order``; returns (mean loss over all ranks, optimizer steps)."""
+                 x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device, *,
+                 bf16: bool = True) -> tuple[float, int]:
+    """One pass over this rank's rows in sampler ``order``; returns (mean loss over all ranks, optimizer steps).
+
+    On CUDA with ``bf16`` the forward pass and loss run under bf16 autocast; on CPU everything stays float32.
+    """
     ddp.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     batches = torch.tensor(order, device=device).split(batch_size)
+    autocast = bf16 and device.type == "cuda"
     for batch in batches:
-        loss = F.cross_entropy(ddp(x[batch]), y[batch])
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = F.cross_entropy(ddp(x[batch]), y[batch])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -197,8 +226,11 @@ def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
 
 def _tensors(df: pd.DataFrame, transform: FeatureTransform, target: str, classes: list,
              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    x = torch.from_numpy(transform.transform(df)).to(device)
-    y = torch.from_numpy(encode_target(df[target], classes)).to(device)
+    """Features and labels, resident on ``device`` for the whole run (copied once, from pinned memory on CUDA)."""
+    x = torch.from_numpy(transform.transform(df))
+    y = torch.from_numpy(encode_target(df[target], classes))
+    if device.type == "cuda":
+        x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x, y
 
 
@@ -224,10 +256,16 @@ def _resume(directory: Path, me: _Rank, cfg: TrainingConfig, fingerprint: dict[s
     Raises:
         ValueError: the checkpoint belongs to a different run (data, schema or a field of RESUME_KEYS), or has
             trained more epochs than ``cfg.epochs``.
+        checkpoints.CheckpointError: checkpoints exist but none verifies, or the newest one is from another torch
+            minor version.
     """
     chosen = torch.tensor([-1], device=me.device)
     if me.rank == 0:
         good = checkpoints.latest_good(directory)
+        if good is None and checkpoints.committed_steps(directory):
+            raise checkpoints.CheckpointError(
+                f"{directory}: checkpoints {checkpoints.committed_steps(directory)} exist but none verifies (see the "
+                "warnings above); refusing to start again from step 0: move them aside to retrain from scratch")
         chosen[0] = -1 if good is None else good
     dist.broadcast(chosen, src=0)
     step = int(chosen[0])
@@ -337,6 +375,11 @@ class _MlflowLog:
         new = [self._entities.Param(k, str(v)) for k, v in params.items() if k not in existing]
         if new:
             self._client.log_batch(self._run_id, params=new)
+
+    def restarts(self, count: int) -> None:
+        """Record how often torchrun restarted the workers of this run (tag ``kfloop.restarts``): every attempt
+        logs into the same run."""
+        self._client.set_tag(self._run_id, RESTARTS_TAG, str(count))
 
     def metrics(self, metrics: dict[str, float], *, step: int) -> None:
         """One value per metric for ``step`` (the epoch number)."""

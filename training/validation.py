@@ -8,6 +8,7 @@ they survive the YAML round trip: ``kfloop_min_rows`` and ``kfloop_min_classes``
 from __future__ import annotations
 
 import csv
+import io
 import math
 import warnings
 from collections import Counter
@@ -29,6 +30,8 @@ from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")
 MAX_EXAMPLES = 5
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+"""Cell starts that spreadsheets read as a formula (CSV injection)."""
 PARQUET_MAGIC = b"PAR1"
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 # Keys pandera's deserializer reads at the top level of a schema; it ignores any other key without a word.
@@ -65,6 +68,25 @@ class DataFileError(Exception):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{self.path}: {problem}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReadLimits:
+    """The most one data file may hold. Both are checked before the data is loaded, so memory stays bounded."""
+
+    max_bytes: int = 2 << 30
+    """File size in bytes (from the file system)."""
+    max_rows: int = 20_000_000
+    """Data rows: from the Parquet footer, or by reading at most ``max_rows + 1`` rows of a CSV."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_bytes", "max_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: use an integer >= 1")
+
+
+DEFAULT_LIMITS = ReadLimits()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +144,8 @@ class ValidationReport:
     """Rows in the validated data."""
     failures: list[Failure]
     """All failed rules; empty when the data is valid."""
+    schema_diff: list[str] = field(default_factory=list)
+    """Column-level skew between schema and data (:func:`schema_diff`); empty when the columns line up."""
 
     @property
     def ok(self) -> bool:
@@ -131,6 +155,28 @@ class ValidationReport:
     def format(self) -> str:
         """One line per failure: ``<file>: column '<c>' failed <rule>: <count> value(s), e.g. [...]``."""
         return "\n".join(f"{self.source}: {failure.describe()}" for failure in self.failures)
+
+    def format_diff(self) -> str:
+        """One line per skewed column: ``<file>: schema diff: - 'c' (dtype): missing from the data``."""
+        return "\n".join(f"{self.source}: schema diff: {line}" for line in self.schema_diff)
+
+    def to_csv(self) -> str:
+        """The failures as CSV (file, column, rule, count, examples and rows ``;``-separated) for spreadsheets.
+
+        A cell starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading ``'``, so a
+        spreadsheet shows it as text instead of running it as a formula (CSV injection)."""
+        out = io.StringIO()
+        writer = csv.writer(out)  # RFC 4180: CRLF rows, so a CR or LF inside a cell gets quoted
+        writer.writerow(["file", "column", "rule", "count", "examples", "rows"])
+        for f in self.failures:
+            row = [self.source, f.column or "", f.rule, f.count, "; ".join(map(str, f.examples)),
+                   "; ".join(map(str, f.rows))]
+            writer.writerow([_inert_cell(str(cell)) for cell in row])
+        return out.getvalue()
+
+
+def _inert_cell(text: str) -> str:
+    return "'" + text if text.startswith(FORMULA_PREFIXES) else text
 
 
 class ValidationError(Exception):
@@ -143,12 +189,16 @@ class ValidationError(Exception):
 
 # ---------------------------------------------------------------------------------------------------- reading files
 
-def read_table(path: str | Path) -> pd.DataFrame:
+def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.DataFrame:
     """Read a Parquet or CSV file (Parquet by its magic bytes or extension, otherwise UTF-8 CSV).
 
+    CSV normalisation: a UTF-8 byte order mark is dropped, and ``\\n``, ``\\r\\n`` and ``\\r`` line ends (mixed too)
+    all end a row; a line end inside a quoted field stays part of the value.
+
     Raises:
-        DataFileError: the file is missing, empty, has a header but no rows, is a truncated or non-Parquet
-            ``.parquet`` file, is not UTF-8, has duplicate column names, or cannot be parsed.
+        DataFileError: the file is missing, empty, larger than ``limits`` (checked before loading it), has a
+            header but no rows, is a truncated or non-Parquet ``.parquet`` file, is not UTF-8 (UTF-16 included) or
+            holds NUL bytes, has duplicate column names, or cannot be parsed.
     """
     path = Path(path)
     if not path.exists():
@@ -158,6 +208,9 @@ def read_table(path: str | Path) -> pd.DataFrame:
     size = path.stat().st_size
     if size == 0:
         raise DataFileError(path, "file is empty (0 bytes)")
+    if size > limits.max_bytes:
+        raise DataFileError(path, f"{size} bytes, over the limit of {limits.max_bytes}: split the data or raise "
+                                  "ReadLimits.max_bytes")
     with path.open("rb") as f:
         head = f.read(len(PARQUET_MAGIC))
         f.seek(max(size - len(PARQUET_MAGIC), 0))
@@ -165,18 +218,23 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if head == PARQUET_MAGIC:
         if size < 3 * len(PARQUET_MAGIC) or tail != PARQUET_MAGIC:
             raise DataFileError(path, "truncated Parquet file (the footer is missing): copy or write it again")
-        return _read_parquet(path)
+        return _read_parquet(path, limits)
     if path.suffix.lower() in PARQUET_SUFFIXES:
         raise DataFileError(path, f"not a Parquet file (it does not start with {PARQUET_MAGIC!r}) despite its "
                                   f"'{path.suffix}' extension")
-    return _read_csv(path)
+    return _read_csv(path, limits)
+
+
+def _too_many_rows(path: Path, limits: ReadLimits) -> DataFileError:
+    return DataFileError(path, f"more than {limits.max_rows} data rows, over the limit: split the data or raise "
+                               "ReadLimits.max_rows")
 
 
 def _duplicates(names: list[str]) -> list[str]:
     return [name for name, n in Counter(names).items() if n > 1]
 
 
-def _read_parquet(path: Path) -> pd.DataFrame:
+def _read_parquet(path: Path, limits: ReadLimits) -> pd.DataFrame:
     try:
         parquet = pq.ParquetFile(path)
         duplicated = _duplicates(parquet.schema_arrow.names)
@@ -184,6 +242,8 @@ def _read_parquet(path: Path) -> pd.DataFrame:
             raise DataFileError(path, f"duplicate column names {duplicated}: every column needs a unique name")
         if parquet.metadata.num_rows == 0:
             raise DataFileError(path, "no data rows (the Parquet file has columns but 0 rows)")
+        if parquet.metadata.num_rows > limits.max_rows:
+            raise _too_many_rows(path, limits)
         return parquet.read().to_pandas()
     except (pyarrow.ArrowException, OSError) as exc:
         raise DataFileError(path, f"unreadable Parquet file: {exc}") from exc
@@ -199,10 +259,24 @@ def _first_non_utf8_line(path: Path) -> str:
     raise AssertionError(f"{path} decoded as UTF-8 line by line but not as a whole")
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def _first_line_with_nul(path: Path) -> int | None:
+    """Number of the first line holding a NUL byte (the CSV parser would cut the value there), or None."""
+    with path.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            if b"\0" in line:
+                return number
+    return None
+
+
+def _read_csv(path: Path, limits: ReadLimits) -> pd.DataFrame:
     not_utf8 = "not UTF-8 text: {} cannot be decoded; save the file as UTF-8"
     with path.open("rb") as f:
         first_line = f.readline()
+    if first_line.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise DataFileError(path, "UTF-16 text (it starts with a UTF-16 byte order mark); save the file as UTF-8")
+    nul_line = _first_line_with_nul(path)
+    if nul_line is not None:
+        raise DataFileError(path, f"NUL byte on line {nul_line}: not a text CSV file; remove the NUL bytes")
     try:
         header = first_line.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -213,7 +287,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
         raise DataFileError(path, f"duplicate column names {duplicated} in the header: every column needs a unique "
                                   "name")
     try:
-        df = pd.read_csv(path, encoding="utf-8-sig", low_memory=False)
+        df = pd.read_csv(path, encoding="utf-8-sig", low_memory=False, nrows=limits.max_rows + 1)
     except UnicodeDecodeError:
         raise DataFileError(path, not_utf8.format(_first_non_utf8_line(path))) from None
     except pd.errors.EmptyDataError:
@@ -222,6 +296,8 @@ def _read_csv(path: Path) -> pd.DataFrame:
         raise DataFileError(path, f"malformed CSV: {exc}") from exc
     if df.empty:
         raise DataFileError(path, "no data rows (header only)")
+    if len(df) > limits.max_rows:
+        raise _too_many_rows(path, limits)
     return df
 
 
@@ -514,6 +590,34 @@ def _recheck_coercible(name: str, column: pa.Column, df: pd.DataFrame) -> list[F
     return failures
 
 
+_FAMILY = {"boolean": "number", "integer": "number", "floating": "number", "mixed-integer-float": "number",
+           "decimal": "number", "empty": None}
+
+
+def _family(values: pd.Series) -> str | None:
+    """``number`` or ``text`` for the non-null values (None when there are none)."""
+    return _FAMILY.get(pd.api.types.infer_dtype(values.dropna(), skipna=True), "text")
+
+
+def schema_diff(schema: pa.DataFrameSchema, df: pd.DataFrame) -> list[str]:
+    """How the data's columns differ from the schema's: ``- 'c' (dtype): missing from the data``, ``+ 'c' (dtype):
+    not in the schema``, ``~ 'c': schema dtype, data holds <kind> values``. Retyped means numbers where the schema
+    has text or the other way round; a column without values is never called retyped."""
+    lines = [f"- '{name}' ({column.dtype}): missing from the data" for name, column in schema.columns.items()
+             if name not in df.columns]
+    lines += [f"+ '{name}' ({df[name].dtype}): not in the schema" for name in df.columns if name not in schema.columns]
+    for name, column in schema.columns.items():
+        if name not in df.columns or column.dtype is None:
+            continue
+        dtype = column.dtype.type
+        wanted = "text" if pd.api.types.is_string_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype) else "number"
+        found = _family(df[name])
+        if found is not None and found != wanted:
+            lines.append(f"~ '{name}': schema {column.dtype}, data holds {found} values "
+                         f"(e.g. {df[name].dropna().head(3).tolist()})")
+    return lines
+
+
 def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema | str | Path) -> ValidationReport:
     """Validate a table (or a Parquet/CSV file) against ``schema`` (or a schema YAML file/text) in one lazy run.
 
@@ -538,7 +642,8 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
         failures = _failures(exc.failure_cases, schema, df)
     else:
         failures = []
-    return ValidationReport(source=source, n_rows=len(df), failures=failures)
+    return ValidationReport(source=source, n_rows=len(df), failures=failures,
+                            schema_diff=schema_diff(schema, df) if failures else [])
 
 
 def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame) -> list[Failure]:
