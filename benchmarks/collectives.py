@@ -1,6 +1,7 @@
 """Collectives on this machine against its ceilings and against a CPU-serialising RPC path, in one run:
 
-    .venv/bin/python benchmarks/collectives.py [--nproc 2] [--max-bytes 256M] [--out benchmarks/results/collectives.json]
+    .venv/bin/python benchmarks/collectives.py [--nproc 2] [--max-bytes 256M] \
+        [--out benchmarks/results/collectives.json]
 
 1. ``training.collectives`` under torchrun (gloo on CPU, NCCL on GPUs): the nccl-tests table of all four ops.
 2. Ceilings (best of several): memory copy GB/s (a 256 MiB tensor copy) and loopback TCP GB/s between two
@@ -82,14 +83,19 @@ def _receive(sock: socket.socket, nbytes: int) -> None:
         got += n
 
 
+def _transfer(sock: socket.socket, nbytes: int, *, main, both: bool) -> None:
+    """``main(sock, nbytes)``; with ``both``, the opposite direction at the same time in a thread."""
+    other = threading.Thread(target=_receive if main is _send else _send, args=(sock, nbytes)) if both else None
+    if other:
+        other.start()
+    main(sock, nbytes)
+    if other:
+        other.join()
+
+
 def _tcp_peer(port: int, nbytes: int, both: bool) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
-        sender = threading.Thread(target=_send, args=(sock, nbytes)) if both else None
-        if sender:
-            sender.start()
-        _receive(sock, nbytes)
-        if sender:
-            sender.join()
+        _transfer(sock, nbytes, main=_receive, both=both)
         sock.sendall(b"k")
 
 
@@ -103,12 +109,7 @@ def loopback_tcp_gbps(nbytes: int, *, both: bool) -> float:
         conn, _ = server.accept()
         with conn:
             start = time.perf_counter()
-            receiver = threading.Thread(target=_receive, args=(conn, nbytes)) if both else None
-            if receiver:
-                receiver.start()
-            _send(conn, nbytes)
-            if receiver:
-                receiver.join()
+            _transfer(conn, nbytes, main=_send, both=both)
             if conn.recv(1) != b"k":
                 raise ConnectionError("peer did not confirm")
             seconds = time.perf_counter() - start

@@ -201,7 +201,8 @@ def _utc(at: float) -> str:
 
 def _state_problem(state: Any) -> str | None:
     """What makes ``state`` not a trigger state, or None."""
-    if not isinstance(state, dict) or state.get("version") != STATE_VERSION or not isinstance(state.get("models"), dict):
+    if (not isinstance(state, dict) or state.get("version") != STATE_VERSION
+            or not isinstance(state.get("models"), dict)):
         return f'expected an object {{"version": {STATE_VERSION}, "models": {{...}}}}'
     for model, entry in state["models"].items():
         if not isinstance(entry, dict) or not isinstance(entry.get("fired"), list) or "last_check" not in entry:

@@ -123,7 +123,8 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-toleration", action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
                         help="toleration of the training launch step (repeatable)")
     parser.add_argument("--shared-volume-claim", metavar="NAME",
-                        help="PVC mounted in the training launch step (backend=kubernetes: cluster.shared_volume_claim)")
+                        help="PVC mounted in the training launch step (backend=kubernetes: the "
+                             "cluster.shared_volume_claim)")
     parser.add_argument("--shared-mount-path", metavar="PATH",
                         help="where the launch step mounts it (default /shared: cluster.shared_mount_path)")
 

@@ -84,10 +84,11 @@ def rollback_champion(model_name: str, *, to: str | None, reason: str, env: Envi
     Raises:
         ValueError: nothing to roll back to, or the target may not serve (the message says why).
     """
+    from training.promotion_lock import promotion_lock
     from training.registry import rollback
 
-    lock = env.workdir / "locks" / f"{model_name}.lock"
-    result = rollback(model_name, to=to, reason=reason, actor=getpass.getuser(), lock_path=lock)
+    result = rollback(model_name, to=to, reason=reason, actor=getpass.getuser(),
+                      lock=promotion_lock(model_name, env.workdir))
     return {"model_name": model_name, **result.to_dict()}
 
 

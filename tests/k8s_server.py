@@ -6,8 +6,9 @@ What it serves (HTTP, no auth), through the kubeconfig :meth:`K8sServer.write_ku
 * custom objects `pytorchjobs` (`kubeflow.org/v1`) and `trainjobs` (`trainer.kubeflow.org/v1alpha1`), and core
   `pods` (read-only for clients), `pods/log`, `events`, `secrets`, and `leases` (`coordination.k8s.io/v1`):
   create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace carrying a stale one gets
-  409 Conflict, the compare-and-set a Lease lock relies on), label and field selectors, Status bodies like the API server's (404 NotFound,
-  409 AlreadyExists or Conflict, 422 Invalid from the real CRD schema via tests/crd_schema.py), server-side
+  409 Conflict, the compare-and-set a Lease lock relies on; a Lease time not in MicroTime form gets 400), label
+  and field selectors, Status bodies like the API server's (404 NotFound, 409 AlreadyExists or Conflict,
+  422 Invalid from the real CRD schema via tests/crd_schema.py), server-side
   `Table` for `kubectl get`, and watch streams (`?watch=true&resourceVersion=N`: chunked JSON lines, ADDED /
   MODIFIED / DELETED, resumed from N; an `ERROR` event with code 410 Expired when N is older than the retained
   history, as the API server sends it).

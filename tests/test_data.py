@@ -133,7 +133,8 @@ def test_dvc_stage_reproduces_the_demo_files(tmp_path):
     (repo / "data").mkdir(parents=True)
     for name in ("__init__.py", "generate.py", "dvc.yaml"):
         shutil.copy(REPO / "data" / name, repo / "data" / name)
-    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     dvc = [sys.executable, "-m", "dvc"]
     subprocess.run([*dvc, "init", "--no-scm"], cwd=repo, env=env, check=True, capture_output=True)
     subprocess.run([*dvc, "repro", "data/dvc.yaml"], cwd=repo, env=env, check=True, capture_output=True)

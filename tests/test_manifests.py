@@ -352,7 +352,8 @@ def test_readme_cluster_example_is_a_valid_config(tmp_path):
 
 
 def test_cluster_config_round_trips_through_a_dict():
-    config = ClusterConfig.from_dict({"gpus_per_node": 8, "cpu": 16, "tolerations": [{"key": "a", "operator": "Exists"}],
+    config = ClusterConfig.from_dict({"gpus_per_node": 8, "cpu": 16,
+                                      "tolerations": [{"key": "a", "operator": "Exists"}],
                                       "secret_env": {"TOKEN": "mlflow/token"}, "numa_aligned": True})
     assert config.cpu == "16"  # a YAML int becomes a quantity string
     assert ClusterConfig.from_dict(config.to_dict()) == config

@@ -197,11 +197,11 @@ def test_promote_moves_the_alias_and_records_the_previous_champion(env):
     name, calls = "reg-promote", []
     assert get_champion(name) is None and champion_schema(name) is None
     v1, _, _ = env.candidate(name, env.bad)
-    first = promote(name, v1, compared_against=None, recheck=calls.append, lock_path=env.root / "promote.lock")
+    first = promote(name, v1, compared_against=None, recheck=calls.append, lock=FileLock(env.root / "promote.lock"))
     assert first.promoted and first.champion_version == v1 and first.previous_champion is None
     v2, run2, decision = env.candidate(name, env.good, champion_dir=env.bad, previous=v1)
     assert decision.blessed
-    second = promote(name, v2, compared_against=v1, recheck=calls.append, lock_path=env.root / "promote.lock")
+    second = promote(name, v2, compared_against=v1, recheck=calls.append, lock=FileLock(env.root / "promote.lock"))
     assert second.promoted and (second.champion_version, second.previous_champion) == (v2, v1)
     assert second.reason == decision.reason and calls == []
     champion = get_champion(name)
@@ -210,19 +210,19 @@ def test_promote_moves_the_alias_and_records_the_previous_champion(env):
     assert champion.metrics["eval_blessed"] == 1.0
     assert env.client.get_registered_model(name).tags["previous_champion"] == v1
     assert champion_schema(name) == SCHEMA_YAML
-    retry = promote(name, v2, compared_against=v1, recheck=calls.append, lock_path=env.root / "promote.lock")
+    retry = promote(name, v2, compared_against=v1, recheck=calls.append, lock=FileLock(env.root / "promote.lock"))
     assert retry.promoted and retry.previous_champion == v1 and "already the champion" in retry.reason
 
 
 def test_promote_rechecks_against_a_champion_that_changed_meanwhile(env, tmp_path):
     name = "reg-race"
     v1, _, _ = env.candidate(name, env.bad)
-    promote(name, v1, compared_against=None, recheck=lambda current: None, lock_path=env.root / "race.lock")
+    promote(name, v1, compared_against=None, recheck=lambda current: None, lock=FileLock(env.root / "race.lock"))
     # two candidates blessed against v1; the good one is promoted first
     v_medium, _, medium_decision = env.candidate(name, env.medium, champion_dir=env.bad, previous=v1)
     v_good, _, _ = env.candidate(name, env.good, champion_dir=env.bad, previous=v1)
     assert medium_decision.blessed
-    promote(name, v_good, compared_against=v1, recheck=lambda current: None, lock_path=env.root / "race.lock")
+    promote(name, v_good, compared_against=v1, recheck=lambda current: None, lock=FileLock(env.root / "race.lock"))
     seen: list[ChampionInfo | None] = []
 
     def recheck(current: ChampionInfo | None) -> Decision:
@@ -230,7 +230,7 @@ def test_promote_rechecks_against_a_champion_that_changed_meanwhile(env, tmp_pat
         champion_dir = download_model_dir(name, current.version, tmp_path / "champion")
         return env.decide(env.medium, champion_dir)
 
-    result = promote(name, v_medium, compared_against=v1, recheck=recheck, lock_path=env.root / "race.lock")
+    result = promote(name, v_medium, compared_against=v1, recheck=recheck, lock=FileLock(env.root / "race.lock"))
     assert [c.version for c in seen] == [v_good]
     assert not result.promoted and result.champion_version == v_good
     assert result.reason.startswith(f"superseded: champion changed from v{v1} to v{v_good} since the gate ran")
@@ -242,7 +242,7 @@ def test_promote_rechecks_against_a_champion_that_changed_meanwhile(env, tmp_pat
     v_also_good, _, _ = env.candidate(name, env.good, champion_dir=env.bad, previous=v1)
     blessed = promote(name, v_also_good, compared_against=v1,
                       recheck=lambda current: SimpleNamespace(blessed=True, reason="still better"),
-                      lock_path=env.root / "race.lock")
+                      lock=FileLock(env.root / "race.lock"))
     assert blessed.promoted and blessed.previous_champion == v_good
     assert get_champion(name).version == v_also_good
     assert env.client.get_model_version(name, v_also_good).tags["recheck_reason"].endswith("re-check: still better")
@@ -251,11 +251,11 @@ def test_promote_rechecks_against_a_champion_that_changed_meanwhile(env, tmp_pat
 def test_promote_never_moves_the_alias_on_refusal_or_failure(env):
     name = "reg-refuse"
     v1, _, _ = env.candidate(name, env.good)
-    promote(name, v1, compared_against=None, recheck=lambda current: None, lock_path=env.root / "refuse.lock")
+    promote(name, v1, compared_against=None, recheck=lambda current: None, lock=FileLock(env.root / "refuse.lock"))
     v_rejected, _, decision = env.candidate(name, env.bad, champion_dir=env.good, previous=v1)
     assert not decision.blessed
     with pytest.raises(ValueError, match=f"v{v_rejected} has decision='reject'"):
-        promote(name, v_rejected, compared_against=v1, recheck=lambda c: None, lock_path=env.root / "refuse.lock")
+        promote(name, v_rejected, compared_against=v1, recheck=lambda c: None, lock=FileLock(env.root / "refuse.lock"))
 
     v_stale, _, _ = env.candidate(name, env.good, champion_dir=env.bad)
 
@@ -263,10 +263,10 @@ def test_promote_never_moves_the_alias_on_refusal_or_failure(env):
         raise RuntimeError("holdout unreadable")
 
     with pytest.raises(RuntimeError, match="holdout unreadable"):
-        promote(name, v_stale, compared_against="99", recheck=broken_recheck, lock_path=env.root / "refuse.lock")
-    with FileLock(str(env.root / "refuse.lock")), pytest.raises(Timeout):
-        promote(name, v_stale, compared_against=v1, recheck=lambda c: None, lock_path=env.root / "refuse.lock",
-                lock_timeout_s=0.1)
+        promote(name, v_stale, compared_against="99", recheck=broken_recheck, lock=FileLock(env.root / "refuse.lock"))
+    with FileLock(env.root / "refuse.lock"), pytest.raises(Timeout):
+        promote(name, v_stale, compared_against=v1, recheck=lambda c: None,
+                lock=FileLock(env.root / "refuse.lock", timeout=0.1))
     assert get_champion(name).version == v1
     assert env.client.get_model_version(name, v_stale).tags["decision"] == "promote"
 
@@ -274,7 +274,7 @@ def test_promote_never_moves_the_alias_on_refusal_or_failure(env):
 def test_champion_loads_by_alias_and_predicts_raw_rows(env):
     name = "reg-pyfunc"
     v1, _, _ = env.candidate(name, env.good)
-    promote(name, v1, compared_against=None, recheck=lambda c: None, lock_path=env.root / "pyfunc.lock")
+    promote(name, v1, compared_against=None, recheck=lambda c: None, lock=FileLock(env.root / "pyfunc.lock"))
     raw = pd.DataFrame({
         "age": [25, 61, 40, 33],                                         # int64, no nulls
         "income": [None, 80.0, 20.0, np.nan],                            # nulls

@@ -10,6 +10,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+from filelock import FileLock
 import torch
 from test_registry import TARGET, Env, build_model, make_frame
 
@@ -61,7 +62,7 @@ def proxy(mlflow_server):
 
 def _first_champion(env: Env, name: str, model_dir: Path) -> str:
     v1, _, _ = env.candidate(name, model_dir)
-    assert promote(name, v1, compared_against=None, recheck=_never, lock_path=env.root / f"{name}.lock").promoted
+    assert promote(name, v1, compared_against=None, recheck=_never, lock=FileLock(env.root / f"{name}.lock")).promoted
     return v1
 
 
@@ -90,7 +91,7 @@ def test_two_promotions_race_and_the_better_one_wins(served, tmp_path):
         recheck = _recheck_with_gate(served, name, model_dir, tmp_path / version)
         start.wait()
         results[version] = promote(name, version, compared_against=v1, recheck=recheck,
-                                   lock_path=served.root / f"{name}.lock", client=mlflow.MlflowClient())
+                                   lock=FileLock(served.root / f"{name}.lock"), client=mlflow.MlflowClient())
 
     threads = [threading.Thread(target=race, args=a) for a in ((v2, served.good), (v3, served.medium))]
     for t in threads:
@@ -128,7 +129,7 @@ def test_decision_table(served, case, tmp_path):
         version, _, decision = served.candidate(name, served.medium)
         assert decision.blessed and decision.reason.endswith("(no champion)")
         assert promote(name, version, compared_against=None, recheck=_never,
-                       lock_path=tmp_path / "lock").promoted
+                       lock=FileLock(tmp_path / "lock")).promoted
         assert get_champion(name).version == version
         return
     v1 = _first_champion(served, name, served.good)
@@ -148,7 +149,7 @@ def test_decision_table(served, case, tmp_path):
     assert not decision.blessed and expected in decision.reason
     assert served.client.get_model_version(name, version).tags["decision"] == "reject"
     with pytest.raises(ValueError, match="only a version the gate blessed"):
-        promote(name, version, compared_against=v1, recheck=_never, lock_path=tmp_path / "lock")
+        promote(name, version, compared_against=v1, recheck=_never, lock=FileLock(tmp_path / "lock"))
     assert get_champion(name).version == v1 and len(champion_history(name)) == 1
 
 
@@ -168,7 +169,7 @@ def test_503_on_the_alias_move_fails_clearly_and_a_rerun_completes(served, proxy
     fault = Fault(path="/registered-models/alias")
     proxy.faults.append(fault)
     with pytest.raises(RegistryUnavailableError, match=f"did not answer for {name}.*still points at a valid"):
-        promote(name, v2, compared_against=v1, recheck=_never, lock_path=tmp_path / "lock", client=flaky)
+        promote(name, v2, compared_against=v1, recheck=_never, lock=FileLock(tmp_path / "lock"), client=flaky)
     assert fault.hits == 3  # one try and MLFLOW_HTTP_REQUEST_MAX_RETRIES=2 retries, then the clear failure
     assert get_champion(name).version == v1
     verify_version(name, v1)
@@ -178,7 +179,7 @@ def test_503_on_the_alias_move_fails_clearly_and_a_rerun_completes(served, proxy
     again = register_candidate(name, run_id=run_id, model_uri=uri, decision=decision.to_dict(), lineage=lineage,
                                client=flaky)
     assert again == v2 and len(served.client.search_model_versions(f"run_id = '{run_id}'")) == 1
-    result = promote(name, v2, compared_against=v1, recheck=_never, lock_path=tmp_path / "lock", client=flaky)
+    result = promote(name, v2, compared_against=v1, recheck=_never, lock=FileLock(tmp_path / "lock"), client=flaky)
     assert result.promoted and get_champion(name).version == v2
     assert [(m.version, m.previous) for m in champion_history(name)] == [(v1, None), (v2, v1)]
 
@@ -192,18 +193,18 @@ def test_connection_dropped_after_the_alias_moved_is_repaired_by_the_rerun(serve
     fault = Fault(path="/registered-models/set-tag", action="drop")  # the server "dies" right after the alias
     proxy.faults.append(fault)
     with pytest.raises(RegistryUnavailableError):
-        promote(name, v2, compared_against=v1, recheck=_never, lock_path=tmp_path / "lock", client=flaky)
+        promote(name, v2, compared_against=v1, recheck=_never, lock=FileLock(tmp_path / "lock"), client=flaky)
     assert 1 <= fault.hits <= 3
     assert get_champion(name).version == v2  # the alias moved and points at a valid, verified version
     verify_version(name, v2)
     assert [m.version for m in champion_history(name)] == [v1]
 
     proxy.faults.clear()
-    result = promote(name, v2, compared_against=v1, recheck=_never, lock_path=tmp_path / "lock", client=flaky)
+    result = promote(name, v2, compared_against=v1, recheck=_never, lock=FileLock(tmp_path / "lock"), client=flaky)
     assert result.promoted and result.previous_champion == v1 and "already the champion" in result.reason
     assert [(m.version, m.previous, m.action) for m in champion_history(name)] == [(v1, None, "promote"),
                                                                                    (v2, v1, "promote")]
-    again = promote(name, v2, compared_against=v1, recheck=_never, lock_path=tmp_path / "lock")
+    again = promote(name, v2, compared_against=v1, recheck=_never, lock=FileLock(tmp_path / "lock"))
     assert again.promoted and len(champion_history(name)) == 2
 
 
@@ -215,8 +216,8 @@ def test_rollback_moves_champion_back_and_every_consumer_follows(served, tmp_pat
     name = "srv-rollback"
     v1 = _first_champion(served, name, served.medium)
     v2, _, _ = served.candidate(name, served.good, champion_dir=served.medium, previous=v1)
-    promote(name, v2, compared_against=v1, recheck=_never, lock_path=tmp_path / "lock")
-    result = rollback(name, reason="v2 mispredicts on the new region", actor="alice", lock_path=tmp_path / "lock")
+    promote(name, v2, compared_against=v1, recheck=_never, lock=FileLock(tmp_path / "lock"))
+    result = rollback(name, reason="v2 mispredicts on the new region", actor="alice", lock=FileLock(tmp_path / "lock"))
     assert (result.champion_version, result.previous_champion) == (v1, v2)
     assert get_champion(name).version == v1
     last = champion_history(name)[-1]
@@ -246,7 +247,7 @@ def test_rollback_moves_champion_back_and_every_consumer_follows(served, tmp_pat
 
     # the default target is the champion the current one replaced (v1 replaced nobody)
     with pytest.raises(ValueError, match=f"v{v1} replaced no recorded champion; pass --to VERSION"):
-        rollback(name, reason="again", actor="alice", lock_path=tmp_path / "lock")
+        rollback(name, reason="again", actor="alice", lock=FileLock(tmp_path / "lock"))
 
 
 @pytest.mark.chaos
@@ -258,26 +259,26 @@ def test_rollback_refuses_targets_that_must_not_serve(served, mlflow_server, tmp
     outside = served.client.create_model_version(name, source=source, model_id=source.removeprefix("models:/"))
     lock = tmp_path / "lock"
     with pytest.raises(ValueError, match="a rollback needs a reason"):
-        rollback(name, to=rejected, reason=" ", actor="bob", lock_path=lock)
+        rollback(name, to=rejected, reason=" ", actor="bob", lock=FileLock(lock))
     with pytest.raises(ValueError, match=f"v{rejected} has decision='reject'"):
-        rollback(name, to=rejected, reason="test", actor="bob", lock_path=lock)
+        rollback(name, to=rejected, reason="test", actor="bob", lock=FileLock(lock))
     served.client.set_model_version_tag(name, outside.version, "decision", "promote")
     with pytest.raises(ValueError, match="not logged by a run of kfloop experiment None"):
-        rollback(name, to=outside.version, reason="test", actor="bob", lock_path=lock)
+        rollback(name, to=outside.version, reason="test", actor="bob", lock=FileLock(lock))
     with pytest.raises(ValueError, match=f"v{v1} is already the champion"):
-        rollback(name, to=v1, reason="test", actor="bob", lock_path=lock)
+        rollback(name, to=v1, reason="test", actor="bob", lock=FileLock(lock))
 
     tampered, _, _ = served.candidate(name, served.medium, champion_dir=served.bad)
     promote(name, tampered, compared_against=v1, recheck=lambda c: served.decide(served.medium, served.bad),
-            lock_path=lock)
+            lock=FileLock(lock))
     v_good, _, _ = served.candidate(name, served.good, champion_dir=served.medium, previous=tampered)
-    promote(name, v_good, compared_against=tampered, recheck=_never, lock_path=lock)
+    promote(name, v_good, compared_against=tampered, recheck=_never, lock=FileLock(lock))
     stored = [p for p in (mlflow_server.root / "artifacts").rglob("weights.safetensors")
               if _logged_by(served, name, tampered, p)]
     assert len(stored) == 1
     stored[0].write_bytes(stored[0].read_bytes()[:-1] + b"\0")
     with pytest.raises(WeightsMismatchError):
-        rollback(name, reason="test", actor="bob", lock_path=lock)
+        rollback(name, reason="test", actor="bob", lock=FileLock(lock))
     assert get_champion(name).version == v_good and champion_history(name)[-1].version == v_good
 
 

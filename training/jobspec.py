@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from training.config import TrainingConfig
 
 PYTORCHJOB_PORT = 23456
 """The port the Training Operator opens on the master pod (``pytorchjob-port``) and puts into ``MASTER_PORT``."""
@@ -104,3 +108,21 @@ class JobSpec:
         """
         return [python, "-m", "torch.distributed.run", f"--rdzv-conf=timeout={self.rdzv_timeout_seconds}",
                 "-m", self.module, *self.args]
+
+
+def training_run_spec(config: TrainingConfig, *, data: str, schema: str, model_dir: str, checkpoint_dir: str,
+                      config_file: str, name: str = "kfloop-train", env: dict[str, str] | None = None,
+                      mlflow_run_id: str | None = None) -> JobSpec:
+    """The JobSpec of one ``training.train`` run: its file arguments (paths as the nodes see them), topology,
+    restarts, rendezvous timeout and threads per rank from ``config``; ``env`` added to every node's.
+
+    Raises:
+        ValueError: an invalid name or env (see :class:`JobSpec`).
+    """
+    args = ["--data", data, "--schema", schema, "--model-dir", model_dir, "--checkpoint-dir", checkpoint_dir,
+            "--config", config_file]
+    if mlflow_run_id:
+        args += ["--mlflow-run-id", mlflow_run_id]
+    return JobSpec(name=name, nnodes=config.nnodes, nproc_per_node=config.nproc_per_node, args=[str(a) for a in args],
+                   env={"OMP_NUM_THREADS": str(config.threads_per_rank), **(env or {})},
+                   max_restarts=config.max_restarts, rdzv_timeout_seconds=config.rdzv_timeout_seconds)

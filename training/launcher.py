@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from training.config import TrainingConfig
 from training.fileio import atomic_write_json
-from training.jobspec import JobSpec
+from training.jobspec import JobSpec, training_run_spec
 from training.model import MODEL_FILE
 
 TAG_ENV = "KFLOOP_LAUNCH_ID"
@@ -312,16 +312,11 @@ def train_local(data: str | Path, schema: str | Path, *, model_dir: str | Path, 
     """
     log_dir = Path(log_dir)
     config_file = atomic_write_json(log_dir / "config.json", config.to_dict())
-    args = ["--data", Path(data).resolve(), "--schema", Path(schema).resolve(), "--model-dir",
-            Path(model_dir).resolve(), "--checkpoint-dir", Path(checkpoint_dir).resolve(), "--config",
-            config_file.resolve()]
-    if mlflow_run_id:
-        args += ["--mlflow-run-id", mlflow_run_id]
-    env = {"OMP_NUM_THREADS": str(config.threads_per_rank)}
-    if mlflow_tracking_uri:
-        env["MLFLOW_TRACKING_URI"] = mlflow_tracking_uri
-    spec = JobSpec(nnodes=config.nnodes, nproc_per_node=config.nproc_per_node, args=[str(a) for a in args],
-                   env=env, max_restarts=config.max_restarts, rdzv_timeout_seconds=config.rdzv_timeout_seconds)
+    spec = training_run_spec(config, data=str(Path(data).resolve()), schema=str(Path(schema).resolve()),
+                             model_dir=str(Path(model_dir).resolve()),
+                             checkpoint_dir=str(Path(checkpoint_dir).resolve()), config_file=str(config_file.resolve()),
+                             env={"MLFLOW_TRACKING_URI": mlflow_tracking_uri} if mlflow_tracking_uri else None,
+                             mlflow_run_id=mlflow_run_id)
     launched = launch_local(spec, log_dir=log_dir, echo=echo)
     description = json.loads((Path(model_dir) / MODEL_FILE).read_text())
     return TrainResult(model_dir=Path(model_dir), metrics=description["metrics"],

@@ -14,7 +14,7 @@ from typing import Any
 
 from training.cluster import GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
 from training.config import TrainingConfig
-from training.jobspec import MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec
+from training.jobspec import MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec, training_run_spec
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
@@ -67,13 +67,10 @@ def training_job_spec(config: TrainingConfig, cluster: ClusterConfig, *, name: s
         ValueError: no shared volume, or an invalid name or env (see :class:`JobSpec`).
     """
     root = job_dir(name, cluster)
-    args = ["--data", root / data_file, "--schema", root / "schema.yaml", "--model-dir", root / "model",
-            "--checkpoint-dir", cluster.checkpoint_dir or root / "checkpoints", "--config", root / "config.json"]
-    if mlflow_run_id:
-        args += ["--mlflow-run-id", mlflow_run_id]
-    return JobSpec(name=name, nnodes=config.nnodes, nproc_per_node=config.nproc_per_node,
-                   args=[str(a) for a in args], env={"OMP_NUM_THREADS": str(config.threads_per_rank), **(env or {})},
-                   max_restarts=config.max_restarts, rdzv_timeout_seconds=config.rdzv_timeout_seconds)
+    return training_run_spec(config, data=str(root / data_file), schema=str(root / "schema.yaml"),
+                             model_dir=str(root / "model"),
+                             checkpoint_dir=str(cluster.checkpoint_dir or root / "checkpoints"),
+                             config_file=str(root / "config.json"), name=name, env=env, mlflow_run_id=mlflow_run_id)
 
 
 def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:

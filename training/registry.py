@@ -14,7 +14,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
-from filelock import FileLock
 
 from training.fileio import file_digest
 from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
@@ -349,29 +348,29 @@ def load_version_predictor(model_name: str, version: str) -> "Predictor":
 
 
 def promote(model_name: str, version: str, *, compared_against: str | None,
-            recheck: Callable[[ChampionInfo | None], DecisionLike], lock_path: str | Path,
-            lock_timeout_s: float = 600, client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
+            recheck: Callable[[ChampionInfo | None], DecisionLike], lock: AbstractContextManager,
+            client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
     """Point ``champion`` at ``version`` if it is still blessed: the one place the alias moves.
 
-    Under a file lock, re-read the champion. If it is not ``compared_against`` (the version the gate compared
-    with; ``None`` or ``""`` for none), ``recheck(current_champion)`` decides again and the alias moves only if
-    it is still blessed; otherwise the version is tagged ``decision=superseded`` with the reason. The alias moves
-    first; then the move is appended to the champion history (:func:`champion_history`), the version gets
-    ``promoted_at`` and ``previous_champion`` tags and the registered model ``champion_version``,
-    ``champion_promoted_at`` and ``previous_champion``. A version that is already champion is reported as
+    Holding ``lock`` (:func:`training.promotion_lock.promotion_lock`), re-read the champion. If it is not
+    ``compared_against`` (the version the gate compared with; ``None`` or ``""`` for none),
+    ``recheck(current_champion)`` decides again and the alias moves only if it is still blessed; otherwise the
+    version is tagged ``decision=superseded`` with the reason. The alias moves first; then the move is appended
+    to the champion history (:func:`champion_history`), the version gets ``promoted_at`` and
+    ``previous_champion`` tags and the registered model ``champion_version``, ``champion_promoted_at`` and
+    ``previous_champion``. A version that is already champion is reported as
     promoted; whatever of its move was not recorded (an earlier attempt failed after the alias moved) is.
 
     Raises:
         ValueError: ``version``'s decision tag is not ``promote`` (only blessed candidates may become champion).
-        filelock.Timeout: the lock was not acquired within ``lock_timeout_s``.
+        TimeoutError: ``lock`` was not acquired in its time (``filelock.Timeout``, ``LockTimeout``).
         RegistryUnavailableError: MLflow did not answer after its bounded retries (the alias still points at
             a valid version; run the step again).
         mlflow.exceptions.MlflowException: the version does not exist, or MLflow refused a call.
     """
     client = _client(client)
     version, compared_against = str(version), (str(compared_against) if compared_against else None)
-    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_path), timeout=lock_timeout_s), _unavailable_is_clear(client, model_name):
+    with lock, _unavailable_is_clear(client, model_name):
         mv = client.get_model_version(model_name, version)
         if mv.tags.get("decision") != "promote":
             raise ValueError(f"{model_name} v{version} has decision={mv.tags.get('decision')!r}; only a version "
@@ -405,8 +404,8 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
     return PromotionResult(promoted=True, champion_version=version, previous_champion=previous, reason=reason)
 
 
-def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str, lock_path: str | Path,
-             lock_timeout_s: float = 600, client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
+def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str, lock: AbstractContextManager,
+             client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
     """Move ``champion`` back to ``to`` (default: the champion the current one replaced), under the same lock
     as :func:`promote`, after re-reading the champion and verifying the target (:func:`verify_version`). The
     move is recorded in the champion history with ``reason`` and ``actor``; the version left gets
@@ -415,15 +414,14 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
     Raises:
         ValueError: no champion, no previous champion recorded and no ``to``, ``to`` is the champion already,
             an empty reason, or a target that fails verification (not blessed, not ours, weights changed).
-        filelock.Timeout: the lock was not acquired within ``lock_timeout_s``.
+        TimeoutError: ``lock`` was not acquired in its time.
         RegistryUnavailableError: MLflow did not answer; the champion is unchanged or the move is repaired by
             running the same rollback again.
     """
     if not reason.strip():
         raise ValueError("a rollback needs a reason (--reason TEXT): it is recorded in the champion history")
     client = _client(client)
-    Path(lock_path).parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(lock_path), timeout=lock_timeout_s), _unavailable_is_clear(client, model_name):
+    with lock, _unavailable_is_clear(client, model_name):
         current = get_champion(model_name, client=client)
         if current is None:
             raise ValueError(f"{model_name} has no champion to roll back; promote a version first")

@@ -304,6 +304,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
 def promote_step(*, model_name: str, version: str, compared_against: str, model_dir: str, holdout_path: str,
                  holdout_sha256: str, policy: dict[str, Any]):
     """Move ``champion`` under the lock; if the champion changed since the gate, re-decide against it first."""
+    from training.promotion_lock import promotion_lock
     from training.registry import promote
 
     def recheck(current):
@@ -312,10 +313,8 @@ def promote_step(*, model_name: str, version: str, compared_against: str, model_
                                              policy=policy, champion=current)
         return decision
 
-    lock = load_environment().workdir / "locks" / f"{model_name}.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
     result = promote(model_name, version, compared_against=compared_against or None, recheck=recheck,
-                     lock_path=lock)
+                     lock=promotion_lock(model_name, load_environment().workdir))
     progress(f"promote: {model_name} v{version}: {'champion' if result.promoted else 'not promoted'}"
               f" ({result.reason})")
     return result

@@ -378,7 +378,8 @@ def infer_schema(
 
     Raises:
         ValueError: unknown task or bad numbers, empty ``df``, missing target/id column, nulls in the target,
-            fewer than 2 classes, a non-numeric regression target, non-unique id column, or a column dtype kfloop does not support.
+            fewer than 2 classes, a non-numeric regression target, non-unique id column, or a column dtype
+            kfloop does not support.
     """
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
