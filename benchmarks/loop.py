@@ -21,7 +21,8 @@ DEMO_GOAL_S = 120.0
 OVERHEAD_GOAL_S = 0.3
 REPEATS = 3
 
-# Steps of the training pipeline that are safe to call again with the same inputs (read-only or idempotent).
+# Steps of the training pipeline that are safe to call again with the same inputs (read-only or idempotent),
+# called with the arguments their components pass (evaluate logs its figures to the training run, as in the run).
 DIRECT_CALLS = {
     "validate-data": "from training.steps import validate_step as f; f(dataset_uri={data!r}, schema_uri={schema!r}, "
                      "target='', model_name='bench', schema_out={tmp!r} + '/schema.yaml')",
@@ -29,7 +30,7 @@ DIRECT_CALLS = {
                      "train_out={tmp!r} + '/train.parquet', holdout_out={tmp!r} + '/holdout.parquet')",
     "evaluate-vs-champion": "from training.steps import evaluate_step as f; f(model_dir={model!r}, "
                             "holdout_path={holdout!r}, holdout_sha256={sha!r}, model_name='bench', policy={{}}, "
-                            "report_out={tmp!r} + '/report.json')",
+                            "report_out={tmp!r} + '/report.json', run_id={run_id!r})",
 }
 
 
@@ -56,11 +57,12 @@ def measure_overhead(workdir: Path) -> dict[str, dict[str, float]]:
     for _ in range(REPEATS):
         run = run_local(training_pipeline, params, env, quiet=True)
         root = sorted((env.pipeline_root).glob("kfloop-training-*"))[-1]
-        sha = json.loads((root / "split-holdout" / "executor_output.json").read_text())
-        sha = sha["parameterValues"]["Output"]
+        sha, run_id = (json.loads((root / step / "executor_output.json").read_text())["parameterValues"]["Output"]
+                       for step in ("split-holdout", "launch-training"))
         with tempfile.TemporaryDirectory() as tmp:
             values = {"data": data, "schema": schema, "tmp": tmp, "model": str(root / "launch-training" / "model"),
-                      "holdout": str(root / "split-holdout" / "holdout_data"), "sha": sha}
+                      "holdout": str(root / "split-holdout" / "holdout_data"), "sha": sha,
+                      "run_id": run_id}
             for step, code in DIRECT_CALLS.items():
                 kfp_times[step].append(run.step_seconds[step])
                 direct_times[step].append(_direct_seconds(code.format(**values)))

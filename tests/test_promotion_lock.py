@@ -59,6 +59,7 @@ def test_renewals_keep_a_long_hold(api):
         assert _lease(api).spec.holder_identity == "pod-a"
 
 
+@pytest.mark.chaos
 def test_a_hold_taken_over_meanwhile_fails_loudly(api):
     lock = _lock(api, "pod-a", duration_s=1)
     with pytest.raises(LockLost, match="taken over by partitioned-peer"):
@@ -71,6 +72,7 @@ def test_a_hold_taken_over_meanwhile_fails_loudly(api):
     assert _lease(api).spec.holder_identity == "partitioned-peer"  # not cleared: it is not ours
 
 
+@pytest.mark.chaos
 def test_a_holder_that_stopped_renewing_is_taken_over(api):
     spec = client.V1LeaseSpec(holder_identity="killed-pod", lease_duration_seconds=1,
                               renew_time="2026-01-01T00:00:00.000000Z", acquire_time="2026-01-01T00:00:00.000000Z")
@@ -81,6 +83,7 @@ def test_a_holder_that_stopped_renewing_is_taken_over(api):
         assert (lease.spec.holder_identity, lease.spec.lease_transitions) == ("pod-b", 1)
 
 
+@pytest.mark.chaos
 def test_racing_promoters_never_overlap(api):
     inside, most, started, entered = [0], [0], [], []
     guard = threading.Lock()
