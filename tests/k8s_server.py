@@ -429,6 +429,8 @@ class K8sServer:
         self.operator = operator
         self.unpullable_images: set[str] = set()
         """Images whose pods stay in ImagePullBackOff."""
+        self.forbidden: set[tuple[str, str]] = set()
+        """``(resource, verb)`` pairs answered 403 Forbidden, as RBAC answers a service account without the grant."""
         self.killed_pods: dict[str, str] = {}
         """Pod name -> terminated reason (``OOMKilled``, ``Error``): SIGKILLed every time it starts."""
         self.requests: list[str] = []
@@ -504,6 +506,11 @@ class K8sServer:
             verb = "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list")
         if verb not in resource.verbs or (verb == "create" and name):
             raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported on {resource.qualified}")
+        if (resource.plural, verb) in self.forbidden:
+            raise ApiError(403, "Forbidden", f'{resource.qualified} is forbidden: User "system:serviceaccount:'
+                                             f'{namespace}:default" cannot {verb} resource "{resource.plural}" in API '
+                                             f'group "{resource.group}" in the namespace "{namespace}"',
+                           {"group": resource.group, "kind": resource.plural})
         if verb == "get":
             return h._send_json(200, self.store.get(resource, namespace, name))
         if verb == "list":

@@ -19,9 +19,14 @@ NAMESPACE = "ml"
 
 
 @pytest.fixture
-def kubeconfig(tmp_path):
+def server(tmp_path):
     with K8sServer(tmp_path / "k8s", namespace=NAMESPACE, operator=False) as server:
-        yield server.write_kubeconfig(tmp_path / "kubeconfig")
+        yield server
+
+
+@pytest.fixture
+def kubeconfig(server, tmp_path):
+    return server.write_kubeconfig(tmp_path / "kubeconfig")
 
 
 @pytest.fixture
@@ -114,11 +119,22 @@ def test_promotion_lock_picks_the_lease_from_the_environment(api, kubeconfig, tm
     with lock:
         stored = client.CoordinationV1Api(api).read_namespaced_lease(lock.name, NAMESPACE)
         assert stored.spec.holder_identity == lock.holder
+    monkeypatch.delenv("KFLOOP_PROMOTION_LOCK")
+    monkeypatch.delenv("KFP_POD_NAME", raising=False)
+    assert not isinstance(promotion_lock("churn", tmp_path), LeaseLock)  # one machine (or a CI runner's pod)
+    monkeypatch.setenv("KFP_POD_NAME", "training-abc-promote-driver")
+    assert isinstance(promotion_lock("churn", tmp_path), LeaseLock)  # a pipeline step in the cluster
     monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "etcd")
     with pytest.raises(ValueError, match="'file'.*'lease'"):
         promotion_lock("churn", tmp_path)
     monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "file")
     assert not isinstance(promotion_lock("churn", tmp_path), LeaseLock)
+
+
+def test_a_service_account_without_the_grant_is_told_how_to_get_it(server, api):
+    server.forbidden.add(("leases", "create"))
+    with pytest.raises(PermissionError, match="bind deploy/rbac.yaml's Role kfloop"):
+        _lock(api, "pod-a").acquire()
 
 
 def test_lease_names_are_valid_and_distinct():

@@ -1,12 +1,12 @@
 """The promotion lock: one process at a time moves a model's ``champion`` alias (MLflow has no compare-and-set).
 
-On one machine it is a file lock in the workdir. When the steps run as pods (or ``KFLOOP_PROMOTION_LOCK=lease``)
-it is a ``coordination.k8s.io/v1`` Lease, the object Kubernetes controllers use for leader election: taken by
-create or by a replace carrying the ``resourceVersion`` read (the API server answers 409 to the loser), renewed
-while held, and taken over when its holder stopped renewing it: as in client-go's leader election, a record seen
-unchanged for ``leaseDurationSeconds`` of this process's own clock has expired (no trust in other nodes' clocks),
-so a killed pod blocks promotions for one lease duration at most. deploy/rbac.yaml grants exactly the verbs
-used: get, create, update.
+On one machine it is a file lock in the workdir. In a Kubeflow Pipelines step pod (KFP sets ``KFP_POD_NAME``), or
+with ``KFLOOP_PROMOTION_LOCK=lease``, it is a ``coordination.k8s.io/v1`` Lease, the object Kubernetes controllers
+use for leader election: taken by create or by a replace carrying the ``resourceVersion`` read (the API server
+answers 409 to the loser), renewed while held, and taken over when its holder stopped renewing it: as in
+client-go's leader election, a record seen unchanged for ``leaseDurationSeconds`` of this process's own clock has
+expired (no trust in other nodes' clocks), so a killed pod blocks promotions for one lease duration at most.
+deploy/rbac.yaml grants exactly the verbs used: get, create, update.
 """
 from __future__ import annotations
 
@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 LOCK_ENV = "KFLOOP_PROMOTION_LOCK"
-"""``file`` or ``lease``; unset: ``lease`` inside a Kubernetes pod, else ``file``."""
+"""``file`` or ``lease``; unset: ``lease`` in a KFP step pod, else ``file`` (any other pod, e.g. a CI runner's,
+keeps the file lock: it has no Role for Leases)."""
+KFP_POD_ENV = "KFP_POD_NAME"
+"""Set by Kubeflow Pipelines in every step's pod (the pod's name)."""
 NAMESPACE_ENV = "KFLOOP_LEASE_NAMESPACE"
 """Namespace of the Lease; unset: the pod's own namespace (or ``default`` outside a pod)."""
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -44,7 +47,7 @@ def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600) ->
     Raises:
         ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
     """
-    kind = os.environ.get(LOCK_ENV) or ("lease" if os.environ.get("KUBERNETES_SERVICE_HOST") else "file")
+    kind = os.environ.get(LOCK_ENV) or ("lease" if os.environ.get(KFP_POD_ENV) else "file")
     if kind == "file":
         from filelock import FileLock
 
@@ -119,8 +122,24 @@ class LeaseLock(AbstractContextManager):
 
         Raises:
             LockTimeout: another holder kept it (named in the message).
-            kubernetes.client.ApiException: the API refused (e.g. 403: apply deploy/rbac.yaml).
+            PermissionError: the service account may not use Leases here (the message says how to grant it).
+            kubernetes.client.ApiException: the API refused otherwise.
         """
+        from kubernetes.client import ApiException
+
+        try:
+            self._wait_and_take()
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            raise PermissionError(f"the promotion lock needs get, create and update on leases "
+                                  f"(coordination.k8s.io) in namespace {self.namespace}: bind deploy/rbac.yaml's "
+                                  f"Role kfloop to this step's service account ({e.reason})") from e
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew, name=f"renew-{self.name}", daemon=True)
+        self._renewer.start()
+
+    def _wait_and_take(self) -> None:
         from kubernetes.client import ApiException
 
         deadline = time.monotonic() + self.timeout_s
@@ -139,8 +158,7 @@ class LeaseLock(AbstractContextManager):
             duration = (current and current.spec.lease_duration_seconds) or self.duration_s
             if current is None or not holder or time.monotonic() - seen_at > duration:
                 try:
-                    self._take(current)
-                    break
+                    return self._take(current)
                 except ApiException as e:
                     if e.status != 409:  # 409: another promoter took or created it first; look again
                         raise
@@ -148,9 +166,6 @@ class LeaseLock(AbstractContextManager):
                 raise LockTimeout(f"Lease {self.namespace}/{self.name} is held by {holder} (renewed "
                                   f"{current.spec.renew_time}); it was not released within {self.timeout_s:g} s")
             time.sleep(self.poll_s)
-        self._stop.clear()
-        self._renewer = threading.Thread(target=self._renew, name=f"renew-{self.name}", daemon=True)
-        self._renewer.start()
 
     def release(self) -> None:
         """Stop renewing and clear the holder, if the Lease is still ours."""
