@@ -131,6 +131,19 @@ def test_promotion_lock_picks_the_lease_from_the_environment(api, kubeconfig, tm
     assert not isinstance(promotion_lock("churn", tmp_path), LeaseLock)
 
 
+@pytest.mark.chaos
+@pytest.mark.parametrize("fault", ["refused", "unreachable"])
+def test_a_failed_release_after_the_promotion_leaves_the_lease_to_expire_with_a_warning(server, api, capsys, fault):
+    with _lock(api, "pod-a", duration_s=30):
+        if fault == "refused":
+            server.forbidden.add(("leases", "update"))
+        else:
+            api.configuration.host = "http://127.0.0.1:9"  # the API server is gone (discard port: refused)
+    assert "could not release Lease ml/kfloop-promote-churn" in capsys.readouterr().err
+    if fault == "refused":
+        assert _lease(api).spec.holder_identity == "pod-a"  # left to expire
+
+
 def test_a_service_account_without_the_grant_is_told_how_to_get_it(server, api):
     server.forbidden.add(("leases", "create"))
     with pytest.raises(PermissionError, match="bind deploy/rbac.yaml's Role kfloop"):

@@ -23,6 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import urllib3
+
+from training.progress import progress
+
+_UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
+"""What the client raises when the API server cannot be reached (after urllib3's own retries)."""
 LOCK_ENV = "KFLOOP_PROMOTION_LOCK"
 """``file`` or ``lease``; unset: ``lease`` in a KFP step pod, else ``file`` (any other pod, e.g. a CI runner's,
 keeps the file lock: it has no Role for Leases)."""
@@ -168,7 +174,8 @@ class LeaseLock(AbstractContextManager):
             time.sleep(self.poll_s)
 
     def release(self) -> None:
-        """Stop renewing and clear the holder, if the Lease is still ours."""
+        """Stop renewing and clear the holder, if the Lease is still ours. When the API cannot be reached the
+        Lease is left to expire (after ``duration_s``) with a warning: what the lock guarded is done by now."""
         from kubernetes.client import ApiException
 
         self._stop.set()
@@ -183,7 +190,11 @@ class LeaseLock(AbstractContextManager):
                 self._leases.replace_namespaced_lease(self.name, self.namespace, current)
         except ApiException as e:
             if e.status not in (404, 409):  # gone, or already taken over: nothing of ours to clear
-                raise
+                progress(f"promotion lock: could not release Lease {self.namespace}/{self.name} ({e.status} "
+                         f"{e.reason}); it expires {self.duration_s} s after its last renewal")
+        except _UNREACHABLE as e:
+            progress(f"promotion lock: could not release Lease {self.namespace}/{self.name} ({e}); it expires "
+                     f"{self.duration_s} s after its last renewal")
 
     def _take(self, current) -> None:
         from kubernetes import client
@@ -213,5 +224,5 @@ class LeaseLock(AbstractContextManager):
                 current.spec.acquire_time = _micro_time(current.spec.acquire_time)
                 current.spec.renew_time = _micro_time()
                 self._leases.replace_namespaced_lease(self.name, self.namespace, current)
-            except ApiException:
+            except (ApiException, *_UNREACHABLE):
                 continue  # retried at the next tick; the Lease stays ours until its duration runs out
