@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true")
     run.add_argument("--wait", action="store_true", help="wait for the run to finish (always so with --local)")
     _add_kfp_target(run, host=False)
+    _add_service_account(run)
     _add_settings(run)
 
     comp = sub.add_parser("compile", help="KFP IR YAML for both pipelines")
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     action = sched.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="disable the recurring run of that name")
     action.add_argument("--delete", action="store_true", help="delete the recurring run of that name")
+    _add_service_account(sched)
     _add_settings(sched)
 
     serve = sub.add_parser("serve", help="alert webhook: Alertmanager or {model, reason} -> retrain")
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--version", help="training pipeline version to start (default: this git commit)")
     serve.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
     serve.add_argument("--max-body-bytes", type=int, default=65536)
+    _add_service_account(serve)
     _add_settings(serve)
 
     render = sub.add_parser("render-job", help="the training job's manifest as YAML (dry run)")
@@ -144,6 +147,11 @@ def _add_kfp_target(parser: argparse.ArgumentParser, *, host: bool) -> None:
                                                           "service-account token file)")
     parser.add_argument("--version", help="pipeline version name (default: this git commit)")
     parser.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
+
+
+def _add_service_account(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service-account", help="service account the KFP run's pods (and the training runs a "
+                                                  "drift run triggers) run as; default: the server's")
 
 
 def _add_settings(parser: argparse.ArgumentParser) -> None:
@@ -245,12 +253,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.host:
             try:
                 summary = run_remote(args.pipeline, _settings(args), args.host, version=args.version,
-                                     namespace=args.namespace, wait=args.wait)
+                                     namespace=args.namespace, service_account=args.service_account, wait=args.wait)
             except RunFailed as exc:  # the run's fields are printed, then the error
                 failed, summary = exc, exc.summary
         else:
-            if args.version or args.namespace:
-                raise ValueError("--version and --namespace select a version on the KFP server: use them with --host")
+            if args.version or args.namespace or args.service_account:
+                raise ValueError("--version, --namespace and --service-account are for a run on the KFP server: use "
+                                 "them with --host")
             summary = run_pipeline(args.pipeline, _settings(args), workdir=args.workdir)
     if args.json:
         _print_json(summary)
@@ -290,7 +299,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     action = "delete" if args.delete else "disable" if args.disable else "schedule"
     with contextlib.redirect_stdout(sys.stderr):
         result = schedule_drift(_settings(args), args.host, cron=args.cron, name=args.name, action=action,
-                                version=args.version, namespace=args.namespace)
+                                version=args.version, namespace=args.namespace,
+                                service_account=args.service_account)
     _print_json(result)
     return 0
 
@@ -309,7 +319,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ),
                            policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
                            start=alert_starter(settings, host=args.kfp_host, version=args.version,
-                                               namespace=args.namespace),
+                                               namespace=args.namespace, service_account=args.service_account),
                            store_for=RegistryTriggerStore, max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)
     webhook.emit("listening", bind=args.bind, port=server.server_address[1])

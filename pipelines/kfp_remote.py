@@ -162,11 +162,13 @@ def experiment_id(client: Any, name: str, namespace: str | None = None) -> str:
 
 
 def create_run(client: Any, version: VersionRef, params: dict[str, Any], *, experiment: str = DEFAULT_EXPERIMENT,
-               namespace: str | None = None, display_name: str = "") -> Any:
-    """Start a run of the uploaded ``version`` (a reference, not an inline spec) in ``experiment``."""
+               namespace: str | None = None, display_name: str = "", service_account: str | None = None) -> Any:
+    """Start a run of the uploaded ``version`` (a reference, not an inline spec) in ``experiment``; its pods run as
+    ``service_account`` (default: the server's, e.g. ``default-editor`` in a Kubeflow profile)."""
     name = display_name or f"{version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
     return client.run_pipeline(experiment_id(client, experiment, namespace), name, params=params,
-                               pipeline_id=version.pipeline_id, version_id=version.pipeline_version_id)
+                               pipeline_id=version.pipeline_id, version_id=version.pipeline_version_id,
+                               service_account=service_account or None)
 
 
 def wait(client: Any, run_id: str, *, poll_seconds: float = 5.0, timeout_seconds: float | None = None) -> Any:
@@ -199,7 +201,8 @@ def runs_in_flight(client: Any, pipeline_id: str, *, experiment: str = DEFAULT_E
 
 
 def start_training(client: Any, version: VersionRef, params: dict[str, Any], *,
-                   experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None) -> str:
+                   experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
+                   service_account: str | None = None) -> str:
     """Start a training run of ``version`` unless one of that pipeline is already in flight; returns its run id.
 
     Raises:
@@ -209,7 +212,8 @@ def start_training(client: Any, version: VersionRef, params: dict[str, Any], *,
     if busy:
         raise TrainingInFlight(busy[0].run_id, busy[0].state)
     return create_run(client, version, params, experiment=experiment, namespace=namespace,
-                      display_name=f"retrain {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}").run_id
+                      display_name=f"retrain {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}",
+                      service_account=service_account).run_id
 
 
 class TrainingInFlight(RunInFlight):
@@ -235,10 +239,12 @@ def check_cron(cron: str) -> str:
 
 
 def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: str, cron: str,
-             experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None) -> tuple[str, bool]:
-    """Make ``name`` the one recurring run of ``version`` on ``cron`` (max_concurrency=1, no catch-up). An equal
-    one is kept; a different one of that name is replaced (the new one is created before the old is deleted).
-    Returns the id and whether it was created now.
+             experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
+             service_account: str | None = None) -> tuple[str, bool]:
+    """Make ``name`` the one recurring run of ``version`` on ``cron`` (max_concurrency=1, no catch-up), its runs'
+    pods running as ``service_account`` (default: the server's). An equal one is kept; a different one of that
+    name is replaced (the new one is created before the old is deleted). Returns the id and whether it was
+    created now.
 
     Raises:
         ValueError: ``cron`` is not a 6-field expression.
@@ -246,12 +252,13 @@ def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: 
     cron = check_cron(cron)
     exp = experiment_id(client, experiment, namespace)
     same_name = recurring_runs(client, name, exp, namespace)
-    wanted = (cron, version.pipeline_version_id, json.dumps(params, sort_keys=True))
+    wanted = (cron, version.pipeline_version_id, json.dumps(params, sort_keys=True), service_account or "")
     if len(same_name) == 1 and same_name[0].status == "ENABLED" and _schedule_key(same_name[0]) == wanted:
         return same_name[0].recurring_run_id, False
     created = client.create_recurring_run(exp, name, cron_expression=cron, max_concurrency=1, no_catchup=True,
                                           params=params, pipeline_id=version.pipeline_id,
-                                          version_id=version.pipeline_version_id)
+                                          version_id=version.pipeline_version_id,
+                                          service_account=service_account or None)
     for rec in same_name:
         client.delete_recurring_run(rec.recurring_run_id)
     return created.recurring_run_id, True
@@ -283,17 +290,17 @@ def recurring_runs(client: Any, name: str, experiment_id: str, namespace: str | 
                               namespace=namespace) if r.display_name == name]
 
 
-def _schedule_key(rec: Any) -> tuple[str, str, str]:
+def _schedule_key(rec: Any) -> tuple[str, str, str, str]:
     cron = rec.trigger.cron_schedule.cron if rec.trigger and rec.trigger.cron_schedule else ""
     version = rec.pipeline_version_reference.pipeline_version_id if rec.pipeline_version_reference else ""
     params = (rec.runtime_config.parameters if rec.runtime_config else None) or {}
-    return cron, version, json.dumps(params, sort_keys=True)
+    return cron, version, json.dumps(params, sort_keys=True), rec.service_account or ""
 
 
 def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> str:
     """From the drift pipeline's trigger step: start a run of the pinned training version (``pipeline_id``,
-    ``pipeline_version_id``, ``version_name``, ``experiment``, ``namespace``; ``host`` empty = the in-cluster
-    KFP service) with ``settings`` as its parameters; returns the run id.
+    ``pipeline_version_id``, ``version_name``, ``experiment``, ``namespace``, ``service_account``; ``host`` empty =
+    the in-cluster KFP service) with ``settings`` as its parameters; returns the run id.
 
     Raises:
         TrainingInFlight: a training run is already pending or running.
@@ -306,4 +313,5 @@ def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> s
     params = {SECTIONS[k][0] if k in SECTIONS else k: v for k, v in settings.items()}
     client = connect(pinned.get("host") or None, namespace=pinned.get("namespace") or None)
     return start_training(client, version, params, experiment=pinned.get("experiment") or DEFAULT_EXPERIMENT,
-                          namespace=pinned.get("namespace") or None)
+                          namespace=pinned.get("namespace") or None,
+                          service_account=pinned.get("service_account") or None)

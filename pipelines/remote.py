@@ -59,9 +59,9 @@ def upload_pipelines(host: str | None, *, version: str | None = None, namespace:
 
 
 def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: str,
-                  namespace: str | None) -> dict[str, Any]:
+                  namespace: str | None, service_account: str | None = None) -> dict[str, Any]:
     """The pipeline's parameters; the drift pipeline also gets the training version of the same name pinned,
-    which its trigger step starts through the in-cluster KFP service.
+    which its trigger step starts through the in-cluster KFP service as ``service_account``.
 
     Raises:
         ValueError: bad settings.
@@ -73,13 +73,16 @@ def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: 
         params["training_pipeline_version"] = {
             "pipeline_name": TRAINING_NAME, "pipeline_id": training.pipeline_id,
             "pipeline_version_id": training.pipeline_version_id, "version_name": version,
-            "experiment": kfp_remote.DEFAULT_EXPERIMENT, "namespace": namespace or "", "host": ""}
+            "experiment": kfp_remote.DEFAULT_EXPERIMENT, "namespace": namespace or "", "host": "",
+            "service_account": service_account or ""}
     return params
 
 
 def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str | None = None,
-               namespace: str | None = None, wait: bool = False, poll_seconds: float = 5.0) -> dict[str, Any]:
-    """Start ``name`` on the KFP server as a run of its uploaded version; with ``wait``, follow it to the end.
+               namespace: str | None = None, service_account: str | None = None, wait: bool = False,
+               poll_seconds: float = 5.0) -> dict[str, Any]:
+    """Start ``name`` on the KFP server as a run of its uploaded version, its pods (and, for drift, the training
+    runs it triggers) running as ``service_account``; with ``wait``, follow it to the end.
     Returns the run's fields; a finished training run adds the contract fields (model version, promoted,
     champion, metrics, reason) from MLflow when the version it registered is found there.
 
@@ -90,8 +93,9 @@ def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str |
     name_ = version_name(version)
     client = kfp_remote.connect(host, namespace=namespace)
     ref = kfp_remote.find_version(client, PIPELINE_NAMES[name], name_, namespace)
-    params = remote_params(name, settings, client, version=name_, namespace=namespace)
-    run = kfp_remote.create_run(client, ref, params, namespace=namespace)
+    params = remote_params(name, settings, client, version=name_, namespace=namespace,
+                           service_account=service_account)
+    run = kfp_remote.create_run(client, ref, params, namespace=namespace, service_account=service_account)
     if wait:
         run = kfp_remote.wait(client, run.run_id, poll_seconds=poll_seconds)
     summary = {"run_id": run.run_id, "state": run.state, "pipeline": name, "pipeline_id": ref.pipeline_id,
@@ -125,9 +129,10 @@ def registered_result(model_name: str, run_id: str) -> dict[str, Any]:
 
 
 def schedule_drift(settings: dict[str, Any], host: str, *, cron: str | None, name: str = DEFAULT_SCHEDULE,
-                   action: str = "schedule", version: str | None = None,
-                   namespace: str | None = None) -> dict[str, Any]:
-    """Create or replace (``action="schedule"``), ``disable`` or ``delete`` the recurring drift run ``name``.
+                   action: str = "schedule", version: str | None = None, namespace: str | None = None,
+                   service_account: str | None = None) -> dict[str, Any]:
+    """Create or replace (``action="schedule"``), ``disable`` or ``delete`` the recurring drift run ``name``
+    (its runs, and the training runs they trigger, run as ``service_account``).
 
     Raises:
         ValueError: a missing or non-6-field cron.
@@ -143,17 +148,19 @@ def schedule_drift(settings: dict[str, Any], host: str, *, cron: str | None, nam
     kfp_remote.check_cron(cron)
     name_ = version_name(version)
     ref = kfp_remote.find_version(client, DRIFT_NAME, name_, namespace)
-    params = remote_params("drift", settings, client, version=name_, namespace=namespace)
-    rec_id, created = kfp_remote.schedule(client, ref, params, name=name, cron=cron, namespace=namespace)
+    params = remote_params("drift", settings, client, version=name_, namespace=namespace,
+                           service_account=service_account)
+    rec_id, created = kfp_remote.schedule(client, ref, params, name=name, cron=cron, namespace=namespace,
+                                          service_account=service_account)
     return {"name": name, "recurring_run_id": rec_id, "created": created, "cron": " ".join(cron.split()),
             "version": name_, "action": action}
 
 
 def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | None = None,
-                  namespace: str | None = None) -> Callable[[Any], str]:
+                  namespace: str | None = None, service_account: str | None = None) -> Callable[[Any], str]:
     """For ``kfloop serve``: a ``start(alert)`` that starts a run of the training version ``version`` (default:
-    the commit) on the alert's model and data (``dataset_uri`` of the alert, else of ``settings``). The version
-    is looked up now, so a missing upload fails at startup.
+    the commit), as ``service_account``, on the alert's model and data (``dataset_uri`` of the alert, else of
+    ``settings``). The version is looked up now, so a missing upload fails at startup.
 
     Raises:
         LookupError: the training pipeline has no such version.
@@ -171,6 +178,6 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
                              "dataset_uri to the alert or set dataset_uri in kfloop.yaml")
         params = pipeline_params(PIPELINES["training"], {**base, "dataset_uri": dataset_uri,
                                                          "model_name": alert.model})
-        return kfp_remote.start_training(client, ref, params, namespace=namespace)
+        return kfp_remote.start_training(client, ref, params, namespace=namespace, service_account=service_account)
 
     return start

@@ -175,6 +175,30 @@ def test_drift_runs_pin_the_training_version_of_the_same_commit(kfp, capsys):
         uploaded["training"]["pipeline_id"], uploaded["training"]["pipeline_version_id"], COMMIT)
 
 
+def test_runs_and_the_training_runs_they_trigger_use_the_service_account_given(kfp, capsys):
+    upload(kfp, capsys)
+    code, _, err = cli(capsys, "run", "drift", "--host", kfp.url, "--service-account", "kfloop", *DRIFT_SETTINGS)
+    assert code == 0, err
+    (run,) = kfp.store.runs.values()
+    assert run["service_account"] == "kfloop"
+    assert run["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop"
+
+    code, _, err = cli(capsys, "run", "training", "--local", "--service-account", "kfloop")
+    assert code == 1 and "use them with --host" in err  # a local run has no service account to use
+
+
+def test_a_new_service_account_replaces_the_schedule(kfp, capsys):
+    upload(kfp, capsys)
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *")[0] == 0
+    (first,) = kfp.store.recurring_runs.values()
+    assert "service_account" not in first or not first["service_account"]  # the server's default
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")[0] == 0
+    (replaced,) = kfp.store.recurring_runs.values()
+    assert replaced["service_account"] == "kfloop" and replaced["recurring_run_id"] != first["recurring_run_id"]
+    code, out, _ = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")
+    assert code == 0 and json.loads(out)["created"] is False
+
+
 def test_wait_reports_each_state_change(kfp, capsys):
     upload(kfp, capsys)
     client = kfp_remote.connect(kfp.url)

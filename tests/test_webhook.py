@@ -235,7 +235,7 @@ def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_onc
     training = kfp_remote.find_version(client, "kfloop-training", "a" * 40)
     pinned = {"pipeline_name": "kfloop-training", "pipeline_id": training.pipeline_id,
               "pipeline_version_id": training.pipeline_version_id, "version_name": "a" * 40,
-              "experiment": "kfloop", "namespace": "", "host": kfp.url}
+              "experiment": "kfloop", "namespace": "", "host": kfp.url, "service_account": "kfloop"}
     drift_result = Artifact(uri=str(tmp_path / "result.json"), metadata={"data_md5": "md5-drifted"})
 
     def step() -> str:  # what the step's executor calls, as a fresh pod would (no state in the process)
@@ -249,6 +249,7 @@ def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_onc
     (run,) = training_runs(kfp)
     assert run_id == run["run_id"] and again == ""
     assert run["pipeline_version_reference"]["pipeline_version_id"] == training.pipeline_version_id
+    assert run["service_account"] == "kfloop"  # the drift run's, pinned with the version
     assert run["runtime_config"]["parameters"] == {"dataset_uri": "s3://bucket/drifted.parquet",
                                                    "model_name": "churn", "nnodes": 2}
     assert RegistryTriggerStore("churn").load()["models"]["churn"]["fired"][0]["run_id"] == run_id
