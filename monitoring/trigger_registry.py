@@ -29,25 +29,14 @@ class RegistryTriggerStore(TriggerStore):
         self.lock = _PROCESS_LOCK
 
     def _read(self) -> bytes | None:
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+        from training.registry import registered_model
 
-        try:
-            value = self.client.get_registered_model(self.model_name).tags.get(STATE_TAG)
-        except MlflowException as err:
-            if err.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
-                return None
-            raise
+        registered = registered_model(self.model_name, client=self.client)
+        value = registered.tags.get(STATE_TAG) if registered else None
         return None if value is None else value.encode()
 
     def _write(self, state: dict[str, Any]) -> None:
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+        from training.registry import ensure_registered_model
 
-        try:
-            self.client.create_registered_model(self.model_name,
-                                                description="kfloop candidates; alias 'champion' serves")
-        except MlflowException as err:
-            if err.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
-                raise
+        ensure_registered_model(self.model_name, client=self.client)
         self.client.set_registered_model_tag(self.model_name, STATE_TAG, json.dumps(state, sort_keys=True))

@@ -149,6 +149,41 @@ def _client(client: "mlflow.MlflowClient | None") -> "mlflow.MlflowClient":
     return client or mlflow.MlflowClient()
 
 
+def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = None):
+    """The registered model ``model_name`` (an ``mlflow.entities.model_registry.RegisteredModel``), or ``None``
+    when there is none.
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+    try:
+        return _client(client).get_registered_model(model_name)
+    except MlflowException as e:
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return None
+        raise
+
+
+def ensure_registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> None:
+    """Create the registered model ``model_name`` unless it exists.
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow refused the call.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+
+    try:
+        _client(client).create_registered_model(model_name,
+                                                description="kfloop candidates; alias 'champion' serves")
+    except MlflowException as e:
+        if e.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+
+
 def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any], lineage: Lineage) -> str:
     """Log the model directory as a pyfunc model into the existing run ``run_id``, with ``schema.yaml``,
     ``evaluation.json`` (``decision``), ``lineage.json``, the gate's scalars as ``eval_*`` metrics, and the
@@ -204,9 +239,6 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
             :func:`log_candidate` first); nothing is registered then.
         mlflow.exceptions.MlflowException: the version did not become READY, or MLflow refused a call.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
-
     client = _client(client)
     gate = _decision(decision)
     existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
@@ -220,11 +252,7 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
     tags = {"decision": "promote" if gate.blessed else "reject", "reason": _truncate(gate.reason),
             **lineage.tags(), WEIGHTS_TAG: weights_sha,
             "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}
-    try:
-        client.create_registered_model(model_name, description="kfloop candidates; alias 'champion' serves")
-    except MlflowException as e:
-        if e.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
-            raise
+    ensure_registered_model(model_name, client=client)
     model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
     mv = client.create_model_version(model_name, source=model_uri, run_id=run_id, tags=tags,
                                      description=gate.reason, model_id=model_id, await_creation_for=300)
@@ -237,17 +265,9 @@ def get_champion(model_name: str, *, client: "mlflow.MlflowClient | None" = None
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
-
     client = _client(client)
-    try:
-        registered = client.get_registered_model(model_name)
-    except MlflowException as e:
-        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
-            return None
-        raise
-    version = registered.aliases.get(CHAMPION_ALIAS)
+    registered = registered_model(model_name, client=client)
+    version = registered.aliases.get(CHAMPION_ALIAS) if registered else None
     if version is None:
         return None
     mv = client.get_model_version(model_name, str(version))
@@ -511,16 +531,8 @@ def champion_history(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
-
-    client = _client(client)
-    try:
-        tags = client.get_registered_model(model_name).tags
-    except MlflowException as e:
-        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
-            return []
-        raise
+    registered = registered_model(model_name, client=client)
+    tags = registered.tags if registered else {}
     moves = [ChampionMove(**json.loads(v)) for k, v in tags.items() if k.startswith(HISTORY_TAG_PREFIX)]
     return sorted(moves, key=lambda m: m.seq)
 
