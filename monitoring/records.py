@@ -3,9 +3,10 @@ scores, Evidently's HTML report), linked from the champion it checked; and the t
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from monitoring.trigger import utc_iso
 
 DRIFT_EXPERIMENT_SUFFIX = "-drift"
 """Drift checks of model ``M`` are runs of experiment ``M-drift``."""
@@ -99,9 +100,4 @@ def trigger_status(store: Any, model_name: str, *, cooldown_seconds: float, now:
                                                             "data_hash": last_fired["data_hash"]},
             "in_cooldown": until is not None and now < until,
             "cooldown_until": None if until is None else utc_iso(until)}
-
-
-def utc_iso(seconds: float) -> str:
-    """``seconds`` since the epoch as UTC ISO 8601 (seconds precision)."""
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="seconds")
 

@@ -162,14 +162,14 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
     same = [f for f in fired if f["data_hash"] == data_hash and f["window"] == window]
     if same:
         return TriggerDecision(fire=False, reason=f"duplicate: model {model!r} was already triggered for data "
-                               f"{data_hash} in window {window} at {_utc(same[-1]['at'])} (run "
+                               f"{data_hash} in window {window} at {utc_iso(same[-1]['at'])} (run "
                                f"{same[-1]['run_id']})", **made)
     if fired:
         last = max(fired, key=lambda f: f["at"])
         if now - last["at"] < policy.cooldown_seconds:
             return TriggerDecision(fire=False, reason=f"cooldown: model {model!r} was triggered at "
-                                   f"{_utc(last['at'])} (run {last['run_id']}); the next trigger may fire from "
-                                   f"{_utc(last['at'] + policy.cooldown_seconds)}", **made)
+                                   f"{utc_iso(last['at'])} (run {last['run_id']}); the next trigger may fire from "
+                                   f"{utc_iso(last['at'] + policy.cooldown_seconds)}", **made)
     return TriggerDecision(fire=True, reason=f"new data {data_hash} for model {model!r} in window {window}", **made)
 
 
@@ -195,7 +195,8 @@ def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float
     return dataclasses.replace(decision, run_id=run_id)
 
 
-def _utc(at: float) -> str:
+def utc_iso(at: float) -> str:
+    """``at`` (seconds since the epoch) as UTC ISO 8601, seconds precision."""
     return datetime.fromtimestamp(at, tz=timezone.utc).isoformat(timespec="seconds")
 
 

@@ -7,7 +7,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from monitoring.records import utc_iso
+from monitoring.trigger import utc_iso
 from pipelines.runs import holdout_metrics
 from training.settings import Environment
 
