@@ -4,9 +4,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -18,12 +19,22 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     The bytes go to a temp file in the same directory, are fsynced, then ``os.replace``d over ``path``;
     the directory is fsynced so the rename survives a crash. The temp file is removed on any failure.
     """
+    return _atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_copy(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Copy the file ``source`` to ``path``, streamed, with the guarantees of :func:`atomic_write_bytes`."""
+    with open(source, "rb") as src:
+        return _atomic_write(path, lambda f: shutil.copyfileobj(src, f, 1 << 20))
+
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

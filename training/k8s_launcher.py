@@ -34,7 +34,7 @@ from typing import Any
 
 from training.cluster import ClusterConfig
 from training.config import TrainingConfig
-from training.fileio import atomic_write_json
+from training.fileio import atomic_copy, atomic_write_json
 from training.launcher import LaunchError, TrainResult, _exit_on_sigterm
 from training.manifests import job_dir, job_name_for, render_pytorchjob, training_job_spec
 from training.model import MODEL_FILE
@@ -523,8 +523,7 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     body = render_pytorchjob(spec, cluster)
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):
-        shutil.copyfile(source, root / f".{target}.partial")
-        os.replace(root / f".{target}.partial", root / target)
+        atomic_copy(source, root / target)
     atomic_write_json(root / "config.json", config.to_dict())
     api = api_client(policy)
     log_dir = Path(log_dir)
