@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from monitoring.trigger import utc_iso
-from pipelines.runs import holdout_metrics
+from pipelines.runs import holdout_metrics, list_versions
 from training.settings import Environment
 
 RECENT_RUNS = 5
@@ -50,7 +50,7 @@ def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any])
                              if checks else None),
         "trigger": trigger_status(_trigger_store(client, model_name, env), model_name,
                                   cooldown_seconds=policy.cooldown_seconds, now=time.time()),
-        "recent_runs": _versions(client, model_name)[-RECENT_RUNS:][::-1],
+        "recent_runs": list_versions(model_name, client=client)[-RECENT_RUNS:][::-1],
     }
 
 
@@ -69,7 +69,7 @@ def history(model_name: str, *, env: Environment) -> dict[str, Any]:
     client = mlflow.MlflowClient()
     _require_model(client, model_name, env)
     moves = champion_history(model_name, client=client)
-    versions = _versions(client, model_name)
+    versions = list_versions(model_name, client=client)
     fired = _fired_runs(client, model_name, env)
     for v in versions:
         v["triggered_by"] = fired.get(v["pipeline_run_id"]) or fired.get(v["version"]) or (
@@ -136,21 +136,6 @@ def _require_model(client: Any, model_name: str, env: Environment) -> None:
                          "--workdir DIR (or set MLFLOW_TRACKING_URI)") from e
 
 
-def _versions(client: Any, model_name: str) -> list[dict[str, Any]]:
-    from training.registry import get_champion
-
-    champion = get_champion(model_name, client=client)
-    out = []
-    for mv in sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version)):
-        out.append({"version": str(mv.version), "created_at": _iso_ms(mv.creation_timestamp),
-                    "decision": mv.tags.get("decision"), "reason": mv.description or mv.tags.get("reason", ""),
-                    "metrics": holdout_metrics(client, mv.run_id) if mv.run_id else {}, "run_id": mv.run_id,
-                    "pipeline_run_id": mv.tags.get("pipeline_run_id"), "data_md5": mv.tags.get("data_md5"),
-                    "git_commit": mv.tags.get("git_commit"),
-                    "champion": champion is not None and champion.version == str(mv.version)})
-    return out
-
-
 def _trigger_store(client: Any, model_name: str, env: Environment):
     """The registered model's trigger state when the cluster path keeps it there, else the workdir's file."""
     from monitoring.trigger import TriggerStore
@@ -200,7 +185,3 @@ def _without_credentials(uri: str) -> str:
 
 def _v(version: str | None) -> str:
     return f"v{version}" if version else "-"
-
-
-def _iso_ms(ms: int | None) -> str | None:
-    return None if ms is None else utc_iso(ms / 1000)

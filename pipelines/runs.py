@@ -52,16 +52,23 @@ def holdout_metrics(client: Any, run_id: str) -> dict[str, float]:
     return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
 
 
-def list_versions(model_name: str) -> list[dict[str, Any]]:
-    """Every version, oldest first: decision, reason, holdout metrics, whether it is the champion now."""
+def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
+    """Every version, oldest first: when it was created, decision, reason, holdout metrics, lineage (MLflow run,
+    pipeline run, data md5, git commit) and whether it is the champion now."""
     import mlflow
 
-    client = mlflow.MlflowClient()
+    from monitoring.trigger import utc_iso
+
+    client = client or mlflow.MlflowClient()
     champion = str(client.get_registered_model(model_name).aliases.get("champion"))
     versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
-    return [{"version": str(mv.version), "decision": mv.tags.get("decision"), "reason": mv.description or "",
-             "metrics": holdout_metrics(client, mv.run_id), "champion": str(mv.version) == champion,
-             "data_md5": mv.tags.get("data_md5")} for mv in versions]
+    return [{"version": str(mv.version),
+             "created_at": None if mv.creation_timestamp is None else utc_iso(mv.creation_timestamp / 1000),
+             "decision": mv.tags.get("decision"), "reason": mv.description or mv.tags.get("reason", ""),
+             "metrics": holdout_metrics(client, mv.run_id) if mv.run_id else {}, "run_id": mv.run_id,
+             "pipeline_run_id": mv.tags.get("pipeline_run_id"), "data_md5": mv.tags.get("data_md5"),
+             "git_commit": mv.tags.get("git_commit"), "champion": str(mv.version) == champion}
+            for mv in versions]
 
 
 def drift_summary(model_name: str, drift_result: Any, *, since: float) -> dict[str, Any]:
