@@ -387,6 +387,10 @@ class JobRun:
     def _check_restarts(self, pod: str | None = None) -> None:
         total = self.seen.restarts + self.seen.container_restarts
         if total > self.policy.restart_cap:
+            # the pod watch can lag the job's conditions: let it catch up on the cause (e.g. OOMKilled) first
+            deadline = time.monotonic() + 4 * self.policy.poll_seconds
+            while not self.seen.fatal and time.monotonic() < deadline:
+                time.sleep(0.05)
             if self.seen.fatal:  # the cause the pods showed (e.g. OOMKilled) says more than the count
                 self._check_pods()
             exit_code = None
