@@ -27,6 +27,8 @@ from pandera.extensions import register_check_method
 from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
+from training.schema_rules import RuleSet
+
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")
 MAX_EXAMPLES = 5
@@ -572,25 +574,6 @@ def _table_observation(schema: pa.DataFrameSchema, check_number: int, df: pd.Dat
     return []
 
 
-def _recheck_coercible(name: str, column: pa.Column, df: pd.DataFrame) -> list[Failure]:
-    """Run a numeric column's checks on the values that parse as numbers.
-
-    pandera skips (or errors in) a column's checks once its dtype coercion fails; the values that do parse are
-    still checked here, so one run reports both the unparsable values and, say, out-of-range numbers.
-    """
-    numbers = pd.to_numeric(df[name], errors="coerce").dropna()
-    failures = []
-    for check in column.checks:
-        result = check(numbers)
-        failed = ~result.check_output.reindex(numbers.index, fill_value=True)
-        if failed.any():
-            bad = numbers[failed]
-            if pd.api.types.is_integer_dtype(column.dtype.type):  # to_numeric made 150 a float 150.0
-                bad = bad.map(lambda v: int(v) if float(v).is_integer() else v)
-            failures.append(_summarise(name, str(check.error or check.name), bad, bad.index.to_series(), None))
-    return failures
-
-
 _FAMILY = {"boolean": "number", "integer": "number", "floating": "number", "mixed-integer-float": "number",
            "decimal": "number", "empty": None}
 
@@ -635,23 +618,29 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
         df, source = df_or_path, "<dataframe>"
     else:
         df, source = read_table(df_or_path), str(df_or_path)
+    rules = RuleSet(schema, [name for name in schema.columns if name in df.columns])
+    failures = [_summarise(f.rule.column, f.rule.name, f.values, f.values.index.to_series(), None)
+                for f in rules.check(df)]
     try:
         with warnings.catch_warnings():  # pandera's own concat of failure cases; nothing the caller can act on
             warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)
             schema.validate(df, lazy=True)
     except SchemaErrors as exc:
-        failures = _failures(exc.failure_cases, schema, df)
-    else:
-        failures = []
+        failures += _failures(exc.failure_cases, schema, df, rules)
+    order = {name: i for i, name in enumerate(schema.columns)}
+    failures.sort(key=lambda f: (f.column is None, order.get(f.column, len(order)), f.rule != "required"))
     return ValidationReport(source=source, n_rows=len(df), failures=failures,
                             schema_diff=schema_diff(schema, df) if failures else [])
 
 
-def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame) -> list[Failure]:
-    """Group pandera's failure cases (one row per failing value) into one Failure per (column, rule)."""
+def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame, rules: RuleSet) -> list[Failure]:
+    """Group pandera's failure cases (one row per failing value) into one Failure per (column, rule), leaving out
+    the row-level rules ``rules`` reports (:mod:`training.schema_rules`)."""
     # Work on the few distinct check names, not on the (up to millions of) failure rows.
     names = {check: str(check) for check in cases["check"].unique()}
     cases = cases.assign(rule=cases["check"].map({check: _rule_name(name) for check, name in names.items()}))
+    covered = {(name, rule.name) for name, column in rules.columns.items() for rule in column.rules}
+    cases = cases[[key not in covered for key in zip(cases["column"], cases["rule"])]]
     coercions = [check for check, name in names.items() if name.startswith("coerce_dtype(")]
     dtypes = [check for check, name in names.items() if name.startswith("dtype(")]
     uncoercible = set(cases.loc[cases["check"].isin(coercions), "column"])
@@ -661,9 +650,6 @@ def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame)
     non_nullable = [name for name, column in schema.columns.items() if not column.nullable]
     cases = cases[~(cases["check"].isin(coercions) & cases["column"].isin(non_nullable) & cases["failure_case"].isna())]
     rows = df.index if df.index.is_unique else None
-    rechecked = {name for name in uncoercible
-                 if name in schema.columns and schema.columns[name].checks
-                 and pd.api.types.is_numeric_dtype(schema.columns[name].dtype.type)}
     failures = []
     for (context, column, rule), group in cases.groupby(["schema_context", "column", "rule"], sort=False,
                                                         dropna=False):
@@ -674,11 +660,8 @@ def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame)
         elif context == "DataFrameSchema" and not pd.isna(group["check_number"].iloc[0]):
             number = int(group["check_number"].iloc[0])
             failures.append(Failure(column=None, rule=rule, examples=_table_observation(schema, number, df), count=1))
-        elif column in rechecked and not pd.isna(group["check_number"].iloc[0]):
-            continue
+        elif column in rules.columns and not pd.isna(group["check_number"].iloc[0]):
+            continue  # a check pandera skipped or errored in after the column's dtype coercion failed
         else:
             failures.append(_summarise(column, rule, group["failure_case"], group["index"], rows))
-    for name in rechecked:
-        failures.extend(_recheck_coercible(name, schema.columns[name], df))
-    order = {name: i for i, name in enumerate(schema.columns)}
-    return sorted(failures, key=lambda f: (f.column is None, order.get(f.column, len(order)), f.rule != "required"))
+    return failures
