@@ -18,6 +18,8 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
     metrics.log_metric("share_drifted_columns", checked.drift.share_drifted_columns)
     for name, col in checked.drift.columns.items():
         metrics.log_metric(f"drift_score_{name}", col.score)
+    for name, shares in checked.drift.schema_violations.items():
+        metrics.log_metric(f"schema_violation_share_{name}", shares["share"])
     atomic_write_json(result.path, checked.to_dict())
     result.metadata["data_md5"] = checked.data_md5
     return checked.drift.drifted

@@ -12,6 +12,7 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 import pandas as pd
+import pandera.pandas as pa
 from evidently import DataDefinition, Dataset, Report
 from evidently.core.report import Snapshot
 from evidently.legacy.calculations import stattests
@@ -21,6 +22,7 @@ from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
 from training.fileio import atomic_write_text
+from training.schema_rules import KINDS, RuleSet
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
                              "g_test", "ks", "mannw", "t_test", "TVD", "z"})
@@ -123,6 +125,10 @@ class DriftPolicy:
     min_rows: int = 30
     """Fewest rows the reference and the current batch must each have: a verdict on fewer is noise, so the
     check fails (status unknown) instead of calling the batch stable."""
+    max_schema_violation_share: float | None = 0.01
+    """Share of the current rows outside the schema in one column (unseen category, out of range, unexpected
+    null, wrong type) above which the batch counts as drifted by itself, whatever the stattests say; None turns
+    the rule off."""
 
     def __post_init__(self) -> None:
         share = self.drift_share
@@ -136,6 +142,11 @@ class DriftPolicy:
             raise ValueError(f"include_predictions={self.include_predictions!r}: use true or false")
         if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
             raise ValueError(f"min_rows={self.min_rows!r}: use an integer >= 1, e.g. 30")
+        share = self.max_schema_violation_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0 <= share < 1):
+            raise ValueError(f"max_schema_violation_share={share!r}: use a share in [0, 1), e.g. 0.01 for 1% of "
+                             "the rows, or null to turn the rule off")
         if not isinstance(self.column_overrides, Mapping):
             raise ValueError(f"column_overrides={self.column_overrides!r}: use a mapping of column name to "
                              '{"method": ..., "threshold": ...}')
@@ -207,13 +218,19 @@ class DriftResult:
     """The outcome of one drift check."""
 
     drifted: bool
-    """``share_drifted_columns >= policy.drift_share``."""
+    """``share_drifted_columns >= policy.drift_share``, or a column's ``schema_violations`` share over
+    ``policy.max_schema_violation_share``."""
     share_drifted_columns: float
     """Drifted columns over checked columns."""
     columns: dict[str, ColumnDrift]
     """Verdict per checked column: numeric features, categorical features, then ``prediction``."""
     report_path: Path | None
     """Evidently's HTML report, when one was asked for."""
+    schema_violations: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per feature column: the share of current rows outside the schema (``share``) and per kind
+    (:data:`training.schema_rules.KINDS`); empty when no schema was given."""
+    reason: str = ""
+    """Why the batch is (not) drifted, naming the columns that decided it."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON contract of ``kfloop drift --json``."""
@@ -222,11 +239,14 @@ class DriftResult:
             "share_drifted_columns": self.share_drifted_columns,
             "columns": {name: col.to_dict() for name, col in self.columns.items()},
             "report_path": None if self.report_path is None else str(self.report_path),
+            "schema_violations": self.schema_violations,
+            "reason": self.reason,
         }
 
 
 def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list[str], categorical: list[str],
-                policy: DriftPolicy, report_path: str | Path | None = None) -> DriftResult:
+                policy: DriftPolicy, report_path: str | Path | None = None,
+                schema: pa.DataFrameSchema | None = None) -> DriftResult:
     """Compare ``current`` with ``reference`` column by column with Evidently's stattests.
 
     Each column gets the stattest Evidently's ``DataDriftPreset`` would pick (or the policy's) and the same
@@ -234,7 +254,10 @@ def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list
     Evidently's at a fraction of the time. Numeric columns are compared as numbers (bools as 0/1), categorical
     ones and ``prediction`` as categories. Missing values are ignored; a column with no values at all in one frame
     is reported with method ``all_null`` (drifted unless both frames lack values). When ``report_path`` is given,
-    Evidently renders its HTML report there, and its verdicts are checked against these.
+    Evidently renders its HTML report there, and its verdicts are checked against these. With a ``schema`` the
+    current rows are also checked against its row-level rules (:mod:`training.schema_rules`): per feature column
+    the share of rows outside it, which calls the batch drifted by itself above
+    ``policy.max_schema_violation_share``.
 
     Raises:
         ValueError: a frame is empty or lacks a column, a column is listed twice, a method does not suit a
@@ -248,12 +271,27 @@ def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list
                                   method=policy.method_for(name), threshold=policy.threshold_for(name))
                for name, kind in kinds.items()}
     share = sum(col.drifted for col in columns.values()) / len(columns)
+    violations = {} if schema is None else RuleSet(schema, [*numeric, *categorical]).shares(current)
+    limit = policy.max_schema_violation_share
+    outside = {} if limit is None else {name: v for name, v in violations.items() if v["share"] > limit}
+    drifted_names = [name for name, col in columns.items() if col.drifted]
+    reasons = [f"{len(drifted_names)} of {len(columns)} columns drifted (share {share:.2f} "
+               f"{'>=' if share >= policy.drift_share else '<'} drift_share {policy.drift_share}"
+               + (f": {', '.join(drifted_names)})" if drifted_names else ")")]
+    reasons += [f"column '{name}': {_violation_text(v)} of rows outside the schema, over "
+                f"max_schema_violation_share {limit}" for name, v in outside.items()]
     path = None
     if report_path is not None:
         path = Path(report_path)
-        _write_report(ref, cur, kinds, policy, columns, path)
-    return DriftResult(drifted=share >= policy.drift_share, share_drifted_columns=share, columns=columns,
-                       report_path=path)
+        _write_report(ref, cur, kinds, policy, columns, path, violations)
+    return DriftResult(drifted=share >= policy.drift_share or bool(outside), share_drifted_columns=share,
+                       columns=columns, report_path=path, schema_violations=violations, reason="; ".join(reasons))
+
+
+def _violation_text(shares: dict[str, float]) -> str:
+    """``5.0% (unseen_category 5.0%)``: the share of rows outside the schema and its non-zero kinds."""
+    kinds = ", ".join(f"{kind} {shares[kind]:.1%}" for kind in KINDS if shares[kind])
+    return f"{shares['share']:.1%} ({kinds})"
 
 
 def evidently_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list[str], categorical: list[str],
@@ -357,18 +395,34 @@ def _evidently_verdicts(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, s
 
 
 def _write_report(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], policy: DriftPolicy,
-                  columns: dict[str, ColumnDrift], path: Path) -> None:
-    """Evidently's HTML report at ``path``, after checking that its verdicts are ``columns``'."""
+                  columns: dict[str, ColumnDrift], path: Path, violations: dict[str, dict[str, float]]) -> None:
+    """Evidently's HTML report at ``path``, after checking that its verdicts are ``columns``', with a table of the
+    schema violations (when there are any) on top."""
     verdicts, snapshot = _evidently_verdicts(ref, cur, kinds, policy)
     differ = [name for name in kinds if not same_verdict(columns[name], verdicts[name])]
     if differ:
         raise RuntimeError(f"Evidently's report disagrees with kfloop's drift check on columns {differ}: "
                            f"{[verdicts[n] for n in differ]} vs {[columns[n] for n in differ]}; please report it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if snapshot is not None:
-        snapshot.save_html(str(path))  # save_html silently ignores a Path
-    else:
-        atomic_write_text(path, _no_comparison_html(columns))
+    page = snapshot.get_html_str(as_iframe=False) if snapshot is not None else _no_comparison_html(columns)
+    body = page.index("<body")
+    body = page.index(">", body) + 1
+    atomic_write_text(path, page[:body] + _violations_html(violations, policy) + page[body:])
+
+
+def _violations_html(violations: dict[str, dict[str, float]], policy: DriftPolicy) -> str:
+    """A table of the share of current rows outside the schema per column; empty when nothing was checked."""
+    if not violations:
+        return ""
+    limit = policy.max_schema_violation_share
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td>{''.join(f'<td>{v[k]:.2%}</td>' for k in ('share', *KINDS))}"
+        f"<td>{'DRIFT' if limit is not None and v['share'] > limit else 'ok'}</td></tr>"
+        for name, v in violations.items())
+    head = "".join(f"<th>{k}</th>" for k in ("column", "rows outside the schema", *KINDS, "verdict"))
+    return (f'<section id="kfloop-schema-violations" style="font-family:sans-serif;margin:1em">'
+            f"<h2>Schema violations in the current data</h2><p>Limit per column: "
+            f"{'off' if limit is None else f'{limit:.2%}'} of the rows.</p><table border=\"1\" cellpadding=\"4\">"
+            f"<tr>{head}</tr>{rows}</table></section>")
 
 
 def same_verdict(a: ColumnDrift, b: ColumnDrift, *, rel: float = 1e-6) -> bool:

@@ -28,7 +28,8 @@ class DriftStepResult:
 
 def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, policy: dict[str, Any],
                report_out: str) -> DriftStepResult:
-    """Evidently drift of the schema's features, and of the champion's predictions, current against reference.
+    """Evidently drift of the schema's features, and of the champion's predictions, current against reference,
+    and the share of current rows outside the schema per feature.
 
     Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used. With a
     ``model_name`` the check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
@@ -48,17 +49,16 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     if not reference_uri or not schema_text:
         raise ValueError(f"model '{model_name}' has no champion to take the reference data and schema from; "
                          "pass reference_uri and schema_uri")
-    roles = schema_roles(load_schema(schema_text))
+    schema = load_schema(schema_text)
+    roles = schema_roles(schema)
     reference, current = read_table(reference_uri), read_table(current_uri)
     if champion is not None and rules.include_predictions:
         predictor = load_version_predictor(model_name, champion.version)
         reference["prediction"] = predictor.predict(reference).astype(str)
         current["prediction"] = predictor.predict(current).astype(str)
     result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical, policy=rules,
-                         report_path=report_out or None)
-    drifted = [name for name, col in result.columns.items() if col.drifted]
-    progress(f"drift: {current_uri} vs {reference_uri}: drifted={result.drifted} "
-              f"(share {result.share_drifted_columns:.2f}; columns {drifted or 'none'})")
+                         report_path=report_out or None, schema=schema)
+    progress(f"drift: {current_uri} vs {reference_uri}: drifted={result.drifted} ({result.reason})")
     checked = DriftStepResult(drift=result, data_md5=file_digest(current_uri, "md5"), reference_uri=reference_uri,
                               champion_version=champion.version if champion else None)
     if model_name:

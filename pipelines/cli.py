@@ -237,10 +237,12 @@ def cmd_drift(args: argparse.Namespace) -> int:
         _print_json(result.to_dict())
     else:
         drift = result.drift
-        print(f"drifted: {drift.drifted} (share of drifted columns {drift.share_drifted_columns:.2f})")
+        print(f"drifted: {drift.drifted} ({drift.reason})")
         for name, col in drift.columns.items():
+            outside = drift.schema_violations.get(name)
             print(f"  {name:<24} {col.method:<14} score={col.score:.4g} threshold={col.threshold} "
-                  f"{'DRIFT' if col.drifted else 'ok'}")
+                  f"{'DRIFT' if col.drifted else 'ok'}"
+                  + ("" if outside is None else f"  outside schema {outside['share']:.2%}"))
     return 0
 
 

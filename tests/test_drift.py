@@ -135,7 +135,7 @@ def test_report_html_and_json_contract(tmp_path):
     text = path.read_text(encoding="utf-8")
     assert "Value Drift for column color" in text and "Value Drift for column items" in text
     payload = json.loads(json.dumps(result.to_dict(), allow_nan=False))
-    assert set(payload) == {"drifted", "share_drifted_columns", "columns", "report_path"}
+    assert set(payload) == {"drifted", "share_drifted_columns", "columns", "report_path", "schema_violations", "reason"}
     assert payload["report_path"] == str(path)
     assert list(payload["columns"]) == [*NUMERIC, *CATEGORICAL]
     for name, col in payload["columns"].items():

@@ -2,16 +2,24 @@
 
 MLflow executes this file when the model is logged and again when it is loaded (``mlflow.pyfunc.load_model``);
 ``training.registry.log_candidate`` passes its path as ``python_model`` and the model directory as the
-``model_dir`` artifact. Do not import this module from other code: importing it registers the model object.
+``model_dir`` artifact and the version's schema as the ``schema`` artifact. Do not import this module from other code: importing it registers the model object.
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import mlflow
 import numpy as np
 import pandas as pd
 
+from training.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, RuleSet, apply_violation_mode
+from training.validation import load_schema
+
 MODEL_DIR_ARTIFACT = "model_dir"
 """Key of the kfloop model directory in the logged model's ``artifacts``."""
+SCHEMA_ARTIFACT = "schema"
+"""Key of the version's pandera schema YAML in the logged model's ``artifacts`` (models logged before it carry
+none and are served unchecked)."""
 
 
 class KfloopPyfunc(mlflow.pyfunc.PythonModel):
@@ -22,10 +30,15 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
         from training.model import Predictor
 
         self.predictor = Predictor.load(context.artifacts[MODEL_DIR_ARTIFACT])
+        schema = context.artifacts.get(SCHEMA_ARTIFACT)
+        features = [*self.predictor.transform.numeric, *self.predictor.transform.categorical]
+        self.schema_rules = RuleSet(load_schema(Path(schema)), features) if schema else None
 
     def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input: pd.DataFrame,
                 params: dict | None = None) -> pd.DataFrame:
-        """``prediction`` (the most probable class) and ``proba_<class>`` per class, one row per input row.
+        """``prediction`` (the most probable class) and ``proba_<class>`` per class, one row per input row, plus
+        ``schema_violations`` (see :mod:`training.schema_rules`) as ``params["on_schema_violation"]`` asks:
+        ``flag`` (default), ``error`` or ``ignore``.
 
         Nulls and categories unseen in training are handled by the model's preprocessing; extra columns are
         ignored.
@@ -34,7 +47,10 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
         classes = self.predictor.classes
         out = pd.DataFrame({f"proba_{c}": proba[:, j] for j, c in enumerate(classes)}, index=model_input.index)
         out.insert(0, "prediction", np.asarray(classes, dtype=object)[proba.argmax(axis=1)])
-        return out
+        if self.schema_rules is None:
+            return out
+        mode = (params or {}).get(ON_VIOLATION_PARAM, ON_VIOLATION_MODES[0])
+        return apply_violation_mode(self.schema_rules, model_input, out, mode)
 
 
 mlflow.models.set_model(KfloopPyfunc())

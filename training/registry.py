@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -25,6 +26,7 @@ import pandas as pd
 
 from training.fileio import file_digest
 from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
+from training.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
 
 if TYPE_CHECKING:
     import mlflow
@@ -48,7 +50,7 @@ MAX_TAG_CHARS = 5000
 PYFUNC_MODEL_FILE = Path(__file__).with_name("pyfunc_model.py")
 CODE_MODEL_LOADER = "mlflow.pyfunc.loaders.code_model"
 """The pyfunc loader of a models-from-code model: the only kind kfloop logs."""
-SERVING_REQUIREMENTS = ("mlflow", "torch", "safetensors", "numpy", "pandas")
+SERVING_REQUIREMENTS = ("mlflow", "torch", "safetensors", "numpy", "pandas", "pandera", "pyyaml")
 """Distributions the pyfunc model needs at load time, pinned to the installed versions (local part dropped)."""
 
 
@@ -210,9 +212,13 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     weights_sha = file_digest(model_dir / WEIGHTS_FILE)
     client = mlflow.MlflowClient()
     active = mlflow.active_run()
-    with (nullcontext() if active is not None and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)):
+    with (nullcontext() if active is not None and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)),\
+            tempfile.TemporaryDirectory() as tmp:
+        schema_file = Path(tmp) / SCHEMA_ARTIFACT
+        schema_file.write_text(lineage.schema_yaml, encoding="utf-8")
         info = mlflow.pyfunc.log_model(
-            name=MODEL_ARTIFACT, python_model=str(PYFUNC_MODEL_FILE), artifacts={"model_dir": str(model_dir)},
+            name=MODEL_ARTIFACT, python_model=str(PYFUNC_MODEL_FILE),
+            artifacts={"model_dir": str(model_dir), "schema": str(schema_file)},
             pip_requirements=[f"{d}=={dist_version(d).split('+')[0]}" for d in SERVING_REQUIREMENTS],
             input_example=_input_example(predictor), signature=_signature(predictor))
     client.log_text(run_id, lineage.schema_yaml, SCHEMA_ARTIFACT)
@@ -628,16 +634,19 @@ def _input_example(predictor: "Predictor") -> pd.DataFrame:
 
 def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
     """Inputs typed ``any``: MLflow's enforcement rejects int64 for ``double`` and pandas ``category`` for
-    ``string``, while the model's own preprocessing coerces both; outputs are the prediction frame."""
+    ``string``, while the model's own preprocessing coerces both; outputs are the prediction frame; the param
+    ``on_schema_violation`` (default ``flag``) is :mod:`training.schema_rules`'."""
     from mlflow.models import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, Schema
+    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
     t = predictor.transform
     label_type = {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])]
     return ModelSignature(
         inputs=Schema([ColSpec(AnyType(), c) for c in [*t.numeric, *t.categorical]]),
         outputs=Schema([ColSpec(label_type, "prediction"),
-                        *(ColSpec("double", f"proba_{c}") for c in predictor.classes)]))
+                        *(ColSpec("double", f"proba_{c}") for c in predictor.classes),
+                        ColSpec("string", VIOLATIONS_COLUMN, required=False)]),
+        params=ParamSchema([ParamSpec(ON_VIOLATION_PARAM, "string", ON_VIOLATION_MODES[0])]))
 
 
 def _truncate(text: str) -> str:

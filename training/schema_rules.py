@@ -192,3 +192,45 @@ def _pandera_fails(check: pa.Check, values: pd.Series) -> np.ndarray:
 def _shown(value: Any) -> str:
     """``repr`` of the plain Python value (``'a'``, not ``np.str_('a')``)."""
     return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+# ------------------------------------------------------------------------------------------------------- serving
+
+VIOLATIONS_COLUMN = "schema_violations"
+"""Column the served model adds: ``""`` for a clean row, else what failed (:meth:`RuleSet.row_messages`)."""
+ON_VIOLATION_PARAM = "on_schema_violation"
+"""The served model's ``predict`` param choosing what a row outside the schema does (:data:`ON_VIOLATION_MODES`)."""
+ON_VIOLATION_MODES = ("flag", "error", "ignore")
+"""``flag`` (default) adds :data:`VIOLATIONS_COLUMN`; ``error`` raises :class:`SchemaViolationError` naming the
+rows; ``ignore`` checks nothing and adds no column."""
+MAX_ROWS_NAMED = 5
+
+
+class SchemaViolationError(ValueError):
+    """Rows to score fall outside the schema the model was trained on (``on_schema_violation="error"``)."""
+
+
+def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """``scored`` (one output row per input row) as ``mode`` asks: with :data:`VIOLATIONS_COLUMN` (``flag``),
+    unchanged (``ignore``), or unchanged once every row is clean (``error``).
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`ON_VIOLATION_MODES`.
+        SchemaViolationError: ``mode`` is ``error`` and a row breaks a rule; names up to five rows and their
+            columns.
+    """
+    if mode not in ON_VIOLATION_MODES:
+        raise ValueError(f"{ON_VIOLATION_PARAM}={mode!r}: use one of {list(ON_VIOLATION_MODES)}")
+    if mode == "ignore":
+        return scored
+    messages = rules.row_messages(rows)
+    if mode == "flag":
+        return scored.assign(**{VIOLATIONS_COLUMN: messages})
+    bad = np.flatnonzero(messages != "")
+    if len(bad):
+        named = "; ".join(f"row {rows.index[i]!r}: {messages[i]}" for i in bad[:MAX_ROWS_NAMED])
+        more = f" (and {len(bad) - MAX_ROWS_NAMED} more)" if len(bad) > MAX_ROWS_NAMED else ""
+        raise SchemaViolationError(f"{len(bad)} of {len(rows)} row(s) fall outside the model's training schema: "
+                                   f"{named}{more}; fix the rows, or pass {ON_VIOLATION_PARAM}='flag' to score them "
+                                   f"with a {VIOLATIONS_COLUMN} column")
+    return scored
