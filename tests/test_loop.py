@@ -3,6 +3,8 @@ changes nothing in the registry."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import mlflow
 import numpy as np
@@ -159,3 +161,46 @@ def test_users_own_multiclass_csv(tmp_path, isolated_env, capsys):
     assert summary["metrics"]["accuracy"] > 0.6 and summary["reason"]
     predicted = mlflow.pyfunc.load_model("models:/mine@champion").predict(df.drop(columns=["grade"]).head(20))
     assert set(predicted["prediction"]) <= {"high", "low", "mid"}
+
+
+def test_champion_flags_rows_outside_its_training_schema(champion_env, demo_files):
+    raw = pd.read_parquet(demo_files["batch_stable.parquet"]).drop(columns=["churned"]).head(20)
+    raw = raw.reset_index(drop=True)
+    raw.loc[3, ["region", "monthly_charges"]] = ["atlantis", 1e9]
+    model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+    out = model.predict(raw)
+    flags = out["schema_violations"]
+    assert flags[3].startswith("monthly_charges: 1e+09 above max ") and "region: unseen category 'atlantis'" in flags[3]
+    assert (flags.drop(index=3) == "").all()
+    with pytest.raises(ValueError, match=r"1 of 20 row\(s\) fall outside the model's training schema: row 3: "
+                                         r"monthly_charges: 1e\+09 above max .*region: unseen category 'atlantis'"):
+        model.predict(raw, params={"on_schema_violation": "error"})
+    ignored = model.predict(raw, params={"on_schema_violation": "ignore"})
+    assert "schema_violations" not in ignored.columns
+    pd.testing.assert_frame_equal(ignored, out.drop(columns=["schema_violations"]))
+    clean = model.predict(raw.drop(index=3), params={"on_schema_violation": "error"})
+    assert len(clean) == 19
+
+
+def test_violation_mode_is_a_signature_param_in_a_fresh_process(champion_env, demo_files, tmp_path):
+    """``mlflow.pyfunc.load_model(...).predict(df, params=...)`` works where only the registry is known."""
+    rows = pd.read_parquet(demo_files["batch_stable.parquet"]).drop(columns=["churned"]).head(5)
+    rows.loc[rows.index[0], "region"] = "atlantis"
+    rows.to_parquet(tmp_path / "rows.parquet")
+    script = (
+        "import sys, mlflow, pandas as pd\n"
+        f"model = mlflow.pyfunc.load_model('models:/{MODEL}@champion')\n"
+        "params = {p.name: p.default for p in model.metadata.get_params_schema().params}\n"
+        "print('params', params)\n"
+        "rows = pd.read_parquet(sys.argv[1])\n"
+        "print('flags', list(model.predict(rows)['schema_violations']))\n"
+        "try:\n"
+        "    model.predict(rows, params={'on_schema_violation': 'error'})\n"
+        "except ValueError as exc:\n"
+        "    print('error', exc)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "rows.parquet")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "params {'on_schema_violation': 'flag'}" in done.stdout
+    assert "flags [\"region: unseen category 'atlantis'\", '', '', '', '']" in done.stdout
+    assert "error 1 of 5 row(s) fall outside the model's training schema: row" in done.stdout

@@ -284,7 +284,8 @@ def test_champion_loads_by_alias_and_predicts_raw_rows(env):
     })
     out = mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(raw)
     expected = Predictor.load(env.good).predict_proba(raw)
-    assert list(out.columns) == ["prediction", "proba_no", "proba_yes"] and len(out) == 4
+    assert list(out.columns) == ["prediction", "proba_no", "proba_yes", "schema_violations"] and len(out) == 4
+    assert out["schema_violations"].tolist() == ["", "", "", ""]  # the recorded schema knows only age
     np.testing.assert_allclose(out[["proba_no", "proba_yes"]].to_numpy(), expected, rtol=1e-12)
     assert out["prediction"].tolist() == np.asarray(["no", "yes"], dtype=object)[expected.argmax(1)].tolist()
 

@@ -22,6 +22,8 @@ Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category
 KINDS: tuple[Kind, ...] = ("unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check")
 """How a value can fall outside the schema, the keys of :meth:`RuleSet.shares`."""
 
+SHORT_LIST = 32
+"""Up to this many allowed values, :func:`_isin` compares with each instead of hashing every value."""
 _LOWER = {"greater_than": False, "greater_than_or_equal_to": True}
 _UPPER = {"less_than": False, "less_than_or_equal_to": True}
 
@@ -107,7 +109,7 @@ class _ColumnRules:
         null = series.isna().to_numpy()
         failures = [] if self.null is None else [RuleFailures(self.null, np.flatnonzero(null), series[null])]
         positions = np.flatnonzero(~null)
-        values = series.iloc[positions]
+        values = series.iloc[positions] if len(positions) < len(series) else series
         if self.wrong_type is not None:
             numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
             bad = np.isnan(numbers)
@@ -174,12 +176,23 @@ def _check_rule(column: str, check: pa.Check) -> Rule:
     if check.name == "isin":
         allowed = list(stats["allowed_values"])
         return Rule(column, name, "unseen_category", lambda v: f"unseen category {_shown(v)}",
-                    lambda v: ~v.isin(allowed).to_numpy())
+                    lambda v: ~_isin(v, allowed))
     if check.name == "notin":
         forbidden = list(stats["forbidden_values"])
         return Rule(column, name, "failed_check", lambda v: f"forbidden value {_shown(v)}",
                     lambda v: v.isin(forbidden).to_numpy())
     return Rule(column, name, "failed_check", lambda v: f"{_shown(v)} failed {name}", lambda v: _pandera_fails(check, v))
+
+
+def _isin(values: pd.Series, allowed: list) -> np.ndarray:
+    """``values.isin(allowed)``; for a few allowed values one numpy comparison each, several times faster."""
+    if len(allowed) > SHORT_LIST:
+        return values.isin(allowed).to_numpy()
+    array = values.to_numpy()
+    found = np.zeros(len(array), dtype=bool)
+    for value in allowed:
+        found |= array == value
+    return found
 
 
 def _pandera_fails(check: pa.Check, values: pd.Series) -> np.ndarray:

@@ -1,0 +1,112 @@
+"""What the served model's schema check costs: rows per second of ``mlflow.pyfunc`` predict on the demo data with
+``on_schema_violation="ignore"`` (no check) against ``"flag"`` (the default) on clean rows and on rows of which 1%
+carry an unseen category and an out-of-range number.
+
+    .venv/bin/python benchmarks/serving.py [--rows 1000 10000 100000] [--out benchmarks/results/serving.json]
+
+The model is the demo's MLP shape on the demo features (weights untrained: speed does not depend on them), saved
+with the pyfunc, artifacts and signature :func:`training.registry.log_candidate` logs, and loaded back with
+``mlflow.pyfunc.load_model``. Each figure is the best of ``--repeat`` calls. Goal: the check costs <= 25% of the
+rows per second at 10,000 rows and above.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pandas as pd
+import torch
+
+from data.generate import write_demo
+from training.features import FeatureTransform, target_classes
+from training.fileio import atomic_write_json
+from training.model import MLP, Architecture, Predictor, save_model_dir
+from training.registry import PYFUNC_MODEL_FILE, _input_example, _signature
+from training.validation import load_schema, schema_roles
+
+OVERHEAD_GOAL = 0.25
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"
+
+
+def serving_model(root: Path, train: pd.DataFrame) -> mlflow.pyfunc.PyFuncModel:
+    """The demo features' MLP saved as kfloop's pyfunc (model dir and schema artifacts) and loaded back."""
+    roles = schema_roles(load_schema(SCHEMA_FILE))
+    torch.manual_seed(0)
+    transform = FeatureTransform.fit(train, numeric=roles.numeric, categorical=roles.categorical)
+    classes = target_classes(train[roles.target])
+    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=(64, 32))
+    model_dir = save_model_dir(root / "model_dir", model=MLP(arch), arch=arch, transform=transform,
+                               classes=classes, target=roles.target)
+    predictor = Predictor.load(model_dir)
+    mlflow.pyfunc.save_model(root / "pyfunc", python_model=str(PYFUNC_MODEL_FILE),
+                             artifacts={"model_dir": str(model_dir), "schema": str(SCHEMA_FILE)},
+                             signature=_signature(predictor), input_example=_input_example(predictor))
+    return mlflow.pyfunc.load_model(str(root / "pyfunc"))
+
+
+def rows_per_second(model, cases: dict[str, tuple[pd.DataFrame, str]], repeat: int) -> dict[str, float]:
+    """Best rows per second of each (rows, mode) case, the cases taken in turn so load on the machine hits all."""
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(repeat):
+        for name, (rows, mode) in cases.items():
+            start = time.perf_counter()
+            model.predict(rows, params={"on_schema_violation": mode})
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: len(cases[name][0]) / seconds for name, seconds in best.items()}
+
+
+def with_violations(rows: pd.DataFrame, share: float, seed: int) -> pd.DataFrame:
+    """``rows`` with ``share`` of them given region 'atlantis' and monthly_charges 1e9."""
+    bad = rows.copy()
+    picked = np.random.default_rng(seed).random(len(bad)) < share
+    bad.loc[picked, "region"] = "atlantis"
+    bad.loc[picked, "monthly_charges"] = 1e9
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/serving.json"))
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = write_demo(Path(tmp) / "data")
+        train = pd.read_parquet(files["train.parquet"])
+        model = serving_model(Path(tmp), train)
+        features = model.metadata.get_input_schema().input_names()
+        print(f"{'rows':>8} {'no check rows/s':>16} {'check rows/s':>13} {'check, 1% bad':>14} {'overhead':>9}")
+        sizes = []
+        for n in args.rows:
+            rows = train[features].sample(n, replace=True, random_state=n).reset_index(drop=True)
+            bad = with_violations(rows, 0.01, seed=n)
+            flagged = model.predict(bad)["schema_violations"]
+            assert ((flagged != "").to_numpy() == (bad["region"] == "atlantis").to_numpy()).all()
+            speed = rows_per_second(model, {"plain": (rows, "ignore"), "checked": (rows, "flag"),
+                                            "checked_bad": (bad, "flag")}, args.repeat)
+            plain, checked, checked_bad = speed["plain"], speed["checked"], speed["checked_bad"]
+            overhead = plain / min(checked, checked_bad) - 1
+            sizes.append({"rows": n, "no_check_rows_per_s": round(plain), "check_rows_per_s": round(checked),
+                          "check_1pct_bad_rows_per_s": round(checked_bad), "overhead": round(overhead, 3)})
+            print(f"{n:>8} {plain:>16,.0f} {checked:>13,.0f} {checked_bad:>14,.0f} {overhead:>8.0%}")
+    large = [s for s in sizes if s["rows"] >= 10_000]
+    within = all(s["overhead"] <= OVERHEAD_GOAL for s in large) if large else None
+    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                          "torch_threads": torch.get_num_threads()},
+              "sizes": sizes, "overhead_goal": OVERHEAD_GOAL, "within_goal": within}
+    print(f"check overhead at >= 10,000 rows within {OVERHEAD_GOAL:.0%}: {within}")
+    atomic_write_json(args.out, result)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
