@@ -36,6 +36,7 @@ bench:
 	$(BIN)/python benchmarks/collectives.py
 	$(BIN)/python benchmarks/ddp.py
 	$(BIN)/python benchmarks/drift.py
+	$(BIN)/python benchmarks/serving.py
 	$(BIN)/python benchmarks/summary.py
 
 compile:

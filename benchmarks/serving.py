@@ -6,8 +6,9 @@ carry an unseen category and an out-of-range number.
 
 The model is the demo's MLP shape on the demo features (weights untrained: speed does not depend on them), saved
 with the pyfunc, artifacts and signature :func:`training.registry.log_candidate` logs, and loaded back with
-``mlflow.pyfunc.load_model``. Each figure is the best of ``--repeat`` calls. Goal: the check costs <= 25% of the
-rows per second at 10,000 rows and above.
+``mlflow.pyfunc.load_model``. Each figure is the best of ``--repeat`` calls. On a loaded machine the end-to-end
+rows per second are noisy, so the check's own time (the loaded model's rule set on the same rows) is reported
+too, as a share of a predict call without it. Goal: the check costs <= 10% of that call at every size.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlflow
@@ -31,7 +33,7 @@ from training.model import MLP, Architecture, Predictor, save_model_dir
 from training.registry import PYFUNC_MODEL_FILE, _input_example, _signature
 from training.validation import load_schema, schema_roles
 
-OVERHEAD_GOAL = 0.25
+OVERHEAD_GOAL = 0.10
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"
 
 
@@ -51,15 +53,15 @@ def serving_model(root: Path, train: pd.DataFrame) -> mlflow.pyfunc.PyFuncModel:
     return mlflow.pyfunc.load_model(str(root / "pyfunc"))
 
 
-def rows_per_second(model, cases: dict[str, tuple[pd.DataFrame, str]], repeat: int) -> dict[str, float]:
-    """Best rows per second of each (rows, mode) case, the cases taken in turn so load on the machine hits all."""
-    best = dict.fromkeys(cases, float("inf"))
+def best_seconds(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Best wall time of each call, the calls taken in turn so load on the machine hits all of them."""
+    best = dict.fromkeys(calls, float("inf"))
     for _ in range(repeat):
-        for name, (rows, mode) in cases.items():
+        for name, call in calls.items():
             start = time.perf_counter()
-            model.predict(rows, params={"on_schema_violation": mode})
+            call()
             best[name] = min(best[name], time.perf_counter() - start)
-    return {name: len(cases[name][0]) / seconds for name, seconds in best.items()}
+    return best
 
 
 def with_violations(rows: pd.DataFrame, share: float, seed: int) -> pd.DataFrame:
@@ -83,26 +85,33 @@ def main(argv: list[str] | None = None) -> int:
         train = pd.read_parquet(files["train.parquet"])
         model = serving_model(Path(tmp), train)
         features = model.metadata.get_input_schema().input_names()
-        print(f"{'rows':>8} {'no check rows/s':>16} {'check rows/s':>13} {'check, 1% bad':>14} {'overhead':>9}")
+        rules = model.unwrap_python_model().schema_rules
+        print(f"{'rows':>8} {'no check rows/s':>16} {'check rows/s':>13} {'check, 1% bad':>14} {'check ms':>9} "
+              f"{'share':>7}")
         sizes = []
         for n in args.rows:
             rows = train[features].sample(n, replace=True, random_state=n).reset_index(drop=True)
             bad = with_violations(rows, 0.01, seed=n)
             flagged = model.predict(bad)["schema_violations"]
             assert ((flagged != "").to_numpy() == (bad["region"] == "atlantis").to_numpy()).all()
-            speed = rows_per_second(model, {"plain": (rows, "ignore"), "checked": (rows, "flag"),
-                                            "checked_bad": (bad, "flag")}, args.repeat)
-            plain, checked, checked_bad = speed["plain"], speed["checked"], speed["checked_bad"]
-            overhead = plain / min(checked, checked_bad) - 1
+            seconds = best_seconds({
+                "plain": lambda: model.predict(rows, params={"on_schema_violation": "ignore"}),
+                "checked": lambda: model.predict(rows, params={"on_schema_violation": "flag"}),
+                "checked_bad": lambda: model.predict(bad, params={"on_schema_violation": "flag"}),
+                "check_only": lambda: rules.row_messages(bad)}, args.repeat)
+            plain, checked, checked_bad = (n / seconds[k] for k in ("plain", "checked", "checked_bad"))
+            share = seconds["check_only"] / seconds["plain"]
             sizes.append({"rows": n, "no_check_rows_per_s": round(plain), "check_rows_per_s": round(checked),
-                          "check_1pct_bad_rows_per_s": round(checked_bad), "overhead": round(overhead, 3)})
-            print(f"{n:>8} {plain:>16,.0f} {checked:>13,.0f} {checked_bad:>14,.0f} {overhead:>8.0%}")
-    large = [s for s in sizes if s["rows"] >= 10_000]
-    within = all(s["overhead"] <= OVERHEAD_GOAL for s in large) if large else None
+                          "check_1pct_bad_rows_per_s": round(checked_bad),
+                          "check_ms": round(seconds["check_only"] * 1000, 2),
+                          "predict_ms": round(seconds["plain"] * 1000, 2), "check_share": round(share, 3)})
+            print(f"{n:>8} {plain:>16,.0f} {checked:>13,.0f} {checked_bad:>14,.0f} {seconds['check_only'] * 1000:>9.1f} "
+                  f"{share:>7.1%}")
+    within = all(s["check_share"] <= OVERHEAD_GOAL for s in sizes)
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "torch_threads": torch.get_num_threads()},
               "sizes": sizes, "overhead_goal": OVERHEAD_GOAL, "within_goal": within}
-    print(f"check overhead at >= 10,000 rows within {OVERHEAD_GOAL:.0%}: {within}")
+    print(f"check's share of a predict call within {OVERHEAD_GOAL:.0%} at every size: {within}")
     atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
