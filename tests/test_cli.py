@@ -112,3 +112,6 @@ def test_drift_json_contract(tmp_path, demo_files, capsys):
     for col in out["columns"].values():
         assert set(col) == {"method", "score", "threshold", "drifted"}
     assert report.stat().st_size > 0 and out["report_path"] == str(report)
+    assert set(out["schema_violations"]) == set(out["columns"])  # the drifted demo batch stays inside the schema
+    assert all(shares["share"] == 0.0 for shares in out["schema_violations"].values())
+    assert out["reason"].startswith(f"{sum(c['drifted'] for c in out['columns'].values())} of 9 columns drifted")
