@@ -105,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                           "check_1pct_bad_rows_per_s": round(checked_bad),
                           "check_ms": round(seconds["check_only"] * 1000, 2),
                           "predict_ms": round(seconds["plain"] * 1000, 2), "check_share": round(share, 3)})
-            print(f"{n:>8} {plain:>16,.0f} {checked:>13,.0f} {checked_bad:>14,.0f} {seconds['check_only'] * 1000:>9.1f} "
-                  f"{share:>7.1%}")
+            print(f"{n:>8} {plain:>16,.0f} {checked:>13,.0f} {checked_bad:>14,.0f} "
+                  f"{seconds['check_only'] * 1000:>9.1f} {share:>7.1%}")
     within = all(s["check_share"] <= OVERHEAD_GOAL for s in sizes)
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "torch_threads": torch.get_num_threads()},

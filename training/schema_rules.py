@@ -12,14 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
 Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check"]
-KINDS: tuple[Kind, ...] = ("unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check")
+KINDS: tuple[Kind, ...] = get_args(Kind)
 """How a value can fall outside the schema, the keys of :meth:`RuleSet.shares`."""
 
 SHORT_LIST = 32
@@ -106,6 +106,7 @@ class _ColumnRules:
         return [rule for rule in (self.null, self.wrong_type) if rule is not None] + self.checks
 
     def check(self, series: pd.Series) -> list[RuleFailures]:
+        """The rules that fail on ``series``: nulls, then the type, then each check on the values of the type."""
         null = series.isna().to_numpy()
         failures = [] if self.null is None else [RuleFailures(self.null, np.flatnonzero(null), series[null])]
         positions = np.flatnonzero(~null)
@@ -181,7 +182,8 @@ def _check_rule(column: str, check: pa.Check) -> Rule:
         forbidden = list(stats["forbidden_values"])
         return Rule(column, name, "failed_check", lambda v: f"forbidden value {_shown(v)}",
                     lambda v: v.isin(forbidden).to_numpy())
-    return Rule(column, name, "failed_check", lambda v: f"{_shown(v)} failed {name}", lambda v: _pandera_fails(check, v))
+    return Rule(column, name, "failed_check", lambda v: f"{_shown(v)} failed {name}",
+                lambda v: _pandera_fails(check, v))
 
 
 def _isin(values: pd.Series, allowed: list) -> np.ndarray:
