@@ -18,12 +18,12 @@ from kfp import kubernetes as kfp_k8s  # aliased: ``kubernetes`` is the Kubernet
 from kfp.dsl import PipelineTask
 from kfp.dsl.pipeline_context import Pipeline
 
+from training.cluster import CREDENTIAL_KEYS
+
 DEFAULT_SECRET = "kfloop-mlflow"
 REQUIRED_KEYS = ("MLFLOW_TRACKING_URI",)
 """Secret keys every step needs: the pod does not start without them (a silent local SQLite would lose data)."""
-OPTIONAL_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
-                 "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                 "AWS_ENDPOINT_URL", "AZURE_STORAGE_CONNECTION_STRING")
+OPTIONAL_KEYS = tuple(key for key in CREDENTIAL_KEYS if key not in REQUIRED_KEYS)
 """Secret keys set as env of the same name when present (tracking-server auth, artifact-store credentials)."""
 KFP_API_ACCESS_LABEL = ("access-ml-pipeline", "true")
 """Pod label that Kubeflow's ``access-ml-pipeline`` PodDefault (in every profile namespace) selects to project the
