@@ -117,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image", help="container image of every step")
+    parser.add_argument("--image", help="container image of every step (default: KFLOOP_IMAGE, else the kfloop "
+                                        "image; upload refuses a KFLOOP_IMAGE tagged for another commit)")
     parser.add_argument("--credentials-secret", help="Kubernetes Secret whose MLflow/storage keys become step env "
                                                      "(default: kfloop-mlflow)")
     parser.add_argument("--enable-caching", action="store_true",
@@ -276,8 +277,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from pipelines.compile import compile_all
+    from training.settings import load_environment
 
-    for path in compile_all(Path(args.out), image=args.image, options=_compile_options(args)):
+    image = args.image or load_environment().image or None
+    for path in compile_all(Path(args.out), image=image, options=_compile_options(args)):
         print(path)
     return 0
 
