@@ -152,3 +152,14 @@ def test_every_step_pod_carries_the_kfp_api_access_label(name, tmp_path):
     """Kubeflow's `access-ml-pipeline` PodDefault projects the pipelines.kubeflow.org token into labelled pods."""
     k8s = _k8s_executors(GOLDEN / f"{name}.yaml")
     assert k8s and all(e["podMetadata"]["labels"] == {"access-ml-pipeline": "true"} for e in k8s.values())
+
+
+def test_compile_takes_the_image_from_kfloop_image_unless_given(tmp_path, monkeypatch, capsys):
+    from pipelines.cli import main
+
+    monkeypatch.setenv("KFLOOP_IMAGE", "ghcr.io/team/kfloop:" + "a" * 40)
+    assert main(["compile", "--out", str(tmp_path / "env")]) == 0
+    assert main(["compile", "--out", str(tmp_path / "flag"), "--image", "registry.example/kfloop:v2"]) == 0
+    for folder, image in (("env", "ghcr.io/team/kfloop:" + "a" * 40), ("flag", "registry.example/kfloop:v2")):
+        executors = _stable(tmp_path / folder / "drift.yaml")["deploymentSpec"]["executors"].values()
+        assert {e["container"]["image"] for e in executors} == {image}

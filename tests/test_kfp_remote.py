@@ -126,6 +126,19 @@ def test_a_commits_version_never_runs_the_image_of_another_commit(kfp, capsys, m
     assert {img for v in versions_named(kfp, "hotfix") for img in _step_images(v)} == {f"ghcr.io/team/kfloop:{other}"}
 
 
+def test_upload_compiles_with_caching_off_unless_enabled(kfp, capsys):
+    def caching(version: dict) -> set[bool]:
+        spec = version["pipeline_spec"]
+        spec = spec.get("pipeline_spec", spec)
+        return {t["cachingOptions"].get("enableCache", False) for t in spec["root"]["dag"]["tasks"].values()
+                if "cachingOptions" in t}  # steps, not the dsl.If sub-DAG
+
+    assert cli(capsys, "upload", "--host", kfp.url, "--version", "plain")[0] == 0
+    assert cli(capsys, "upload", "--host", kfp.url, "--version", "cached", "--enable-caching")[0] == 0
+    assert {c for v in versions_named(kfp, "plain") for c in caching(v)} == {False}
+    assert {c for v in versions_named(kfp, "cached") for c in caching(v)} == {True}
+
+
 @pytest.mark.parametrize("image, tag", [("ghcr.io/o/kfloop:abc1234", "abc1234"), ("localhost:5000/kfloop", ""),
                                         ("r:5000/k:v1@sha256:00ff", "v1"), ("kfloop", "")])
 def test_image_tag(image, tag):
