@@ -1,6 +1,6 @@
 """Plant secret values in the environment, drive compile, upload, run, schedule, the webhook and a real training
-run, then scan everything they left behind: compiled YAML, request bodies the KFP server received, CLI output,
-webhook logs, MLflow params and tags. None may hold a secret value (or the hosts they guard)."""
+run, then scan everything they left behind: compiled YAML, rendered training jobs, request bodies the KFP server
+received, CLI output, webhook logs, MLflow params and tags. None may hold a secret value (or the hosts they guard)."""
 from __future__ import annotations
 
 import io
