@@ -9,6 +9,8 @@
 #      rendered by `kfloop render-job` and created as the service account, waited for, the model read back.
 #
 # Usage: deploy/kind-e2e.sh            (KEEP_CLUSTER=1 keeps the cluster; CLUSTER, IMAGE, KFLOOP override names)
+# The rendered manifests go to ARTIFACTS (default $TMPDIR/kfloop-kind-e2e); when the script fails, the cluster's
+# state, events, pod logs and `kind export logs` go there too (the GitHub job uploads that folder).
 set -euo pipefail
 
 CLUSTER="${CLUSTER:-kfloop-e2e}"
@@ -19,6 +21,7 @@ JOB=kfloop-train
 SA="system:serviceaccount:${NAMESPACE}:kfloop"
 OPERATOR="github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"
 TIMEOUT_SECONDS="${TIMEOUT_SECONDS:-900}"
+ARTIFACTS="${ARTIFACTS:-${TMPDIR:-/tmp}/kfloop-kind-e2e}"
 
 cd "$(dirname "$0")/.."
 for tool in docker kind kubectl "$KFLOOP"; do
@@ -29,7 +32,20 @@ for tool in docker kind kubectl "$KFLOOP"; do
 done
 
 log() { printf '\n== %s\n' "$*"; }
+diagnose() {  # the cluster's state and every log worth reading, into $ARTIFACTS
+  kubectl get all,pytorchjobs,events -A -o wide >"${ARTIFACTS}/cluster.txt" 2>&1 || true
+  kubectl -n "$NAMESPACE" describe pytorchjobs,pods >"${ARTIFACTS}/describe.txt" 2>&1 || true
+  kubectl -n "$NAMESPACE" logs -l app.kubernetes.io/name=kfloop --all-containers --prefix --tail=-1 \
+    >"${ARTIFACTS}/pods.log" 2>&1 || true
+  kubectl -n kubeflow logs deployment/training-operator --tail=-1 >"${ARTIFACTS}/training-operator.log" 2>&1 || true
+  kind export logs "${ARTIFACTS}/kind" --name "$CLUSTER" >/dev/null 2>&1 || true
+}
 cleanup() {
+  local status=$?
+  if (( status != 0 )); then
+    echo "kind-e2e: failed (exit ${status}); diagnostics in ${ARTIFACTS}" >&2
+    diagnose
+  fi
   if [[ "${KEEP_CLUSTER:-0}" == 1 ]]; then
     echo "kind-e2e: keeping cluster ${CLUSTER} (kind delete cluster --name ${CLUSTER})"
   else
@@ -37,6 +53,7 @@ cleanup() {
   fi
 }
 trap cleanup EXIT
+mkdir -p "$ARTIFACTS"
 
 log "kind cluster ${CLUSTER}"
 clusters="$(kind get clusters 2>/dev/null)"
@@ -105,10 +122,14 @@ can_i yes create trainjobs.trainer.kubeflow.org; can_i yes delete trainjobs.trai
 can_i yes get pods; can_i yes list pods; can_i yes watch pods; can_i yes get pods/log; can_i yes list events
 can_i yes get leases.coordination.k8s.io; can_i yes create leases.coordination.k8s.io
 can_i yes update leases.coordination.k8s.io
-can_i no update pytorchjobs.kubeflow.org; can_i no create pods; can_i no delete pods; can_i no create pods/exec
-can_i no get secrets; can_i no list configmaps; can_i no watch events; can_i no delete leases.coordination.k8s.io
-can_i no create deployments.apps; can_i no create rolebindings.rbac.authorization.k8s.io
-can_i no create pytorchjobs.kubeflow.org default; can_i no list pods kube-system
+# KFP v2's driver and launcher in every step pod: the upstream pipeline-runner rules (Role kfloop-pipeline-runner)
+can_i yes create workflowtaskresults.argoproj.io; can_i yes patch workflowtaskresults.argoproj.io
+can_i yes get secrets; can_i yes get configmaps; can_i yes watch configmaps; can_i yes create pods
+can_i yes update pytorchjobs.kubeflow.org
+# nothing beyond them: no other Secret access, no RBAC, no cluster-wide reach, no Lease deletion
+can_i no list secrets; can_i no create secrets; can_i no watch events; can_i no delete leases.coordination.k8s.io
+can_i no create rolebindings.rbac.authorization.k8s.io; can_i no create roles.rbac.authorization.k8s.io
+can_i no create pytorchjobs.kubeflow.org default; can_i no list pods kube-system; can_i no get secrets kube-system
 (( failures == 0 )) || { echo "kind-e2e: ${failures} RBAC check(s) failed" >&2; exit 1; }
 
 log "inputs on the shared volume"
@@ -155,9 +176,9 @@ log "PyTorchJob ${JOB}: kfloop render-job, created as ${SA}"
 "$KFLOOP" render-job --nnodes 2 --nproc-per-node 2 \
   --set training.epochs=2 --set "cluster.namespace=${NAMESPACE}" --set "cluster.image=${IMAGE}" \
   --set cluster.image_pull_policy=Never --set cluster.cpu=1 --set cluster.memory=2Gi --set cluster.shm_size=256Mi \
-  --set cluster.active_deadline_seconds="${TIMEOUT_SECONDS}" > "${TMPDIR:-/tmp}/${JOB}.yaml"
+  --set cluster.active_deadline_seconds="${TIMEOUT_SECONDS}" > "${ARTIFACTS}/${JOB}.yaml"
 kubectl -n "$NAMESPACE" delete pytorchjob "$JOB" --ignore-not-found --wait=true
-kubectl create --as="$SA" -f "${TMPDIR:-/tmp}/${JOB}.yaml"
+kubectl create --as="$SA" -f "${ARTIFACTS}/${JOB}.yaml"
 
 deadline=$((SECONDS + TIMEOUT_SECONDS))
 state=""

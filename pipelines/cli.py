@@ -117,9 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--image", help="container image of every step")
+    parser.add_argument("--image", help="container image of every step (default: KFLOOP_IMAGE, else the kfloop "
+                                        "image; upload refuses a KFLOOP_IMAGE tagged for another commit)")
     parser.add_argument("--credentials-secret", help="Kubernetes Secret whose MLflow/storage keys become step env "
                                                      "(default: kfloop-mlflow)")
+    parser.add_argument("--enable-caching", action="store_true",
+                        help="let KFP reuse earlier step outputs (off: steps read data behind URIs and the champion)")
     parser.add_argument("--gpus", type=int, help="GPUs (nvidia.com/gpu) of the training launch step")
     parser.add_argument("--gpu-node-selector", action="append", default=[], metavar="KEY=VALUE",
                         help="node label of the training launch step (repeatable)")
@@ -138,7 +141,8 @@ def _compile_options(args: argparse.Namespace):
     return KubernetesOptions.from_flags(credentials_secret=args.credentials_secret, gpus=args.gpus,
                                         node_selector=args.gpu_node_selector, tolerations=args.gpu_toleration,
                                         shared_volume_claim=args.shared_volume_claim,
-                                        shared_mount_path=args.shared_mount_path)
+                                        shared_mount_path=args.shared_mount_path,
+                                        enable_caching=args.enable_caching)
 
 
 def _add_kfp_target(parser: argparse.ArgumentParser, *, host: bool) -> None:
@@ -275,8 +279,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from pipelines.compile import compile_all
+    from training.settings import load_environment
 
-    for path in compile_all(Path(args.out), image=args.image, options=_compile_options(args)):
+    image = args.image or load_environment().image or None
+    for path in compile_all(Path(args.out), image=image, options=_compile_options(args)):
         print(path)
     return 0
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import yaml
 from kfp import compiler, dsl
+from kfp.dsl.graph_component import GraphComponent
 
 from pipelines import kubernetes_options
 from pipelines.drift import drift_pipeline
@@ -14,21 +15,31 @@ from pipelines.training import training_pipeline
 PIPELINES = {"training": training_pipeline, "drift": drift_pipeline}
 
 
+def build_pipeline(name: str, options: KubernetesOptions | None = None) -> GraphComponent:
+    """The pipeline ``name`` built with ``options`` (credentials Secret, caching, GPU placement of the launch step)
+    instead of the defaults it was built with at import.
+
+    Raises:
+        KeyError: unknown pipeline name.
+    """
+    pipeline = PIPELINES[name]
+    if options is None or options == KubernetesOptions():
+        return pipeline
+    with kubernetes_options.using(options):  # rebuild the graph so kubernetes_options.apply() sees them
+        return dsl.pipeline(name=pipeline.component_spec.name,
+                            description=pipeline.component_spec.description)(pipeline.pipeline_func)
+
+
 def compile_pipeline(name: str, path: Path, *, image: str | None = None,
                      options: KubernetesOptions | None = None) -> Path:
-    """Compile one pipeline; ``image`` replaces every step's container image; ``options`` (credentials Secret,
-    GPU placement of the launch step) replace the defaults the pipeline was built with.
+    """Compile one pipeline; ``image`` replaces every step's container image; ``options`` as
+    :func:`build_pipeline`.
 
     Raises:
         KeyError: unknown pipeline name.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    pipeline = PIPELINES[name]
-    if options is not None and options != KubernetesOptions():
-        with kubernetes_options.using(options):  # rebuild the graph so kubernetes_options.apply() sees them
-            pipeline = dsl.pipeline(name=pipeline.component_spec.name,
-                                    description=pipeline.component_spec.description)(pipeline.pipeline_func)
-    compiler.Compiler().compile(pipeline, str(path))
+    compiler.Compiler().compile(build_pipeline(name, options), str(path))
     if image:  # the file holds the pipeline spec, then the Kubernetes platform spec
         spec, *platform = yaml.safe_load_all(path.read_text())
         for executor in spec["deploymentSpec"]["executors"].values():

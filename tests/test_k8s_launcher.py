@@ -255,6 +255,14 @@ def _prepared(tmp_path, demo_files, model_name: str):
 FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
 
 
+def _credentials_secret(cluster, tracking_uri: str) -> None:
+    """The Secret the ranks reach MLflow through, as in a cluster: never a value copied into the job."""
+    from kubernetes import client
+
+    client.CoreV1Api(cluster.api()).create_namespaced_secret("default", {
+        "metadata": {"name": "kfloop-mlflow"}, "stringData": {"MLFLOW_TRACKING_URI": tracking_uri}})
+
+
 def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators_env(
         cluster, isolated_env, demo_files, tmp_path):
     import mlflow
@@ -263,6 +271,7 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     from training.steps import evaluate_step, register_step, train_step
 
     schema, train, holdout, sha, md5 = _prepared(tmp_path, demo_files, "k8s-model")
+    _credentials_secret(cluster, isolated_env.tracking_uri)
     model_dir = tmp_path / "model"
     result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST, nnodes=2,
                         nproc_per_node=2, backend="kubernetes", pipeline_run_id="run-train-1",
@@ -288,6 +297,10 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     job = client.CustomObjectsApi(cluster.api()).get_namespaced_custom_object(
         "kubeflow.org", "v1", "default", "pytorchjobs", name)
     assert [c["type"] for c in job["status"]["conditions"] if c["status"] == "True"] == ["Created", "Succeeded"]
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert isolated_env.tracking_uri not in json.dumps(job)
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    assert refs["MLFLOW_TRACKING_URI"] == {"name": "kfloop-mlflow", "key": "MLFLOW_TRACKING_URI", "optional": True}
     master_log = core.read_namespaced_pod_log(f"{name}-master-0", "default")
     assert "[rank 0]" in master_log and "wrote" in master_log
     assert core.read_namespaced_pod_log(f"{name}-master-0", "default", tail_lines=2) == "".join(
@@ -440,6 +453,7 @@ def test_a_retried_launch_step_attaches_to_the_job_its_killed_attempt_created(cl
     from training.steps import train_step
 
     schema, train, *_ = _prepared(tmp_path, demo_files, "k8s-retry")
+    _credentials_secret(cluster, isolated_env.tracking_uri)
     args = dict(train_path=train, schema_path=schema, model_name="k8s-retry", config={**FAST, "epochs": 1},
                 nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-retry",
                 model_dir=str(tmp_path / "model"), cluster=cluster.settings())

@@ -20,6 +20,7 @@ def kfp(monkeypatch, tmp_path):
     monkeypatch.setenv(kfp_remote.TOKEN_ENV, TOKEN)
     monkeypatch.setenv(kfp_remote.SA_TOKEN_PATH_ENV, str(tmp_path / "no-token-file"))
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT)
+    monkeypatch.delenv("KFLOOP_IMAGE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads ~/.config/kfp/context.json
     monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "kfloop"))
     with KfpApiServer(token=TOKEN) as server:
@@ -98,6 +99,52 @@ def test_a_dirty_checkout_needs_an_explicit_version(kfp, capsys, monkeypatch):
     code, out, err = cli(capsys, "upload", "--host", kfp.url, "--version", "rc-1")
     assert code == 0, err
     assert len(versions_named(kfp, "rc-1")) == 2
+
+
+def _step_images(version: dict) -> set[str]:
+    spec = version["pipeline_spec"]
+    spec = spec.get("pipeline_spec", spec)  # a spec with a platform spec is wrapped
+    return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+
+
+def test_a_commits_version_never_runs_the_image_of_another_commit(kfp, capsys, monkeypatch):
+    other = "9" * 40
+    monkeypatch.setenv("KFLOOP_IMAGE", f"ghcr.io/team/kfloop:{other}")
+    code, _, err = cli(capsys, "upload", "--host", kfp.url)
+    assert code == 1 and f"tagged for commit {other}" in err and f"named by commit {COMMIT}" in err
+    assert "--image" in err and not kfp.store.pipelines  # nothing uploaded
+
+    monkeypatch.setenv("KFLOOP_IMAGE", f"registry.example:5000/team/kfloop:{COMMIT[:12]}")  # a short SHA tag fits
+    assert upload(kfp, capsys)
+    assert {img for v in versions_named(kfp, COMMIT) for img in _step_images(v)} == {
+        f"registry.example:5000/team/kfloop:{COMMIT[:12]}"}
+
+    monkeypatch.setenv("KFLOOP_IMAGE", f"ghcr.io/team/kfloop:{other}")
+    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "hotfix", "--image",
+                       f"ghcr.io/team/kfloop:{other}")  # explicit: taken as given
+    assert code == 0, err
+    assert {img for v in versions_named(kfp, "hotfix") for img in _step_images(v)} == {f"ghcr.io/team/kfloop:{other}"}
+
+
+def test_upload_compiles_with_caching_off_unless_enabled(kfp, capsys):
+    def caching(version: dict) -> set[bool]:
+        spec = version["pipeline_spec"]
+        spec = spec.get("pipeline_spec", spec)
+        return {t["cachingOptions"].get("enableCache", False) for t in spec["root"]["dag"]["tasks"].values()
+                if "cachingOptions" in t}  # steps, not the dsl.If sub-DAG
+
+    assert cli(capsys, "upload", "--host", kfp.url, "--version", "plain")[0] == 0
+    assert cli(capsys, "upload", "--host", kfp.url, "--version", "cached", "--enable-caching")[0] == 0
+    assert {c for v in versions_named(kfp, "plain") for c in caching(v)} == {False}
+    assert {c for v in versions_named(kfp, "cached") for c in caching(v)} == {True}
+
+
+@pytest.mark.parametrize("image, tag", [("ghcr.io/o/kfloop:abc1234", "abc1234"), ("localhost:5000/kfloop", ""),
+                                        ("r:5000/k:v1@sha256:00ff", "v1"), ("kfloop", "")])
+def test_image_tag(image, tag):
+    from pipelines.remote import image_tag
+
+    assert image_tag(image) == tag
 
 
 def test_run_needs_the_version_uploaded_first(kfp, capsys):

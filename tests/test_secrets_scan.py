@@ -1,6 +1,6 @@
 """Plant secret values in the environment, drive compile, upload, run, schedule, the webhook and a real training
-run, then scan everything they left behind: compiled YAML, request bodies the KFP server received, CLI output,
-webhook logs, MLflow params and tags. None may hold a secret value (or the hosts they guard)."""
+run, then scan everything they left behind: compiled YAML, rendered training jobs, request bodies the KFP server
+received, CLI output, webhook logs, MLflow params and tags. None may hold a secret value (or the hosts they guard)."""
 from __future__ import annotations
 
 import io
@@ -109,3 +109,24 @@ def test_mlflow_params_and_tags_of_a_training_run_hold_no_secret(planted, isolat
     for run in runs:
         assert_clean(json.dumps({"params": run.data.params, "tags": run.data.tags}), planted,
                      f"MLflow run {run.info.run_id}")
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_rendered_jobs_hold_references_to_the_credentials_secret_never_values(planted, monkeypatch, capsys, kind):
+    """What the launcher submits (`kfloop render-job` is its dry run): every credential is a secretKeyRef."""
+    import yaml
+
+    from training.cluster import CREDENTIAL_KEYS
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.planted-host.example:5000")
+    assert main(["render-job", "--kind", kind, "--nnodes", "2", "--set", "cluster.namespace=kfloop"]) == 0
+    out = capsys.readouterr()
+    assert_clean(out.out + out.err, planted, f"rendered {kind}")
+    assert "planted-host" not in out.out
+    body = yaml.safe_load(out.out)
+    containers = [c for spec in body["spec"].get("pytorchReplicaSpecs", {}).values()
+                  for c in spec["template"]["spec"]["containers"]] or [body["spec"]["trainer"]]
+    for container in containers:
+        env = {e["name"]: e for e in container["env"]}
+        assert {key: env[key]["valueFrom"]["secretKeyRef"] for key in CREDENTIAL_KEYS} == {
+            key: {"name": "kfloop-mlflow", "key": key, "optional": True} for key in CREDENTIAL_KEYS}

@@ -19,6 +19,11 @@ NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 ASYNC_ERROR_HANDLING = (1, 2, 3)
 """``TORCH_NCCL_ASYNC_ERROR_HANDLING`` modes that tear a hung NCCL job down; 0 would leave ranks hanging forever."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+CREDENTIAL_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                   "MLFLOW_TRACKING_TOKEN", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                   "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AZURE_STORAGE_CONNECTION_STRING")
+"""Keys of the credentials Secret (MLflow tracking and its auth, object-store credentials and endpoints) that
+become env of the same name, as ``secretKeyRef``, in the pipeline steps and the training pods."""
 RUN_AS_USER = 1000
 """The numeric UID (and GID) of the image's non-root user (deploy/Dockerfile); numeric so runAsNonRoot can verify it."""
 
@@ -141,9 +146,13 @@ class ClusterConfig:
     affinity: dict[str, Any] = field(default_factory=dict)
     """Pod affinity, as in the Kubernetes API (e.g. keep all nodes in one rack or NVLink domain)."""
 
+    credentials_secret: str = "kfloop-mlflow"
+    """Secret (in ``namespace``) whose :data:`CREDENTIAL_KEYS` every training pod gets as env of the same name
+    through optional ``secretKeyRef``s: the keys it holds arrive, the others stay unset. The steps' Secret
+    (``kfloop compile --credentials-secret``) usually has the same name. Empty: none."""
     secret_env: dict[str, str] = field(default_factory=dict)
     """Environment variables read from Secrets: ``{VAR: "<secret-name>/<key>"}``, rendered as ``secretKeyRef`` so
-    the value never appears in the manifest."""
+    the value never appears in the manifest (a variable here overrides the same one of ``credentials_secret``)."""
     shared_volume_claim: str = "kfloop-shared"
     """PersistentVolumeClaim (ReadWriteMany) mounted in every pod at ``shared_mount_path``: the launch step and the
     job exchange data, config and the model through it (``<shared_mount_path>/<job name>/``). Empty: no shared
@@ -176,7 +185,7 @@ class ClusterConfig:
         if self.image_pull_policy not in ("IfNotPresent", "Always", "Never"):
             raise ValueError(f"image_pull_policy={self.image_pull_policy!r}: use IfNotPresent, Always or Never")
         for name in (*self.image_pull_secrets, self.service_account_name, self.priority_class_name,
-                     self.trainjob_runtime):
+                     self.trainjob_runtime, self.credentials_secret):
             if name and not _DNS1123_SUBDOMAIN.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid object name: use lowercase letters, digits, '-' and '.'")
         if not self.trainjob_runtime:

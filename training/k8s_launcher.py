@@ -507,12 +507,13 @@ def preflight(config: TrainingConfig, cluster: ClusterConfig, policy: LaunchPoli
 
 def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | Path, config: TrainingConfig,
                      cluster: ClusterConfig, policy: LaunchPolicy, pipeline_run_id: str, log_dir: str | Path,
-                     mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None) -> TrainResult:
+                     mlflow_run_id: str | None = None) -> TrainResult:
     """Train with ``training.train`` as a PyTorchJob named after ``pipeline_run_id``; see the module docstring.
 
     Stages the data, schema and config in the job's folder on the shared volume (this process must see it at
     ``cluster.shared_mount_path``), runs the preflight when asked, follows the job, and copies the model to
-    ``model_dir``. ``mlflow_tracking_uri`` becomes the ranks' ``MLFLOW_TRACKING_URI``.
+    ``model_dir``. The ranks log into ``mlflow_run_id`` on the tracking server of ``cluster.credentials_secret``
+    (a ``secretKeyRef``, never a copied value).
 
     Raises:
         LaunchError: the job (or the preflight) failed, or the launcher gave up on it and deleted it.
@@ -522,8 +523,7 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     name = job_name_for(pipeline_run_id)
     root = Path(job_dir(name, cluster))
     data_file = "data" + (Path(data).suffix or ".parquet")
-    env = {"MLFLOW_TRACKING_URI": mlflow_tracking_uri} if mlflow_tracking_uri else {}
-    spec = training_job_spec(config, cluster, name=name, data_file=data_file, env=env, mlflow_run_id=mlflow_run_id)
+    spec = training_job_spec(config, cluster, name=name, data_file=data_file, mlflow_run_id=mlflow_run_id)
     body = render_pytorchjob(spec, cluster)
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):

@@ -12,7 +12,7 @@ import re
 from pathlib import PurePosixPath
 from typing import Any
 
-from training.cluster import GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
+from training.cluster import CREDENTIAL_KEYS, GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
 from training.config import TrainingConfig
 from training.jobspec import MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec, training_run_spec
 
@@ -270,14 +270,15 @@ def _env(spec: JobSpec, cluster: ClusterConfig) -> list[dict[str, Any]]:
                            ("NCCL_IB_HCA", cluster.nccl_ib_hca)):
             if value:
                 values[key] = value
-    clashes = sorted((set(values) | set(cluster.secret_env)) & set(spec.env) | set(values) & set(cluster.secret_env))
+    credentials = {key: {"name": cluster.credentials_secret, "key": key, "optional": True}
+                   for key in CREDENTIAL_KEYS if cluster.credentials_secret and key not in cluster.secret_env}
+    refs = credentials | {var: dict(zip(("name", "key"), ref.split("/", 1))) for var, ref in cluster.secret_env.items()}
+    clashes = sorted((set(values) | set(refs)) & set(spec.env) | set(values) & set(refs))
     if clashes:
-        raise ValueError(f"environment variable(s) {clashes} are set twice (job env, cluster secret_env and the "
-                         "cluster's own NCCL/runtime settings): set each in one place")
+        raise ValueError(f"environment variable(s) {clashes} are set twice (job env, cluster secret_env or "
+                         "credentials_secret, and the cluster's own NCCL/runtime settings): set each in one place")
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted((spec.env | values).items())]
-    for var, ref in sorted(cluster.secret_env.items()):
-        secret, _, key = ref.partition("/")
-        env.append({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    env += [{"name": var, "valueFrom": {"secretKeyRef": ref}} for var, ref in sorted(refs.items())]
     return env
 
 

@@ -25,6 +25,9 @@ class Environment:
     """MLflow: ``MLFLOW_TRACKING_URI``, else SQLite under the workdir."""
     git_commit: str
     """Commit of the code that runs: ``KFLOOP_GIT_COMMIT`` (set in images), else ``git rev-parse HEAD``."""
+    image: str = ""
+    """Step image of ``kfloop compile | upload`` without ``--image``: ``KFLOOP_IMAGE`` (e.g. the image CI built and
+    pushed for this commit); empty: the default image."""
 
     @property
     def artifact_root(self) -> Path:
@@ -60,7 +63,7 @@ def load_environment(workdir: str | os.PathLike | None = None) -> Environment:
     root.mkdir(parents=True, exist_ok=True)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
     commit = os.environ.get("KFLOOP_GIT_COMMIT") or git_commit()
-    return Environment(workdir=root, tracking_uri=uri, git_commit=commit)
+    return Environment(workdir=root, tracking_uri=uri, git_commit=commit, image=os.environ.get("KFLOOP_IMAGE", ""))
 
 
 def activate(env: Environment) -> None:

@@ -125,7 +125,7 @@ def _training_config(config: dict[str, Any], **overrides: Any):
 
 
 def _launch(cfg, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path, log_dir: Path, run_name: str,
-            cluster: dict[str, Any] | None, mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None):
+            cluster: dict[str, Any] | None, mlflow_run_id: str | None = None):
     """Train on ``cfg.backend``: local torchrun agents, or a PyTorchJob named after ``run_name`` (its checkpoints
     then live in the job's folder on the shared volume, not in ``checkpoint_dir``)."""
     if cfg.backend == "kubernetes":
@@ -134,7 +134,7 @@ def _launch(cfg, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Pat
         settings = KubernetesSettings.from_dict(cluster)
         return train_kubernetes(data, schema, model_dir=model_dir, config=cfg, cluster=settings.cluster,
                                 policy=settings.launcher, pipeline_run_id=run_name, log_dir=log_dir,
-                                mlflow_run_id=mlflow_run_id, mlflow_tracking_uri=mlflow_tracking_uri)
+                                mlflow_run_id=mlflow_run_id)
     from training.launcher import train_local
 
     return train_local(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=cfg,
@@ -175,8 +175,7 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
     try:
         result = _launch(cfg, train_path, schema_path, model_dir=Path(model_dir),
                          checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, log_dir=log_dir,
-                         run_name=pipeline_run_id, cluster=cluster, mlflow_run_id=run_id,
-                         mlflow_tracking_uri=env.tracking_uri)
+                         run_name=pipeline_run_id, cluster=cluster, mlflow_run_id=run_id)
     except BaseException:
         if log_dir.is_dir():  # node logs and torchrun's error files, for the post-mortem
             client.log_artifacts(run_id, str(log_dir), FAILURE_ARTIFACTS)
