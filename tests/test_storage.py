@@ -187,3 +187,92 @@ def test_access_denied_fails_naming_the_uri(tmp_path, monkeypatch):
         assert f"{uri}: access denied" in err
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------------------------------------- the pipelines
+
+MODEL = "s3-loop"
+FAST = ["--set", "training.epochs=2", "--set", "nproc_per_node=1"]
+
+
+@pytest.fixture(scope="module")
+def s3_loop(s3_server, tmp_path_factory):
+    """Data and schema in S3, and an ``mlflow server`` whose artifacts live in S3 (``--artifacts-destination``)."""
+    from mlflow_server import MlflowServer
+
+    bucket = "kfloop-s3-loop"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3_server.env().items():
+            mp.setenv(key, value)
+        for key in ("MLFLOW_TRACKING_URI", "KFLOOP_HOME", "KFLOOP_GIT_COMMIT", "AWS_SESSION_TOKEN"):
+            mp.delenv(key, raising=False)
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        server = MlflowServer(root=tmp_path_factory.mktemp("mlflow-s3"),
+                              artifacts_destination=f"s3://{bucket}/mlartifacts").start()
+        mp.setenv("MLFLOW_TRACKING_URI", server.url)
+        try:
+            yield {"bucket": bucket, "workdir": tmp_path_factory.mktemp("s3-loop") / "workdir"}
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_champion(s3_loop, demo_files) -> tuple[str, subprocess.CompletedProcess]:
+    """``kfloop run training --local`` on data and schema in S3: the data URI and the finished CLI process."""
+    bucket, workdir = s3_loop["bucket"], s3_loop["workdir"]
+    data = upload(bucket, "data/train.parquet", demo_files["train.parquet"])
+    schema = upload(bucket, "data/schema.yaml", SCHEMA)
+    done = kfloop("--workdir", str(workdir), "run", "training", "--local", "--json", "--set", f"dataset_uri={data}",
+                  "--set", f"schema_uri={schema}", "--set", f"model_name={MODEL}", *FAST)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return data, done
+
+
+def test_training_pipeline_with_data_and_artifacts_in_s3(s3_loop, s3_champion, demo_files):
+    bucket = s3_loop["bucket"]
+    data, done = s3_champion
+    summary = json.loads(done.stdout)
+    assert summary["promoted"] is True and summary["champion_version"] == "1"
+    assert_no_secret(done.stdout, done.stderr)
+
+    client = mlflow.MlflowClient()
+    version = client.get_model_version(MODEL, "1")
+    head = boto3.client("s3").head_object(Bucket=bucket, Key="data/train.parquet")
+    assert version.tags["data_uri"] == data
+    assert version.tags["data_md5"] == file_digest(demo_files["train.parquet"], "md5")
+    assert version.tags["data_version"] == head["ETag"].strip('"')
+    run = client.get_run(version.run_id)
+    assert_no_secret(json.dumps(version.tags), json.dumps(run.data.params), json.dumps(run.data.tags))
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix="mlartifacts/")["Contents"]]
+    assert any(k.endswith("weights.safetensors") for k in keys), keys
+    champion = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+    raw = read_table(data).drop(columns=["churned"]).head(5)
+    assert len(champion.predict(raw)) == 5
+
+
+def test_drift_with_current_and_reference_in_s3(s3_loop, demo_files):
+    bucket = s3_loop["bucket"]
+    reference = upload(bucket, "drift/train.parquet", demo_files["train.parquet"])
+    drifted = upload(bucket, "drift/batch.parquet", demo_files["batch_drifted.parquet"])
+    schema = upload(bucket, "drift/schema.yaml", SCHEMA)
+    done = kfloop("--workdir", str(s3_loop["workdir"]), "drift", "--reference", reference, "--current", drifted,
+                  "--schema", schema, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["drifted"] is True and result["reference_uri"] == reference
+    assert result["data_md5"] == file_digest(demo_files["batch_drifted.parquet"], "md5") and result["data_version"]
+    assert_no_secret(done.stdout, done.stderr)
+
+
+def test_missing_dataset_fails_the_run_and_leaves_the_registry_alone(s3_loop, s3_champion):
+    client = mlflow.MlflowClient()
+    before = sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'"))
+    champion = client.get_model_version_by_alias(MODEL, "champion").version
+    uri = f"s3://{s3_loop['bucket']}/data/gone.parquet"
+    done = kfloop("--workdir", str(s3_loop["workdir"]), "run", "training", "--local", "--set", f"dataset_uri={uri}",
+                  "--set", f"model_name={MODEL}", *FAST)
+    assert done.returncode != 0
+    assert f"{uri}: not found" in done.stderr
+    assert_no_secret(done.stdout, done.stderr)
+    assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == before
+    assert client.get_model_version_by_alias(MODEL, "champion").version == champion
