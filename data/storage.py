@@ -80,9 +80,14 @@ def redact(uri: str | os.PathLike) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def absolute(uri: str | os.PathLike) -> str:
+    """``uri`` that means the same from any working directory: an object URI as is, a local path made absolute."""
+    return str(uri) if is_remote(uri) else str(Path(uri).resolve())
+
+
 def record_uri(uri: str | os.PathLike) -> str:
-    """The form of ``uri`` kept in lineage and MLflow: :func:`redact` for object storage, else the absolute path."""
-    return redact(uri) if is_remote(uri) else str(Path(uri).resolve())
+    """The form of ``uri`` kept in lineage and MLflow: :func:`absolute`, then :func:`redact`."""
+    return redact(absolute(uri))
 
 
 def stat(uri: str) -> ObjectInfo:

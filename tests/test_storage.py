@@ -18,6 +18,7 @@ from data import storage
 from mlflow_server import free_port
 from s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from training.fileio import file_digest
+from training.model_files import MODEL_FILE
 from training.validation import DataFileError, ReadLimits, load_schema, read_table, read_table_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,6 +188,19 @@ def test_access_denied_fails_naming_the_uri(tmp_path, monkeypatch):
         assert f"{uri}: access denied" in err
     finally:
         server.stop()
+
+
+def test_torchrun_ranks_read_training_data_and_schema_from_s3(s3_bucket, demo_files, tmp_path, monkeypatch):
+    """``kfloop train`` runs training.train under torchrun (2 processes); every rank reads the data from S3."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = upload(s3_bucket, "train/train.parquet", demo_files["train.parquet"])
+    schema = upload(s3_bucket, "train/schema.yaml", SCHEMA)
+    done = kfloop("--workdir", str(tmp_path / "workdir"), "train", "--data", data, "--schema", schema,
+                  "--nnodes", "1", "--nproc-per-node", "2", "--model-dir", str(tmp_path / "model"),
+                  "--set", "training.epochs=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "model" / MODEL_FILE).read_text())["world_size"] == 2
+    assert_no_secret(done.stdout, done.stderr)
 
 
 # ---------------------------------------------------------------------------------------------------- the pipelines
