@@ -37,10 +37,10 @@ def upload(bucket: str, key: str, path: Path) -> str:
     return f"s3://{bucket}/{key}"
 
 
-def kfloop(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, in its own process, with the current environment (plus ``env``)."""
+def kfloop(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, in its own process in ``cwd``, with the current environment (plus ``env``)."""
     return subprocess.run([sys.executable, "-m", "pipelines", *args], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
 # ---------------------------------------------------------------------------------------------------- URIs
@@ -120,10 +120,10 @@ def test_credentials_in_a_uri_are_refused_without_echoing_them(s3_bucket, demo_f
 
 # ---------------------------------------------------------------------------------------------------- the CLI
 
-def test_cli_validate_data_and_schema_in_s3(s3_bucket, demo_files):
+def test_cli_validate_data_and_schema_in_s3(s3_bucket, demo_files, tmp_path):
     data = upload(s3_bucket, "cli/train.parquet", demo_files["train.parquet"])
     schema = upload(s3_bucket, "cli/schema.yaml", SCHEMA)
-    done = kfloop("validate", "--data", data, "--schema", schema)
+    done = kfloop(tmp_path, "validate", "--data", data, "--schema", schema)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{data}: valid against {schema}"
     assert_no_secret(done.stdout, done.stderr)
@@ -137,27 +137,27 @@ def test_cli_validate_reports_failures_naming_the_uri(s3_bucket, demo_files, tmp
     bad = tmp_path / "bad.parquet"
     df.to_parquet(bad)
     data = upload(s3_bucket, "cli/bad.parquet", bad)
-    done = kfloop("validate", "--data", data, "--schema", str(SCHEMA))
+    done = kfloop(tmp_path, "validate", "--data", data, "--schema", str(SCHEMA))
     assert done.returncode == 1
     assert f"{data}: column 'age' failed in_range" in done.stderr
     assert_no_secret(done.stdout, done.stderr)
 
 
-def _failing_validate(uri: str, env: dict[str, str] | None = None) -> str:
-    done = kfloop("validate", "--data", uri, "--schema", str(SCHEMA), env=env)
+def _failing_validate(cwd: Path, uri: str, env: dict[str, str] | None = None) -> str:
+    done = kfloop(cwd, "validate", "--data", uri, "--schema", str(SCHEMA), env=env)
     assert done.returncode != 0
     assert_no_secret(done.stdout, done.stderr)
     return done.stderr
 
 
-def test_missing_object_fails_naming_its_uri(s3_bucket):
+def test_missing_object_fails_naming_its_uri(s3_bucket, tmp_path):
     uri = f"s3://{s3_bucket}/nowhere/train.parquet"
-    assert f"{uri}: not found" in _failing_validate(uri)
+    assert f"{uri}: not found" in _failing_validate(tmp_path, uri)
 
 
-def test_missing_bucket_fails_naming_its_uri(s3_bucket):
+def test_missing_bucket_fails_naming_its_uri(s3_bucket, tmp_path):
     uri = f"s3://{s3_bucket}-absent/train.parquet"
-    assert f"{uri}: not found" in _failing_validate(uri)
+    assert f"{uri}: not found" in _failing_validate(tmp_path, uri)
 
 
 def test_no_credentials_fails_naming_the_uri_and_the_variables(s3_bucket, demo_files, tmp_path):
@@ -167,24 +167,24 @@ def test_no_credentials_fails_naming_the_uri_and_the_variables(s3_bucket, demo_f
                AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
                PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-m", "pipelines", "validate", "--data", uri, "--schema", str(SCHEMA)],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode != 0
     assert f"{uri}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in done.stderr
 
 
-def test_unreachable_endpoint_fails_naming_the_uri_and_endpoint(s3_bucket):
+def test_unreachable_endpoint_fails_naming_the_uri_and_endpoint(s3_bucket, tmp_path):
     closed = f"http://127.0.0.1:{free_port()}"
     uri = f"s3://{s3_bucket}/train.parquet"
-    err = _failing_validate(uri, env={"AWS_ENDPOINT_URL": closed})
+    err = _failing_validate(tmp_path, uri, env={"AWS_ENDPOINT_URL": closed})
     assert f"{uri}: cannot reach the endpoint {closed}" in err
 
 
-def test_access_denied_fails_naming_the_uri(tmp_path, monkeypatch):
+def test_access_denied_fails_naming_the_uri(tmp_path):
     """A server that checks signatures and knows none of our keys answers 403."""
     server = S3Server(root=tmp_path, authenticate=True).start()
     try:
         uri = "s3://locked-bucket/train.parquet"
-        err = _failing_validate(uri, env=server.env())
+        err = _failing_validate(tmp_path, uri, env=server.env())
         assert f"{uri}: access denied" in err
     finally:
         server.stop()
@@ -195,12 +195,38 @@ def test_torchrun_ranks_read_training_data_and_schema_from_s3(s3_bucket, demo_fi
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     data = upload(s3_bucket, "train/train.parquet", demo_files["train.parquet"])
     schema = upload(s3_bucket, "train/schema.yaml", SCHEMA)
-    done = kfloop("--workdir", str(tmp_path / "workdir"), "train", "--data", data, "--schema", schema,
+    done = kfloop(tmp_path, "--workdir", str(tmp_path / "workdir"), "train", "--data", data, "--schema", schema,
                   "--nnodes", "1", "--nproc-per-node", "2", "--model-dir", str(tmp_path / "model"),
                   "--set", "training.epochs=1")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((tmp_path / "model" / MODEL_FILE).read_text())["world_size"] == 2
     assert_no_secret(done.stdout, done.stderr)
+
+
+def test_dvc_remote_in_s3_pushes_and_serves_the_data_by_md5(s3_bucket, demo_files, tmp_path):
+    """A DVC repo whose remote is ``s3://``: ``dvc push`` the data, empty the cache, fetch it back by its md5."""
+    import shutil
+
+    from dvc.repo import Repo
+
+    from training.reproduce import fetch_by_md5
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copy(demo_files["train.parquet"], root / "train.parquet")
+    with Repo.init(str(root), no_scm=True) as repo:
+        with repo.config.edit("local") as conf:
+            conf["remote"]["store"] = {"url": f"s3://{s3_bucket}/dvcstore"}
+            conf["core"]["remote"] = "store"
+        repo.add(str(root / "train.parquet"))
+        assert repo.push() == 1
+    md5 = file_digest(demo_files["train.parquet"], "md5")
+    shutil.rmtree(root / ".dvc" / "cache")
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert keys == [f"dvcstore/files/md5/{md5[:2]}/{md5[2:]}"]
+    path, source = fetch_by_md5(md5, tmp_path / "out" / "train.parquet", repo_root=root)
+    assert file_digest(path, "md5") == md5 and source.startswith("DVC remote 'store'")
+    assert_no_secret(source)
 
 
 # ---------------------------------------------------------------------------------------------------- the pipelines
@@ -236,8 +262,9 @@ def s3_champion(s3_loop, demo_files) -> tuple[str, subprocess.CompletedProcess]:
     bucket, workdir = s3_loop["bucket"], s3_loop["workdir"]
     data = upload(bucket, "data/train.parquet", demo_files["train.parquet"])
     schema = upload(bucket, "data/schema.yaml", SCHEMA)
-    done = kfloop("--workdir", str(workdir), "run", "training", "--local", "--json", "--set", f"dataset_uri={data}",
-                  "--set", f"schema_uri={schema}", "--set", f"model_name={MODEL}", *FAST)
+    done = kfloop(workdir.parent, "--workdir", str(workdir), "run", "training", "--local", "--json",
+                  "--set", f"dataset_uri={data}", "--set", f"schema_uri={schema}", "--set", f"model_name={MODEL}",
+                  *FAST)
     assert done.returncode == 0, done.stderr[-3000:]
     return data, done
 
@@ -269,7 +296,8 @@ def test_drift_with_current_and_reference_in_s3(s3_loop, demo_files):
     reference = upload(bucket, "drift/train.parquet", demo_files["train.parquet"])
     drifted = upload(bucket, "drift/batch.parquet", demo_files["batch_drifted.parquet"])
     schema = upload(bucket, "drift/schema.yaml", SCHEMA)
-    done = kfloop("--workdir", str(s3_loop["workdir"]), "drift", "--reference", reference, "--current", drifted,
+    workdir = s3_loop["workdir"]
+    done = kfloop(workdir.parent, "--workdir", str(workdir), "drift", "--reference", reference, "--current", drifted,
                   "--schema", schema, "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
@@ -283,8 +311,9 @@ def test_missing_dataset_fails_the_run_and_leaves_the_registry_alone(s3_loop, s3
     before = sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'"))
     champion = client.get_model_version_by_alias(MODEL, "champion").version
     uri = f"s3://{s3_loop['bucket']}/data/gone.parquet"
-    done = kfloop("--workdir", str(s3_loop["workdir"]), "run", "training", "--local", "--set", f"dataset_uri={uri}",
-                  "--set", f"model_name={MODEL}", *FAST)
+    workdir = s3_loop["workdir"]
+    done = kfloop(workdir.parent, "--workdir", str(workdir), "run", "training", "--local", "--set",
+                  f"dataset_uri={uri}", "--set", f"model_name={MODEL}", *FAST)
     assert done.returncode != 0
     assert f"{uri}: not found" in done.stderr
     assert_no_secret(done.stdout, done.stderr)
