@@ -16,6 +16,7 @@ import pytest
 
 from data import storage
 from mlflow_server import free_port
+from pipelines.cli import EXIT_DATA_FILE
 from s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from training.fileio import file_digest
 from training.model_files import MODEL_FILE
@@ -61,6 +62,19 @@ def test_remote_schemes_and_local_paths():
     assert [storage.is_remote(u) for u in ("s3://b/k", "gs://b/k", "az://c/k", "abfs://c/k", "/tmp/k", "k.csv")] \
         == [True, True, True, True, False, False]
     assert storage.record_uri("x.csv") == str(Path("x.csv").resolve())
+
+
+@pytest.mark.parametrize("uri, package, extra", [("gs://bucket/train.parquet", "gcsfs", "gcs"),
+                                                 ("az://container/train.parquet", "adlfs", "azure")])
+def test_a_store_whose_package_is_missing_names_the_extra(uri, package, extra):
+    try:
+        __import__(package)
+    except ImportError:
+        with pytest.raises(DataFileError, match=rf"{uri}: reading this URI needs the {package} package: "
+                                                rf"pip install 'kfloop\[{extra}\]'"):
+            read_table(uri)
+    else:
+        pytest.skip(f"{package} is installed here")
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -145,7 +159,7 @@ def test_cli_validate_reports_failures_naming_the_uri(s3_bucket, demo_files, tmp
 
 def _failing_validate(cwd: Path, uri: str, env: dict[str, str] | None = None) -> str:
     done = kfloop(cwd, "validate", "--data", uri, "--schema", str(SCHEMA), env=env)
-    assert done.returncode != 0
+    assert done.returncode == EXIT_DATA_FILE, done.stderr
     assert_no_secret(done.stdout, done.stderr)
     return done.stderr
 
@@ -168,7 +182,7 @@ def test_no_credentials_fails_naming_the_uri_and_the_variables(s3_bucket, demo_f
                PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-m", "pipelines", "validate", "--data", uri, "--schema", str(SCHEMA)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode != 0
+    assert done.returncode == EXIT_DATA_FILE, done.stderr
     assert f"{uri}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in done.stderr
 
 
@@ -314,7 +328,7 @@ def test_missing_dataset_fails_the_run_and_leaves_the_registry_alone(s3_loop, s3
     workdir = s3_loop["workdir"]
     done = kfloop(workdir.parent, "--workdir", str(workdir), "run", "training", "--local", "--set",
                   f"dataset_uri={uri}", "--set", f"model_name={MODEL}", *FAST)
-    assert done.returncode != 0
+    assert done.returncode == EXIT_DATA_FILE, done.stderr[-3000:]
     assert f"{uri}: not found" in done.stderr
     assert_no_secret(done.stdout, done.stderr)
     assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == before
