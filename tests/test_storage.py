@@ -132,6 +132,17 @@ def test_credentials_in_a_uri_are_refused_without_echoing_them(s3_bucket, demo_f
     assert_no_secret(str(info.value))
 
 
+def test_pipeline_parameters_refuse_credentials_in_a_uri():
+    from pipelines.params import pipeline_params
+    from pipelines.training import training_pipeline
+
+    uri = f"s3://{ACCESS_KEY_ID}:{SECRET_ACCESS_KEY}@bucket/train.parquet"
+    refused = r"\['dataset_uri'\]: credentials in a URI \(s3://bucket/train.parquet\)"
+    with pytest.raises(ValueError, match=refused) as info:
+        pipeline_params(training_pipeline, {"dataset_uri": uri})
+    assert_no_secret(str(info.value))
+
+
 # ---------------------------------------------------------------------------------------------------- the CLI
 
 def test_cli_validate_data_and_schema_in_s3(s3_bucket, demo_files, tmp_path):
