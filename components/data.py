@@ -8,7 +8,8 @@ from components.base import kfloop_component
 
 @kfloop_component
 def validate_data(dataset_uri: str, schema_uri: str, target: str, model_name: str,
-                  schema: Output[Artifact]) -> NamedTuple("ValidateOutputs", [("data_md5", str), ("target", str)]):
+                  schema: Output[Artifact]) -> NamedTuple("ValidateOutputs", [("data_md5", str), ("data_version", str),
+                                                                ("target", str)]):
     """Validate the dataset (schema_uri, else the champion's schema, else inferred on the very first run);
     fails the run listing every failure."""
     from training.steps import validate_step
@@ -16,7 +17,7 @@ def validate_data(dataset_uri: str, schema_uri: str, target: str, model_name: st
     result = validate_step(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name,
                            schema_out=schema.path)
     schema.metadata.update({"source": result.schema_source, "rows": result.rows})
-    return result.data_md5, result.target
+    return result.data_md5, result.data_version, result.target
 
 
 @kfloop_component

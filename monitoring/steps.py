@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from training.fileio import file_digest
+from data.storage import redact
 from training.progress import progress
 from training.settings import load_environment, step_function
 
@@ -17,13 +17,16 @@ class DriftStepResult:
     """The :class:`monitoring.drift.DriftResult`."""
     data_md5: str
     """md5 (DVC's hash) of the current data file: the trigger dedupes on it."""
+    data_version: str
+    """The object store's version id or ETag of the current data; empty for a local file."""
     reference_uri: str
+    """The reference data, credentials removed."""
     champion_version: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        """``kfloop drift --json``: the DriftResult contract plus data hash, reference and champion."""
-        return {**self.drift.to_dict(), "data_md5": self.data_md5, "reference_uri": self.reference_uri,
-                "champion_version": self.champion_version}
+        """``kfloop drift --json``: the DriftResult contract plus data hash and version, reference and champion."""
+        return {**self.drift.to_dict(), "data_md5": self.data_md5, "data_version": self.data_version,
+                "reference_uri": self.reference_uri, "champion_version": self.champion_version}
 
 
 @step_function
@@ -40,7 +43,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     """
     from monitoring.drift import DriftPolicy, check_drift
     from training.registry import champion_schema, get_champion, load_version_predictor
-    from training.validation import load_schema, read_table, schema_roles
+    from training.validation import load_schema, read_table, read_table_source, schema_roles
 
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None
@@ -50,7 +53,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         raise ValueError(f"model '{model_name}' has no champion to take the reference data and schema from; "
                          "pass reference_uri and schema_uri")
     roles = schema_roles(load_schema(schema_text))
-    reference, current = read_table(reference_uri), read_table(current_uri)
+    reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
     if champion is not None and rules.include_predictions:
         predictor = load_version_predictor(model_name, champion.version)
         reference["prediction"] = predictor.predict(reference).astype(str)
@@ -58,14 +61,14 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical, policy=rules,
                          report_path=report_out or None)
     drifted = [name for name, col in result.columns.items() if col.drifted]
-    progress(f"drift: {current_uri} vs {reference_uri}: drifted={result.drifted} "
+    progress(f"drift: {redact(current_uri)} vs {redact(reference_uri)}: drifted={result.drifted} "
               f"(share {result.share_drifted_columns:.2f}; columns {drifted or 'none'})")
-    checked = DriftStepResult(drift=result, data_md5=file_digest(current_uri, "md5"), reference_uri=reference_uri,
-                              champion_version=champion.version if champion else None)
+    checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
+                              reference_uri=redact(reference_uri), champion_version=champion.version if champion else None)
     if model_name:
         from monitoring.records import record_drift_check
 
-        record_drift_check(model_name, checked, current_uri=current_uri, report_path=report_out or None)
+        record_drift_check(model_name, checked, current_uri=redact(current_uri), report_path=report_out or None)
     return checked
 
 

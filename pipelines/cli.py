@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from data.storage import redact
 from pipelines import operate_cli
 
 EXIT_FAILED = 1
@@ -202,7 +203,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         atomic_write_text(args.report_csv, report.to_csv())
     if report.ok:
-        print(f"{args.data}: valid against {args.schema}")
+        print(f"{redact(args.data)}: valid against {redact(args.schema)}")
         return 0
     print("\n".join(filter(None, [report.format_diff(), report.format()])), file=sys.stderr)
     return EXIT_FAILED

@@ -43,7 +43,9 @@ def training_pipeline(
     registered = register_candidate(model=trained.outputs["model"], report=gate.outputs["report"],
                                     schema=validated.outputs["schema"], run_id=trained.outputs["Output"],
                                     model_name=model_name, dataset_uri=dataset_uri,
-                                    data_md5=validated.outputs["data_md5"], holdout_sha256=split.outputs["Output"],
+                                    data_md5=validated.outputs["data_md5"],
+                                    data_version=validated.outputs["data_version"],
+                                    holdout_sha256=split.outputs["Output"],
                                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     registered.set_display_name("register candidate")
     with dsl.If(gate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)

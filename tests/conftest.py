@@ -44,3 +44,26 @@ def mlflow_server(tmp_path_factory):
     server = MlflowServer(root=tmp_path_factory.mktemp("mlflow-server")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """One real ``moto_server`` (S3 API) process on loopback, shared by the session; see tests/s3_server.py."""
+    from s3_server import S3Server
+
+    server = S3Server(root=tmp_path_factory.mktemp("s3-server")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, monkeypatch, request) -> str:
+    """A fresh bucket on the session's S3 server, with the standard AWS environment pointing at it; its name."""
+    import boto3
+
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    name = "kfloop-" + "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:50].strip("-")
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name

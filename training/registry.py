@@ -66,7 +66,7 @@ class Lineage:
     data_md5: str
     """DVC md5 of the training data file."""
     data_uri: str
-    """Where the training data was read from."""
+    """Where the training data was read from (credentials removed: :func:`data.storage.record_uri`)."""
     holdout_sha256: str
     """sha256 of the holdout file both models were evaluated on."""
     git_commit: str
@@ -81,6 +81,8 @@ class Lineage:
     """Champion version when the candidate was evaluated; ``None`` if there was none."""
     training_config: dict[str, Any] = field(default_factory=dict)
     """The training config, as a JSON-ready dict."""
+    data_version: str = ""
+    """The object store's version id or ETag of the training data; empty for a local file."""
 
     def __post_init__(self) -> None:
         for name, length in (("data_md5", 32), ("holdout_sha256", 64)):
@@ -100,6 +102,7 @@ class Lineage:
     def tags(self) -> dict[str, str]:
         """The lineage as string tags (the schema and training config go in artifacts instead)."""
         return {"data_md5": self.data_md5, "data_uri": self.data_uri[:MAX_TAG_CHARS],
+                **({"data_version": self.data_version} if self.data_version else {}),
                 "holdout_sha256": self.holdout_sha256, "git_commit": self.git_commit,
                 "pipeline_run_id": self.pipeline_run_id, "seed": str(self.seed),
                 "previous_champion": self.previous_champion or "none"}

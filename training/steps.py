@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from training.fileio import atomic_write_json, atomic_write_text, file_digest
+from data.storage import record_uri, redact
+from training.fileio import atomic_write_json, atomic_write_text
 from training.progress import progress
 from training.settings import Environment, load_environment, step_function
 
@@ -17,6 +18,8 @@ from training.settings import Environment, load_environment, step_function
 class ValidateResult:
     data_md5: str
     """md5 of the data file: the hash DVC records for it."""
+    data_version: str
+    """The object store's version id or ETag of the data; empty for a local file."""
     target: str
     schema_source: str
     """``schema_uri``, ``champion vN`` or ``inferred`` (first run only)."""
@@ -58,21 +61,21 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
         training.validation.DataFileError: the file is unusable.
         training.validation.ValidationError: every failed rule, in one report.
     """
-    from training.validation import ValidationError, read_table, schema_roles, schema_to_yaml, validate
+    from training.validation import ValidationError, read_table_source, schema_roles, schema_to_yaml, validate
 
-    df = read_table(dataset_uri)
-    schema, source = resolve_schema(df, dataset_uri=dataset_uri, schema_uri=schema_uri, target=target,
+    df, data = read_table_source(dataset_uri)
+    schema, source = resolve_schema(df, dataset_uri=data.uri, schema_uri=schema_uri, target=target,
                                     model_name=model_name)
     report = validate(df, schema)
-    report.source = dataset_uri
+    report.source = data.uri
     if not report.ok:
         for line in [*report.format_diff().splitlines(), *report.format().splitlines()]:
             progress(f"validate: {line}")
         raise ValidationError(report)
     atomic_write_text(schema_out, schema_to_yaml(schema))
-    progress(f"validate: {dataset_uri}: {len(df)} rows valid against schema from {source}")
-    return ValidateResult(data_md5=file_digest(dataset_uri, "md5"), target=schema_roles(schema).target,
-                          schema_source=source, rows=len(df))
+    progress(f"validate: {data.uri}: {len(df)} rows valid against schema from {redact(source)}")
+    return ValidateResult(data_md5=data.md5, data_version=data.version, target=schema_roles(schema).target,
+                          schema_source=redact(source), rows=len(df))
 
 
 def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, holdout_out: str) -> str:
@@ -287,7 +290,7 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
 @step_function
 def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id: str, model_name: str,
                   dataset_uri: str, data_md5: str, holdout_sha256: str, pipeline_run_id: str,
-                  champion_version: str) -> str:
+                  champion_version: str, data_version: str = "") -> str:
     """Log the model into its training run and register it as a version with decision, reason and lineage."""
     from training.config import TrainingConfig
     from training.model import Predictor
@@ -295,7 +298,8 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
 
     decision = json.loads(Path(report_path).read_text())
     config = Predictor.load(model_dir).description["config"]
-    lineage = Lineage(data_md5=data_md5, data_uri=str(Path(dataset_uri).resolve()), holdout_sha256=holdout_sha256,
+    lineage = Lineage(data_md5=data_md5, data_uri=record_uri(dataset_uri), data_version=data_version,
+                      holdout_sha256=holdout_sha256,
                       git_commit=load_environment().git_commit, pipeline_run_id=pipeline_run_id,
                       seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
                       previous_champion=champion_version or None, training_config=config)

@@ -32,12 +32,12 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
+from data.storage import is_remote, redact
 from training import checkpoints
 from training.config import TrainingConfig
 from training.features import FeatureTransform, encode_target, target_classes
-from training.fileio import file_digest
 from training.model import MLP, Architecture, save_model_dir
-from training.validation import load_schema, read_table, schema_roles
+from training.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
 
 logger = logging.getLogger("kfloop.train")
 
@@ -62,8 +62,8 @@ class _Rank:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments of the entry point."""
     parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, type=Path, help="training data (Parquet or CSV)")
-    parser.add_argument("--schema", required=True, type=Path, help="kfloop pandera schema YAML")
+    parser.add_argument("--data", required=True, help="training data (Parquet or CSV): a path or s3://, gs://, az://")
+    parser.add_argument("--schema", required=True, help="kfloop pandera schema YAML: a path or s3://, gs://, az://")
     parser.add_argument("--model-dir", required=True, type=Path, help="where rank 0 writes the model dir")
     parser.add_argument("--checkpoint-dir", required=True, type=Path,
                         help="step checkpoints; shared by all nodes; a run resumes from the newest good one")
@@ -129,7 +129,7 @@ def _attempt_store(timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"kfloop/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def _split(df: pd.DataFrame, cfg: TrainingConfig, source: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _split(df: pd.DataFrame, cfg: TrainingConfig, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Seeded (train, validation) rows."""
     n_val = round(len(df) * cfg.val_fraction)
     if n_val < 1 or n_val >= len(df) - 1:
@@ -140,12 +140,13 @@ def _split(df: pd.DataFrame, cfg: TrainingConfig, source: Path) -> tuple[pd.Data
 
 
 def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
-    roles = schema_roles(load_schema(args.schema))
+    schema = load_schema(Path(args.schema) if not is_remote(args.schema) else args.schema)
+    roles = schema_roles(schema)
     if roles.task != "classification":
-        raise ValueError(f"{args.schema}: task is {roles.task!r}, but training.train trains classifiers; "
+        raise ValueError(f"{redact(args.schema)}: task is {roles.task!r}, but training.train trains classifiers; "
                          "set metadata.kfloop.task to 'classification'")
-    df = read_table(args.data)
-    train_df, val_df = _split(df, cfg, args.data)
+    df, source = read_table_source(args.data)
+    train_df, val_df = _split(df, cfg, source.uri)
     classes = target_classes(df[roles.target])
     transform = FeatureTransform.fit(train_df, numeric=roles.numeric, categorical=roles.categorical)
     x_train, y_train = _tensors(train_df, transform, roles.target, classes, me.device)
@@ -158,7 +159,8 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     model = MLP(arch).to(me.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
-    fingerprint = {"data_sha256": file_digest(args.data), "schema_sha256": file_digest(args.schema),
+    fingerprint = {"data_md5": source.md5,
+                   "schema_sha256": hashlib.sha256(schema_to_yaml(schema).encode("utf-8")).hexdigest(),
                    **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
     start_epoch, step = _resume(args.checkpoint_dir, me, cfg, fingerprint, model, optimizer, scheduler)
     ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,

@@ -10,11 +10,13 @@ from __future__ import annotations
 import csv
 import io
 import math
+import tempfile
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
@@ -27,6 +29,9 @@ from pandera.extensions import register_check_method
 from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
+from data import storage
+from training.fileio import file_digest
+
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")
 MAX_EXAMPLES = 5
@@ -34,6 +39,8 @@ FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 """Cell starts that spreadsheets read as a formula (CSV injection)."""
 PARQUET_MAGIC = b"PAR1"
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+SCHEMA_MAX_BYTES = 16 << 20
+"""The largest schema YAML read from object storage."""
 # Keys pandera's deserializer reads at the top level of a schema; it ignores any other key without a word.
 SCHEMA_KEYS = frozenset({
     "schema_type", "version", "api", "dataframe_library", "columns", "checks", "index", "multiindex", "dtype",
@@ -189,8 +196,48 @@ class ValidationError(Exception):
 
 # ---------------------------------------------------------------------------------------------------- reading files
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TableSource:
+    """Where a table was read from, as lineage records it."""
+
+    uri: str
+    """The URI without credentials (:func:`data.storage.record_uri`)."""
+    md5: str
+    """md5 of the bytes read: the hash DVC records for the file."""
+    version: str
+    """The object store's version id or ETag; empty for a local file."""
+
+
+def read_table_source(uri: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> tuple[pd.DataFrame, TableSource]:
+    """:func:`read_table`, and what was read. An object in storage is streamed to a temp file (size checked first,
+    md5 computed on the way) that is removed afterwards; errors name the URI without credentials.
+
+    Raises:
+        DataFileError: see :func:`read_table`; and for object storage, not found, no credentials, access denied
+            or an unreachable endpoint.
+    """
+    if not storage.is_remote(uri):
+        df = read_table(uri, limits=limits)
+        return df, TableSource(uri=storage.record_uri(uri), md5=file_digest(uri, "md5"), version="")
+    try:
+        info = storage.stat(uri)
+        if info.size > limits.max_bytes:
+            raise _too_large(info.uri, info.size, limits)
+        with tempfile.TemporaryDirectory(prefix="kfloop-read-") as tmp:
+            local = Path(tmp) / (Path(urlsplit(str(uri)).path).name or "data")
+            copy = storage.download(uri, local, max_bytes=limits.max_bytes)
+            try:
+                df = read_table(local, limits=limits)
+            except DataFileError as exc:
+                raise DataFileError(info.uri, exc.problem) from None
+    except storage.StorageError as exc:
+        raise DataFileError(exc.uri, exc.problem) from exc
+    return df, TableSource(uri=copy.info.uri, md5=copy.md5, version=copy.info.version)
+
+
 def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.DataFrame:
-    """Read a Parquet or CSV file (Parquet by its magic bytes or extension, otherwise UTF-8 CSV).
+    """Read a Parquet or CSV file (Parquet by its magic bytes or extension, otherwise UTF-8 CSV) from a local or
+    mounted path or object storage (``s3://``, ``gs://``, ``az://``: :func:`read_table_source`).
 
     CSV normalisation: a UTF-8 byte order mark is dropped, and ``\\n``, ``\\r\\n`` and ``\\r`` line ends (mixed too)
     all end a row; a line end inside a quoted field stays part of the value.
@@ -200,6 +247,8 @@ def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.D
             header but no rows, is a truncated or non-Parquet ``.parquet`` file, is not UTF-8 (UTF-16 included) or
             holds NUL bytes, has duplicate column names, or cannot be parsed.
     """
+    if storage.is_remote(path):
+        return read_table_source(path, limits=limits)[0]
     path = Path(path)
     if not path.exists():
         raise DataFileError(path, "file not found")
@@ -209,8 +258,7 @@ def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.D
     if size == 0:
         raise DataFileError(path, "file is empty (0 bytes)")
     if size > limits.max_bytes:
-        raise DataFileError(path, f"{size} bytes, over the limit of {limits.max_bytes}: split the data or raise "
-                                  "ReadLimits.max_bytes")
+        raise _too_large(path, size, limits)
     with path.open("rb") as f:
         head = f.read(len(PARQUET_MAGIC))
         f.seek(max(size - len(PARQUET_MAGIC), 0))
@@ -223,6 +271,11 @@ def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.D
         raise DataFileError(path, f"not a Parquet file (it does not start with {PARQUET_MAGIC!r}) despite its "
                                   f"'{path.suffix}' extension")
     return _read_csv(path, limits)
+
+
+def _too_large(path: str | Path, size: int, limits: ReadLimits) -> DataFileError:
+    return DataFileError(path, f"{size} bytes, over the limit of {limits.max_bytes}: split the data or raise "
+                               "ReadLimits.max_bytes")
 
 
 def _too_many_rows(path: Path, limits: ReadLimits) -> DataFileError:
@@ -453,12 +506,20 @@ def schema_to_yaml(schema: pa.DataFrameSchema) -> str:
 
 
 def load_schema(path_or_text: str | Path) -> pa.DataFrameSchema:
-    """Load a schema from a YAML file path or from YAML text (a string holding a newline or ``:``).
+    """Load a schema from a YAML file path, an object-storage URI or YAML text (a string holding a newline or ``:``).
 
     Raises:
         DataFileError: the file is missing or unreadable, or the YAML is not a valid pandera DataFrameSchema.
     """
-    if isinstance(path_or_text, Path) or not ("\n" in path_or_text or ":" in path_or_text):
+    if storage.is_remote(path_or_text):
+        source = storage.redact(path_or_text)
+        try:
+            text = storage.read_bytes(path_or_text, max_bytes=SCHEMA_MAX_BYTES).decode("utf-8")
+        except storage.StorageError as exc:
+            raise DataFileError(source, f"schema {exc.problem}") from exc
+        except UnicodeDecodeError as exc:
+            raise DataFileError(source, f"unreadable schema file: {exc}") from exc
+    elif isinstance(path_or_text, Path) or not ("\n" in path_or_text or ":" in path_or_text):
         source = str(path_or_text)
         try:
             text = Path(path_or_text).read_text(encoding="utf-8")
@@ -634,7 +695,7 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
     if isinstance(df_or_path, pd.DataFrame):
         df, source = df_or_path, "<dataframe>"
     else:
-        df, source = read_table(df_or_path), str(df_or_path)
+        df, source = read_table(df_or_path), storage.redact(df_or_path)
     try:
         with warnings.catch_warnings():  # pandera's own concat of failure cases; nothing the caller can act on
             warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)

@@ -1,0 +1,192 @@
+"""Local paths, PVC mounts and object storage behind one URI, through fsspec.
+
+``s3://`` (AWS S3, MinIO or any S3-compatible store, via s3fs), ``gs://`` (gcsfs, extra ``kfloop[gcs]``) and
+``az://``/``abfs://`` (adlfs, extra ``kfloop[azure]``); anything else is a local or mounted path. Credentials come
+only from each library's standard environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL`` for S3-compatible endpoints; ``GOOGLE_APPLICATION_CREDENTIALS``;
+``AZURE_STORAGE_ACCOUNT_NAME`` / ``AZURE_STORAGE_KEY`` / ``AZURE_STORAGE_CONNECTION_STRING``). A URI that is logged,
+recorded in lineage or printed goes through :func:`redact` first: user info and query parameters are dropped.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import fsspec
+from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
+                                 PartialCredentialsError)
+
+REMOTE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+                   "abfss": "adlfs"}
+"""Object-store URI schemes and the fsspec package that reads each."""
+EXTRAS = {"gcsfs": "gcs", "adlfs": "azure"}
+"""The ``kfloop[...]`` extra that installs a package not in the default install."""
+CREDENTIALS_HINT = {
+    "s3fs": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary credentials), "
+            "or run with an instance or pod role",
+    "gcsfs": "set GOOGLE_APPLICATION_CREDENTIALS to a service-account key file, or run with workload identity",
+    "adlfs": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_KEY or AZURE_STORAGE_CONNECTION_STRING, or run with "
+             "a managed identity",
+}
+CHUNK_BYTES = 1 << 20
+
+
+class StorageError(Exception):
+    """An object or file that cannot be read: the URI (credentials removed) and what went wrong, with the fix."""
+
+    def __init__(self, uri: str, problem: str):
+        self.uri = redact(uri)
+        self.problem = problem
+        super().__init__(f"{self.uri}: {problem}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObjectInfo:
+    """What the store says about one object (or local file) before it is read."""
+
+    uri: str
+    """The URI as it may be recorded: credentials removed; a local path made absolute."""
+    size: int
+    """Bytes."""
+    version: str
+    """The store's version id, else its ETag; empty for local files and stores that have neither."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Download:
+    """An object copied to a local file, with the hash of the bytes that were read."""
+
+    info: ObjectInfo
+    md5: str
+    """md5 of the bytes read (the hash DVC records for a file)."""
+
+
+def is_remote(uri: str | os.PathLike) -> bool:
+    """True for an object-store URI (``s3://``, ``gs://``, ``az://``, ...), False for a local or mounted path."""
+    return isinstance(uri, str) and urlsplit(uri).scheme.lower() in REMOTE_PACKAGES
+
+
+def redact(uri: str | os.PathLike) -> str:
+    """``uri`` without user info (``user:secret@``), query (``?X-Amz-Signature=...``, Azure SAS) or fragment."""
+    text = str(uri)
+    parts = urlsplit(text)
+    if not parts.scheme or len(parts.scheme) == 1:  # a path (or a Windows drive letter)
+        return text
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def record_uri(uri: str | os.PathLike) -> str:
+    """The form of ``uri`` kept in lineage and MLflow: :func:`redact` for object storage, else the absolute path."""
+    return redact(uri) if is_remote(uri) else str(Path(uri).resolve())
+
+
+def stat(uri: str) -> ObjectInfo:
+    """Size and version of the object at ``uri``.
+
+    Raises:
+        StorageError: not found, not a file, no credentials, access denied, unreachable endpoint, or the scheme's
+            package is not installed.
+    """
+    return _stat(*_filesystem(uri), uri)
+
+
+def download(uri: str, dest: str | os.PathLike, *, max_bytes: int) -> Download:
+    """Stream the object at ``uri`` into the new file ``dest``, hashing it on the way; at most ``max_bytes``.
+
+    Raises:
+        StorageError: see :func:`stat`; or the object grew past ``max_bytes`` while it was read.
+    """
+    fs, path = _filesystem(uri)
+    info = _stat(fs, path, uri)
+    md5 = hashlib.md5()
+    read = 0
+    try:
+        with fs.open(path, "rb") as src, open(dest, "xb") as out:
+            for chunk in iter(lambda: src.read(CHUNK_BYTES), b""):
+                read += len(chunk)
+                if read > max_bytes:
+                    raise StorageError(uri, f"more than {max_bytes} bytes read, over the limit: split the data or "
+                                            "raise ReadLimits.max_bytes")
+                md5.update(chunk)
+                out.write(chunk)
+            version = _version(getattr(src, "details", None) or {}) or info.version
+    except StorageError:
+        raise
+    except Exception as exc:  # every store raises its own types; _problem says which problem it is
+        raise StorageError(uri, _problem(exc, uri)) from exc
+    return Download(info=ObjectInfo(uri=info.uri, size=read, version=version), md5=md5.hexdigest())
+
+
+def read_bytes(uri: str, *, max_bytes: int) -> bytes:
+    """The whole (small) object at ``uri``, e.g. a schema.
+
+    Raises:
+        StorageError: see :func:`stat`; or the object is larger than ``max_bytes``.
+    """
+    fs, path = _filesystem(uri)
+    info = _stat(fs, path, uri)
+    if info.size > max_bytes:
+        raise StorageError(uri, f"{info.size} bytes, over the limit of {max_bytes} for this file")
+    try:
+        return fs.cat_file(path)
+    except Exception as exc:
+        raise StorageError(uri, _problem(exc, uri)) from exc
+
+
+def _stat(fs: fsspec.AbstractFileSystem, path: str, uri: str) -> ObjectInfo:
+    try:
+        info = fs.info(path)
+    except Exception as exc:  # every store raises its own types; _problem says which problem it is
+        raise StorageError(uri, _problem(exc, uri)) from exc
+    if info.get("type") != "file":
+        raise StorageError(uri, "not a file (a directory or prefix): give the URI of one Parquet or CSV object")
+    return ObjectInfo(uri=record_uri(uri), size=int(info["size"]), version=_version(info))
+
+
+def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """A fresh file system for ``uri``: it reads the credentials and endpoint in the environment now.
+
+    Raises:
+        StorageError: the URI holds credentials (``user:secret@``), or the scheme's package is not installed.
+    """
+    parts = urlsplit(str(uri))
+    if is_remote(uri) and (parts.username or parts.password):
+        raise StorageError(uri, "credentials in the URI: remove 'user:secret@' and give them in the environment "
+                                f"instead ({CREDENTIALS_HINT[REMOTE_PACKAGES[parts.scheme.lower()]]})")
+    try:
+        return fsspec.core.url_to_fs(str(uri), skip_instance_cache=True)
+    except ImportError:
+        package = REMOTE_PACKAGES[urlsplit(uri).scheme.lower()]
+        extra = EXTRAS[package]
+        raise StorageError(uri, f"reading this URI needs the {package} package: pip install 'kfloop[{extra}]'") \
+            from None
+
+
+def _version(info: dict) -> str:
+    """The version id (S3 ``VersionId``, GCS ``generation``, Azure ``version_id``), else the ETag, unquoted."""
+    for key in ("VersionId", "generation", "version_id", "ETag", "etag"):
+        if info.get(key):
+            return str(info[key]).strip('"')
+    return ""
+
+
+def _problem(exc: Exception, uri: str) -> str:
+    """What went wrong reading ``uri``, said for a user, without the URI's credentials."""
+    package = REMOTE_PACKAGES.get(urlsplit(uri).scheme.lower(), "")
+    if isinstance(exc, FileNotFoundError):
+        return "not found: check the bucket, the key and the endpoint" if package else "file not found"
+    if isinstance(exc, PermissionError):
+        return ("access denied: the credentials in the environment may not read it; check the key pair and the "
+                "bucket or IAM policy" if package else f"permission denied: {exc.strerror or exc}")
+    if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+        return f"no credentials: {CREDENTIALS_HINT[package]}"
+    if isinstance(exc, (EndpointConnectionError, ConnectTimeoutError)):
+        endpoint = urlsplit(exc.kwargs.get("endpoint_url", ""))
+        endpoint = redact(f"{endpoint.scheme}://{endpoint.netloc}")
+        return f"cannot reach the endpoint {endpoint}: check AWS_ENDPOINT_URL and that the store is running"
+    return f"cannot read it: {type(exc).__name__}: {str(exc).replace(uri, redact(uri))}"
