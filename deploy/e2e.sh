@@ -3,7 +3,7 @@
 #
 # Needs root (apt-get, debootstrap, dockerd) and no registry: a Debian 12 base made with debootstrap from the
 # mirror apt uses, the kfloop image built on it from deploy/Dockerfile with a wheelhouse (offline inside the
-# build), then deploy/e2e.py runs the loop with kfp.local's DockerRunner (UID 1000, read-only root, /tmp tmpfs,
+# build), then tests/e2e_docker.py runs the loop with kfp.local's DockerRunner (UID 1000, read-only root, /tmp tmpfs,
 # host network on loopback) against a moto S3 server and a real `mlflow server`.
 #
 # The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 CACHE=${KFLOOP_E2E_CACHE:-/var/tmp/kfloop-e2e}
-PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+PYTHON=${E2E_PYTHON:-$ROOT/.venv/bin/python}
 TORCH=${TORCH:-torch==2.13.0}
 BASE_IMAGE=kfloop-base:bookworm
 COMMIT=$(git rev-parse HEAD)
@@ -76,7 +76,11 @@ key=$(cat pyproject.toml <(echo "$TORCH") | sha256sum | cut -c1-16)
 wheelhouse=$CACHE/wheelhouse-$key
 if [ ! -e "$wheelhouse/.complete" ]; then
   begin "wheelhouse ($TORCH and pyproject.toml's dependencies)"
-  rm -rf "$CACHE"/wheelhouse-* && mkdir -p "$wheelhouse"
+  mkdir -p "$wheelhouse"
+  for previous in "$CACHE"/wheelhouse-*/; do  # wheels kept from the last pins: pip downloads only what changed
+    [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
+  done
+  rm -f "$wheelhouse/.complete"
   "$PYTHON" -m pip download -qq -d "$wheelhouse" "$TORCH" "$ROOT" \
     "$(sed -n 's/^requires = \["\(.*\)"\]$/\1/p' pyproject.toml)"
   # a dependency published only as an sdist (kfp-server-api) becomes a wheel here: the image installs wheels only
@@ -99,4 +103,4 @@ rm -rf "$context"
 took "build ($(docker image inspect "$IMAGE" --format '{{.Size}}' | numfmt --to=iec))"
 docker image prune --force --filter "until=24h" >/dev/null
 
-"$PYTHON" deploy/e2e.py --image "$IMAGE"
+PYTHONPATH=$ROOT "$PYTHON" tests/e2e_docker.py --image "$IMAGE"

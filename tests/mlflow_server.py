@@ -32,9 +32,13 @@ def free_port() -> int:
 
 @dataclass(kw_only=True)
 class MlflowServer:
-    """A running ``mlflow server`` on SQLite with proxied artifacts under ``root``."""
+    """A running ``mlflow server`` on SQLite with proxied artifacts under ``root`` (or ``artifacts_destination``)."""
 
     root: Path
+    artifacts_destination: str = ""
+    """Where the server keeps artifacts, e.g. ``s3://bucket/mlflow`` (with ``env`` naming the S3 endpoint)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the server process."""
     url: str = ""
     process: subprocess.Popen | None = None
 
@@ -47,11 +51,11 @@ class MlflowServer:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         log = (self.root / "server.log").open("wb")
-        env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false"}
+        env = {**os.environ, **self.env, "MLFLOW_ENABLE_TELEMETRY": "false"}
         self.process = subprocess.Popen(
             [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts")],
+             "--artifacts-destination", self.artifacts_destination or str(self.root / "artifacts")],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -160,9 +160,13 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^ARG UID=(\d+)$", text, re.M).group(1) == str(RUN_AS_USER)
     assert re.search(r"^USER \$\{UID\}:\$\{UID\}$", text, re.M)  # numeric, so runAsNonRoot can verify it
-    torch_at = text.index('pip install --index-url "$index" "${TORCH}"')
-    assert torch_at < text.index("pip install . && pip check")  # torch first, like `make setup`
+    # torch first, like `make setup`, online and from the wheelhouse
+    assert text.index('pip install --index-url "$index" "${TORCH}"') < text.index("pip install /src")
+    assert text.index('--find-links /wheelhouse "${TORCH}"') < text.index("--find-links /wheelhouse /src")
     assert re.search(r"^ARG VARIANT=cpu$", text, re.M) and "cuda)" in text
+    final_stage = text.rsplit("\nFROM ", 1)[1]
+    assert "wheelhouse" not in final_stage and re.search(r"^\s+HOME=/tmp \\$", final_stage, re.M)
+    assert "pip check" in final_stage and "ca-certificates" not in text  # never the builder's CA bundle
 
 
 @pytest.mark.skipif(os.environ.get("KFLOOP_KIND_E2E") != "1", reason="cluster test: set KFLOOP_KIND_E2E=1 with "
