@@ -3,7 +3,8 @@
 Both pipelines are compiled with ``--image IMAGE`` and run from that IR by kfp.local's DockerRunner, each step a
 container as a restricted pod runs it: UID 1000, read-only root filesystem, /tmp a tmpfs, HOME=/tmp, the host's
 network used on loopback only. The data lives in a moto S3 server, MLflow is a real ``mlflow server`` whose
-artifacts go to the same S3; the containers share nothing with the host but the pipeline root. First training:
+artifacts go to the same S3; the containers share nothing with the host but the pipeline root (and kfp.local's
+empty workspace folder, not writable for UID 1000, so steps work in temp dirs). First training:
 promoted; stable batch: no drift, no retrain; drifted batch: drift, retrain (inside the trigger step's container),
 gate. The last line printed sums up what ran.
 
