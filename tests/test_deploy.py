@@ -161,8 +161,9 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
     assert re.search(r"^ARG UID=(\d+)$", text, re.M).group(1) == str(RUN_AS_USER)
     assert re.search(r"^USER \$\{UID\}:\$\{UID\}$", text, re.M)  # numeric, so runAsNonRoot can verify it
     # torch first, like `make setup`, online and from the wheelhouse
-    assert text.index('pip install --index-url "$index" "${TORCH}"') < text.index("pip install /src")
-    assert text.index('--find-links /wheelhouse "${TORCH}"') < text.index("--find-links /wheelhouse /src")
+    kfloop_at = text.index("pip install $links /src")
+    assert text.index('pip install --index-url "$index" "${TORCH}"') < kfloop_at
+    assert text.index('--find-links /wheelhouse "${TORCH}"') < kfloop_at
     assert re.search(r"^ARG VARIANT=cpu$", text, re.M) and "cuda)" in text
     final_stage = text.rsplit("\nFROM ", 1)[1]
     assert "wheelhouse" not in final_stage and re.search(r"^\s+HOME=/tmp \\$", final_stage, re.M)
