@@ -80,9 +80,21 @@ def redact(uri: str | os.PathLike) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+def holds_credentials(uri: str | os.PathLike) -> bool:
+    """True for an object-store URI with user info (``s3://key:secret@bucket/...``): kfloop refuses those and takes
+    credentials only from the environment."""
+    parts = urlsplit(str(uri))
+    return is_remote(uri) and bool(parts.username or parts.password)
+
+
+def absolute(uri: str | os.PathLike) -> str:
+    """``uri`` that means the same from any working directory: an object URI as is, a local path made absolute."""
+    return str(uri) if is_remote(uri) else str(Path(uri).resolve())
+
+
 def record_uri(uri: str | os.PathLike) -> str:
-    """The form of ``uri`` kept in lineage and MLflow: :func:`redact` for object storage, else the absolute path."""
-    return redact(uri) if is_remote(uri) else str(Path(uri).resolve())
+    """The form of ``uri`` kept in lineage and MLflow: :func:`absolute`, then :func:`redact`."""
+    return redact(absolute(uri))
 
 
 def stat(uri: str) -> ObjectInfo:
@@ -154,10 +166,9 @@ def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     Raises:
         StorageError: the URI holds credentials (``user:secret@``), or the scheme's package is not installed.
     """
-    parts = urlsplit(str(uri))
-    if is_remote(uri) and (parts.username or parts.password):
+    if holds_credentials(uri):
         raise StorageError(uri, "credentials in the URI: remove 'user:secret@' and give them in the environment "
-                                f"instead ({CREDENTIALS_HINT[REMOTE_PACKAGES[parts.scheme.lower()]]})")
+                                f"instead ({CREDENTIALS_HINT[REMOTE_PACKAGES[urlsplit(uri).scheme.lower()]]})")
     try:
         return fsspec.core.url_to_fs(str(uri), skip_instance_cache=True)
     except ImportError:

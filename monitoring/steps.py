@@ -64,7 +64,8 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     progress(f"drift: {redact(current_uri)} vs {redact(reference_uri)}: drifted={result.drifted} "
               f"(share {result.share_drifted_columns:.2f}; columns {drifted or 'none'})")
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
-                              reference_uri=redact(reference_uri), champion_version=champion.version if champion else None)
+                              reference_uri=redact(reference_uri),
+                              champion_version=champion.version if champion else None)
     if model_name:
         from monitoring.records import record_drift_check
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from data.storage import holds_credentials, redact
+
 SECTIONS: dict[str, tuple[str, str]] = {
     "training": ("training_config", "training.config:TrainingConfig"),
     "promotion": ("promotion_policy", "training.gate:PromotionPolicy"),
@@ -34,7 +36,8 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
     ``training``, ``promotion``, ``drift``, ``trigger`` become dict parameters once their typed config accepts them.
 
     Raises:
-        ValueError: an unknown key, a missing required parameter, or a value a typed config rejects.
+        ValueError: an unknown key, a missing required parameter, a URI holding credentials, or a value a typed
+            config rejects.
     """
     declared = pipeline.component_spec.inputs or {}
     unknown = sorted(set(settings) - set(declared) - set(SECTIONS) - SHARED_KEYS)
@@ -53,6 +56,11 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
             params[key] = value
     if "training_params" in declared:  # the drift pipeline's retrain runs get the training settings
         params["training_params"] = {k: v for k, v in settings.items() if k in TRAINING_KEYS}
+    with_credentials = [k for k, v in params.items() if isinstance(v, str) and holds_credentials(v)]
+    if with_credentials:
+        uris = ", ".join(redact(params[k]) for k in with_credentials)
+        raise ValueError(f"{with_credentials}: credentials in a URI ({uris}); remove 'user:secret@' and give them "
+                         "in the environment (AWS_ACCESS_KEY_ID, ...)")
     missing = [k for k, spec in declared.items() if not spec.optional and k not in params]
     if missing:
         raise ValueError(f"missing required parameter(s) {missing}: pass them with --set KEY=VALUE")

@@ -36,9 +36,9 @@ class MlflowServer:
 
     root: Path
     artifacts_destination: str = ""
-    """Where the server keeps artifacts, e.g. ``s3://bucket/mlflow`` (with ``env`` naming the S3 endpoint)."""
+    """Where the server keeps artifacts, e.g. ``s3://bucket/mlartifacts``; default ``root/artifacts``."""
     env: dict[str, str] = field(default_factory=dict)
-    """Extra environment of the server process."""
+    """Extra environment of the server process (e.g. the S3 endpoint and keys)."""
     url: str = ""
     process: subprocess.Popen | None = None
 

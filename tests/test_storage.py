@@ -16,8 +16,10 @@ import pytest
 
 from data import storage
 from mlflow_server import free_port
+from pipelines.cli import EXIT_DATA_FILE
 from s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from training.fileio import file_digest
+from training.model_files import MODEL_FILE
 from training.validation import DataFileError, ReadLimits, load_schema, read_table, read_table_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,10 +38,10 @@ def upload(bucket: str, key: str, path: Path) -> str:
     return f"s3://{bucket}/{key}"
 
 
-def kfloop(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The CLI as a user runs it, in its own process, with the current environment (plus ``env``)."""
+def kfloop(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it, in its own process in ``cwd``, with the current environment (plus ``env``)."""
     return subprocess.run([sys.executable, "-m", "pipelines", *args], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
 # ---------------------------------------------------------------------------------------------------- URIs
@@ -60,6 +62,19 @@ def test_remote_schemes_and_local_paths():
     assert [storage.is_remote(u) for u in ("s3://b/k", "gs://b/k", "az://c/k", "abfs://c/k", "/tmp/k", "k.csv")] \
         == [True, True, True, True, False, False]
     assert storage.record_uri("x.csv") == str(Path("x.csv").resolve())
+
+
+@pytest.mark.parametrize("uri, package, extra", [("gs://bucket/train.parquet", "gcsfs", "gcs"),
+                                                 ("az://container/train.parquet", "adlfs", "azure")])
+def test_a_store_whose_package_is_missing_names_the_extra(uri, package, extra):
+    try:
+        __import__(package)
+    except ImportError:
+        with pytest.raises(DataFileError, match=rf"{uri}: reading this URI needs the {package} package: "
+                                                rf"pip install 'kfloop\[{extra}\]'"):
+            read_table(uri)
+    else:
+        pytest.skip(f"{package} is installed here")
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -117,12 +132,23 @@ def test_credentials_in_a_uri_are_refused_without_echoing_them(s3_bucket, demo_f
     assert_no_secret(str(info.value))
 
 
+def test_pipeline_parameters_refuse_credentials_in_a_uri():
+    from pipelines.params import pipeline_params
+    from pipelines.training import training_pipeline
+
+    uri = f"s3://{ACCESS_KEY_ID}:{SECRET_ACCESS_KEY}@bucket/train.parquet"
+    refused = r"\['dataset_uri'\]: credentials in a URI \(s3://bucket/train.parquet\)"
+    with pytest.raises(ValueError, match=refused) as info:
+        pipeline_params(training_pipeline, {"dataset_uri": uri})
+    assert_no_secret(str(info.value))
+
+
 # ---------------------------------------------------------------------------------------------------- the CLI
 
-def test_cli_validate_data_and_schema_in_s3(s3_bucket, demo_files):
+def test_cli_validate_data_and_schema_in_s3(s3_bucket, demo_files, tmp_path):
     data = upload(s3_bucket, "cli/train.parquet", demo_files["train.parquet"])
     schema = upload(s3_bucket, "cli/schema.yaml", SCHEMA)
-    done = kfloop("validate", "--data", data, "--schema", schema)
+    done = kfloop(tmp_path, "validate", "--data", data, "--schema", schema)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{data}: valid against {schema}"
     assert_no_secret(done.stdout, done.stderr)
@@ -136,27 +162,27 @@ def test_cli_validate_reports_failures_naming_the_uri(s3_bucket, demo_files, tmp
     bad = tmp_path / "bad.parquet"
     df.to_parquet(bad)
     data = upload(s3_bucket, "cli/bad.parquet", bad)
-    done = kfloop("validate", "--data", data, "--schema", str(SCHEMA))
+    done = kfloop(tmp_path, "validate", "--data", data, "--schema", str(SCHEMA))
     assert done.returncode == 1
     assert f"{data}: column 'age' failed in_range" in done.stderr
     assert_no_secret(done.stdout, done.stderr)
 
 
-def _failing_validate(uri: str, env: dict[str, str] | None = None) -> str:
-    done = kfloop("validate", "--data", uri, "--schema", str(SCHEMA), env=env)
-    assert done.returncode != 0
+def _failing_validate(cwd: Path, uri: str, env: dict[str, str] | None = None) -> str:
+    done = kfloop(cwd, "validate", "--data", uri, "--schema", str(SCHEMA), env=env)
+    assert done.returncode == EXIT_DATA_FILE, done.stderr
     assert_no_secret(done.stdout, done.stderr)
     return done.stderr
 
 
-def test_missing_object_fails_naming_its_uri(s3_bucket):
+def test_missing_object_fails_naming_its_uri(s3_bucket, tmp_path):
     uri = f"s3://{s3_bucket}/nowhere/train.parquet"
-    assert f"{uri}: not found" in _failing_validate(uri)
+    assert f"{uri}: not found" in _failing_validate(tmp_path, uri)
 
 
-def test_missing_bucket_fails_naming_its_uri(s3_bucket):
+def test_missing_bucket_fails_naming_its_uri(s3_bucket, tmp_path):
     uri = f"s3://{s3_bucket}-absent/train.parquet"
-    assert f"{uri}: not found" in _failing_validate(uri)
+    assert f"{uri}: not found" in _failing_validate(tmp_path, uri)
 
 
 def test_no_credentials_fails_naming_the_uri_and_the_variables(s3_bucket, demo_files, tmp_path):
@@ -166,24 +192,155 @@ def test_no_credentials_fails_naming_the_uri_and_the_variables(s3_bucket, demo_f
                AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
                PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-m", "pipelines", "validate", "--data", uri, "--schema", str(SCHEMA)],
-                          capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode != 0
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == EXIT_DATA_FILE, done.stderr
     assert f"{uri}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in done.stderr
 
 
-def test_unreachable_endpoint_fails_naming_the_uri_and_endpoint(s3_bucket):
+def test_unreachable_endpoint_fails_naming_the_uri_and_endpoint(s3_bucket, tmp_path):
     closed = f"http://127.0.0.1:{free_port()}"
     uri = f"s3://{s3_bucket}/train.parquet"
-    err = _failing_validate(uri, env={"AWS_ENDPOINT_URL": closed})
+    err = _failing_validate(tmp_path, uri, env={"AWS_ENDPOINT_URL": closed})
     assert f"{uri}: cannot reach the endpoint {closed}" in err
 
 
-def test_access_denied_fails_naming_the_uri(tmp_path, monkeypatch):
+def test_access_denied_fails_naming_the_uri(tmp_path):
     """A server that checks signatures and knows none of our keys answers 403."""
     server = S3Server(root=tmp_path, authenticate=True).start()
     try:
         uri = "s3://locked-bucket/train.parquet"
-        err = _failing_validate(uri, env=server.env())
+        err = _failing_validate(tmp_path, uri, env=server.env())
         assert f"{uri}: access denied" in err
     finally:
         server.stop()
+
+
+def test_torchrun_ranks_read_training_data_and_schema_from_s3(s3_bucket, demo_files, tmp_path, monkeypatch):
+    """``kfloop train`` runs training.train under torchrun (2 processes); every rank reads the data from S3."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = upload(s3_bucket, "train/train.parquet", demo_files["train.parquet"])
+    schema = upload(s3_bucket, "train/schema.yaml", SCHEMA)
+    done = kfloop(tmp_path, "--workdir", str(tmp_path / "workdir"), "train", "--data", data, "--schema", schema,
+                  "--nnodes", "1", "--nproc-per-node", "2", "--model-dir", str(tmp_path / "model"),
+                  "--set", "training.epochs=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "model" / MODEL_FILE).read_text())["world_size"] == 2
+    assert_no_secret(done.stdout, done.stderr)
+
+
+def test_dvc_remote_in_s3_pushes_and_serves_the_data_by_md5(s3_bucket, demo_files, tmp_path):
+    """A DVC repo whose remote is ``s3://``: ``dvc push`` the data, empty the cache, fetch it back by its md5."""
+    import shutil
+
+    from dvc.repo import Repo
+
+    from training.reproduce import fetch_by_md5
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copy(demo_files["train.parquet"], root / "train.parquet")
+    with Repo.init(str(root), no_scm=True) as repo:
+        with repo.config.edit("local") as conf:
+            conf["remote"]["store"] = {"url": f"s3://{s3_bucket}/dvcstore"}
+            conf["core"]["remote"] = "store"
+        repo.add(str(root / "train.parquet"))
+        assert repo.push() == 1
+    md5 = file_digest(demo_files["train.parquet"], "md5")
+    shutil.rmtree(root / ".dvc" / "cache")
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert keys == [f"dvcstore/files/md5/{md5[:2]}/{md5[2:]}"]
+    path, source = fetch_by_md5(md5, tmp_path / "out" / "train.parquet", repo_root=root)
+    assert file_digest(path, "md5") == md5 and source.startswith("DVC remote 'store'")
+    assert_no_secret(source)
+
+
+# ---------------------------------------------------------------------------------------------------- the pipelines
+
+MODEL = "s3-loop"
+FAST = ["--set", "training.epochs=2", "--set", "nproc_per_node=1"]
+
+
+@pytest.fixture(scope="module")
+def s3_loop(s3_server, tmp_path_factory):
+    """Data and schema in S3, and an ``mlflow server`` whose artifacts live in S3 (``--artifacts-destination``)."""
+    from mlflow_server import MlflowServer
+
+    bucket = "kfloop-s3-loop"
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in s3_server.env().items():
+            mp.setenv(key, value)
+        for key in ("MLFLOW_TRACKING_URI", "KFLOOP_HOME", "KFLOOP_GIT_COMMIT", "AWS_SESSION_TOKEN"):
+            mp.delenv(key, raising=False)
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        server = MlflowServer(root=tmp_path_factory.mktemp("mlflow-s3"),
+                              artifacts_destination=f"s3://{bucket}/mlartifacts").start()
+        mp.setenv("MLFLOW_TRACKING_URI", server.url)
+        try:
+            yield {"bucket": bucket, "workdir": tmp_path_factory.mktemp("s3-loop") / "workdir"}
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_champion(s3_loop, demo_files) -> tuple[str, subprocess.CompletedProcess]:
+    """``kfloop run training --local`` on data and schema in S3: the data URI and the finished CLI process."""
+    bucket, workdir = s3_loop["bucket"], s3_loop["workdir"]
+    data = upload(bucket, "data/train.parquet", demo_files["train.parquet"])
+    schema = upload(bucket, "data/schema.yaml", SCHEMA)
+    done = kfloop(workdir.parent, "--workdir", str(workdir), "run", "training", "--local", "--json",
+                  "--set", f"dataset_uri={data}", "--set", f"schema_uri={schema}", "--set", f"model_name={MODEL}",
+                  *FAST)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return data, done
+
+
+def test_training_pipeline_with_data_and_artifacts_in_s3(s3_loop, s3_champion, demo_files):
+    bucket = s3_loop["bucket"]
+    data, done = s3_champion
+    summary = json.loads(done.stdout)
+    assert summary["promoted"] is True and summary["champion_version"] == "1"
+    assert_no_secret(done.stdout, done.stderr)
+
+    client = mlflow.MlflowClient()
+    version = client.get_model_version(MODEL, "1")
+    head = boto3.client("s3").head_object(Bucket=bucket, Key="data/train.parquet")
+    assert version.tags["data_uri"] == data
+    assert version.tags["data_md5"] == file_digest(demo_files["train.parquet"], "md5")
+    assert version.tags["data_version"] == head["ETag"].strip('"')
+    run = client.get_run(version.run_id)
+    assert_no_secret(json.dumps(version.tags), json.dumps(run.data.params), json.dumps(run.data.tags))
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket, Prefix="mlartifacts/")["Contents"]]
+    assert any(k.endswith("weights.safetensors") for k in keys), keys
+    champion = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+    raw = read_table(data).drop(columns=["churned"]).head(5)
+    assert len(champion.predict(raw)) == 5
+
+
+def test_drift_with_current_and_reference_in_s3(s3_loop, demo_files):
+    bucket = s3_loop["bucket"]
+    reference = upload(bucket, "drift/train.parquet", demo_files["train.parquet"])
+    drifted = upload(bucket, "drift/batch.parquet", demo_files["batch_drifted.parquet"])
+    schema = upload(bucket, "drift/schema.yaml", SCHEMA)
+    workdir = s3_loop["workdir"]
+    done = kfloop(workdir.parent, "--workdir", str(workdir), "drift", "--reference", reference, "--current", drifted,
+                  "--schema", schema, "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["drifted"] is True and result["reference_uri"] == reference
+    assert result["data_md5"] == file_digest(demo_files["batch_drifted.parquet"], "md5") and result["data_version"]
+    assert_no_secret(done.stdout, done.stderr)
+
+
+def test_missing_dataset_fails_the_run_and_leaves_the_registry_alone(s3_loop, s3_champion):
+    client = mlflow.MlflowClient()
+    before = sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'"))
+    champion = client.get_model_version_by_alias(MODEL, "champion").version
+    uri = f"s3://{s3_loop['bucket']}/data/gone.parquet"
+    workdir = s3_loop["workdir"]
+    done = kfloop(workdir.parent, "--workdir", str(workdir), "run", "training", "--local", "--set",
+                  f"dataset_uri={uri}", "--set", f"model_name={MODEL}", *FAST)
+    assert done.returncode == EXIT_DATA_FILE, done.stderr[-3000:]
+    assert f"{uri}: not found" in done.stderr
+    assert_no_secret(done.stdout, done.stderr)
+    assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == before
+    assert client.get_model_version_by_alias(MODEL, "champion").version == champion

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from data.storage import absolute
 from training.config import TrainingConfig
 from training.fileio import atomic_write_json
 from training.jobspec import JobSpec, training_run_spec
@@ -312,7 +313,7 @@ def train_local(data: str | Path, schema: str | Path, *, model_dir: str | Path, 
     """
     log_dir = Path(log_dir)
     config_file = atomic_write_json(log_dir / "config.json", config.to_dict())
-    spec = training_run_spec(config, data=str(Path(data).resolve()), schema=str(Path(schema).resolve()),
+    spec = training_run_spec(config, data=absolute(data), schema=absolute(schema),
                              model_dir=str(Path(model_dir).resolve()),
                              checkpoint_dir=str(Path(checkpoint_dir).resolve()), config_file=str(config_file.resolve()),
                              env={"MLFLOW_TRACKING_URI": mlflow_tracking_uri} if mlflow_tracking_uri else None,
