@@ -98,7 +98,7 @@ main() {
   begin "docker build $IMAGE"
   context=$(mktemp -d)
   git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C "$context"
-  rm -rf "$context/deploy/wheelhouse" && cp -al "$wheelhouse" "$context/deploy/wheelhouse"
+  cp -al "$wheelhouse"/*.whl "$context/deploy/wheelhouse/"
   docker build --quiet -f deploy/Dockerfile -t "$IMAGE" --build-arg PYTHON_IMAGE="$BASE_IMAGE" \
     --build-arg GIT_COMMIT="$COMMIT" "$context" >/dev/null
   rm -rf "$context"
