@@ -7,7 +7,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup demo test chaos audit bench compile clean
+.PHONY: setup demo test e2e chaos audit bench compile clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo:
 
 test:
 	$(BIN)/pytest -q
+
+# Both pipelines as containers of this commit's image (as root: installs docker.io and debootstrap, runs its own
+# dockerd). The docker data root and the wheelhouse stay in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e).
+e2e:
+	E2E_PYTHON=$(abspath $(BIN))/python deploy/e2e.sh
 
 chaos:
 	PYTHONPATH=tests $(BIN)/pytest -q -m chaos -p chaos_report

@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from data.storage import redact
 from training.progress import progress
-from training.settings import load_environment
+from training.settings import load_environment, step_function
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,6 +29,7 @@ class DriftStepResult:
                 "reference_uri": self.reference_uri, "champion_version": self.champion_version}
 
 
+@step_function
 def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, policy: dict[str, Any],
                report_out: str) -> DriftStepResult:
     """Evidently drift of the schema's features, and of the champion's predictions, current against reference,
@@ -79,6 +80,7 @@ def trigger_store(model_name: str):
     return TriggerStore(load_environment().workdir / "trigger" / f"{model_name}.json")
 
 
+@step_function
 def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], start: Callable[[], str],
                  store: Any = None):
     """Retrain unless the cooldown or the dedupe on (model, data hash, window) says no; ``start()`` starts a

@@ -81,8 +81,9 @@ class LocalRun:
 
 
 def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environment, *,
-              echo: TextIO | None = None, quiet: bool = False) -> LocalRun:
-    """Run ``pipeline(**params)`` with kfp.local's SubprocessRunner in this venv.
+              echo: TextIO | None = None, quiet: bool = False, runner: Any = None) -> LocalRun:
+    """Run ``pipeline(**params)`` with kfp.local's SubprocessRunner in this venv (or ``runner``, e.g. a
+    ``DockerRunner`` for steps in containers of the image the pipeline names).
 
     Each step's output goes to a log file under the workdir; progress lines go to ``echo`` (default: stderr)
     unless ``quiet``.
@@ -97,7 +98,7 @@ def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environ
     log_dir = env.workdir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**6}.log"
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(env.pipeline_root),
+    local.init(runner=runner or local.SubprocessRunner(use_venv=False), pipeline_root=str(env.pipeline_root),
                raise_on_error=True)
     start = time.monotonic()
     with open(log_path, "w") as log:

@@ -37,6 +37,8 @@ class MlflowServer:
     root: Path
     artifacts_destination: str = ""
     """Where the server keeps artifacts, e.g. ``s3://bucket/mlartifacts``; default ``root/artifacts``."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment of the server process (e.g. the S3 endpoint and keys)."""
     url: str = ""
     process: subprocess.Popen | None = None
 
@@ -49,7 +51,7 @@ class MlflowServer:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         log = (self.root / "server.log").open("wb")
-        env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false"}
+        env = {**os.environ, **self.env, "MLFLOW_ENABLE_TELEMETRY": "false"}
         self.process = subprocess.Popen(
             [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",

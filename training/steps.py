@@ -9,7 +9,7 @@ from typing import Any
 from data.storage import record_uri, redact
 from training.fileio import atomic_write_json, atomic_write_text
 from training.progress import progress
-from training.settings import Environment, load_environment
+from training.settings import Environment, load_environment, step_function
 
 
 # ---------------------------------------------------------------------------------------------------- validate
@@ -52,6 +52,7 @@ def resolve_schema(df, *, dataset_uri: str, schema_uri: str, target: str, model_
     return schema, source
 
 
+@step_function
 def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name: str,
                   schema_out: str) -> ValidateResult:
     """Validate the dataset before any GPU is spent and write the schema used.
@@ -152,6 +153,7 @@ def _unfinished_run(client, experiment_id: str, pipeline_run_id: str) -> str | N
     return runs[0].info.run_id if runs else None
 
 
+@step_function
 def train_step(*, train_path: str, schema_path: str, model_name: str, config: dict[str, Any], nnodes: int,
                nproc_per_node: int, backend: str, pipeline_run_id: str, model_dir: str,
                cluster: dict[str, Any] | None = None) -> TrainStepResult:
@@ -255,6 +257,7 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     return decision, champion
 
 
+@step_function
 def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, model_name: str,
                   policy: dict[str, Any], report_out: str, run_id: str = "") -> EvaluateResult:
     """The gate: decision with its reason, written as the evaluation report JSON; with ``run_id`` the
@@ -283,6 +286,7 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
 
 # ---------------------------------------------------------------------------------------------------- registry
 
+@step_function
 def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id: str, model_name: str,
                   dataset_uri: str, data_md5: str, holdout_sha256: str, pipeline_run_id: str,
                   champion_version: str, data_version: str = "") -> str:
@@ -304,6 +308,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
     return version
 
 
+@step_function
 def promote_step(*, model_name: str, version: str, compared_against: str, model_dir: str, holdout_path: str,
                  holdout_sha256: str, policy: dict[str, Any]):
     """Move ``champion`` under the lock; if the champion changed since the gate, re-decide against it first."""

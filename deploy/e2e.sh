@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# `make e2e`: both pipelines as containers of this commit's image, the way a KFP v2 backend runs them.
+#
+# Needs root (apt-get, debootstrap, dockerd) and no registry: a Debian 12 base made with debootstrap from the
+# mirror apt uses, the kfloop image built on it from deploy/Dockerfile with a wheelhouse (offline inside the
+# build), then tests/e2e_docker.py runs the loop with kfp.local's DockerRunner (UID 1000, read-only root, /tmp tmpfs,
+# host network on loopback) against a moto S3 server and a real `mlflow server`.
+#
+# The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
+# docker data root (base image, build layers), the wheelhouse (keyed by pyproject.toml and TORCH).
+set -euo pipefail
+
+main() {
+  cd "$(dirname "$0")/.."
+  ROOT=$PWD
+  CACHE=${KFLOOP_E2E_CACHE:-/var/tmp/kfloop-e2e}
+  PYTHON=${E2E_PYTHON:-$ROOT/.venv/bin/python}
+  TORCH=${TORCH:-torch==2.13.0}
+  BASE_IMAGE=kfloop-base:bookworm
+  COMMIT=$(git rev-parse HEAD)
+  IMAGE=kfloop:${COMMIT:0:12}
+  EXEC_ROOT=/run/kfloop-e2e  # short: dockerd's containerd sockets live here
+  export DOCKER_HOST=unix://$CACHE/docker.sock
+
+  say() { echo "e2e: $*" >&2; }
+  phase_start=0
+  begin() { phase_start=$SECONDS; say "$1"; }
+  took() { say "$1 took $((SECONDS - phase_start)) s"; }
+
+  if [ "$(id -u)" != 0 ]; then
+    say "needs root (apt-get, debootstrap, dockerd); run it as root or in CI's container"; exit 1
+  fi
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/lock"
+  flock -n 9 || { say "another make e2e holds $CACHE/lock"; exit 1; }
+
+  missing=()
+  command -v dockerd >/dev/null || missing+=(docker.io)
+  command -v debootstrap >/dev/null || missing+=(debootstrap)
+  if [ ${#missing[@]} -gt 0 ]; then
+    begin "apt-get install ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    took apt-get
+  fi
+
+  # The daemon: no bridge, no iptables (containers use the host's loopback), its own socket, roots and pid file.
+  begin "dockerd (data root $CACHE/docker)"
+  mkdir -p "$CACHE/docker" "$EXEC_ROOT"
+  dockerd --host "$DOCKER_HOST" --data-root "$CACHE/docker" --exec-root "$EXEC_ROOT" \
+    --pidfile "$CACHE/dockerd.pid" --bridge=none --iptables=false >"$CACHE/dockerd.log" 2>&1 &
+  DOCKERD=$!
+  stop_dockerd() { kill "$DOCKERD" 2>/dev/null && wait "$DOCKERD" 2>/dev/null || true; }
+  trap stop_dockerd EXIT
+  for _ in $(seq 120); do
+    docker version >/dev/null 2>&1 && break
+    kill -0 "$DOCKERD" 2>/dev/null || { tail -20 "$CACHE/dockerd.log" >&2; say "dockerd exited"; exit 1; }
+    sleep 0.5
+  done
+  docker version >/dev/null || { tail -20 "$CACHE/dockerd.log" >&2; say "dockerd did not answer"; exit 1; }
+  took "dockerd ($(docker info --format '{{.Driver}}') storage)"
+
+  # The base: Debian 12 minbase with python3 (3.11) and venv, from the mirror apt is configured with.
+  if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    mirror=$(sed -n 's/^URIs: *\([^ ]*\/debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
+    [ -n "$mirror" ] || mirror=$(sed -n 's/^deb \(\[[^]]*\] \)\?\([^ ]*\/debian\) .*/\2/p' /etc/apt/sources.list 2>/dev/null | head -1)
+    [ -n "$mirror" ] || { say "no Debian mirror found in apt's sources"; exit 1; }
+    begin "debootstrap bookworm from $mirror"
+    rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log"
+    tar -C "$rootfs" -c . | docker import - "$BASE_IMAGE" >/dev/null
+    rm -rf "$rootfs"
+    took debootstrap+import
+  fi
+
+  # The wheelhouse: every wheel the image needs, downloaded here (pip's mirrors and find-links), installed offline.
+  key=$(cat pyproject.toml <(echo "$TORCH") | sha256sum | cut -c1-16)
+  wheelhouse=$CACHE/wheelhouse-$key
+  if [ ! -e "$wheelhouse/.complete" ]; then
+    begin "wheelhouse ($TORCH and pyproject.toml's dependencies)"
+    mkdir -p "$wheelhouse"
+    for previous in "$CACHE"/wheelhouse-*/; do  # wheels kept from the last pins: pip downloads only what changed
+      [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
+    done
+    rm -f "$wheelhouse/.complete"
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" "$TORCH" "$ROOT" \
+      "$(sed -n 's/^requires = \["\(.*\)"\]$/\1/p' pyproject.toml)"
+    # a dependency published only as an sdist (kfp-server-api) becomes a wheel here: the image installs wheels only
+    for sdist in "$wheelhouse"/*.tar.gz "$wheelhouse"/*.zip; do
+      [ -e "$sdist" ] || continue
+      "$PYTHON" -m pip wheel -qq --no-deps -w "$wheelhouse" "$sdist" && rm "$sdist"
+    done
+    touch "$wheelhouse/.complete"
+    took "wheelhouse ($(du -sh "$wheelhouse" | cut -f1))"
+  fi
+
+  # The build context: the working tree's files (tracked and untracked, not ignored) plus the wheelhouse.
+  begin "docker build $IMAGE"
+  context=$(mktemp -d)
+  git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C "$context"
+  cp -al "$wheelhouse"/*.whl "$context/deploy/wheelhouse/"
+  docker build --quiet -f deploy/Dockerfile -t "$IMAGE" --build-arg PYTHON_IMAGE="$BASE_IMAGE" \
+    --build-arg GIT_COMMIT="$COMMIT" "$context" >/dev/null
+  rm -rf "$context"
+  took "build ($(docker image inspect "$IMAGE" --format '{{.Size}}' | numfmt --to=iec))"
+  # images of older commits go; dangling build-cache layers only when a day old, so rebuilds stay incremental
+  docker images --format '{{.Repository}}:{{.Tag}}' kfloop | { grep -vxF "$IMAGE" || true; } | xargs -r docker rmi >/dev/null
+  docker image prune --force --filter "until=24h" >/dev/null
+
+  PYTHONPATH=$ROOT "$PYTHON" tests/e2e_docker.py --image "$IMAGE"
+}
+
+main "$@"
