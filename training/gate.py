@@ -348,14 +348,15 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
 def kfp_metrics(decision: Decision) -> dict[str, float]:
     """Flat scalars for a KFP Metrics artifact: ``blessed`` (0/1), ``challenger_<metric>``,
     ``champion_<metric>``, ``baseline_<metric>``, ``improvement``, ``relative_improvement``, ``confidence``,
-    ``baseline_confidence``, ``slices_failed``, ``slices_skipped``. Undefined values (NaN, no champion, infinite) are left out."""
+    ``confidence_vs_baseline``, ``slices_failed``, ``slices_skipped``. Undefined values (NaN, no champion,
+    infinite) are left out."""
     out: dict[str, float] = {"blessed": float(decision.blessed)}
     for role, metrics in (("challenger", decision.challenger_metrics), ("champion", decision.champion_metrics),
                           ("baseline", decision.baseline_metrics)):
         out.update({f"{role}_{k}": float(v) for k, v in (metrics or {}).items()})
     out.update(improvement=decision.improvement, relative_improvement=decision.relative_improvement,
                confidence=decision.confidence,
-               baseline_confidence=(decision.baseline or {}).get("confidence"))
+               confidence_vs_baseline=(decision.baseline or {}).get("confidence"))
     if decision.champion_metrics is not None:
         out["slices_failed"] = float(sum(not s["ok"] for s in decision.slices))
         out["slices_skipped"] = float(sum(s["skipped"] is not None for s in decision.slices))

@@ -7,7 +7,6 @@ MLflow executes this file when the model is logged and again when it is loaded (
 from __future__ import annotations
 
 import mlflow
-import numpy as np
 import pandas as pd
 
 MODEL_DIR_ARTIFACT = "model_dir"
@@ -25,7 +24,8 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
 
     def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input: pd.DataFrame,
                 params: dict | None = None) -> pd.DataFrame:
-        """``prediction`` (the most probable class) and ``proba_<class>`` per class, one row per input row.
+        """``prediction`` (the model's decision threshold applied, else the most probable class) and
+        ``proba_<class>`` per class, one row per input row.
 
         Nulls and categories unseen in training are handled by the model's preprocessing; extra columns are
         ignored.
@@ -33,7 +33,7 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
         proba = self.predictor.predict_proba(model_input)
         classes = self.predictor.classes
         out = pd.DataFrame({f"proba_{c}": proba[:, j] for j, c in enumerate(classes)}, index=model_input.index)
-        out.insert(0, "prediction", np.asarray(classes, dtype=object)[proba.argmax(axis=1)])
+        out.insert(0, "prediction", self.predictor.labels(proba))
         return out
 
 
