@@ -40,17 +40,18 @@ def evaluation(version: str) -> dict:
     return mlflow.artifacts.load_dict(f"runs:/{run_id}/evaluation.json")
 
 
+@pytest.mark.timeout(900)  # two whole training pipeline runs on a shared 2-core machine
 def test_rare_target_rejects_a_majority_class_model_and_promotes_a_balanced_one(tmp_path, isolated_env, capsys):
     df = rare_table()
     assert (df["status"] == "default").mean() == pytest.approx(0.03)
     path = tmp_path / "loans.parquet"
     df.to_parquet(path, index=False)
 
-    plain = run(capsys, isolated_env.workdir, path, "promotion.primary_metric=accuracy", "training.epochs=4")
+    plain = run(capsys, isolated_env.workdir, path, "promotion.primary_metric=accuracy", "training.epochs=3")
     decision = evaluation(plain["model_version"])
     baseline = decision["baseline_metrics"]["accuracy"]
-    print(f"\nunweighted, accuracy: {decision['challenger_metrics']['accuracy']:.4f} vs baseline {baseline:.4f}: "
-          f"{plain['reason']}")
+    with capsys.disabled():
+        print(f"\nunweighted: {plain['reason']}")
     assert not plain["promoted"] and plain["champion_version"] is None
     assert baseline == pytest.approx((pd.read_parquet(path)["status"] == "paid").mean(), abs=0.02)
     assert decision["challenger_metrics"]["accuracy"] <= baseline + 0.005
@@ -58,18 +59,17 @@ def test_rare_target_rejects_a_majority_class_model_and_promotes_a_balanced_one(
     assert decision["metric_reason"] == "set in promotion.primary_metric"
 
     balanced = run(capsys, isolated_env.workdir, path, "training.class_weight=balanced",
-                   "training.threshold_metric=f1", "training.epochs=6")
+                   "training.threshold_metric=f1", "training.epochs=5")
     decision = evaluation(balanced["model_version"])
     assert balanced["promoted"] and balanced["champion_version"] == balanced["model_version"] == "2", \
         balanced["reason"]
     assert decision["primary_metric"] == "roc_auc" and "minority class is rare" in decision["metric_reason"]
-    print(f"balanced, roc_auc: {decision['challenger_metrics']['roc_auc']:.4f} vs baseline "
-          f"{decision['baseline_metrics']['roc_auc']:.4f}: {balanced['reason']}")
+    with capsys.disabled():
+        print(f"balanced: {balanced['reason']} (baseline roc_auc {decision['baseline_metrics']['roc_auc']:.3f})")
     assert decision["baseline_metrics"]["roc_auc"] == 0.5
     assert decision["challenger_metrics"]["roc_auc"] > 0.7 and decision["baseline"]["confidence"] >= 0.9
     minority = next(r for r in decision["per_class"] if r["class"] == "default")
     assert minority["support"] > 0 and minority["challenger"]["recall"] > 0
-    assert {s["minority"]["class"] for s in decision["slices"]} == {"default"}
     run_metrics = mlflow.MlflowClient().get_run(mlflow.MlflowClient().get_model_version(MODEL, "2").run_id).data.metrics
     assert run_metrics["eval_baseline_roc_auc"] == 0.5 and run_metrics["eval_confidence_vs_baseline"] >= 0.9
 
