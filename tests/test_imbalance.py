@@ -59,7 +59,7 @@ def test_rare_target_rejects_a_majority_class_model_and_promotes_a_balanced_one(
     assert decision["metric_reason"] == "set in promotion.primary_metric"
 
     balanced = run(capsys, isolated_env.workdir, path, "training.class_weight=balanced",
-                   "training.threshold_metric=f1", "training.epochs=5")
+                   "training.threshold_metric=f1_macro", "training.epochs=5")
     decision = evaluation(balanced["model_version"])
     assert balanced["promoted"] and balanced["champion_version"] == balanced["model_version"] == "2", \
         balanced["reason"]
@@ -78,9 +78,10 @@ def test_rare_target_rejects_a_majority_class_model_and_promotes_a_balanced_one(
     model_run = mlflow.MlflowClient().get_model_version(MODEL, "2").run_id
     lineage = mlflow.artifacts.load_dict(f"runs:/{model_run}/lineage.json")
     threshold = lineage["decision_threshold"]
-    assert 0 < threshold < 0.5 and lineage["training_config"]["class_weight"] == "balanced"
+    assert 0 < threshold < 1 and lineage["training_config"]["class_weight"] == "balanced"
     out = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion").predict(df.drop(columns=["status"]))
-    assert (out["prediction"] == np.where(out["proba_default"] >= threshold, "default", "paid")).all()
+    assert (out["prediction"] == np.where(out["proba_paid"] >= threshold, "paid", "default")).all()
+    assert (out["prediction"] == "default").any() and (out["prediction"] == "paid").any()
     assert np.allclose(out["proba_default"] + out["proba_paid"], 1.0)
 
     capsys.readouterr()

@@ -17,22 +17,23 @@ def brute_force(metric: str) -> float:
         pred = P >= t
         tp, fp = np.sum(pred & (Y == 1)), np.sum(pred & (Y == 0))
         fn, tn = np.sum(~pred & (Y == 1)), np.sum(~pred & (Y == 0))
-        return {"f1": 2 * tp / (2 * tp + fp + fn), "accuracy": (tp + tn) / len(Y),
+        return {"f1_macro": (2 * tp / (2 * tp + fp + fn) + 2 * tn / (2 * tn + fn + fp)) / 2,
+                "accuracy": (tp + tn) / len(Y),
                 "balanced_accuracy": (tp / (tp + fn) + tn / (tn + fp)) / 2}[metric]
     candidates = sorted(set(P.tolist()), reverse=True)
     return max(candidates, key=lambda t: (score(t), t))
 
 
-@pytest.mark.parametrize("metric", ["f1", "accuracy", "balanced_accuracy"])
+@pytest.mark.parametrize("metric", ["f1_macro", "accuracy", "balanced_accuracy"])
 def test_the_chosen_threshold_maximises_the_metric(metric):
     assert choose_threshold(Y, P, metric) == brute_force(metric)
 
 
 def test_hand_checked_f1_threshold_and_the_none_cases():
-    # at 0.3: tp 3, fp 2, fn 0 -> F1 6/8 = 0.75; at 0.6: tp 2, fp 0, fn 1 -> 0.8; at 0.45: tp 2, fp 1 -> 4/7
-    assert choose_threshold(Y, P, "f1") == 0.6
+    # macro F1 (class 1, class 0): at 0.3 (0.75 + 0.75) / 2; at 0.6 (0.8 + 10/11) / 2; at 0.45 (2/3 + 0.8) / 2
+    assert choose_threshold(Y, P, "f1_macro") == 0.6
     assert choose_threshold(Y, P, "none") is None
-    assert choose_threshold(np.zeros(4, dtype=int), P[:4], "f1") is None
+    assert choose_threshold(np.zeros(4, dtype=int), P[:4], "f1_macro") is None
     with pytest.raises(ValueError, match="threshold_metric='auc'"):
         choose_threshold(Y, P, "auc")
 

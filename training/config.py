@@ -34,8 +34,8 @@ class TrainingConfig:
     """``balanced`` weighs each class's loss by ``rows / (classes * rows of the class)``, counted on the
     training split (rare classes count more); ``none`` weighs every row alike."""
     threshold_metric: str = "none"
-    """Binary targets: choose the decision threshold (the positive class's probability at or above which it is
-    predicted) that maximises this metric on the validation split: ``f1`` (of the positive class),
+    """Binary targets: choose the decision threshold (the probability of the second class, in sorted order, at
+    or above which it is predicted) that maximises this metric on the validation split: ``f1_macro``,
     ``balanced_accuracy`` or ``accuracy``; ``none`` predicts the most probable class. Stored in ``model.json``
     and used for the served ``prediction``; probabilities are unchanged."""
     seed: int = 42

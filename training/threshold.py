@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-THRESHOLD_METRICS = ("none", "f1", "balanced_accuracy", "accuracy")
-"""What the threshold maximises on the validation split; ``none`` keeps the most probable class."""
+THRESHOLD_METRICS = ("none", "f1_macro", "balanced_accuracy", "accuracy")
+"""What the threshold maximises on the validation split (each weighs both classes, whichever is rare);
+``none`` keeps the most probable class."""
 
 
 def predicted_index(proba: np.ndarray, threshold: float | None) -> np.ndarray:
@@ -37,7 +38,7 @@ def choose_threshold(y: np.ndarray, positive_proba: np.ndarray, metric: str) -> 
     tp = np.cumsum(pos)[last].astype(np.float64)
     fp = np.cumsum(~pos)[last].astype(np.float64)
     tn, fn = (n - n_pos) - fp, n_pos - tp
-    score = {"f1": 2 * tp / (2 * tp + fp + fn),
+    score = {"f1_macro": (2 * tp / (2 * tp + fp + fn) + 2 * tn / (2 * tn + fn + fp)) / 2,
              "balanced_accuracy": (tp / n_pos + tn / (n - n_pos)) / 2,
              "accuracy": (tp + tn) / n}[metric]
     return float(p[last][int(np.argmax(score))])
