@@ -162,8 +162,9 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
                for k, v in holdout_now.items()}
     metrics |= {k: {"recorded": theirs.description["metrics"][k], "reproduced": v}
                 for k, v in ours.description["metrics"].items()}
-    metrics["decision_threshold"] = {"recorded": _number(lineage.get("decision_threshold")),
-                                     "reproduced": _number(ours.threshold)}
+    if lineage.get("decision_threshold") is not None or ours.threshold is not None:
+        metrics["decision_threshold"] = {"recorded": _number(lineage.get("decision_threshold")),
+                                         "reproduced": _number(ours.threshold)}
     a, b = load_file(rebuilt.model_dir / WEIGHTS_FILE), load_file(registered / WEIGHTS_FILE)
     differing = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not bool((a[k] == b[k]).all()))
     result = Reproduction(model_name=model_name, version=str(version), data_md5=tags["data_md5"], data_source=source,
@@ -176,7 +177,7 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
 
 
 def _number(value: float | None) -> float:
-    """A recorded optional number; NaN for ``None`` (compared equal by :func:`_same`)."""
+    """An optional threshold as a number; NaN for ``None`` (so one side missing differs)."""
     return math.nan if value is None else float(value)
 
 
