@@ -46,15 +46,16 @@ def training_summary(model_name: str, version: str) -> dict[str, Any]:
             "reason": mv.description or mv.tags.get("reason", ""), "metrics": holdout_metrics(client, mv.run_id)}
 
 
-def holdout_metrics(client: Any, run_id: str) -> dict[str, float]:
-    """The challenger's metrics on the holdout, as the gate logged them on the run."""
-    prefix = "eval_challenger_"
+def holdout_metrics(client: Any, run_id: str, role: str = "challenger") -> dict[str, float]:
+    """The holdout metrics of ``role`` (``challenger`` or ``baseline``, the trivial model it had to beat), as the
+    gate logged them on the run."""
+    prefix = f"eval_{role}_"
     return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
 
 
 def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
-    """Every version, oldest first: when it was created, decision, reason, holdout metrics, lineage (MLflow run,
-    pipeline run, data md5, git commit) and whether it is the champion now."""
+    """Every version, oldest first: when it was created, decision, reason, primary metric, holdout metrics and
+    the baseline's, lineage (MLflow run, pipeline run, data md5, git commit) and whether it is the champion now."""
     import mlflow
 
     from monitoring.trigger import utc_iso
@@ -65,7 +66,9 @@ def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]
     return [{"version": str(mv.version),
              "created_at": None if mv.creation_timestamp is None else utc_iso(mv.creation_timestamp / 1000),
              "decision": mv.tags.get("decision"), "reason": mv.description or mv.tags.get("reason", ""),
-             "metrics": holdout_metrics(client, mv.run_id) if mv.run_id else {}, "run_id": mv.run_id,
+             "primary_metric": mv.tags.get("primary_metric"),
+             "metrics": holdout_metrics(client, mv.run_id) if mv.run_id else {},
+             "baseline": holdout_metrics(client, mv.run_id, "baseline") if mv.run_id else {}, "run_id": mv.run_id,
              "pipeline_run_id": mv.tags.get("pipeline_run_id"), "data_md5": mv.tags.get("data_md5"),
              "git_commit": mv.tags.get("git_commit"), "champion": str(mv.version) == champion}
             for mv in versions]

@@ -15,6 +15,7 @@ from training.gate import (
     _resampled_metric,
     align_proba,
     compute_metrics,
+    default_primary_metric,
     evaluate,
     kfp_metrics,
 )
@@ -354,3 +355,124 @@ def test_bad_inputs_name_the_problem():
                  holdout=frame(10), policy=policy(slice_columns=["plan"]))
     with pytest.raises(ValueError, match="proba has shape \\(10, 3\\)"):
         compute_metrics(np.zeros(10, dtype=int), np.full((10, 3), 1 / 3), CLASSES)
+
+
+# --- the trivial baseline, default metric, thresholds, per-class figures -----------------------------------
+
+def rare_labels(n: int, share: float = 0.03, seed: int = 0) -> np.ndarray:
+    """Binary labels with exactly round(share * n) 'yes' rows at random positions."""
+    y = np.full(n, "no", dtype=object)
+    y[np.random.default_rng(seed).permutation(n)[:round(share * n)]] = "yes"
+    return y
+
+
+def scores(y: np.ndarray, signal: float, seed: int) -> np.ndarray:
+    """Binary probabilities whose 'yes' score is noise plus ``signal`` on the positive rows."""
+    rng = np.random.default_rng(seed)
+    logit = rng.normal(size=len(y)) + signal * (y == "yes") - 3.0
+    p = 1 / (1 + np.exp(-logit))
+    return np.column_stack([1 - p, p])
+
+
+def test_a_first_model_no_better_than_the_majority_class_is_rejected_naming_the_baseline():
+    y = rare_labels(2000)
+    priors = np.array([0.97, 0.03])
+    constant_ish = np.tile([0.99, 0.01], (2000, 1))  # a model that learnt nothing: always "no", no ranking
+    d = evaluate(y_true=y, challenger_proba=constant_ish, champion_proba=None, classes=CLASSES,
+                 holdout=frame(2000), policy=policy(primary_metric="accuracy"), train_priors=priors)
+    assert d.challenger_metrics["accuracy"] == pytest.approx(0.97) == d.baseline_metrics["accuracy"]
+    assert not d.blessed
+    assert d.reason == ("reject: accuracy 0.970 vs baseline 0.970 (always 'no', training priors): not beaten "
+                        "(+0.000, confidence 0.000 < 0.9) (no champion)")
+    assert check(d, "baseline")["passed"] is False and check(d, "floor")["passed"] is True
+    by_default = evaluate(y_true=y, challenger_proba=constant_ish, champion_proba=None, classes=CLASSES,
+                          holdout=frame(2000), policy=policy(), train_priors=priors)
+    assert by_default.primary_metric == "roc_auc" and not by_default.blessed
+    assert by_default.baseline_metrics["roc_auc"] == 0.5 and "vs baseline 0.500" in by_default.reason
+    report = json.loads(json.dumps(by_default.to_dict(), allow_nan=False))
+    assert report["baseline_metrics"]["accuracy"] == pytest.approx(0.97)
+    assert report["baseline"]["kind"] == "majority_class" and report["baseline"]["predicts"] == "no"
+    assert report["baseline"]["priors"] == [0.97, 0.03]
+    assert report["baseline_metrics"]["log_loss"] == pytest.approx(
+        -(0.97 * np.log(0.97) + 0.03 * np.log(0.03)), rel=1e-9)
+
+
+def test_a_model_that_ranks_the_rare_class_beats_the_baseline_and_is_promoted():
+    y = rare_labels(2000)
+    d = evaluate(y_true=y, challenger_proba=scores(y, signal=3.0, seed=1), champion_proba=None, classes=CLASSES,
+                 holdout=frame(2000), policy=policy(), train_priors=np.array([0.97, 0.03]))
+    assert d.blessed, d.reason
+    assert d.primary_metric == "roc_auc" and "rare" in d.metric_reason and "3.0%" in d.metric_reason
+    assert d.challenger_metrics["roc_auc"] > 0.9 and d.baseline["confidence"] == 1.0
+    assert d.baseline["improvement"] == pytest.approx(d.challenger_metrics["roc_auc"] - 0.5)
+    flat = kfp_metrics(d)
+    assert flat["baseline_roc_auc"] == 0.5 and flat["confidence_vs_baseline"] == 1.0
+
+
+def test_beating_the_champion_is_not_enough_when_the_baseline_is_not_beaten():
+    y = rare_labels(2000)
+    worse, bad = scores(y, signal=-1.0, seed=2), scores(y, signal=-0.2, seed=3)
+    d = evaluate(y_true=y, challenger_proba=bad, champion_proba=worse, classes=CLASSES, holdout=frame(2000),
+                 policy=policy(required_confidence=0.5), train_priors=np.array([0.97, 0.03]))
+    assert d.challenger_metrics["roc_auc"] > d.champion_metrics["roc_auc"]
+    assert not d.blessed
+    assert [c["name"] for c in d.checks if not c["passed"]] == ["baseline"]
+    assert d.reason.startswith(f"reject: roc_auc {d.challenger_metrics['roc_auc']:.3f} vs baseline 0.500")
+
+
+@pytest.mark.parametrize("priors, metric, words", [
+    ([0.97, 0.03], "roc_auc", "rare (3.0% of training rows < 20%)"),
+    ([0.69, 0.31], "accuracy", "minority class share 31.0% >= 20%"),
+    ([0.5, 0.3, 0.2], "f1_macro", "multi-class target (3 classes)"),
+])
+def test_the_default_primary_metric_follows_the_target_and_says_why(priors, metric, words):
+    assert default_primary_metric(np.array(priors))[0] == metric
+    assert words in default_primary_metric(np.array(priors))[1]
+
+
+def test_an_explicit_primary_metric_always_wins():
+    y = rare_labels(1000)
+    d = evaluate(y_true=y, challenger_proba=scores(y, 3.0, seed=1), champion_proba=None, classes=CLASSES,
+                 holdout=frame(1000), policy=policy(primary_metric="log_loss"), train_priors=np.array([0.97, 0.03]))
+    assert d.primary_metric == "log_loss" and d.metric_reason == "set in promotion.primary_metric"
+    assert d.policy["primary_metric"] == "log_loss"
+    assert PromotionPolicy().primary_metric is None
+    with pytest.raises(ValueError, match="the default metric lies in"):
+        PromotionPolicy(floor=2.0)
+
+
+def test_thresholds_decide_the_predicted_class_in_every_label_metric():
+    y_idx = np.array([0, 0, 0, 1, 1])
+    p = np.array([[0.9, 0.1], [0.7, 0.3], [0.6, 0.4], [0.65, 0.35], [0.2, 0.8]])
+    assert compute_metrics(y_idx, p, CLASSES)["accuracy"] == pytest.approx(4 / 5)
+    at_035 = compute_metrics(y_idx, p, CLASSES, threshold=0.35)
+    assert at_035["accuracy"] == pytest.approx(4 / 5)  # row 3 now right, row 2 now wrong
+    assert compute_metrics(y_idx, p, CLASSES, threshold=0.3)["accuracy"] == pytest.approx(3 / 5)
+    assert at_035["log_loss"] == compute_metrics(y_idx, p, CLASSES)["log_loss"]  # probabilities unchanged
+    w = np.ones((1, 5))
+    for metric in ("accuracy", "f1_macro"):
+        assert _resampled_metric(metric, w, y_idx, p, 0.3)[0] == pytest.approx(
+            compute_metrics(y_idx, p, CLASSES, threshold=0.3)[metric])
+
+
+def test_per_class_figures_and_the_minority_class_in_each_slice():
+    n = 1000
+    y = rare_labels(n, share=0.1, seed=4)
+    chal = scores(y, 4.0, seed=1)
+    champ = scores(y, 1.0, seed=2)
+    d = evaluate(y_true=y, challenger_proba=chal, champion_proba=champ, classes=CLASSES, holdout=frame(n),
+                 policy=policy(slice_columns=["region"], required_confidence=0.0), train_priors=np.array([0.9, 0.1]),
+                 challenger_threshold=0.2)
+    y_idx, pred = (y == "yes").astype(int), (chal[:, 1] >= 0.2).astype(int)
+    yes = next(r for r in d.per_class if r["class"] == "yes")
+    tp = int(((pred == 1) & (y_idx == 1)).sum())
+    assert yes["support"] == 100
+    assert yes["challenger"]["precision"] == pytest.approx(tp / pred.sum())
+    assert yes["challenger"]["recall"] == pytest.approx(tp / 100)
+    assert yes["champion"]["recall"] == pytest.approx(((champ.argmax(1) == 1) & (y_idx == 1)).sum() / 100)
+    north = next(s for s in d.slices if s["value"] == "north")
+    rows = frame(n)["region"].to_numpy() == "north"
+    assert north["minority"]["class"] == "yes" and north["minority"]["support"] == int(y_idx[rows].sum())
+    assert north["minority"]["challenger"]["recall"] == pytest.approx(
+        ((pred == 1) & (y_idx == 1) & rows).sum() / (y_idx[rows]).sum())
+    assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d

@@ -57,9 +57,9 @@ class Env:
     good: Path
     """Trained: clearly better than ``bad``."""
     medium: Path
-    """Barely trained: better than ``bad``, worse than ``good``."""
+    """Partly trained: better than ``bad``, worse than ``good``."""
     bad: Path
-    """All-zero weights: always predicts the first class."""
+    """Barely trained: beats the majority-class baseline (as every promoted model must), worse than ``medium``."""
 
     def run(self) -> str:
         return self.client.create_run(self.experiment_id).info.run_id
@@ -99,18 +99,13 @@ def build_model(model_dir: Path, train: pd.DataFrame, *, steps: int) -> Path:
     classes = target_classes(train[TARGET])
     arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=(8,))
     model = MLP(arch)
-    if steps:
-        x = torch.from_numpy(transform.transform(train))
-        y = torch.from_numpy(encode_target(train[TARGET], classes))
-        opt = torch.optim.Adam(model.parameters(), lr=0.05)
-        for _ in range(steps):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-    else:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.zero_()
+    x = torch.from_numpy(transform.transform(train))
+    y = torch.from_numpy(encode_target(train[TARGET], classes))
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
     return save_model_dir(model_dir, model=model, arch=arch, transform=transform, classes=classes, target=TARGET)
 
 
@@ -126,7 +121,7 @@ def env(tmp_path_factory) -> Env:
         train, holdout = make_frame(600, seed=0), make_frame(400, seed=1)
         yield Env(root=root, client=client, experiment_id=experiment_id, train=train, holdout=holdout,
                   good=build_model(root / "good", train, steps=100),
-                  medium=build_model(root / "medium", train, steps=2), bad=build_model(root / "bad", train, steps=0))
+                  medium=build_model(root / "medium", train, steps=8), bad=build_model(root / "bad", train, steps=2))
         mlflow.set_tracking_uri(None)
 
 

@@ -41,7 +41,7 @@ def served(mlflow_server, tmp_path_factory):
         train, holdout = make_frame(600, seed=0), make_frame(400, seed=1)
         yield Env(root=root, client=client, experiment_id=experiment_id, train=train, holdout=holdout,
                   good=build_model(root / "good", train, steps=100),
-                  medium=build_model(root / "medium", train, steps=2), bad=build_model(root / "bad", train, steps=0))
+                  medium=build_model(root / "medium", train, steps=8), bad=build_model(root / "bad", train, steps=2))
         mlflow.set_tracking_uri(None)
 
 

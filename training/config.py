@@ -4,8 +4,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from training.threshold import THRESHOLD_METRICS
+
 BACKENDS = ("local", "kubernetes")
 DEVICES = ("auto", "cpu", "cuda")
+CLASS_WEIGHTS = ("none", "balanced")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -27,6 +30,14 @@ class TrainingConfig:
     """Widths of the MLP's hidden layers."""
     dropout: float = 0.0
     """Dropout after each hidden layer; 0 disables it."""
+    class_weight: str = "none"
+    """``balanced`` weighs each class's loss by ``rows / (classes * rows of the class)``, counted on the
+    training split (rare classes count more); ``none`` weighs every row alike."""
+    threshold_metric: str = "none"
+    """Binary targets: choose the decision threshold (the probability of the second class, in sorted order, at
+    or above which it is predicted) that maximises this metric on the validation split: ``f1_macro``,
+    ``balanced_accuracy`` or ``accuracy``; ``none`` predicts the most probable class. Stored in ``model.json``
+    and used for the served ``prediction``; probabilities are unchanged."""
     seed: int = 42
     """Seeds the validation split, the weight init, the sampler order and every RNG."""
     val_fraction: float = 0.15
@@ -87,6 +98,10 @@ class TrainingConfig:
             raise ValueError(f"val_fraction={self.val_fraction!r}: use a share in (0, 0.5], e.g. 0.15")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: use one of {BACKENDS}")
+        if self.class_weight not in CLASS_WEIGHTS:
+            raise ValueError(f"class_weight={self.class_weight!r}: use one of {CLASS_WEIGHTS}")
+        if self.threshold_metric not in THRESHOLD_METRICS:
+            raise ValueError(f"threshold_metric={self.threshold_metric!r}: use one of {THRESHOLD_METRICS}")
         if self.device not in DEVICES:
             raise ValueError(f"device={self.device!r}: use one of {DEVICES}")
         if not isinstance(self.checkpoint_keep, int) or self.checkpoint_keep < 2:

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from training.threshold import predicted_index
+
 CURVE_METRICS = ("train_loss", "val_loss", "val_accuracy")
 """Per-epoch metrics ``training.train`` logs; plotted against the epoch."""
 
@@ -36,12 +38,12 @@ def training_curves(history: dict[str, list[tuple[int, float]]]):
     return fig
 
 
-def confusion_matrix(y: np.ndarray, proba: np.ndarray, classes: list):
-    """Counts of (true, predicted) class on the holdout."""
+def confusion_matrix(y: np.ndarray, proba: np.ndarray, classes: list, threshold: float | None = None):
+    """Counts of (true, predicted) class on the holdout (``threshold``: the model's decision threshold)."""
     plt = pyplot()
     k = len(classes)
     counts = np.zeros((k, k), dtype=int)
-    np.add.at(counts, (y, proba.argmax(axis=1)), 1)
+    np.add.at(counts, (y, predicted_index(proba, threshold)), 1)
     fig, ax = plt.subplots(figsize=(1.2 * k + 2.5, 1.2 * k + 2))
     ax.imshow(counts, cmap="Blues")
     for i in range(k):
@@ -124,8 +126,9 @@ def _raw(interval: list[float] | None, metric: str) -> list[float] | None:
 
 
 def log_evaluation_figures(run_id: str, *, y: np.ndarray, proba: np.ndarray, classes: list,
-                           decision: dict[str, Any]) -> list[str]:
+                           decision: dict[str, Any], threshold: float | None = None) -> list[str]:
     """Log the candidate's pictures to MLflow run ``run_id`` under ``figures/``; returns the artifact paths.
+    ``threshold``: the candidate's decision threshold (binary), applied in the confusion matrix.
 
     Raises:
         mlflow.exceptions.MlflowException: MLflow refused a call.
@@ -135,7 +138,7 @@ def log_evaluation_figures(run_id: str, *, y: np.ndarray, proba: np.ndarray, cla
     plt = pyplot()
     client = mlflow.MlflowClient()
     history = {m: [(h.step, h.value) for h in client.get_metric_history(run_id, m)] for m in CURVE_METRICS}
-    figures = {"figures/confusion_matrix.png": confusion_matrix(y, proba, classes),
+    figures = {"figures/confusion_matrix.png": confusion_matrix(y, proba, classes, threshold),
                ("figures/roc_pr.png" if len(classes) == 2 else "figures/per_class.png"):
                    (roc_pr_curves if len(classes) == 2 else per_class_metrics)(y, proba, classes)}
     if any(history.values()):

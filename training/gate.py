@@ -2,25 +2,38 @@
 
 Pure numpy/pandas/sklearn; nothing here touches MLflow or KFP. The rule, applied by :func:`evaluate`:
 
-* no champion: promote iff the primary metric clears ``floor``;
-* champion present: the floor, the absolute and the relative improvement, every slice of the declared slice
-  columns, and the paired-bootstrap confidence must all pass; a tie keeps the incumbent;
+* every candidate, the first one included, must beat a trivial baseline on the same holdout: the majority class
+  of the training split, with the training class shares as probabilities; beating it means a better primary
+  metric and the policy's paired-bootstrap confidence;
+* no champion: promote iff the primary metric clears ``floor`` and the baseline is beaten;
+* champion present: also the absolute and the relative improvement, every slice of the declared slice
+  columns, and the paired-bootstrap confidence against the champion must all pass; a tie keeps the incumbent;
 * an undefined (NaN) metric never promotes.
+
+Without ``promotion.primary_metric`` the metric is chosen from the target (:func:`default_primary_metric`).
+The baseline is a probability matrix scored like any model, so a regression baseline (the training mean,
+scored by rmse) is one more :data:`BASELINES` kind.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from training.features import encode_target
+from training.threshold import predicted_index
 
 METRICS = ("accuracy", "f1_macro", "roc_auc", "log_loss")
 """Metrics the gate computes; all but ``log_loss`` are higher-is-better."""
 LOWER_IS_BETTER = frozenset({"log_loss"})
+RARE_MINORITY_SHARE = 0.2
+"""A binary target whose smaller class holds less than this share of the training rows is imbalanced: the
+default primary metric is then ROC AUC, which a constant answer cannot game."""
+BASELINES = {"majority_class": "the majority class, with the training class shares as probabilities"}
+"""The trivial model every candidate must beat, by kind."""
 _BOOTSTRAP_CHUNK = 100
 """Resamples drawn and scored at once (bounds memory at chunk x rows)."""
 
@@ -29,8 +42,9 @@ _BOOTSTRAP_CHUNK = 100
 class PromotionPolicy:
     """When a challenger may replace the champion (see the module docstring for the rule)."""
 
-    primary_metric: str = "accuracy"
-    """One of ``accuracy``, ``f1_macro``, ``roc_auc`` (higher is better) or ``log_loss`` (lower is better)."""
+    primary_metric: str | None = None
+    """One of ``accuracy``, ``f1_macro``, ``roc_auc`` (higher is better) or ``log_loss`` (lower is better);
+    ``None``: chosen from the target (:func:`default_primary_metric`), and the decision says why."""
     floor: float | None = None
     """Absolute bound the primary metric must clear for any promotion: a minimum, or for ``log_loss`` a
     maximum. ``None``: no bound."""
@@ -53,7 +67,7 @@ class PromotionPolicy:
     """Share of resamples on which the challenger must strictly beat the champion on the primary metric."""
 
     def __post_init__(self) -> None:
-        if self.primary_metric not in METRICS:
+        if self.primary_metric is not None and self.primary_metric not in METRICS:
             raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)}")
         if self.floor is not None:
             if not math.isfinite(self.floor):
@@ -61,8 +75,8 @@ class PromotionPolicy:
             if self.primary_metric in LOWER_IS_BETTER and self.floor < 0:
                 raise ValueError(f"floor={self.floor}: {self.primary_metric} is >= 0; use a maximum >= 0 or null")
             if self.primary_metric not in LOWER_IS_BETTER and not 0 <= self.floor <= 1:
-                raise ValueError(f"floor={self.floor}: {self.primary_metric} lies in [0, 1]; use a value in "
-                                 "that range or null")
+                raise ValueError(f"floor={self.floor}: {self.primary_metric or 'the default metric'} lies in "
+                                 "[0, 1]; use a value in that range or null")
         for name in ("min_improvement", "min_relative_improvement", "max_slice_regression"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
@@ -107,25 +121,37 @@ class Decision:
     reason: str
     """One or two sentences, with the numbers, saying why."""
     primary_metric: str
-    """The policy's primary metric, which the decision is about."""
+    """The primary metric the decision is about (the policy's, or the default for the target)."""
+    metric_reason: str = ""
+    """Why this primary metric: set in the policy, or what about the target chose it."""
     challenger_metrics: dict[str, float]
     """Every metric of :data:`METRICS` for the challenger on the holdout (NaN where undefined)."""
-    champion_metrics: dict[str, float] | None
+    champion_metrics: dict[str, float] | None = None
     """The same for the champion; ``None`` when there is no champion."""
-    improvement: float | None
+    baseline_metrics: dict[str, float] | None = None
+    """The same for the trivial baseline (see ``baseline``)."""
+    baseline: dict[str, Any] | None = None
+    """The baseline: kind (a key of :data:`BASELINES`), description, ``predicts`` (the majority class),
+    ``priors`` (training class shares), ``improvement`` over it on the primary metric (positive is better) and
+    ``confidence`` (share of paired bootstrap resamples on which the challenger strictly beat it)."""
+    improvement: float | None = None
     """Challenger minus champion on the primary metric, signed so that positive is better (for
     ``log_loss``: champion minus challenger)."""
-    relative_improvement: float | None
+    relative_improvement: float | None = None
     """``improvement`` over the champion's value (absolute)."""
-    confidence: float | None
+    confidence: float | None = None
     """Share of paired bootstrap resamples on which the challenger strictly beat the champion."""
     interval: list[float] | None = None
     """5th and 95th percentile of ``improvement`` over the paired bootstrap resamples (``None`` without a
     champion)."""
+    per_class: list[dict[str, Any]] = field(default_factory=list)
+    """Per class: class, support (holdout rows), challenger and champion (``None`` without one) as
+    ``{precision, recall, f1}`` of the predicted classes (the model's decision threshold applied)."""
     slices: list[dict[str, Any]] = field(default_factory=list)
     """Per slice: column, value, rows, challenger, champion, delta (challenger minus champion, raw), interval
     (5th and 95th percentile of delta over paired bootstrap resamples of the slice's rows), ok, skipped (why the
-    slice was not checked, else ``None``)."""
+    slice was not checked, else ``None``), minority (the rarest training class on the slice: class, support,
+    challenger and champion ``{precision, recall}``)."""
     checks: list[dict[str, Any]] = field(default_factory=list)
     """Per rule: name, passed, detail."""
     policy: dict[str, Any] = field(default_factory=dict)
@@ -142,12 +168,52 @@ class Decision:
             return None if m is None else {k: math.nan if v is None else float(v) for k, v in m.items()}
 
         return cls(**{**d, "challenger_metrics": metrics(d["challenger_metrics"]),
-                      "champion_metrics": metrics(d["champion_metrics"])})
+                      "champion_metrics": metrics(d["champion_metrics"]),
+                      "baseline_metrics": metrics(d.get("baseline_metrics"))})
 
 
-def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list) -> dict[str, float]:
+class Scored(NamedTuple):
+    """One model's holdout probabilities (columns in the gate's class order) and its decision threshold."""
+
+    proba: np.ndarray
+    threshold: float | None = None
+    """Binary models: the positive class is predicted at or above it; ``None``: the most probable class."""
+
+    @property
+    def predicted(self) -> np.ndarray:
+        """Predicted class index per row."""
+        return predicted_index(self.proba, self.threshold)
+
+    def rows(self, mask: np.ndarray) -> "Scored":
+        """The same model on a subset of rows."""
+        return Scored(self.proba[mask], self.threshold)
+
+
+def default_primary_metric(priors: np.ndarray) -> tuple[str, str]:
+    """``(metric, why)`` for a target whose training class shares are ``priors``: ROC AUC for a binary target
+    with a rare minority class (below :data:`RARE_MINORITY_SHARE`), macro F1 for multi-class, else accuracy."""
+    k, minority = len(priors), float(np.min(priors))
+    if k > 2:
+        return "f1_macro", (f"default for a multi-class target ({k} classes): macro F1 weighs every class "
+                            "alike, so always answering the majority scores low")
+    if minority < RARE_MINORITY_SHARE:
+        return "roc_auc", (f"default for a binary target whose minority class is rare ({minority:.1%} of training "
+                           f"rows < {RARE_MINORITY_SHARE:.0%}): accuracy would reward always answering the "
+                           "majority; ROC AUC ranks")
+    return "accuracy", (f"default for a binary target with minority class share {minority:.1%} "
+                        f">= {RARE_MINORITY_SHARE:.0%}")
+
+
+def majority_baseline(priors: np.ndarray, n_rows: int) -> Scored:
+    """The ``majority_class`` baseline on ``n_rows`` rows: every row gets the training class shares."""
+    return Scored(np.tile(np.asarray(priors, dtype=np.float64), (n_rows, 1)))
+
+
+def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list,
+                    threshold: float | None = None) -> dict[str, float]:
     """Accuracy, macro F1, ROC AUC and log loss of ``proba`` (rows x classes, columns in ``classes`` order).
 
+    Accuracy and F1 score the predicted classes (:func:`training.threshold.predicted_index` with ``threshold``).
     ROC AUC: binary uses ``classes[1]`` as the positive class; multi-class is one-vs-rest, macro-averaged.
     A metric that is undefined on these rows (ROC AUC when a class is absent from ``y_true_idx``, or every
     metric when ``proba`` holds non-finite values) is NaN.
@@ -161,7 +227,7 @@ def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list) ->
     if not np.isfinite(p).all():
         return {m: math.nan for m in METRICS}
     labels = np.arange(len(classes))
-    pred = p.argmax(axis=1)
+    pred = predicted_index(p, threshold)
     out = {"accuracy": float(accuracy_score(y, pred)),
            "f1_macro": float(f1_score(y, pred, average="macro", zero_division=0)),
            "roc_auc": math.nan,
@@ -170,6 +236,15 @@ def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list) ->
         out["roc_auc"] = float(roc_auc_score(y, p[:, 1]) if len(classes) == 2 else
                                roc_auc_score(y, p, multi_class="ovr", average="macro", labels=labels))
     return out
+
+
+def class_figures(y_true_idx: np.ndarray, predicted: np.ndarray, n_classes: int) -> dict[str, np.ndarray]:
+    """Per class index: ``precision``, ``recall``, ``f1`` (0 where undefined) and ``support`` (true rows)."""
+    from sklearn.metrics import precision_recall_fscore_support
+
+    p, r, f, support = precision_recall_fscore_support(y_true_idx, predicted, labels=range(n_classes),
+                                                       zero_division=0)
+    return {"precision": p, "recall": r, "f1": f, "support": support}
 
 
 def align_proba(proba: np.ndarray, proba_classes: list, classes: list) -> np.ndarray:
@@ -190,11 +265,15 @@ def align_proba(proba: np.ndarray, proba_classes: list, classes: list) -> np.nda
 
 
 def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.ndarray | None, classes: list,
-             holdout: pd.DataFrame, policy: PromotionPolicy) -> Decision:
+             holdout: pd.DataFrame, policy: PromotionPolicy, train_priors: np.ndarray | None = None,
+             challenger_threshold: float | None = None, champion_threshold: float | None = None) -> Decision:
     """Apply ``policy`` to the challenger (and the champion, if any) scored on the same holdout rows.
 
     ``y_true`` holds the holdout's labels (values of ``classes``); both probability matrices have their
     columns in ``classes`` order (see :func:`align_proba`); ``holdout`` supplies the slice columns.
+    ``train_priors`` are the class shares of the challenger's training split (the baseline's probabilities and
+    what the default metric is chosen from); ``None`` takes the holdout's own shares, a baseline at least as
+    strong. The thresholds are the models' decision thresholds (binary; ``None``: most probable class).
 
     Raises:
         ValueError: a label is not in ``classes``, shapes disagree, or a slice column is not in ``holdout``.
@@ -205,10 +284,24 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     missing = [c for c in policy.slice_columns if c not in holdout.columns]
     if missing:
         raise ValueError(f"slice columns {missing} are not in the holdout; columns are {list(holdout.columns)}")
-    metric = policy.primary_metric
-    chal = compute_metrics(y, challenger_proba, classes)
-    champ = None if champion_proba is None else compute_metrics(y, champion_proba, classes)
-    common = {"primary_metric": metric, "challenger_metrics": chal, "champion_metrics": champ,
+    priors = (np.bincount(y, minlength=len(classes)) / len(y) if train_priors is None else
+              np.asarray(train_priors, dtype=np.float64))
+    if priors.shape != (len(classes),):
+        raise ValueError(f"train_priors has {priors.size} shares; expected one per class of {classes}")
+    if policy.primary_metric is None:
+        metric, why = default_primary_metric(priors)
+        policy = replace(policy, primary_metric=metric)
+    else:
+        metric, why = policy.primary_metric, "set in promotion.primary_metric"
+    chal_s = Scored(np.asarray(challenger_proba, dtype=np.float64), challenger_threshold)
+    champ_s = None if champion_proba is None else Scored(np.asarray(champion_proba, dtype=np.float64),
+                                                         champion_threshold)
+    base_s = majority_baseline(priors, len(y))
+    chal = compute_metrics(y, chal_s.proba, classes, chal_s.threshold)
+    champ = None if champ_s is None else compute_metrics(y, champ_s.proba, classes, champ_s.threshold)
+    base = compute_metrics(y, base_s.proba, classes)
+    common = {"primary_metric": metric, "metric_reason": why, "challenger_metrics": chal, "champion_metrics": champ,
+              "baseline_metrics": base, "per_class": _per_class(y, chal_s, champ_s, classes),
               "policy": policy.to_dict()}
     undefined = {"improvement": None, "relative_improvement": None, "confidence": None}
     defined = _defined_check({"challenger": chal[metric]} if champ is None else
@@ -217,19 +310,22 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
         return Decision(blessed=False, reason=f"reject: {defined['detail']}", checks=[defined], **undefined,
                         **common)
     floor = _floor_check(metric, chal[metric], policy.floor)
+    baseline, beats_baseline = _baseline(y, chal_s, base_s, chal[metric], base[metric], classes, priors, policy)
+    common["baseline"] = baseline
     if champ is None:
-        verdict = "promote" if floor["passed"] else "reject"
-        return Decision(blessed=floor["passed"], reason=f"{verdict}: {floor['detail']} (no champion)",
-                        checks=[defined, floor], **undefined, **common)
+        checks = [defined, floor, beats_baseline]
+        blessed = floor["passed"] and beats_baseline["passed"]
+        reason = (f"promote: {floor['detail']} (no champion)" if blessed else
+                  "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"]) + " (no champion)")
+        return Decision(blessed=blessed, reason=reason, checks=checks, **undefined, **common)
 
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     improvement = sign * (chal[metric] - champ[metric])
     relative = improvement / abs(champ[metric]) if champ[metric] != 0 else (math.inf if improvement > 0 else 0.0)
-    chal_p, champ_p = np.asarray(challenger_proba, dtype=np.float64), np.asarray(champion_proba, dtype=np.float64)
-    slices = _slices(y, chal_p, champ_p, classes, holdout, policy)
-    gains = _bootstrap_improvements(y, chal_p, champ_p, metric, policy)
+    slices = _slices(y, chal_s, champ_s, classes, holdout, policy, minority=int(np.argmin(priors)))
+    gains = _bootstrap_improvements(y, chal_s, champ_s, metric, policy)
     confidence = float(np.count_nonzero(gains > 0)) / policy.bootstrap_samples
-    checks = [defined, floor,
+    checks = [defined, floor, beats_baseline,
               _improvement_check(metric, chal[metric], champ[metric], improvement, policy.min_improvement),
               {"name": "min_relative_improvement", "passed": relative >= policy.min_relative_improvement,
                "detail": f"relative improvement {relative:+.3%} "
@@ -251,13 +347,16 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
 
 def kfp_metrics(decision: Decision) -> dict[str, float]:
     """Flat scalars for a KFP Metrics artifact: ``blessed`` (0/1), ``challenger_<metric>``,
-    ``champion_<metric>``, ``improvement``, ``relative_improvement``, ``confidence``, ``slices_failed``,
-    ``slices_skipped``. Undefined values (NaN, no champion, infinite) are left out."""
+    ``champion_<metric>``, ``baseline_<metric>``, ``improvement``, ``relative_improvement``, ``confidence``,
+    ``confidence_vs_baseline``, ``slices_failed``, ``slices_skipped``. Undefined values (NaN, no champion,
+    infinite) are left out."""
     out: dict[str, float] = {"blessed": float(decision.blessed)}
-    for role, metrics in (("challenger", decision.challenger_metrics), ("champion", decision.champion_metrics)):
+    for role, metrics in (("challenger", decision.challenger_metrics), ("champion", decision.champion_metrics),
+                          ("baseline", decision.baseline_metrics)):
         out.update({f"{role}_{k}": float(v) for k, v in (metrics or {}).items()})
     out.update(improvement=decision.improvement, relative_improvement=decision.relative_improvement,
-               confidence=decision.confidence)
+               confidence=decision.confidence,
+               confidence_vs_baseline=(decision.baseline or {}).get("confidence"))
     if decision.champion_metrics is not None:
         out["slices_failed"] = float(sum(not s["ok"] for s in decision.slices))
         out["slices_skipped"] = float(sum(s["skipped"] is not None for s in decision.slices))
@@ -309,27 +408,71 @@ def _improvement_check(metric: str, chal: float, champ: float, improvement: floa
             "detail": f"{head} ({improvement:+.3f} {'>=' if passed else '<'} {minimum:.3f})"}
 
 
-def _slices(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray, classes: list, holdout: pd.DataFrame,
-            policy: PromotionPolicy) -> list[dict[str, Any]]:
+def _baseline(y: np.ndarray, chal: Scored, base: Scored, chal_value: float, base_value: float, classes: list,
+              priors: np.ndarray, policy: PromotionPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The baseline's record for the decision, and the check that the challenger beats it (strictly on the
+    holdout, and on at least ``required_confidence`` of the paired bootstrap resamples)."""
+    metric = policy.primary_metric
+    improvement = (base_value - chal_value) if metric in LOWER_IS_BETTER else (chal_value - base_value)
+    confidence = float(np.count_nonzero(_bootstrap_improvements(y, chal, base, metric, policy) > 0)
+                       ) / policy.bootstrap_samples
+    majority = classes[int(np.argmax(priors))]
+    record = {"kind": "majority_class", "description": BASELINES["majority_class"], "predicts": majority,
+              "priors": [float(v) for v in priors], "improvement": improvement, "confidence": confidence}
+    passed = bool(improvement > 0 and confidence >= policy.required_confidence)
+    head = f"{metric} {chal_value:.3f} vs baseline {base_value:.3f} (always {majority!r}, training priors)"
+    detail = (f"{head}: beaten with confidence {confidence:.3f} >= {policy.required_confidence}" if passed else
+              f"{head}: not beaten ({improvement:+.3f}, confidence {confidence:.3f} "
+              f"{'>=' if confidence >= policy.required_confidence else '<'} {policy.required_confidence})")
+    return record, {"name": "baseline", "passed": passed, "detail": detail}
+
+
+def _per_class(y: np.ndarray, chal: Scored, champ: Scored | None, classes: list) -> list[dict[str, Any]]:
+    """Precision, recall and F1 per class of the challenger (and the champion), with the class's support."""
+    def figures(s: Scored | None) -> list[dict[str, float]] | None:
+        if s is None or not np.isfinite(s.proba).all():
+            return None
+        f = class_figures(y, s.predicted, len(classes))
+        return [{k: float(f[k][i]) for k in ("precision", "recall", "f1")} for i in range(len(classes))]
+
+    support = np.bincount(y, minlength=len(classes))
+    chal_f, champ_f = figures(chal), figures(champ)
+    return [{"class": c, "support": int(support[i]), "challenger": None if chal_f is None else chal_f[i],
+             "champion": None if champ_f is None else champ_f[i]} for i, c in enumerate(classes)]
+
+
+def _slices(y: np.ndarray, chal: Scored, champ: Scored, classes: list, holdout: pd.DataFrame,
+            policy: PromotionPolicy, *, minority: int) -> list[dict[str, Any]]:
     metric, out = policy.primary_metric, []
     for col in policy.slice_columns:
         keys = holdout[col].astype("string").fillna("<null>").to_numpy(dtype=object)
         for value in sorted(set(keys.tolist())):
             mask = keys == value
             rows = int(mask.sum())
-            chal = compute_metrics(y[mask], chal_p[mask], classes)[metric]
-            champ = compute_metrics(y[mask], champ_p[mask], classes)[metric]
-            regression = (chal - champ) if metric in LOWER_IS_BETTER else (champ - chal)
+            a, b = chal.rows(mask), champ.rows(mask)
+            chal_value = compute_metrics(y[mask], a.proba, classes, a.threshold)[metric]
+            champ_value = compute_metrics(y[mask], b.proba, classes, b.threshold)[metric]
+            regression = (chal_value - champ_value) if metric in LOWER_IS_BETTER else (champ_value - chal_value)
             skipped = (f"{rows} rows < min_slice_rows {policy.min_slice_rows}" if rows < policy.min_slice_rows
                        else f"{metric} undefined on this slice" if not math.isfinite(regression) else None)
             sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
-            deltas = sign * _bootstrap_improvements(y[mask], chal_p[mask], champ_p[mask], metric, policy)
+            deltas = sign * _bootstrap_improvements(y[mask], a, b, metric, policy)
             out.append({"column": col, "value": None if value == "<null>" else value, "rows": rows,
-                        "challenger": chal, "champion": champ, "delta": chal - champ,
+                        "challenger": chal_value, "champion": champ_value, "delta": chal_value - champ_value,
                         "interval": _percentiles(deltas),
                         "ok": skipped is not None or regression <= policy.max_slice_regression,
-                        "skipped": skipped})
+                        "skipped": skipped, "minority": _minority(y[mask], a, b, classes, minority)})
     return out
+
+
+def _minority(y: np.ndarray, chal: Scored, champ: Scored, classes: list, k: int) -> dict[str, Any]:
+    """Precision and recall of class index ``k`` for both models on these rows."""
+    def figures(s: Scored) -> dict[str, float]:
+        f = class_figures(y, s.predicted, len(classes))
+        return {"precision": float(f["precision"][k]), "recall": float(f["recall"][k])}
+
+    return {"class": classes[k], "support": int(np.count_nonzero(y == k)), "challenger": figures(chal),
+            "champion": figures(champ)}
 
 
 def _slice_check(metric: str, slices: list[dict[str, Any]], max_regression: float) -> dict[str, Any]:
@@ -347,10 +490,10 @@ def _slice_check(metric: str, slices: list[dict[str, Any]], max_regression: floa
     return {"name": "slices", "passed": False, "detail": "; ".join(parts)}
 
 
-def _bootstrap_improvements(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarray, metric: str,
+def _bootstrap_improvements(y: np.ndarray, chal: Scored, champ: Scored, metric: str,
                             policy: PromotionPolicy) -> np.ndarray:
-    """The challenger's improvement (positive is better) on each paired resample (the same rows for both
-    models); NaN where the metric is undefined on a resample."""
+    """The challenger's improvement over ``champ`` (positive is better) on each paired resample (the same rows
+    for both models); NaN where the metric is undefined on a resample."""
     rng = np.random.default_rng(policy.bootstrap_seed)
     n, done, gains = len(y), 0, []
     while done < policy.bootstrap_samples:
@@ -358,8 +501,8 @@ def _bootstrap_improvements(y: np.ndarray, chal_p: np.ndarray, champ_p: np.ndarr
         idx = rng.integers(0, n, size=(b, n))
         counts = np.bincount((idx + n * np.arange(b)[:, None]).ravel(), minlength=b * n).reshape(b, n)
         w = counts.astype(np.float64)
-        a = _resampled_metric(metric, w, y, chal_p)
-        c = _resampled_metric(metric, w, y, champ_p)
+        a = _resampled_metric(metric, w, y, chal.proba, chal.threshold)
+        c = _resampled_metric(metric, w, y, champ.proba, champ.threshold)
         gains.append(c - a if metric in LOWER_IS_BETTER else a - c)
         done += b
     return np.concatenate(gains)
@@ -371,17 +514,18 @@ def _percentiles(values: np.ndarray) -> list[float] | None:
     return [float(v) for v in np.percentile(finite, [5, 95])] if finite.size else None
 
 
-def _resampled_metric(metric: str, w: np.ndarray, y: np.ndarray, p: np.ndarray) -> np.ndarray:
+def _resampled_metric(metric: str, w: np.ndarray, y: np.ndarray, p: np.ndarray,
+                      threshold: float | None = None) -> np.ndarray:
     """``metric`` on each resample, given row weights ``w`` (resamples x rows: how often each row was drawn)."""
     n_classes = p.shape[1]
     if metric == "accuracy":
-        return w @ (p.argmax(axis=1) == y).astype(np.float64) / w.sum(axis=1)
+        return w @ (predicted_index(p, threshold) == y).astype(np.float64) / w.sum(axis=1)
     if metric == "log_loss":
         eps = np.finfo(np.float64).eps
         return w @ -np.log(np.clip(p[np.arange(len(y)), y], eps, 1.0)) / w.sum(axis=1)
     if metric == "f1_macro":
         onehot_true = np.eye(n_classes)[y]
-        onehot_pred = np.eye(n_classes)[p.argmax(axis=1)]
+        onehot_pred = np.eye(n_classes)[predicted_index(p, threshold)]
         tp = w @ (onehot_true * onehot_pred)
         support = w @ onehot_true + w @ onehot_pred
         present = support > 0

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save
 
 from training.features import FeatureTransform
 from training.fileio import atomic_write_bytes, atomic_write_json
+from training.threshold import predicted_index
 
 from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
 
@@ -69,6 +70,8 @@ class Predictor:
         self.transform = transform
         self.classes = classes
         self.description = description
+        self.threshold: float | None = description.get("decision_threshold")
+        """Binary models: the positive class is predicted at or above this probability; ``None``: argmax."""
 
     @classmethod
     def load(cls, model_dir: str | Path) -> "Predictor":
@@ -99,6 +102,11 @@ class Predictor:
             logits = self.model(torch.from_numpy(self.transform.transform(df)))
             return torch.softmax(logits.double(), dim=1).numpy()
 
+    def labels(self, proba: np.ndarray) -> np.ndarray:
+        """Predicted class label per row of ``proba``: the decision threshold applied (binary), else the most
+        probable class."""
+        return np.asarray(self.classes, dtype=object)[predicted_index(proba, self.threshold)]
+
     def predict(self, df: pd.DataFrame) -> np.ndarray:
-        """Most probable class label per row."""
-        return np.asarray(self.classes, dtype=object)[self.predict_proba(df).argmax(axis=1)]
+        """Predicted class label per row (see :meth:`labels`)."""
+        return self.labels(self.predict_proba(df))

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlflow
-import numpy as np
 import pandas as pd
 
 from training.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, RuleSet, apply_violation_mode
@@ -37,9 +36,10 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
 
     def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input: pd.DataFrame,
                 params: dict | None = None) -> pd.DataFrame:
-        """``prediction`` (the most probable class) and ``proba_<class>`` per class, one row per input row, plus
-        ``schema_violations`` (see :mod:`training.schema_rules`) as ``params["on_schema_violation"]`` asks:
-        ``flag`` (default), ``error`` or ``ignore``.
+        """``prediction`` (the model's decision threshold applied, else the most probable class) and
+        ``proba_<class>`` per class, one row per input row, plus ``schema_violations`` (see
+        :mod:`training.schema_rules`) as ``params["on_schema_violation"]`` asks: ``flag`` (default),
+        ``error`` or ``ignore``.
 
         Nulls and categories unseen in training are handled by the model's preprocessing; extra columns are
         ignored.
@@ -47,7 +47,7 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
         proba = self.predictor.predict_proba(model_input)
         classes = self.predictor.classes
         out = pd.DataFrame({f"proba_{c}": proba[:, j] for j, c in enumerate(classes)}, index=model_input.index)
-        out.insert(0, "prediction", np.asarray(classes, dtype=object)[proba.argmax(axis=1)])
+        out.insert(0, "prediction", self.predictor.labels(proba))
         if self.schema_rules is None:
             return out
         mode = (params or {}).get(ON_VIOLATION_PARAM, ON_VIOLATION_MODES[0])

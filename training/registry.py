@@ -85,6 +85,8 @@ class Lineage:
     """The training config, as a JSON-ready dict."""
     data_version: str = ""
     """The object store's version id or ETag of the training data; empty for a local file."""
+    decision_threshold: float | None = None
+    """Binary models: the decision threshold chosen on the validation split (``None``: most probable class)."""
 
     def __post_init__(self) -> None:
         for name, length in (("data_md5", 32), ("holdout_sha256", 64)):
@@ -259,6 +261,7 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
         raise ValueError(f"run {run_id} has no kfloop.{WEIGHTS_TAG} tag: log the model with log_candidate() "
                          "before registering it")
     tags = {"decision": "promote" if gate.blessed else "reject", "reason": _truncate(gate.reason),
+            "primary_metric": gate.primary_metric,
             **lineage.tags(), WEIGHTS_TAG: weights_sha,
             "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}
     ensure_registered_model(model_name, client=client)

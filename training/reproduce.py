@@ -3,7 +3,8 @@
 The version's recorded data md5 is fetched from DVC (the repo's cache, else its remotes), split with the pipeline's
 holdout settings (checked against the recorded holdout sha256), and trained again on CPU with gloo with the
 recorded training config and seed, by the code of the recorded commit (the running checkout must be that commit).
-Identical means: every recorded metric equal, and the weights file byte for byte (sha256) and tensor by tensor.
+Identical means: every recorded metric and the decision threshold equal, and the weights file byte for byte
+(sha256) and tensor by tensor.
 """
 from __future__ import annotations
 
@@ -155,12 +156,15 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     ours, theirs = Predictor.load(rebuilt.model_dir), Predictor.load(registered)
     holdout = read_table(root / "data" / "holdout.parquet")  # as the evaluation step reads it
     y = encode_target(holdout[ours.description["target"]], ours.classes)
-    holdout_now = compute_metrics(y, ours.predict_proba(holdout), ours.classes)
+    holdout_now = compute_metrics(y, ours.predict_proba(holdout), ours.classes, ours.threshold)
     recorded_run = client.get_run(mv.run_id).data.metrics
     metrics = {f"holdout_{k}": {"recorded": recorded_run.get(f"eval_challenger_{k}", math.nan), "reproduced": v}
                for k, v in holdout_now.items()}
     metrics |= {k: {"recorded": theirs.description["metrics"][k], "reproduced": v}
                 for k, v in ours.description["metrics"].items()}
+    if lineage.get("decision_threshold") is not None or ours.threshold is not None:
+        metrics["decision_threshold"] = {"recorded": _number(lineage.get("decision_threshold")),
+                                         "reproduced": _number(ours.threshold)}
     a, b = load_file(rebuilt.model_dir / WEIGHTS_FILE), load_file(registered / WEIGHTS_FILE)
     differing = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not bool((a[k] == b[k]).all()))
     result = Reproduction(model_name=model_name, version=str(version), data_md5=tags["data_md5"], data_source=source,
@@ -170,6 +174,11 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
                                           "reproduced": file_digest(rebuilt.model_dir / WEIGHTS_FILE)})
     progress(f"reproduce: {model_name} v{version} {'identical' if result.identical else 'DIFFERS'}")
     return result
+
+
+def _number(value: float | None) -> float:
+    """An optional threshold as a number; NaN for ``None`` (so one side missing differs)."""
+    return math.nan if value is None else float(value)
 
 
 def _same(a: float, b: float) -> bool:

@@ -230,11 +230,14 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
                            policy: dict[str, Any], champion=None):
     """Score challenger and ``champion`` (default: the current one) on the pinned holdout and decide.
 
-    Returns ``(decision, champion_info)``.
+    The baseline's priors are the challenger's training-split class shares (``class_counts`` in its
+    ``model.json``). Returns ``(decision, champion_info)``.
 
     Raises:
         ValueError: the holdout is not the pinned one, or the models disagree on the classes.
     """
+    import numpy as np
+
     from training.gate import PromotionPolicy, align_proba, evaluate
     from training.holdout import verify_pinned
     from training.model import Predictor
@@ -248,12 +251,16 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     schema_categorical = challenger.transform.categorical
     rules = PromotionPolicy.from_dict({"slice_columns": list(schema_categorical), **policy})
     champion = champion if champion is not None else get_champion(model_name)
-    champion_proba = None
+    champion_proba = champion_threshold = None
     if champion is not None:
         incumbent = load_version_predictor(model_name, champion.version)
         champion_proba = align_proba(incumbent.predict_proba(holdout), incumbent.classes, challenger.classes)
+        champion_threshold = incumbent.threshold if incumbent.classes == challenger.classes else None
+    counts = challenger.description.get("class_counts")  # absent from models trained before baselines
     decision = evaluate(y_true=holdout[target].to_numpy(), challenger_proba=challenger.predict_proba(holdout),
-                        champion_proba=champion_proba, classes=challenger.classes, holdout=holdout, policy=rules)
+                        champion_proba=champion_proba, classes=challenger.classes, holdout=holdout, policy=rules,
+                        train_priors=None if counts is None else np.asarray(counts) / sum(counts),
+                        challenger_threshold=challenger.threshold, champion_threshold=champion_threshold)
     return decision, champion
 
 
@@ -278,7 +285,7 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
         challenger, holdout = Predictor.load(model_dir), read_table(holdout_path)
         log_evaluation_figures(run_id, y=encode_target(holdout[challenger.description["target"]], challenger.classes),
                                proba=challenger.predict_proba(holdout), classes=challenger.classes,
-                               decision=decision.to_dict())
+                               decision=decision.to_dict(), threshold=challenger.threshold)
     progress(f"evaluate: {'blessed' if decision.blessed else 'not blessed'}: {decision.reason}")
     return EvaluateResult(blessed=decision.blessed, champion_version=version, reason=decision.reason,
                           kfp_metrics=kfp_metrics(decision))
@@ -296,12 +303,14 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
     from training.registry import Lineage, log_candidate, register_candidate
 
     decision = json.loads(Path(report_path).read_text())
-    config = Predictor.load(model_dir).description["config"]
+    description = Predictor.load(model_dir).description
+    config = description["config"]
     lineage = Lineage(data_md5=data_md5, data_uri=record_uri(dataset_uri), data_version=data_version,
                       holdout_sha256=holdout_sha256,
                       git_commit=load_environment().git_commit, pipeline_run_id=pipeline_run_id,
                       seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
-                      previous_champion=champion_version or None, training_config=config)
+                      previous_champion=champion_version or None, training_config=config,
+                      decision_threshold=description.get("decision_threshold"))
     model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
     progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")

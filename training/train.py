@@ -37,11 +37,13 @@ from training import checkpoints
 from training.config import TrainingConfig
 from training.features import FeatureTransform, encode_target, target_classes
 from training.model import MLP, Architecture, save_model_dir
+from training.threshold import choose_threshold
 from training.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
 
 logger = logging.getLogger("kfloop.train")
 
-RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "hidden", "dropout", "seed", "val_fraction")
+RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "hidden", "dropout", "seed", "val_fraction",
+               "class_weight")
 """Config fields a checkpoint must agree on to be resumed (``epochs`` may grow; the world size may change)."""
 RESTARTS_TAG = "kfloop.restarts"
 """MLflow run tag: worker-group restarts torchrun made (``TORCHELASTIC_RESTART_COUNT`` of the last attempt)."""
@@ -151,6 +153,8 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     transform = FeatureTransform.fit(train_df, numeric=roles.numeric, categorical=roles.categorical)
     x_train, y_train = _tensors(train_df, transform, roles.target, classes, me.device)
     x_val, y_val = _tensors(val_df.iloc[me.rank::me.world_size], transform, roles.target, classes, me.device)
+    class_counts = np.bincount(encode_target(train_df[roles.target], classes), minlength=len(classes))
+    loss_weight = _class_weights(class_counts, cfg.class_weight, me.device)
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -178,7 +182,7 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
         started = time.perf_counter()
         sampler.set_epoch(epoch)
         train_loss, steps = _train_epoch(ddp, optimizer, list(sampler), x_train, y_train, cfg.batch_size, me.device,
-                                         bf16=cfg.bf16_autocast)
+                                         bf16=cfg.bf16_autocast, weight=loss_weight)
         step += steps
         scheduler.step()
         metrics = {"train_loss": train_loss, **_evaluate(model, x_val, y_val, me.device)}
@@ -197,16 +201,46 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     digests = _all_gather_json(param_digest(model), me.device)
     if me.rank == 0:
         assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
+        threshold = _decision_threshold(model, transform.transform(val_df),
+                                        encode_target(val_df[roles.target], classes), cfg.threshold_metric,
+                                        len(classes))
         save_model_dir(args.model_dir, model=model, arch=arch, transform=transform, classes=classes,
                        target=roles.target, extra={"config": cfg.to_dict(), "metrics": final,
-                                                   "world_size": me.world_size, "param_digests": digests})
-        logger.info("wrote %s: %s", args.model_dir, final)
+                                                   "world_size": me.world_size, "param_digests": digests,
+                                                   "class_counts": class_counts.tolist(),
+                                                   "decision_threshold": threshold})
+        logger.info("wrote %s: %s (decision threshold %s)", args.model_dir, final, threshold)
+
+
+def _class_weights(counts: np.ndarray, how: str, device: torch.device) -> torch.Tensor | None:
+    """Per-class loss weights: ``balanced`` gives ``rows / (classes * count)`` (a class absent from the training
+    split counts as one row); ``none`` gives ``None``."""
+    if how == "none":
+        return None
+    return torch.tensor(counts.sum() / (len(counts) * np.maximum(counts, 1)), dtype=torch.float32, device=device)
+
+
+def _decision_threshold(model: MLP, x_val: np.ndarray, y_val: np.ndarray, metric: str,
+                        n_classes: int) -> float | None:
+    """The binary decision threshold maximising ``metric`` on the whole validation split (``None`` for
+    multi-class targets, ``metric="none"``, or a validation split lacking a class)."""
+    if n_classes != 2 or metric == "none":
+        return None
+    model.eval()
+    with torch.no_grad():
+        proba = torch.softmax(model(torch.from_numpy(x_val).to(next(model.parameters()).device)).double(), dim=1)
+    threshold = choose_threshold(y_val, proba[:, 1].cpu().numpy(), metric)
+    if threshold is None:
+        logger.warning("validation split lacks a class: no decision threshold chosen; predicting the most "
+                       "probable class")
+    return threshold
 
 
 def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, order: list[int],
                  x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device, *,
-                 bf16: bool = True) -> tuple[float, int]:
+                 bf16: bool = True, weight: torch.Tensor | None = None) -> tuple[float, int]:
     """One pass over this rank's rows in sampler ``order``; returns (mean loss over all ranks, optimizer steps).
+    ``weight``: per-class loss weights (``None``: every row alike).
 
     On CUDA with ``bf16`` the forward pass and loss run under bf16 autocast; on CPU everything stays float32.
     """
@@ -216,7 +250,7 @@ def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
     autocast = bf16 and device.type == "cuda"
     for batch in batches:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = F.cross_entropy(ddp(x[batch]), y[batch])
+            loss = F.cross_entropy(ddp(x[batch]), y[batch], weight=weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
