@@ -33,8 +33,8 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     file in the workdir."""
     from monitoring.steps import trigger_step
     from monitoring.trigger_registry import RegistryTriggerStore
-    from pipelines.kfp_remote import start_pinned_training
-    from pipelines.local_start import start_local_training
+    from pipelines.kfp_server.client import start_pinned_training
+    from components.run_starters import start_local_training
     from training.settings import from_struct
 
     pinned = from_struct(training_pipeline_version)

@@ -35,11 +35,11 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
     Raises:
         ValueError: no reference or schema given and no champion to take them from.
-        training.validation.DataFileError: a data file is unusable.
+        data.validation.DataFileError: a data file is unusable.
     """
     from monitoring.drift import DriftPolicy, check_drift
-    from training.registry import champion_schema, get_champion, load_version_predictor
-    from training.validation import load_schema, read_table, schema_roles
+    from training.registry.versions import champion_schema, get_champion, load_version_predictor
+    from data.validation import load_schema, read_table, schema_roles
 
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None

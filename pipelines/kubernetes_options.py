@@ -45,7 +45,7 @@ class KubernetesOptions:
     shared_volume_claim: str = ""
     """PersistentVolumeClaim mounted in the launch step at ``shared_mount_path``: with ``backend=kubernetes`` the
     step stages inputs for the PyTorchJob and collects its model there, so it must be the claim (and path) of the
-    run's ``cluster_config`` (:attr:`training.cluster.ClusterConfig.shared_volume_claim`). Empty: none."""
+    run's ``cluster_config`` (:attr:`training.launch.cluster.ClusterConfig.shared_volume_claim`). Empty: none."""
     shared_mount_path: str = "/shared"
     """Where the launch step sees ``shared_volume_claim``."""
 

@@ -39,7 +39,7 @@ def isolated_env(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """One real ``mlflow server`` process (SQLite, proxied artifacts) shared by the session; its URL in ``.url``."""
-    from mlflow_server import MlflowServer
+    from fakes.mlflow_server import MlflowServer
 
     server = MlflowServer(root=tmp_path_factory.mktemp("mlflow-server")).start()
     yield server

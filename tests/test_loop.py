@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.cli import EXIT_DATA_FILE, EXIT_FAILED, main
+from pipelines.cli.commands import EXIT_DATA_FILE, EXIT_FAILED, main
 from training.fileio import file_digest
 
 MODEL = "loop-test"

@@ -9,10 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kfp_server import KfpApiServer
+from fakes.kfp_server import KfpApiServer
 
-from pipelines import kfp_remote
-from pipelines.cli import main
+from pipelines.kfp_server import client as kfp_remote
+from pipelines.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,13 +10,13 @@ import json
 import threading
 
 import pytest
-from kfp_server import KfpApiServer
+from fakes.kfp_server import KfpApiServer
 
 from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from monitoring.webhook import SIGNATURE_HEADER, AlertWebhook, WebhookAuth
-from pipelines import kfp_remote
-from pipelines.remote import alert_starter, upload_pipelines
+from pipelines.kfp_server import client as kfp_remote
+from pipelines.kfp_server.runs import alert_starter, upload_pipelines
 
 KFP_TOKEN = "kfp-token-for-webhook-tests"
 HOOK_TOKEN = "hook-token-5d2f"
@@ -260,7 +260,7 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
 
     import yaml
 
-    from pipelines.cli import build_parser
+    from pipelines.cli.commands import build_parser
 
     docs = {d["kind"]: d for d in yaml.safe_load_all((Path(__file__).parents[1] / "deploy" / "webhook.yaml")
                                                      .read_text())}
@@ -331,7 +331,7 @@ def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
 
 
 def test_kfloop_serve_refuses_to_start_without_auth(monkeypatch, capsys, isolated_env):
-    from pipelines.cli import main
+    from pipelines.cli.commands import main
 
     monkeypatch.delenv("KFLOOP_WEBHOOK_TOKEN", raising=False)
     monkeypatch.delenv("KFLOOP_WEBHOOK_HMAC_SECRET", raising=False)

@@ -1,7 +1,7 @@
 """The MLflow pyfunc face of a kfloop model directory, logged as models-from-code (nothing pickled).
 
 MLflow executes this file when the model is logged and again when it is loaded (``mlflow.pyfunc.load_model``);
-``training.registry.log_candidate`` passes its path as ``python_model`` and the model directory as the
+``training.registry.versions.log_candidate`` passes its path as ``python_model`` and the model directory as the
 ``model_dir`` artifact. Do not import this module from other code: importing it registers the model object.
 """
 from __future__ import annotations

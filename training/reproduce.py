@@ -112,7 +112,7 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
 
     Raises:
         ReproduceError: the code is not the recorded commit, the data cannot be fetched, or the split differs.
-        training.launcher.LaunchError: retraining failed.
+        training.launch.local.LaunchError: retraining failed.
     """
     import mlflow
     from safetensors.torch import load_file
@@ -120,12 +120,12 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     from training.config import TrainingConfig
     from training.features import encode_target
     from training.gate import compute_metrics
-    from training.holdout import split_holdout, write_parquet
-    from training.launcher import train_local
+    from data.holdout import split_holdout, write_parquet
+    from training.launch.local import train_local
     from training.model import Predictor
     from training.model_files import WEIGHTS_FILE
-    from training.registry import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, download_model_dir
-    from training.validation import read_table
+    from training.registry.versions import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, download_model_dir
+    from data.validation import read_table
 
     client = client or mlflow.MlflowClient()
     mv = client.get_model_version(model_name, str(version))

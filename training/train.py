@@ -37,7 +37,7 @@ from training.config import TrainingConfig
 from training.features import FeatureTransform, encode_target, target_classes
 from training.fileio import file_digest
 from training.model import MLP, Architecture, save_model_dir
-from training.validation import load_schema, read_table, schema_roles
+from data.validation import load_schema, read_table, schema_roles
 
 logger = logging.getLogger("kfloop.train")
 

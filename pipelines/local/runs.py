@@ -1,0 +1,86 @@
+"""``kfloop run``: run a pipeline locally and summarise it from the registry and the trigger's state."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pipelines.compile import PIPELINES
+from pipelines.local.runner import run_local
+from pipelines.config import pipeline_params
+from training.settings import DEFAULT_MODEL_NAME, Environment, load_environment
+
+
+def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = None,
+                 env: Environment | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Run the ``training`` or ``drift`` pipeline with kfp.local and return its summary.
+
+    Raises:
+        ValueError: bad settings.
+        pipelines.local.runner.PipelineFailed: a step failed.
+    """
+    env = env or load_environment(workdir)
+    params = pipeline_params(PIPELINES[name], settings)
+    model_name = params.get("model_name", DEFAULT_MODEL_NAME)
+    started = time.time()
+    run = run_local(PIPELINES[name], params, env, quiet=quiet)
+    if name == "training":
+        summary = training_summary(model_name, run.output)
+    else:
+        summary = drift_summary(model_name, run.output, since=started)
+    return {**summary, "seconds": round(run.seconds, 2),
+            "step_seconds": {step: round(t, 2) for step, t in run.step_seconds.items()}}
+
+
+def training_summary(model_name: str, version: str) -> dict[str, Any]:
+    """The contract fields of a training run: version, decision, champion, metrics, reason."""
+    import mlflow
+
+    from training.registry.versions import get_champion
+
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version(model_name, version)
+    champion = get_champion(model_name, client=client)
+    champion_version = champion.version if champion else None
+    return {"model_name": model_name, "model_version": version, "promoted": champion_version == version,
+            "champion_version": champion_version, "decision": mv.tags.get("decision"),
+            "reason": mv.description or mv.tags.get("reason", ""), "metrics": holdout_metrics(client, mv.run_id)}
+
+
+def holdout_metrics(client: Any, run_id: str) -> dict[str, float]:
+    """The challenger's metrics on the holdout, as the gate logged them on the run."""
+    prefix = "eval_challenger_"
+    return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
+
+
+def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
+    """Every version, oldest first: when it was created, decision, reason, holdout metrics, lineage (MLflow run,
+    pipeline run, data md5, git commit) and whether it is the champion now."""
+    import mlflow
+
+    from monitoring.trigger import utc_iso
+
+    client = client or mlflow.MlflowClient()
+    champion = str(client.get_registered_model(model_name).aliases.get("champion"))
+    versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
+    return [{"version": str(mv.version),
+             "created_at": None if mv.creation_timestamp is None else utc_iso(mv.creation_timestamp / 1000),
+             "decision": mv.tags.get("decision"), "reason": mv.description or mv.tags.get("reason", ""),
+             "metrics": holdout_metrics(client, mv.run_id) if mv.run_id else {}, "run_id": mv.run_id,
+             "pipeline_run_id": mv.tags.get("pipeline_run_id"), "data_md5": mv.tags.get("data_md5"),
+             "git_commit": mv.tags.get("git_commit"), "champion": str(mv.version) == champion}
+            for mv in versions]
+
+
+def drift_summary(model_name: str, drift_result: Any, *, since: float) -> dict[str, Any]:
+    """Verdict, per-column drift and what the trigger did (and the training run it started, if any)."""
+    import json
+    from pathlib import Path
+
+    from monitoring.steps import last_trigger
+
+    result = json.loads(Path(drift_result.path).read_text())
+    trigger = last_trigger(model_name, since=since)
+    retrain = None
+    if trigger is not None and trigger["run_id"]:  # a local run's id is the version it registered
+        retrain = training_summary(model_name, trigger["run_id"])
+    return {"model_name": model_name, **result, "trigger": trigger, "retrain": retrain}
