@@ -8,6 +8,11 @@ import pandas as pd
 
 from training.fileio import atomic_write_bytes, file_digest, parquet_bytes
 
+DEFAULT_HOLDOUT_FRACTION = 0.2
+"""Share of the rows held out for the gate (the training pipeline's ``holdout_fraction``)."""
+DEFAULT_SPLIT_SEED = 42
+"""Seed of the split (the training pipeline's ``seed``)."""
+
 
 def split_holdout(df: pd.DataFrame, *, fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Seeded random split into (train, holdout) rows.

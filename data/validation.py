@@ -27,6 +27,8 @@ from pandera.extensions import register_check_method
 from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
+from training.errors import EXIT_DATA_FILE, KfloopError
+
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")
 MAX_EXAMPLES = 5
@@ -61,8 +63,10 @@ for _check_fn, _stats in ((kfloop_min_rows, ["min_rows"]), (kfloop_min_classes, 
         register_check_method(_check_fn, statistics=_stats, supported_types=pd.DataFrame)
 
 
-class DataFileError(Exception):
+class DataFileError(KfloopError):
     """A data or schema file that cannot be read as a table (missing, empty, truncated, wrong format, ...)."""
+
+    exit_code = EXIT_DATA_FILE
 
     def __init__(self, path: str | Path, problem: str):
         self.path = str(path)
@@ -179,7 +183,7 @@ def _inert_cell(text: str) -> str:
     return "'" + text if text.startswith(FORMULA_PREFIXES) else text
 
 
-class ValidationError(Exception):
+class ValidationError(KfloopError):
     """Raised by callers that treat a failed :class:`ValidationReport` as an error."""
 
     def __init__(self, report: ValidationReport):

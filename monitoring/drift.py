@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -21,6 +21,7 @@ from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
 from training.fileio import atomic_write_text
+from training.settings import section_from_dict
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
                              "g_test", "ks", "mannw", "t_test", "TVD", "z"})
@@ -165,11 +166,7 @@ class DriftPolicy:
         Raises:
             ValueError: an unknown key or an invalid value.
         """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown drift policy keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return section_from_dict(cls, data, "drift")
 
     def method_for(self, column: str) -> str | None:
         """The stattest configured for ``column`` (its override, else ``method``); None means Evidently's choice."""

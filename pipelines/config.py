@@ -1,54 +1,98 @@
-"""Turn ``kfloop.yaml`` plus ``--set`` overrides into validated pipeline parameters."""
+"""The one config root: ``kfloop.yaml`` plus ``--set`` overrides, its typed sections, and the pipeline parameters
+they become. Every path (``kfloop train``, ``render-job``, ``run --local``, ``run --host``, the drift pipeline's
+retraining) reads the job's shape through :func:`job_shape`, so a value set once is the value used."""
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-SECTIONS: dict[str, tuple[str, str]] = {
-    "training": ("training_config", "training.config:TrainingConfig"),
-    "promotion": ("promotion_policy", "training.gate:PromotionPolicy"),
-    "drift": ("drift_policy", "monitoring.drift:DriftPolicy"),
-    "trigger": ("trigger_policy", "monitoring.trigger:TriggerPolicy"),
-    "cluster": ("cluster_config", "training.launch.kubernetes:KubernetesSettings"),
-}
-"""Config section -> (the pipeline's dict parameter, the typed config that validates it)."""
+from monitoring.drift import DriftPolicy
+from monitoring.trigger import TriggerPolicy
+from training.config import JOB_SHAPE_KEYS, TrainingConfig
+from training.gate import PromotionPolicy
+from training.launch.kubernetes import KubernetesSettings
+from training.settings import SECTION_PARAMETERS
 
-SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "model_name", "nnodes",
-               "nproc_per_node", "backend", "holdout_fraction", "seed"}
+SECTIONS: dict[str, type] = {
+    "training": TrainingConfig,
+    "promotion": PromotionPolicy,
+    "drift": DriftPolicy,
+    "trigger": TriggerPolicy,
+    "cluster": KubernetesSettings,
+}
+"""Config section -> the typed config that validates it (its pipeline parameter: ``SECTION_PARAMETERS``)."""
+
+SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "model_name",
+               *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
 """Parameters of either pipeline; one kfloop.yaml serves both, so each pipeline ignores the other's."""
 
-TRAINING_KEYS = {"training", "promotion", "cluster", "nnodes", "nproc_per_node", "backend", "holdout_fraction", "seed"}
+TRAINING_KEYS = {"training", "promotion", "cluster", *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
 """Settings the drift pipeline hands to the training runs it triggers."""
 
 
 def typed_config(section: str, values: dict[str, Any]) -> Any:
     """Build the typed config of ``section`` (it raises ValueError naming the fix)."""
-    module, _, cls = SECTIONS[section][1].partition(":")
-    return getattr(importlib.import_module(module), cls).from_dict(values)
+    return SECTIONS[section].from_dict(values)
+
+
+def job_shape(settings: dict[str, Any]) -> dict[str, Any]:
+    """The job's shape (``nnodes``, ``nproc_per_node``, ``backend``) the settings ask for: each key from the top
+    level or from the ``training`` section, whichever sets it; keys set nowhere are left out (their default).
+
+    Raises:
+        ValueError: both places set a key, to different values.
+    """
+    training = settings.get("training") or {}
+    shape = {}
+    for key in JOB_SHAPE_KEYS:
+        if key in settings and key in training and settings[key] != training[key]:
+            raise ValueError(f"{key} is set twice, to {settings[key]!r} and training.{key}={training[key]!r}: "
+                             f"set it once (e.g. --set {key}={settings[key]!r})")
+        if key in settings or key in training:
+            shape[key] = settings[key] if key in settings else training[key]
+    return shape
+
+
+def resolved(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with the job's shape in one place: the top-level keys (the pipeline parameters), out of the
+    ``training`` section.
+
+    Raises:
+        ValueError: the shape is set twice (see :func:`job_shape`).
+    """
+    out = {**settings, **job_shape(settings)}
+    if isinstance(settings.get("training"), dict):
+        out["training"] = {k: v for k, v in settings["training"].items() if k not in JOB_SHAPE_KEYS}
+    return out
 
 
 def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
     """Pick and validate the parameters ``pipeline`` declares from a settings dict.
 
     Top-level keys are pipeline parameters (``dataset_uri``, ``target``, ``nnodes``...); the sections
-    ``training``, ``promotion``, ``drift``, ``trigger`` become dict parameters once their typed config accepts them.
+    ``training``, ``promotion``, ``drift``, ``trigger``, ``cluster`` become dict parameters once their typed config
+    accepts them. The job's shape may also be given in the ``training`` section; it becomes the top-level
+    parameter either way.
 
     Raises:
-        ValueError: an unknown key, a missing required parameter, or a value a typed config rejects.
+        ValueError: an unknown key, a missing required parameter, the job's shape set twice, or a value a typed
+            config rejects.
     """
     declared = pipeline.component_spec.inputs or {}
     unknown = sorted(set(settings) - set(declared) - set(SECTIONS) - SHARED_KEYS)
     if unknown:
         raise ValueError(f"unknown setting(s) {unknown}; parameters are {sorted(declared)} and the sections "
                          f"{sorted(SECTIONS)} (e.g. --set training.epochs=5)")
+    for key in SECTIONS:
+        if key in settings and not isinstance(settings[key], dict):
+            raise ValueError(f"'{key}' must be a mapping of settings, e.g. --set {key}.FIELD=VALUE")
+    settings = resolved(settings)
+    TrainingConfig.from_dict({**settings.get("training", {}), **job_shape(settings)})
     params: dict[str, Any] = {}
     for key, value in settings.items():
         if key in SECTIONS:
-            if not isinstance(value, dict):
-                raise ValueError(f"'{key}' must be a mapping of settings, e.g. --set {key}.FIELD=VALUE")
             typed_config(key, value)
-            if SECTIONS[key][0] in declared:
-                params[SECTIONS[key][0]] = value
+            if SECTION_PARAMETERS[key] in declared:
+                params[SECTION_PARAMETERS[key]] = value
         elif key in declared:
             params[key] = value
     if "training_params" in declared:  # the drift pipeline's retrain runs get the training settings

@@ -44,3 +44,17 @@ def mlflow_server(tmp_path_factory):
     server = MlflowServer(root=tmp_path_factory.mktemp("mlflow-server")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A Kubernetes API test server in operator mode with one shared volume (tests/fakes/kubernetes_cluster.py)."""
+    from fakes.k8s_server import K8sServer
+    from fakes.kubernetes_cluster import CLAIM, Cluster
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    server = K8sServer(tmp_path / "k8s", volumes={CLAIM: shared})
+    with server:
+        yield Cluster(server, server.write_kubeconfig(tmp_path / "kubeconfig"), shared)
+    assert server.live_pids() == [], "a pod process outlived the test server"

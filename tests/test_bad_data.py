@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.generate import generate
-from pipelines.cli.commands import EXIT_FAILED, main
+from pipelines.cli.commands import main
+from training.errors import EXIT_FAILED
 from data.validation import DataFileError, ReadLimits, load_schema, read_table, schema_diff, validate
 
 REPO = Path(__file__).resolve().parents[1]

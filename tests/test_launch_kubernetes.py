@@ -1,80 +1,32 @@
-"""The Kubernetes launcher against the test API server (tests/k8s_server.py), over HTTP with the real `kubernetes`
-client and `kubectl`: rendered PyTorchJobs train in operator mode, failures surface as one LaunchError, retries
+"""The Kubernetes launcher against the test API server (tests/fakes/k8s_server.py), over HTTP with the real
+`kubernetes` client: rendered PyTorchJobs train in operator mode, failures surface as one LaunchError, retries
 attach, cancelling deletes. Nothing here patches a client."""
 from __future__ import annotations
 
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from fakes.k8s_server import JOB_NAME_LABEL, K8sServer
+from fakes.k8s_server import JOB_NAME_LABEL
+from fakes.kubernetes_cluster import Cluster
 from polling import wait_for
 
+from pipelines.cli.commands import main
 from training.config import TrainingConfig
 from training.launch.jobspec import JobSpec
-from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, api_client, preflight
+from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
 from training.launch.local import LaunchError
-from training.launch.manifests import job_name_for, render_pytorchjob, training_job_spec
+from training.launch.manifests import job_name_for
 
 REPO = Path(__file__).resolve().parents[1]
-CLAIM = "kfloop-shared"
-
-
-@dataclass
-class Cluster:
-    server: K8sServer
-    kubeconfig: Path
-    shared: Path
-
-    def settings(self, **launcher) -> dict:
-        """The ``cluster`` settings of a job on this server (CPU only, the shared claim at its host dir)."""
-        return {"image": "kfloop:test", "cpu": "1", "memory": "2Gi", "shm_size": "64Mi",
-                "shared_volume_claim": CLAIM, "shared_mount_path": str(self.shared),
-                "launcher": {"kubeconfig": str(self.kubeconfig), "poll_seconds": 0.5, **launcher}}
-
-    def api(self):
-        return api_client(LaunchPolicy(kubeconfig=str(self.kubeconfig)))
-
-    def jobs(self) -> list[dict]:
-        from kubernetes import client
-
-        return client.CustomObjectsApi(self.api()).list_namespaced_custom_object(
-            "kubeflow.org", "v1", "default", "pytorchjobs")["items"]
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    server = K8sServer(tmp_path / "k8s", volumes={CLAIM: shared})
-    with server:
-        yield Cluster(server, server.write_kubeconfig(tmp_path / "kubeconfig"), shared)
-    assert server.live_pids() == [], "a pod process outlived the test server"
-
-
-def _job_body(cluster: Cluster, name: str, *, nnodes: int = 2, **cluster_overrides) -> dict:
-    """A rendered PyTorchJob of ``training.train`` (no inputs staged: it never gets far)."""
-    settings = {**cluster.settings(), **cluster_overrides}
-    cluster_config = KubernetesSettings.from_dict(settings).cluster
-    config = TrainingConfig(nnodes=nnodes, nproc_per_node=cluster_config.accelerator[1]
-                            if cluster_config.accelerator else 1)
-    return render_pytorchjob(training_job_spec(config, cluster_config, name=name), cluster_config)
-
-
-def _status(exc) -> dict:
-    return json.loads(exc.body)
-
-
 def test_readme_launcher_settings_are_valid():
     readme = (REPO / "README.md").read_text()
     (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "  launcher:" in b]
@@ -84,92 +36,13 @@ def test_readme_launcher_settings_are_valid():
         KubernetesSettings.from_dict({"launcher": {"restart_limit": 3}})
 
 
-# ------------------------------------------------------------------------------------------------ the server itself
-
-def test_server_answers_404_409_422_like_the_api_server(cluster):
-    from kubernetes import client
-
-    custom = client.CustomObjectsApi(cluster.api())
-    body = _job_body(cluster, "api-check")
-    created = custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
-    assert created["metadata"]["uid"] and int(created["metadata"]["resourceVersion"]) > 0
-
-    with pytest.raises(client.ApiException) as conflict:
-        custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
-    assert conflict.value.status == 409
-    assert _status(conflict.value)["reason"] == "AlreadyExists"
-    assert _status(conflict.value)["message"] == 'pytorchjobs.kubeflow.org "api-check" already exists'
-
-    with pytest.raises(client.ApiException) as missing:
-        custom.get_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "nope")
-    assert missing.value.status == 404 and _status(missing.value)["reason"] == "NotFound"
-
-    invalid = json.loads(json.dumps(body))
-    invalid["metadata"]["name"] = "invalid"
-    invalid["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
-    invalid["spec"]["runPolicy"]["cleanupPolicy"] = "All"
-    with pytest.raises(client.ApiException) as rejected:
-        custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", invalid)
-    status = _status(rejected.value)
-    assert rejected.value.status == 422 and status["reason"] == "Invalid"
-    fields = {cause["field"] for cause in status["details"]["causes"]}
-    assert fields == {"spec.pytorchReplicaSpecs.Master.replicas", "spec.runPolicy.cleanupPolicy"}
-    assert 'unknown field "spec.runPolicy.cleanupPolicy"' in status["message"]
-    assert [j["metadata"]["name"] for j in cluster.jobs()] == ["api-check"]
-
-    patched = custom.patch_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "api-check",
-                                                    {"metadata": {"labels": {"team": "ml"}}})
-    assert patched["metadata"]["labels"]["team"] == "ml"
-    custom.delete_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "api-check")
-    wait_for("the job's pods to go with it", lambda: not client.CoreV1Api(cluster.api()).list_namespaced_pod(
-        "default", label_selector=f"{JOB_NAME_LABEL}=api-check").items)
-    assert cluster.jobs() == []
-
-
-def test_watch_resumes_from_a_resource_version_and_expires_with_410(cluster):
-    from kubernetes import client, watch
-
-    custom = client.CustomObjectsApi(cluster.api())
-    secrets = client.CoreV1Api(cluster.api())
-    first = secrets.create_namespaced_secret("default", {"metadata": {"name": "one"}, "stringData": {"k": "v"}})
-    secrets.create_namespaced_secret("default", {"metadata": {"name": "two"}, "stringData": {"k": "v"}})
-    secrets.delete_namespaced_secret("one", "default")
-    events = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
-        secrets.list_namespaced_secret, "default", resource_version=first.metadata.resource_version,
-        timeout_seconds=1)]
-    assert events == [("ADDED", "two"), ("DELETED", "one")]
-
-    cluster.server.store.compact()
-    with pytest.raises(client.ApiException) as expired:
-        list(watch.Watch().stream(custom.list_namespaced_custom_object, "kubeflow.org", "v1", "default",
-                                  "pytorchjobs", resource_version=first.metadata.resource_version, timeout_seconds=1))
-    assert expired.value.status == 410
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-def test_kubectl_lists_the_jobs_of_the_test_server(cluster):
-    from kubernetes import client
-
-    client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
-        "kubeflow.org", "v1", "default", "pytorchjobs", _job_body(cluster, "seen-by-kubectl"))
-    out = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "pytorchjobs"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    header, row = out.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "STATE", "AGE"]
-    assert row.split()[0] == "seen-by-kubectl"
-    as_json = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "pytorchjob",
-                              "seen-by-kubectl", "-o", "json"], capture_output=True, text=True, timeout=60)
-    assert json.loads(as_json.stdout)["spec"]["nprocPerNode"] == "1", as_json.stderr
-
-
 def test_the_launcher_relists_when_its_watch_expires(cluster, tmp_path, capsys):
     import threading
 
     from kubernetes import client
 
     name, release = "expiring-watch", cluster.shared / "release"
-    body = _job_body(cluster, name, nnodes=1)
+    body = cluster.job_body(name, nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
         "python", "-c", f"import pathlib, time\nwhile not pathlib.Path('{release}').exists(): time.sleep(0.05)"]
     run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
@@ -195,7 +68,7 @@ def test_the_launcher_relists_when_its_watch_expires(cluster, tmp_path, capsys):
 
 
 def test_a_job_past_the_launchers_deadline_is_deleted(cluster, tmp_path):
-    body = _job_body(cluster, "too-slow", nnodes=1)
+    body = cluster.job_body("too-slow", nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
         "sleep", "600"]
     started = time.monotonic()
@@ -207,7 +80,7 @@ def test_a_job_past_the_launchers_deadline_is_deleted(cluster, tmp_path):
 
 
 def test_succeeded_counts_only_with_the_artifact_on_the_shared_volume(cluster, tmp_path):
-    body = _job_body(cluster, "no-model", nnodes=1)
+    body = cluster.job_body("no-model", nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ["true"]
     with pytest.raises(LaunchError, match="Succeeded, but .*model.json is not on the shared volume"):
         JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
@@ -221,7 +94,7 @@ def test_secret_key_refs_reach_the_container_or_block_it_clearly(secret_exists, 
     if secret_exists:
         client.CoreV1Api(cluster.api()).create_namespaced_secret(
             "default", {"metadata": {"name": "s3-credentials"}, "stringData": {"secret-key": "planted-value"}})
-    body = _job_body(cluster, "with-secret", nnodes=1,
+    body = cluster.job_body("with-secret", nnodes=1,
                      secret_env={"AWS_SECRET_ACCESS_KEY": "s3-credentials/secret-key"})
     out = cluster.shared / "seen.txt"
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
@@ -256,7 +129,7 @@ FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
 
 
 def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators_env(
-        cluster, isolated_env, demo_files, tmp_path):
+        cluster, isolated_env, demo_files, tmp_path, capsys):
     import mlflow
     from kubernetes import client
 
@@ -299,9 +172,19 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
                   policy={}, report_out=report)
     version = register_step(model_dir=str(model_dir), report_path=report, schema_path=schema, run_id=result.run_id,
                             model_name="k8s-model", dataset_uri=train, data_md5=md5, holdout_sha256=sha,
-                            pipeline_run_id="run-train-1", champion_version="")
+                            pipeline_run_id="run-train-1", champion_version="", holdout_fraction=0.2, split_seed=42)
     registered = mlflow.MlflowClient().get_model_version("k8s-model", version)
     assert registered.run_id == result.run_id
+
+    # the dry run is the launch: `kfloop render-job --run-id` prints the very body the launcher POSTed
+    (posted,) = [raw for method, path, raw in cluster.server.received
+                 if method == "POST" and path.endswith("/pytorchjobs")]
+    config = tmp_path / "kfloop.yaml"
+    config.write_text(yaml.safe_dump({"training": {**FAST, "nnodes": 2, "nproc_per_node": 2},
+                                      "cluster": cluster.settings()}))
+    capsys.readouterr()
+    assert main(["render-job", "--run-id", "run-train-1", "--config", str(config)]) == 0
+    assert capsys.readouterr().out == yaml.safe_dump(json.loads(posted), sort_keys=False)
 
 
 def test_a_failing_job_fails_the_step_with_the_masters_last_log_lines(cluster, isolated_env, demo_files, tmp_path):
@@ -333,7 +216,7 @@ def test_a_pod_that_exits_137_forever_is_stopped_at_the_launchers_cap(restart_po
     place (restartCount, CrashLoopBackOff). Neither stops by itself for exit code 137."""
     name = f"kill-loop-{restart_policy.lower()}"
     cluster.server.killed_pods[f"{name}-worker-0"] = "Error"
-    body = _job_body(cluster, name)
+    body = cluster.job_body(name)
     body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = restart_policy
     policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), restart_cap=2, poll_seconds=0.5)
     with pytest.raises(LaunchError) as stopped:
@@ -363,7 +246,7 @@ def test_pod_problems_fail_with_one_clear_error_and_delete_the_job(fault, expect
     policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), unschedulable_timeout_seconds=1, poll_seconds=0.5)
     started = time.monotonic()
     with pytest.raises(LaunchError) as failed:
-        JobRun(cluster.api(), _job_body(cluster, name, **overrides), policy=policy, log_path=tmp_path / "m.log",
+        JobRun(cluster.api(), cluster.job_body(name, **overrides), policy=policy, log_path=tmp_path / "m.log",
                timeout=120).run()
     for text in expected:
         assert text in str(failed.value)

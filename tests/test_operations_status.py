@@ -10,7 +10,8 @@ import subprocess
 import mlflow
 import pytest
 
-from pipelines.cli.commands import EXIT_FAILED, main
+from pipelines.cli.commands import main
+from training.errors import EXIT_FAILED
 from training.fileio import file_digest
 from training.settings import CODE_ROOT as REPO_ROOT
 

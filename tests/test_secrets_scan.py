@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fakes.kfp_server import KfpApiServer
 
-from pipelines.kfp_server import client as kfp_remote
+from components import kfp_client
 from pipelines.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ def planted(monkeypatch, tmp_path) -> dict[str, str]:
         "MLFLOW_TRACKING_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv(kfp_remote.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "kfloop"))
     return values

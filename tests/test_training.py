@@ -80,7 +80,7 @@ def test_config_round_trips_through_a_dict():
 
 
 def test_config_names_the_valid_keys_for_an_unknown_one():
-    with pytest.raises(ValueError, match=r"unknown training config key\(s\) \['epoch'\]; valid keys are .*'epochs'"):
+    with pytest.raises(ValueError, match=r"unknown training key\(s\) \['epoch'\]; valid keys are .*'epochs'"):
         TrainingConfig.from_dict({"epoch": 3})
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from training.features import encode_target
+from training.settings import section_from_dict
 
 METRICS = ("accuracy", "f1_macro", "roc_auc", "log_loss")
 """Metrics the gate computes; all but ``log_loss`` are higher-is-better."""
@@ -91,11 +92,7 @@ class PromotionPolicy:
         Raises:
             ValueError: an unknown key, or a value :meth:`__post_init__` rejects.
         """
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"unknown PromotionPolicy keys {unknown}; known keys are "
-                             f"{sorted(cls.__dataclass_fields__)}")
-        return cls(**d)
+        return section_from_dict(cls, d, "promotion")
 
 
 @dataclass(kw_only=True, slots=True)

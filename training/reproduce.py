@@ -13,11 +13,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
+from training.errors import KfloopError
 from training.fileio import file_digest
 from training.progress import progress
 
 
-class ReproduceError(RuntimeError):
+class ReproduceError(KfloopError, RuntimeError):
     """The version cannot be reproduced here; the message says why and what to do."""
 
 
@@ -104,11 +106,13 @@ def fetch_by_md5(md5: str, dst: Path, *, repo_root: Path) -> tuple[Path, str]:
 
 
 def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: str, repo_root: Path,
-              holdout_fraction: float = 0.2, split_seed: int = 42, client: Any = None) -> Reproduction:
+              holdout_fraction: float | None = None, split_seed: int | None = None,
+              client: Any = None) -> Reproduction:
     """Rebuild ``model_name`` ``version`` under ``workdir`` and compare it with the registered one.
 
-    ``holdout_fraction`` and ``split_seed`` are the training pipeline's; the split is checked against the
-    recorded holdout sha256.
+    The split's fraction and seed are the ones the version's lineage records; ``holdout_fraction`` and
+    ``split_seed`` (else the pipeline's defaults) only serve versions registered before they were recorded. The
+    split is checked against the recorded holdout sha256.
 
     Raises:
         ReproduceError: the code is not the recorded commit, the data cannot be fetched, or the split differs.
@@ -136,6 +140,9 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     shutil.rmtree(root, ignore_errors=True)
     data, source = fetch_by_md5(tags["data_md5"], root / "data" / "dataset.parquet", repo_root=repo_root)
     progress(f"reproduce: data md5 {tags['data_md5']} from {source}")
+    holdout_fraction = lineage.get("holdout_fraction") or holdout_fraction or DEFAULT_HOLDOUT_FRACTION
+    split_seed = lineage["split_seed"] if lineage.get("split_seed") is not None else (
+        DEFAULT_SPLIT_SEED if split_seed is None else split_seed)
     train, holdout = split_holdout(read_table(data), fraction=holdout_fraction, seed=split_seed)
     write_parquet(train, root / "data" / "train.parquet")
     holdout_sha = write_parquet(holdout, root / "data" / "holdout.parquet")

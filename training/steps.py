@@ -283,8 +283,9 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
 
 def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id: str, model_name: str,
                   dataset_uri: str, data_md5: str, holdout_sha256: str, pipeline_run_id: str,
-                  champion_version: str) -> str:
-    """Log the model into its training run and register it as a version with decision, reason and lineage."""
+                  champion_version: str, holdout_fraction: float, split_seed: int) -> str:
+    """Log the model into its training run and register it as a version with decision, reason and lineage (the
+    split's fraction and seed included, so ``kfloop reproduce`` splits the same way)."""
     from training.config import TrainingConfig
     from training.model import Predictor
     from training.registry.versions import Lineage, log_candidate, register_candidate
@@ -294,7 +295,8 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
     lineage = Lineage(data_md5=data_md5, data_uri=str(Path(dataset_uri).resolve()), holdout_sha256=holdout_sha256,
                       git_commit=load_environment().git_commit, pipeline_run_id=pipeline_run_id,
                       seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
-                      previous_champion=champion_version or None, training_config=config)
+                      previous_champion=champion_version or None, training_config=config,
+                      holdout_fraction=holdout_fraction, split_seed=split_seed)
     model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
     progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")

@@ -1,21 +1,17 @@
-"""The ``kfloop`` command line (also ``python -m pipelines``). Contract: ../shared/DESIGN.md, "CLI contract"."""
+"""The ``kfloop`` command line (also ``python -m pipelines``): the parser (its surface pinned by tests/test_cli.py)
+and one handler per command. Each handler imports its own stack when it runs (torch, MLflow, Evidently and kfp
+take seconds each to import), so ``kfloop --help`` and a small command stay fast."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
 
-from pipelines.cli import operate as operate_cli
-
-EXIT_FAILED = 1
-"""Validation failures, a failed pipeline run or training launch."""
-EXIT_DATA_FILE = 3
-"""The data file itself is unusable (missing, empty, truncated, undecodable...); 2 is argparse's usage error."""
+import pipelines.cli.operate as operate_cli
+import pipelines.cli.options as options
+from training.errors import EXIT_FAILED, KfloopError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc-per-node", type=int)
     train.add_argument("--backend", choices=["local", "kubernetes"])
     train.add_argument("--model-dir", help="where to write the model (default: under the workdir)")
-    _add_settings(train)
+    options.add_settings(train)
 
     drift = sub.add_parser("drift", help="one drift check")
     drift.add_argument("--reference", required=True)
@@ -55,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--model-name", help="also check drift of this model's champion predictions")
     drift.add_argument("--report", help="write Evidently's HTML report here")
     drift.add_argument("--json", action="store_true")
-    _add_settings(drift)
+    options.add_settings(drift)
 
     run = sub.add_parser("run", help="run a pipeline")
     run.add_argument("pipeline", choices=["training", "drift"])
@@ -66,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--wait", action="store_true", help="wait for the run to finish (always so with --local)")
     _add_kfp_target(run, host=False)
     _add_service_account(run)
-    _add_settings(run)
+    options.add_settings(run)
 
     comp = sub.add_parser("compile", help="KFP IR YAML for both pipelines")
     comp.add_argument("--out", default="pipelines/compiled")
@@ -87,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--disable", action="store_true", help="disable the recurring run of that name")
     action.add_argument("--delete", action="store_true", help="delete the recurring run of that name")
     _add_service_account(sched)
-    _add_settings(sched)
+    options.add_settings(sched)
 
     serve = sub.add_parser("serve", help="alert webhook: Alertmanager or {model, reason} -> retrain")
     serve.add_argument("--port", type=int, default=8080)
@@ -97,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
     serve.add_argument("--max-body-bytes", type=int, default=65536)
     _add_service_account(serve)
-    _add_settings(serve)
+    options.add_settings(serve)
 
     render = sub.add_parser("render-job", help="the training job's manifest as YAML (dry run)")
     render.add_argument("--kind", choices=["pytorchjob", "trainjob"], default="pytorchjob")
@@ -105,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--nproc-per-node", type=int, help="default: one per GPU (or MIG device) with GPUs")
     render.add_argument("--gpus-per-node", type=int)
     render.add_argument("--run-id", help="pipeline run id the job name derives from (default: the name kfloop-train)")
-    _add_settings(render)
+    options.add_settings(render)
 
     bench = sub.add_parser("bench", help="benchmarks from a source checkout (benchmarks/<name>.py)")
     bench.add_argument("name", choices=["collectives"], help="collectives: nccl-tests-style table, ceilings, gRPC")
@@ -154,34 +150,13 @@ def _add_service_account(parser: argparse.ArgumentParser) -> None:
                                                   "drift run triggers) run as; default: the server's")
 
 
-def _add_settings(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="settings file (default: ./kfloop.yaml when present)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                        help="override a setting, e.g. --set dataset_uri=data.csv --set training.epochs=5")
-
-
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    from training.settings import load_config_file, merge, parse_overrides
-
-    return merge(load_config_file(args.config), parse_overrides(args.overrides))
-
-
-def _stdout_for_json(args: argparse.Namespace):
-    """Under ``--json`` stdout carries only the JSON: whatever the work prints goes to stderr instead."""
-    return contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
-
-
-def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.operations.demo_loop import format_summary, run_demo
     from training.settings import load_environment
 
-    with _stdout_for_json(args):
+    with options.stdout_for_json(args):
         summary = run_demo(load_environment(args.workdir).workdir)
-    _print_json(summary) if args.json else print(format_summary(summary))
+    options.print_json(summary) if args.json else print(format_summary(summary))
     return 0
 
 
@@ -209,12 +184,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from pipelines.config import job_shape
+    from training.config import JOB_SHAPE_KEYS
     from training.settings import load_environment
     from training.steps import train_only
 
-    settings = _settings(args)
-    training = dict(settings.get("training", {}))
-    for key in ("nnodes", "nproc_per_node", "backend"):
+    settings = options.settings(args)
+    training = {**settings.get("training", {}), **job_shape(settings)}
+    for key in JOB_SHAPE_KEYS:
         if getattr(args, key) is not None:
             training[key] = getattr(args, key)
     result = train_only(data=args.data, schema=args.schema, training=training, env=load_environment(args.workdir),
@@ -229,12 +206,12 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from training.settings import activate, load_environment
 
     activate(load_environment(args.workdir))
-    with _stdout_for_json(args):
+    with options.stdout_for_json(args):
         result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
-                            model_name=args.model_name or "", policy=_settings(args).get("drift", {}),
+                            model_name=args.model_name or "", policy=options.settings(args).get("drift", {}),
                             report_out=args.report or "")
     if args.json:
-        _print_json(result.to_dict())
+        options.print_json(result.to_dict())
     else:
         drift = result.drift
         print(f"drifted: {drift.drifted} (share of drifted columns {drift.share_drifted_columns:.2f})")
@@ -249,10 +226,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.local.runs import run_pipeline
 
     failed = None
-    with _stdout_for_json(args):
+    with options.stdout_for_json(args):
         if args.host:
             try:
-                summary = run_remote(args.pipeline, _settings(args), args.host, version=args.version,
+                summary = run_remote(args.pipeline, options.settings(args), args.host, version=args.version,
                                      namespace=args.namespace, service_account=args.service_account, wait=args.wait)
             except RunFailed as exc:  # the run's fields are printed, then the error
                 failed, summary = exc, exc.summary
@@ -260,9 +237,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.version or args.namespace or args.service_account:
                 raise ValueError("--version, --namespace and --service-account are for a run on the KFP server: use "
                                  "them with --host")
-            summary = run_pipeline(args.pipeline, _settings(args), workdir=args.workdir)
+            summary = run_pipeline(args.pipeline, options.settings(args), workdir=args.workdir)
     if args.json:
-        _print_json(summary)
+        options.print_json(summary)
     else:
         for key, value in summary.items():
             print(f"{key}: {value}")
@@ -282,11 +259,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
 def cmd_upload(args: argparse.Namespace) -> int:
     from pipelines.kfp_server.runs import upload_pipelines
 
-    with _stdout_for_json(args):
+    with options.stdout_for_json(args):
         uploaded = upload_pipelines(args.host, version=args.version, namespace=args.namespace, image=args.image,
                                     options=_compile_options(args))
     if args.json:
-        _print_json(uploaded)
+        options.print_json(uploaded)
     for item in [] if args.json else uploaded:
         print(f"{item['pipeline']}: pipeline {item['pipeline_id']} version {item['version_name']} "
               f"({item['pipeline_version_id']}) {'created' if item['created'] else 'already uploaded'}")
@@ -298,10 +275,10 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     action = "delete" if args.delete else "disable" if args.disable else "schedule"
     with contextlib.redirect_stdout(sys.stderr):
-        result = schedule_drift(_settings(args), args.host, cron=args.cron, name=args.name, action=action,
+        result = schedule_drift(options.settings(args), args.host, cron=args.cron, name=args.name, action=action,
                                 version=args.version, namespace=args.namespace,
                                 service_account=args.service_account)
-    _print_json(result)
+    options.print_json(result)
     return 0
 
 
@@ -315,7 +292,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from training.settings import activate, load_environment
 
     activate(load_environment(args.workdir))
-    settings = _settings(args)
+    settings = options.settings(args)
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ),
                            policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
                            start=alert_starter(settings, host=args.kfp_host, version=args.version,
@@ -335,26 +312,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_render_job(args: argparse.Namespace) -> int:
     import yaml
 
+    from pipelines.config import job_shape
     from training.config import TrainingConfig
     from training.launch.kubernetes import KubernetesSettings
-    from training.launch.manifests import job_name_for, render_pytorchjob, render_trainjob, training_job_spec
+    from training.launch.manifests import job_manifest
+    from training.settings import load_environment
 
-    settings = _settings(args)
+    settings = options.settings(args)
     cluster_settings = dict(settings.get("cluster", {}))
     if args.gpus_per_node is not None:
         cluster_settings["gpus_per_node"] = args.gpus_per_node
     cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
-    training = dict(settings.get("training", {}))
+    training = {**settings.get("training", {}), **job_shape(settings)}
     if args.nnodes is not None:
         training["nnodes"] = args.nnodes
     if args.nproc_per_node is not None:
         training["nproc_per_node"] = args.nproc_per_node
     elif cluster.accelerator and not cluster.shared_gpu_resource:
         training["nproc_per_node"] = cluster.accelerator[1]
-    name = job_name_for(args.run_id) if args.run_id else "kfloop-train"
-    spec = training_job_spec(TrainingConfig.from_dict(training), cluster, name=name)
-    render = render_trainjob if args.kind == "trainjob" else render_pytorchjob
-    sys.stdout.write(yaml.safe_dump(render(spec, cluster), sort_keys=False))
+    body = job_manifest(TrainingConfig.from_dict(training), cluster, run_id=args.run_id, kind=args.kind,
+                        mlflow_tracking_uri=load_environment(args.workdir).tracking_uri)
+    sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0
 
 
@@ -379,21 +357,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except Exception as exc:  # one readable line per failure; --debug shows the trace
-        from pipelines.local.runner import PipelineFailed
-        from data.validation import DataFileError, ValidationError
+        from data.validation import ValidationError
 
         if args.debug:
             traceback.print_exc()
         if isinstance(exc, ValidationError):
             print(exc.report.format(), file=sys.stderr)
-            return EXIT_FAILED
+            return exc.exit_code
         print(f"kfloop {args.command}: error: {exc}", file=sys.stderr)
+        if isinstance(exc, KfloopError) and exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
         if not args.debug:
             print("hint: rerun with --debug for the full traceback", file=sys.stderr)
-        file_problem = isinstance(exc, DataFileError) or (
-            isinstance(exc, PipelineFailed) and exc.message.startswith(DataFileError.__name__))
-        return EXIT_DATA_FILE if file_problem else EXIT_FAILED
-
+        return exc.exit_code if isinstance(exc, KfloopError) else EXIT_FAILED
 
 if __name__ == "__main__":
     sys.exit(main())

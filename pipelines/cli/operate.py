@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+import pipelines.cli.options as options
 from training.settings import DEFAULT_MODEL_NAME
 
 
@@ -12,7 +13,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     status = sub.add_parser("status", help="champion, last drift check, trigger cooldown, recent runs")
     _model(status)
     status.add_argument("--json", action="store_true")
-    _settings(status)
+    options.add_settings(status)
 
     history = sub.add_parser("history", help="every version and every move of champion")
     _model(history)
@@ -28,7 +29,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     reproduce.add_argument("model")
     reproduce.add_argument("version")
     reproduce.add_argument("--json", action="store_true")
-    _settings(reproduce)
+    options.add_settings(reproduce)
 
     report = sub.add_parser("report", help="one self-contained HTML page of the model's history and drift")
     _model(report)
@@ -37,12 +38,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 def _model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL_NAME, help="registered model (default: %(default)s)")
-
-
-def _settings(parser: argparse.ArgumentParser) -> None:
-    from pipelines.cli.commands import _add_settings
-
-    _add_settings(parser)
 
 
 def _env(args: argparse.Namespace):
@@ -54,30 +49,27 @@ def _env(args: argparse.Namespace):
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pipelines.cli.commands import _print_json, _settings as settings
     from pipelines.operations.status import format_status, status
 
-    result = status(args.model, env=_env(args), trigger_policy=settings(args).get("trigger", {}))
-    _print_json(result) if args.json else print(format_status(result))
+    result = status(args.model, env=_env(args), trigger_policy=options.settings(args).get("trigger", {}))
+    options.print_json(result) if args.json else print(format_status(result))
     return 0
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from pipelines.cli.commands import _print_json
     from pipelines.operations.status import format_history, history
 
     result = history(args.model, env=_env(args))
-    _print_json(result) if args.json else print(format_history(result))
+    options.print_json(result) if args.json else print(format_history(result))
     return 0
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from pipelines.cli.commands import _print_json
     from pipelines.operations.status import rollback_champion
 
     result = rollback_champion(args.model, to=args.to, reason=args.reason, env=_env(args))
     if args.json:
-        _print_json(result)
+        options.print_json(result)
     else:
         print(f"{args.model}: champion v{result['previous_champion']} -> v{result['champion_version']} "
               f"({result['reason']})")
@@ -85,19 +77,18 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from pipelines.cli.commands import _print_json, _settings as settings, _stdout_for_json
     from training.progress import activity
     from training.reproduce import reproduce
     from training.settings import CODE_ROOT
 
     env = _env(args)
-    configured = settings(args)
-    with _stdout_for_json(args), activity(f"reproducing {args.model} v{args.version}", quiet=args.json):
+    configured = options.settings(args)
+    with options.stdout_for_json(args), activity(f"reproducing {args.model} v{args.version}", quiet=args.json):
         result = reproduce(args.model, args.version, workdir=env.workdir, current_commit=env.git_commit,
-                           repo_root=CODE_ROOT, holdout_fraction=configured.get("holdout_fraction", 0.2),
-                           split_seed=configured.get("seed", 42))
+                           repo_root=CODE_ROOT, holdout_fraction=configured.get("holdout_fraction"),
+                           split_seed=configured.get("seed"))
     if args.json:
-        _print_json(result.to_dict())
+        options.print_json(result.to_dict())
     else:
         print(f"{args.model} v{args.version}: {'IDENTICAL' if result.identical else 'DIFFERENT'} "
               f"(data {result.data_md5} from {result.data_source}, commit {result.git_commit}, seed {result.seed}, "

@@ -1,17 +1,21 @@
 """``kfloop upload | run --host | schedule | serve``: compile, then talk to the KFP server through
-:mod:`pipelines.kfp_server.client`."""
+:mod:`components.kfp_client`."""
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from pipelines.kfp_server import client as kfp_remote
+import mlflow
+
+from components import kfp_client
 from pipelines.compile import PIPELINES, compile_pipeline
+from pipelines.config import TRAINING_KEYS, pipeline_params
 from pipelines.drift import PIPELINE_NAME as DRIFT_NAME
 from pipelines.kubernetes_options import KubernetesOptions
-from pipelines.config import pipeline_params
+from pipelines.local.runs import training_summary
 from pipelines.training import PIPELINE_NAME as TRAINING_NAME
+from training.errors import KfloopError
 from training.settings import DEFAULT_MODEL_NAME, load_environment
 
 PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME}
@@ -45,13 +49,13 @@ def upload_pipelines(host: str | None, *, version: str | None = None, namespace:
     name = version_name(version)
     commit = load_environment().git_commit
     clean = commit != "unknown" and not commit.endswith("-dirty")
-    source = kfp_remote.code_source_url(commit) if clean else ""
-    client = kfp_remote.connect(host, namespace=namespace)
+    source = kfp_client.code_source_url(commit) if clean else ""
+    client = kfp_client.connect(host, namespace=namespace)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for key, pipeline in PIPELINES.items():
             package = compile_pipeline(key, Path(tmp) / f"{key}.yaml", image=image, options=options)
-            ref, created = kfp_remote.upload(client, PIPELINE_NAMES[key], package, version_name=name,
+            ref, created = kfp_client.upload(client, PIPELINE_NAMES[key], package, version_name=name,
                                              source_url=source, namespace=namespace,
                                              description=pipeline.component_spec.description or "")
             out.append({**ref.to_dict(), "pipeline": key, "created": created})
@@ -69,11 +73,11 @@ def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: 
     """
     params = pipeline_params(PIPELINES[name], settings)
     if name == "drift":
-        training = kfp_remote.find_version(client, TRAINING_NAME, version, namespace)
+        training = kfp_client.find_version(client, TRAINING_NAME, version, namespace)
         params["training_pipeline_version"] = {
             "pipeline_name": TRAINING_NAME, "pipeline_id": training.pipeline_id,
             "pipeline_version_id": training.pipeline_version_id, "version_name": version,
-            "experiment": kfp_remote.DEFAULT_EXPERIMENT, "namespace": namespace or "", "host": "",
+            "experiment": kfp_client.DEFAULT_EXPERIMENT, "namespace": namespace or "", "host": "",
             "service_account": service_account or ""}
     return params
 
@@ -91,13 +95,13 @@ def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str |
         RunFailed: the run ended in another state than SUCCEEDED (``wait`` only).
     """
     name_ = version_name(version)
-    client = kfp_remote.connect(host, namespace=namespace)
-    ref = kfp_remote.find_version(client, PIPELINE_NAMES[name], name_, namespace)
+    client = kfp_client.connect(host, namespace=namespace)
+    ref = kfp_client.find_version(client, PIPELINE_NAMES[name], name_, namespace)
     params = remote_params(name, settings, client, version=name_, namespace=namespace,
                            service_account=service_account)
-    run = kfp_remote.create_run(client, ref, params, namespace=namespace, service_account=service_account)
+    run = kfp_client.create_run(client, ref, params, namespace=namespace, service_account=service_account)
     if wait:
-        run = kfp_remote.wait(client, run.run_id, poll_seconds=poll_seconds)
+        run = kfp_client.wait(client, run.run_id, poll_seconds=poll_seconds)
     summary = {"run_id": run.run_id, "state": run.state, "pipeline": name, "pipeline_id": ref.pipeline_id,
                "pipeline_version_id": ref.pipeline_version_id, "version": name_, "experiment_id": run.experiment_id,
                "url": f"{host.rstrip('/')}/#/runs/details/{run.run_id}"}
@@ -108,9 +112,8 @@ def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str |
     return summary
 
 
-class RunFailed(RuntimeError):
+class RunFailed(KfloopError, RuntimeError):
     """A KFP run ended in another state than SUCCEEDED; ``summary`` is what ``--json`` prints."""
-
     def __init__(self, summary: dict[str, Any]):
         super().__init__(f"run {summary['run_id']} ended {summary['state']}: see {summary['url']}")
         self.summary = summary
@@ -119,10 +122,6 @@ class RunFailed(RuntimeError):
 def registered_result(model_name: str, run_id: str) -> dict[str, Any]:
     """The training contract fields of the version that KFP run ``run_id`` registered (its ``pipeline_run_id``
     tag), or ``{}`` when MLflow holds none (e.g. MLFLOW_TRACKING_URI is not the cluster's server)."""
-    import mlflow
-
-    from pipelines.local.runs import training_summary
-
     found = mlflow.MlflowClient().search_model_versions(
         f"name = '{model_name}' and tags.pipeline_run_id = '{run_id}'")
     return training_summary(model_name, str(found[0].version)) if found else {}
@@ -138,19 +137,19 @@ def schedule_drift(settings: dict[str, Any], host: str, *, cron: str | None, nam
         ValueError: a missing or non-6-field cron.
         LookupError: the version is not uploaded, or no recurring run ``name`` to disable/delete.
     """
-    client = kfp_remote.connect(host, namespace=namespace)
+    client = kfp_client.connect(host, namespace=namespace)
     if action != "schedule":
-        ids = kfp_remote.set_schedule_enabled(client, name, enabled=False if action == "disable" else None,
+        ids = kfp_client.set_schedule_enabled(client, name, enabled=False if action == "disable" else None,
                                               namespace=namespace)
         return {"name": name, "recurring_run_ids": ids, "action": action}
     if not cron:
         raise ValueError("--cron is required to schedule, e.g. --cron '0 0 * * * *' (hourly; 6 fields)")
-    kfp_remote.check_cron(cron)
+    kfp_client.check_cron(cron)
     name_ = version_name(version)
-    ref = kfp_remote.find_version(client, DRIFT_NAME, name_, namespace)
+    ref = kfp_client.find_version(client, DRIFT_NAME, name_, namespace)
     params = remote_params("drift", settings, client, version=name_, namespace=namespace,
                            service_account=service_account)
-    rec_id, created = kfp_remote.schedule(client, ref, params, name=name, cron=cron, namespace=namespace,
+    rec_id, created = kfp_client.schedule(client, ref, params, name=name, cron=cron, namespace=namespace,
                                           service_account=service_account)
     return {"name": name, "recurring_run_id": rec_id, "created": created, "cron": " ".join(cron.split()),
             "version": name_, "action": action}
@@ -165,10 +164,8 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
     Raises:
         LookupError: the training pipeline has no such version.
     """
-    from pipelines.config import TRAINING_KEYS
-
-    client = kfp_remote.connect(host, namespace=namespace)
-    ref = kfp_remote.find_version(client, TRAINING_NAME, version_name(version), namespace)
+    client = kfp_client.connect(host, namespace=namespace)
+    ref = kfp_client.find_version(client, TRAINING_NAME, version_name(version), namespace)
     base = {k: v for k, v in settings.items() if k in TRAINING_KEYS or k in ("schema_uri", "target")}
 
     def start(alert: Any) -> str:
@@ -178,6 +175,6 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
                              "dataset_uri to the alert or set dataset_uri in kfloop.yaml")
         params = pipeline_params(PIPELINES["training"], {**base, "dataset_uri": dataset_uri,
                                                          "model_name": alert.model})
-        return kfp_remote.start_training(client, ref, params, namespace=namespace, service_account=service_account)
+        return kfp_client.start_training(client, ref, params, namespace=namespace, service_account=service_account)
 
     return start

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from data.validation import DataFileError
+from training.errors import KfloopError
 from training.progress import PREFIX as PROGRESS_PREFIX
 from training.settings import Environment, activate
 
@@ -19,11 +21,15 @@ _TASK_DONE = re.compile(r"Task \W*'([\w-]+)'\W* finished with status \W*(\w+)")
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Failure)): (.+)$")
 
 
-class PipelineFailed(RuntimeError):
-    """A local pipeline run failed; ``step`` and the step's own error message are kept."""
+class PipelineFailed(KfloopError, RuntimeError):
+    """A local pipeline run failed; ``step``, the step's own error message and its error class are kept. The step
+    ran in its own process, so its error arrives by class name: a :class:`DataFileError` there is this run's exit
+    code for an unusable data file."""
 
-    def __init__(self, pipeline: str, step: str, message: str, log_path: Path):
-        self.step, self.message, self.log_path = step, message, log_path
+    def __init__(self, pipeline: str, step: str, message: str, log_path: Path, *, error_type: str = ""):
+        self.step, self.message, self.log_path, self.error_type = step, message, log_path, error_type
+        if error_type == DataFileError.__name__:
+            self.exit_code = DataFileError.exit_code
         super().__init__(f"{pipeline}: step '{step}' failed: {message} (full log: {log_path})")
 
 
@@ -33,6 +39,7 @@ class _ProgressFilter(io.TextIOBase):
     def __init__(self, log: TextIO, echo: TextIO | None):
         self.log, self.echo, self._buf = log, echo, ""
         self.last_error = ""
+        self.last_error_type = ""
         self.failed_step = ""
         self.step_seconds: dict[str, float] = {}
         self._step_started: dict[str, float] = {}
@@ -50,7 +57,7 @@ class _ProgressFilter(io.TextIOBase):
 
     def _line(self, line: str) -> None:
         if m := _ERROR_LINE.match(line.strip()):
-            self.last_error = f"{m.group(1)}: {m.group(2)}"
+            self.last_error, self.last_error_type = f"{m.group(1)}: {m.group(2)}", m.group(1)
         if PROGRESS_PREFIX in line:
             self._echo(line[line.index(PROGRESS_PREFIX):])
         elif m := _TASK_START.search(line):
@@ -108,6 +115,7 @@ def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environ
                 warnings.filterwarnings("ignore", module=r"kfp\.local\.")
                 task = pipeline(**params)
         except RuntimeError as exc:
-            raise PipelineFailed(name, sink.failed_step or "?", sink.last_error or str(exc), log_path) from None
+            raise PipelineFailed(name, sink.failed_step or "?", sink.last_error or str(exc), log_path,
+                                 error_type=sink.last_error_type) from None
     return LocalRun(pipeline=name, output=task.output, seconds=time.monotonic() - start,
                     step_seconds=sink.step_seconds, log_path=log_path)

@@ -1,12 +1,19 @@
 """``kfloop run``: run a pipeline locally and summarise it from the registry and the trigger's state."""
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
+import mlflow
+
+from monitoring.steps import last_trigger
+from monitoring.trigger import utc_iso
 from pipelines.compile import PIPELINES
-from pipelines.local.runner import run_local
 from pipelines.config import pipeline_params
+from pipelines.local.runner import run_local
+from training.registry.versions import get_champion
 from training.settings import DEFAULT_MODEL_NAME, Environment, load_environment
 
 
@@ -33,10 +40,6 @@ def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = N
 
 def training_summary(model_name: str, version: str) -> dict[str, Any]:
     """The contract fields of a training run: version, decision, champion, metrics, reason."""
-    import mlflow
-
-    from training.registry.versions import get_champion
-
     client = mlflow.MlflowClient()
     mv = client.get_model_version(model_name, version)
     champion = get_champion(model_name, client=client)
@@ -55,10 +58,6 @@ def holdout_metrics(client: Any, run_id: str) -> dict[str, float]:
 def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
     """Every version, oldest first: when it was created, decision, reason, holdout metrics, lineage (MLflow run,
     pipeline run, data md5, git commit) and whether it is the champion now."""
-    import mlflow
-
-    from monitoring.trigger import utc_iso
-
     client = client or mlflow.MlflowClient()
     champion = str(client.get_registered_model(model_name).aliases.get("champion"))
     versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
@@ -73,11 +72,6 @@ def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]
 
 def drift_summary(model_name: str, drift_result: Any, *, since: float) -> dict[str, Any]:
     """Verdict, per-column drift and what the trigger did (and the training run it started, if any)."""
-    import json
-    from pathlib import Path
-
-    from monitoring.steps import last_trigger
-
     result = json.loads(Path(drift_result.path).read_text())
     trigger = last_trigger(model_name, since=since)
     retrain = None

@@ -6,7 +6,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pipelines.local.runs import run_pipeline
+import mlflow
+import pandas as pd
+
+from data.demo import DATA_DIR, ensure_demo_data
+from pipelines.local.runs import list_versions, run_pipeline
 from training.progress import progress
 from training.settings import activate, load_environment
 
@@ -28,8 +32,6 @@ def run_demo(workdir: Path) -> dict[str, Any]:
 
     The demo owns ``<workdir>/demo`` (MLflow DB, DVC remote, trigger state) and starts it afresh.
     """
-    from data.demo import DATA_DIR, ensure_demo_data
-
     root = workdir / "demo"
     shutil.rmtree(root, ignore_errors=True)
     env = load_environment(root)
@@ -52,9 +54,6 @@ def run_demo(workdir: Path) -> dict[str, Any]:
 
 
 def _predict_with_champion(path) -> dict[str, Any]:
-    import mlflow
-    import pandas as pd
-
     model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")
     rows = pd.read_parquet(path).head(5)[model.metadata.get_input_schema().input_names()]
     out = model.predict(rows)
@@ -63,8 +62,6 @@ def _predict_with_champion(path) -> dict[str, Any]:
 
 
 def _versions() -> list[dict[str, Any]]:
-    from pipelines.local.runs import list_versions
-
     return list_versions(MODEL_NAME)
 
 

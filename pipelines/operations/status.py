@@ -7,8 +7,15 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from monitoring.trigger import utc_iso
+import mlflow
+from mlflow.exceptions import MlflowException
+
+from monitoring.records import drift_checks, trigger_status
+from monitoring.trigger import TriggerPolicy, TriggerStore, utc_iso
+from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from pipelines.local.runs import holdout_metrics, list_versions
+from training.registry.lock import promotion_lock
+from training.registry.versions import champion_history, get_champion, rollback
 from training.settings import Environment
 
 RECENT_RUNS = 5
@@ -22,12 +29,6 @@ def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any])
         ValueError: ``model_name`` is not registered.
         monitoring.trigger.TriggerStateError: the trigger state is unusable.
     """
-    import mlflow
-
-    from monitoring.records import drift_checks, trigger_status
-    from monitoring.trigger import TriggerPolicy
-    from training.registry.versions import champion_history, get_champion
-
     client = mlflow.MlflowClient()
     _require_model(client, model_name, env)
     champion = get_champion(model_name, client=client)
@@ -62,10 +63,6 @@ def history(model_name: str, *, env: Environment) -> dict[str, Any]:
         ValueError: ``model_name`` is not registered.
         monitoring.trigger.TriggerStateError: the trigger state is unusable.
     """
-    import mlflow
-
-    from training.registry.versions import champion_history
-
     client = mlflow.MlflowClient()
     _require_model(client, model_name, env)
     moves = champion_history(model_name, client=client)
@@ -84,9 +81,6 @@ def rollback_champion(model_name: str, *, to: str | None, reason: str, env: Envi
     Raises:
         ValueError: nothing to roll back to, or the target may not serve (the message says why).
     """
-    from training.registry.lock import promotion_lock
-    from training.registry.versions import rollback
-
     result = rollback(model_name, to=to, reason=reason, actor=getpass.getuser(),
                       lock=promotion_lock(model_name, env.workdir))
     return {"model_name": model_name, **result.to_dict()}
@@ -127,8 +121,6 @@ def format_history(h: dict[str, Any]) -> str:
 
 
 def _require_model(client: Any, model_name: str, env: Environment) -> None:
-    from mlflow.exceptions import MlflowException
-
     try:
         client.get_registered_model(model_name)
     except MlflowException as e:
@@ -138,9 +130,6 @@ def _require_model(client: Any, model_name: str, env: Environment) -> None:
 
 def _trigger_store(client: Any, model_name: str, env: Environment):
     """The registered model's trigger state when the cluster path keeps it there, else the workdir's file."""
-    from monitoring.trigger import TriggerStore
-    from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
-
     if STATE_TAG in client.get_registered_model(model_name).tags:
         return RegistryTriggerStore(model_name, client=client)
     return TriggerStore(env.workdir / "trigger" / f"{model_name}.json")

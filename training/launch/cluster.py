@@ -7,8 +7,10 @@ parameter) that :mod:`training.launch.manifests` turns into a PyTorchJob or Trai
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from training.settings import DEFAULT_IMAGE, section_from_dict
 
 GPU_VENDORS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 """Device-plugin resource of whole GPUs per vendor (``amd`` for ROCm builds, whose RCCL reads the NCCL_* env)."""
@@ -51,7 +53,7 @@ class ClusterConfig:
 
     namespace: str = "default"
     """Namespace of the job (and of the RBAC in deploy/rbac.yaml)."""
-    image: str = "kfloop:latest"
+    image: str = DEFAULT_IMAGE
     """Image with kfloop and its pins installed (deploy/Dockerfile); pin a digest or a tag per release."""
     image_pull_policy: str = "IfNotPresent"
     """``IfNotPresent``, ``Always`` or ``Never``."""
@@ -326,9 +328,4 @@ class ClusterConfig:
         Raises:
             ValueError: an unknown key (the message lists the valid ones) or an invalid value or combination.
         """
-        d = dict(d or {})
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown cluster config key(s) {unknown}; valid keys are {valid}")
-        return cls(**d)
+        return section_from_dict(cls, d, "cluster")

@@ -21,6 +21,8 @@ OPERATOR_ENV = ("PYTHONUNBUFFERED", "MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_PO
 """Variables the operator sets in every pod; a job's own ``env`` must not set them."""
 
 MAX_NAME_LENGTH = 50
+DEFAULT_JOB_NAME = "kfloop-train"
+"""The job's name when no pipeline run names it."""
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -29,7 +31,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 class JobSpec:
     """What to run on how many nodes; independent of where it runs."""
 
-    name: str = "kfloop-train"
+    name: str = DEFAULT_JOB_NAME
     """Job name: a DNS-1035 label (lowercase letters, digits, '-'), at most 50 characters so pod and service
     names such as ``<name>-worker-3`` stay valid."""
     nnodes: int = 1
@@ -53,9 +55,10 @@ class JobSpec:
                              f"letter, at most {MAX_NAME_LENGTH} characters (e.g. 'kfloop-train')")
         for name in ("nnodes", "nproc_per_node", "rdzv_timeout_seconds"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: use an integer >= 1")
-        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) \
+                or self.max_restarts < 0:
             raise ValueError(f"max_restarts={self.max_restarts!r}: use an integer >= 0")
         if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", self.module):
             raise ValueError(f"module={self.module!r}: give a dotted Python module name such as 'training.train'")
@@ -111,8 +114,8 @@ class JobSpec:
 
 
 def training_run_spec(config: TrainingConfig, *, data: str, schema: str, model_dir: str, checkpoint_dir: str,
-                      config_file: str, name: str = "kfloop-train", env: dict[str, str] | None = None,
-                      mlflow_run_id: str | None = None) -> JobSpec:
+                      config_file: str, name: str = DEFAULT_JOB_NAME, env: dict[str, str] | None = None,
+                      mlflow_run_id: str | None = None, mlflow_run_id_file: str | None = None) -> JobSpec:
     """The JobSpec of one ``training.train`` run: its file arguments (paths as the nodes see them), topology,
     restarts, rendezvous timeout and threads per rank from ``config``; ``env`` added to every node's.
 
@@ -123,6 +126,8 @@ def training_run_spec(config: TrainingConfig, *, data: str, schema: str, model_d
             "--config", config_file]
     if mlflow_run_id:
         args += ["--mlflow-run-id", mlflow_run_id]
+    if mlflow_run_id_file:
+        args += ["--mlflow-run-id-file", mlflow_run_id_file]
     return JobSpec(name=name, nnodes=config.nnodes, nproc_per_node=config.nproc_per_node, args=[str(a) for a in args],
                    env={"OMP_NUM_THREADS": str(config.threads_per_rank), **(env or {})},
                    max_restarts=config.max_restarts, rdzv_timeout_seconds=config.rdzv_timeout_seconds)

@@ -28,17 +28,18 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.launch.cluster import ClusterConfig
 from training.config import TrainingConfig
-from training.fileio import atomic_copy, atomic_write_json
-from training.launch.local import LaunchError, TrainResult, _exit_on_sigterm
-from training.launch.manifests import job_dir, job_name_for, render_pytorchjob, training_job_spec
+from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
+from training.launch.cluster import ClusterConfig
+from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
+from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render_pytorchjob
 from training.model import MODEL_FILE
 from training.progress import progress
+from training.settings import section_from_dict
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -110,11 +111,8 @@ class KubernetesSettings:
         """
         settings = dict(d or {})
         launcher = dict(settings.pop("launcher", None) or {})
-        valid = [f.name for f in fields(LaunchPolicy)]
-        unknown = sorted(set(launcher) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown cluster.launcher key(s) {unknown}; valid keys are {valid}")
-        return cls(cluster=ClusterConfig.from_dict(settings), launcher=LaunchPolicy(**launcher))
+        return cls(cluster=ClusterConfig.from_dict(settings),
+                   launcher=section_from_dict(LaunchPolicy, launcher, "cluster.launcher"))
 
 
 def api_client(policy: LaunchPolicy):
@@ -283,7 +281,7 @@ class JobRun:
         threads: list[threading.Thread] = []
         succeeded = False
         in_main_thread = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
+        previous = signal.signal(signal.SIGTERM, exit_on_sigterm) if in_main_thread else None
         try:
             job = self._submit()
             poll = self.policy.poll_seconds
@@ -522,13 +520,14 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     name = job_name_for(pipeline_run_id)
     root = Path(job_dir(name, cluster))
     data_file = "data" + (Path(data).suffix or ".parquet")
-    env = {"MLFLOW_TRACKING_URI": mlflow_tracking_uri} if mlflow_tracking_uri else {}
-    spec = training_job_spec(config, cluster, name=name, data_file=data_file, env=env, mlflow_run_id=mlflow_run_id)
-    body = render_pytorchjob(spec, cluster)
+    body = job_manifest(config, cluster, run_id=pipeline_run_id, data_file=data_file,
+                        mlflow_tracking_uri=mlflow_tracking_uri)
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):
         atomic_copy(source, root / target)
     atomic_write_json(root / "config.json", config.to_dict())
+    if mlflow_run_id:
+        atomic_write_text(root / MLFLOW_RUN_ID_FILE, mlflow_run_id)
     api = api_client(policy)
     log_dir = Path(log_dir)
     if policy.preflight_min_busbw_gbps:

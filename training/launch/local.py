@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from training.config import TrainingConfig
+from training.errors import KfloopError
 from training.fileio import atomic_write_json
 from training.launch.jobspec import JobSpec, training_run_spec
 from training.model import MODEL_FILE
@@ -66,7 +67,7 @@ class TrainResult:
     """Wall time of the launch."""
 
 
-class LaunchError(RuntimeError):
+class LaunchError(KfloopError, RuntimeError):
     """A node failed; the message names the node, the rank (when known), its error and the node's log."""
 
     def __init__(self, *, node: int, rank: int | None, exit_code: int, error: str, log: Path):
@@ -159,7 +160,7 @@ def launch_local(spec: JobSpec, *, log_dir: Path, echo: bool = False) -> LaunchR
     agents: list[_Agent] = []
     started = time.monotonic()
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main_thread else None
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm) if in_main_thread else None
     try:
         for node in range(spec.nnodes):
             agents.append(_Agent(spec, node, port, log_dir, tag, echo))
@@ -176,7 +177,8 @@ def launch_local(spec: JobSpec, *, log_dir: Path, echo: bool = False) -> LaunchR
     return LaunchResult(world_size=spec.world_size, seconds=seconds, logs=[a.log for a in agents])
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM handler of a launcher: exit as ``128 + signum`` through the ``finally`` blocks that stop the job."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
     raise SystemExit(128 + signum)
 

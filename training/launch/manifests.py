@@ -3,7 +3,7 @@
 Two renderings of the same spec the local launcher runs: a PyTorchJob (``kubeflow.org/v1``, Training Operator
 v1.9) and a TrainJob (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer; :data:`TRAINER_RELEASE` says which).
 Every node runs :meth:`JobSpec.command`; the operator injects the ``PET_*``/``MASTER_*`` variables torchrun reads, so
-the manifests never set them (see ../shared/DESIGN.md, "The Training Operator's pod contract").
+the manifests never set them (the table of what the operator sets is in :mod:`training.launch.jobspec`).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from training.launch.cluster import GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
 from training.config import TrainingConfig
-from training.launch.jobspec import MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec, training_run_spec
+from training.launch.jobspec import DEFAULT_JOB_NAME, MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec, training_run_spec
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
@@ -26,6 +26,8 @@ replaced ``podSpecOverrides`` (with ``podTemplateOverrides``, then ``runtimePatc
 (``kubectl explain trainjob.spec``) before submitting. The trainer fields used here exist in all of them."""
 TRAINER_NODE = "node"
 """Name of the trainer's replicated job and container in Trainer's torch runtimes."""
+MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+"""The file in the job's folder holding the MLflow run the ranks log to (staged by the launcher)."""
 LABELS = {"app.kubernetes.io/name": "kfloop", "app.kubernetes.io/component": "training"}
 _SHM, _TMP, _CKPT, _SHARED = "dshm", "tmp", "checkpoints", "shared"
 
@@ -59,9 +61,9 @@ def job_dir(name: str, cluster: ClusterConfig) -> PurePosixPath:
 
 
 def training_job_spec(config: TrainingConfig, cluster: ClusterConfig, *, name: str, data_file: str = "data.parquet",
-                      env: dict[str, str] | None = None, mlflow_run_id: str | None = None) -> JobSpec:
-    """The JobSpec of one ``training.train`` run on ``cluster``: inputs, model and checkpoints in :func:`job_dir`
-    (checkpoints in ``cluster.checkpoint_dir`` when set), topology and restarts from ``config``.
+                      env: dict[str, str] | None = None) -> JobSpec:
+    """The JobSpec of one ``training.train`` run on ``cluster``: inputs, model, checkpoints and the MLflow run id in
+    :func:`job_dir` (checkpoints in ``cluster.checkpoint_dir`` when set), topology and restarts from ``config``.
 
     Raises:
         ValueError: no shared volume, or an invalid name or env (see :class:`JobSpec`).
@@ -70,7 +72,26 @@ def training_job_spec(config: TrainingConfig, cluster: ClusterConfig, *, name: s
     return training_run_spec(config, data=str(root / data_file), schema=str(root / "schema.yaml"),
                              model_dir=str(root / "model"),
                              checkpoint_dir=str(cluster.checkpoint_dir or root / "checkpoints"),
-                             config_file=str(root / "config.json"), name=name, env=env, mlflow_run_id=mlflow_run_id)
+                             config_file=str(root / "config.json"), name=name, env=env,
+                             mlflow_run_id_file=str(root / MLFLOW_RUN_ID_FILE))
+
+
+def job_manifest(config: TrainingConfig, cluster: ClusterConfig, *, run_id: str | None = None,
+                 kind: str = "pytorchjob", data_file: str = "data.parquet",
+                 mlflow_tracking_uri: str | None = None) -> dict[str, Any]:
+    """The one job builder: the manifest of pipeline run ``run_id``'s training job (named ``kfloop-train`` without
+    one), exactly what the launcher submits and ``kfloop render-job`` prints. ``mlflow_tracking_uri`` becomes the
+    ranks' ``MLFLOW_TRACKING_URI``; the MLflow run id is staged in the job's folder, not written into the job.
+
+    Raises:
+        ValueError: ``kind`` is unknown, or ``config`` and ``cluster`` do not fit together (the message says the fix).
+    """
+    if kind not in JOB_KINDS:
+        raise ValueError(f"kind={kind!r}: use one of {sorted(JOB_KINDS)}")
+    name = job_name_for(run_id) if run_id else DEFAULT_JOB_NAME
+    env = {"MLFLOW_TRACKING_URI": mlflow_tracking_uri} if mlflow_tracking_uri else {}
+    spec = training_job_spec(config, cluster, name=name, data_file=data_file, env=env)
+    return JOB_KINDS[kind](spec, cluster)
 
 
 def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
@@ -305,3 +326,7 @@ def _volumes(cluster: ClusterConfig) -> tuple[list[dict[str, Any]], list[dict[st
         volumes.append({"name": _SHARED, "persistentVolumeClaim": {"claimName": cluster.shared_volume_claim}})
         mounts.append({"name": _SHARED, "mountPath": cluster.shared_mount_path})
     return volumes, mounts
+
+
+JOB_KINDS = {"pytorchjob": render_pytorchjob, "trainjob": render_trainjob}
+"""``kfloop render-job --kind`` -> its rendering."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import urllib3
 
+from training.errors import KfloopError
 from training.progress import progress
 
 _UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
@@ -39,11 +40,11 @@ NAMESPACE_ENV = "KFLOOP_LEASE_NAMESPACE"
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-class LockTimeout(TimeoutError):
+class LockTimeout(KfloopError, TimeoutError):
     """The promotion lock was not acquired in time; the message names the holder."""
 
 
-class LockLost(RuntimeError):
+class LockLost(KfloopError, RuntimeError):
     """The Lease was taken by another holder while this one held it (renewals failed for its whole duration)."""
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
+from training.errors import KfloopError
 from training.fileio import file_digest
 from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
 
@@ -81,6 +82,10 @@ class Lineage:
     """Champion version when the candidate was evaluated; ``None`` if there was none."""
     training_config: dict[str, Any] = field(default_factory=dict)
     """The training config, as a JSON-ready dict."""
+    holdout_fraction: float | None = None
+    """Share of the data held out by the split (``None`` on versions registered before it was recorded)."""
+    split_seed: int | None = None
+    """Seed of the split (``None`` on versions registered before it was recorded)."""
 
     def __post_init__(self) -> None:
         for name, length in (("data_md5", 32), ("holdout_sha256", 64)):
@@ -102,7 +107,9 @@ class Lineage:
         return {"data_md5": self.data_md5, "data_uri": self.data_uri[:MAX_TAG_CHARS],
                 "holdout_sha256": self.holdout_sha256, "git_commit": self.git_commit,
                 "pipeline_run_id": self.pipeline_run_id, "seed": str(self.seed),
-                "previous_champion": self.previous_champion or "none"}
+                "previous_champion": self.previous_champion or "none",
+                **({} if self.holdout_fraction is None else {"holdout_fraction": str(self.holdout_fraction)}),
+                **({} if self.split_seed is None else {"split_seed": str(self.split_seed)})}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,11 +142,11 @@ class PromotionResult:
         return asdict(self)
 
 
-class WeightsMismatchError(RuntimeError):
+class WeightsMismatchError(KfloopError, RuntimeError):
     """Downloaded weights do not hash to what the registry recorded: the artifact changed after registration."""
 
 
-class ForeignModelError(RuntimeError):
+class ForeignModelError(KfloopError, RuntimeError):
     """A model version kfloop did not log (foreign model code, or weights its run never recorded)."""
 
 
@@ -548,7 +555,7 @@ def champion_at(history: list[ChampionMove], at: str) -> str | None:
     return current
 
 
-class RegistryUnavailableError(RuntimeError):
+class RegistryUnavailableError(KfloopError, RuntimeError):
     """MLflow did not answer after its bounded retries; says what state the registry was left in."""
 
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 from fakes.kfp_server import KfpApiServer
 
-from pipelines.kfp_server import client as kfp_remote
+from components import kfp_client
 from pipelines.cli.commands import main
 
 TOKEN = "kfp-test-token-7c1e"
@@ -17,8 +17,8 @@ DRIFT_SETTINGS = ["--set", "current_uri=s3://bucket/batch.parquet"]
 
 @pytest.fixture
 def kfp(monkeypatch, tmp_path):
-    monkeypatch.setenv(kfp_remote.TOKEN_ENV, TOKEN)
-    monkeypatch.setenv(kfp_remote.SA_TOKEN_PATH_ENV, str(tmp_path / "no-token-file"))
+    monkeypatch.setenv(kfp_client.TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "no-token-file"))
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT)
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads ~/.config/kfp/context.json
     monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "kfloop"))
@@ -64,17 +64,17 @@ def test_upload_sets_code_source_url_from_the_remote_without_credentials(tmp_pat
                              ("https://ci:ghp_s3cret@github.com/acme/churn.git", "https://github.com/acme/churn")]:
         subprocess.run(["git", "-C", str(repo), "remote", "remove", "origin"], capture_output=True)
         subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", remote], check=True)
-        assert kfp_remote.code_source_url(COMMIT, cwd=repo) == f"{expected}/tree/{COMMIT}"
-    assert kfp_remote.code_source_url(COMMIT, cwd=tmp_path) == ""  # not a checkout: no URL rather than a wrong one
+        assert kfp_client.code_source_url(COMMIT, cwd=repo) == f"{expected}/tree/{COMMIT}"
+    assert kfp_client.code_source_url(COMMIT, cwd=tmp_path) == ""  # not a checkout: no URL rather than a wrong one
 
 
 def test_upload_sends_code_source_url_and_the_bearer_token(kfp, tmp_path):
-    client = kfp_remote.connect(kfp.url)
+    client = kfp_client.connect(kfp.url)
     package = tmp_path / "p.yaml"
     from pipelines.compile import compile_pipeline
 
     compile_pipeline("drift", package)
-    ref, created = kfp_remote.upload(client, "kfloop-drift", package, version_name="v1",
+    ref, created = kfp_client.upload(client, "kfloop-drift", package, version_name="v1",
                                      source_url="https://github.com/acme/churn/tree/v1")
     assert created and ref.code_source_url == "https://github.com/acme/churn/tree/v1"
     assert kfp.store.versions[ref.pipeline_version_id]["code_source_url"] == ref.code_source_url
@@ -83,7 +83,7 @@ def test_upload_sends_code_source_url_and_the_bearer_token(kfp, tmp_path):
 
 
 def test_a_wrong_token_is_refused_and_never_printed(kfp, capsys, monkeypatch):
-    monkeypatch.setenv(kfp_remote.TOKEN_ENV, "wrong-token-91ab")
+    monkeypatch.setenv(kfp_client.TOKEN_ENV, "wrong-token-91ab")
     code, out, err = cli(capsys, "upload", "--host", kfp.url)
     assert code == 1 and "401" in err
     assert "wrong-token-91ab" not in out + err and TOKEN not in out + err
@@ -201,12 +201,12 @@ def test_a_new_service_account_replaces_the_schedule(kfp, capsys):
 
 def test_wait_reports_each_state_change(kfp, capsys):
     upload(kfp, capsys)
-    client = kfp_remote.connect(kfp.url)
-    ref = kfp_remote.find_version(client, "kfloop-drift", COMMIT)
-    run = kfp_remote.create_run(client, ref, {"current_uri": "x.parquet"})
+    client = kfp_client.connect(kfp.url)
+    ref = kfp_client.find_version(client, "kfloop-drift", COMMIT)
+    run = kfp_client.create_run(client, ref, {"current_uri": "x.parquet"})
     kfp.script_states(["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], run_id=run.run_id)
 
-    final = kfp_remote.wait(client, run.run_id, poll_seconds=0.01, timeout_seconds=60)
+    final = kfp_client.wait(client, run.run_id, poll_seconds=0.01, timeout_seconds=60)
 
     assert final.state == "SUCCEEDED"
     lines = [line for line in capsys.readouterr().err.splitlines() if run.run_id in line]

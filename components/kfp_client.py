@@ -1,5 +1,6 @@
-"""The Kubeflow Pipelines server path through ``kfp.Client``: upload a version per commit, run it, schedule it,
-and start retraining runs of a pinned version (at most one in flight).
+"""The Kubeflow Pipelines server through ``kfp.Client``: upload a version per commit, run it, schedule it, and
+start retraining runs of a pinned version (at most one in flight). It sits beside the steps because the drift
+pipeline's trigger step starts training runs through it; the CLI's server commands use it too.
 
 Auth comes from the environment only: ``KFP_TOKEN`` (a bearer token), else the projected service-account token
 file (``KF_PIPELINES_SA_TOKEN_PATH``, default ``/var/run/secrets/kubeflow/pipelines/token``) when it exists.
@@ -295,23 +296,3 @@ def _schedule_key(rec: Any) -> tuple[str, str, str, str]:
     version = rec.pipeline_version_reference.pipeline_version_id if rec.pipeline_version_reference else ""
     params = (rec.runtime_config.parameters if rec.runtime_config else None) or {}
     return cron, version, json.dumps(params, sort_keys=True), rec.service_account or ""
-
-
-def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> str:
-    """From the drift pipeline's trigger step: start a run of the pinned training version (``pipeline_id``,
-    ``pipeline_version_id``, ``version_name``, ``experiment``, ``namespace``, ``service_account``; ``host`` empty =
-    the in-cluster KFP service) with ``settings`` as its parameters; returns the run id.
-
-    Raises:
-        TrainingInFlight: a training run is already pending or running.
-    """
-    from pipelines.config import SECTIONS
-
-    version = VersionRef(pipeline_name=pinned.get("pipeline_name", ""), pipeline_id=pinned["pipeline_id"],
-                         pipeline_version_id=pinned["pipeline_version_id"],
-                         version_name=pinned.get("version_name", ""))
-    params = {SECTIONS[k][0] if k in SECTIONS else k: v for k, v in settings.items()}
-    client = connect(pinned.get("host") or None, namespace=pinned.get("namespace") or None)
-    return start_training(client, version, params, experiment=pinned.get("experiment") or DEFAULT_EXPERIMENT,
-                          namespace=pinned.get("namespace") or None,
-                          service_account=pinned.get("service_account") or None)
