@@ -43,7 +43,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None
-    reference_uri = reference_uri or (champion.tags.get("data_uri", "") if champion else "")
+    reference_uri = reference_uri or ((champion.record.data_uri or "") if champion else "")
     schema_text = schema_uri or (champion_schema(model_name) if champion else None)
     if not reference_uri or not schema_text:
         raise ValueError(f"model '{model_name}' has no champion to take the reference data and schema from; "

@@ -4,6 +4,7 @@ take seconds each to import), so ``kfloop --help`` and a small command stay fast
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 import traceback

@@ -9,11 +9,10 @@ from typing import Any
 import mlflow
 
 from monitoring.steps import last_trigger
-from monitoring.trigger import utc_iso
 from pipelines.compile import PIPELINES
 from pipelines.config import pipeline_params
 from pipelines.local.runner import run_local
-from training.registry.versions import get_champion
+from training.registry.versions import VersionRecord, get_champion, holdout_metrics
 from training.settings import DEFAULT_MODEL_NAME, Environment, load_environment
 
 
@@ -44,30 +43,10 @@ def training_summary(model_name: str, version: str) -> dict[str, Any]:
     mv = client.get_model_version(model_name, version)
     champion = get_champion(model_name, client=client)
     champion_version = champion.version if champion else None
+    record = VersionRecord.of(mv)
     return {"model_name": model_name, "model_version": version, "promoted": champion_version == version,
-            "champion_version": champion_version, "decision": mv.tags.get("decision"),
-            "reason": mv.description or mv.tags.get("reason", ""), "metrics": holdout_metrics(client, mv.run_id)}
-
-
-def holdout_metrics(client: Any, run_id: str) -> dict[str, float]:
-    """The challenger's metrics on the holdout, as the gate logged them on the run."""
-    prefix = "eval_challenger_"
-    return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
-
-
-def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
-    """Every version, oldest first: when it was created, decision, reason, holdout metrics, lineage (MLflow run,
-    pipeline run, data md5, git commit) and whether it is the champion now."""
-    client = client or mlflow.MlflowClient()
-    champion = str(client.get_registered_model(model_name).aliases.get("champion"))
-    versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
-    return [{"version": str(mv.version),
-             "created_at": None if mv.creation_timestamp is None else utc_iso(mv.creation_timestamp / 1000),
-             "decision": mv.tags.get("decision"), "reason": mv.description or mv.tags.get("reason", ""),
-             "metrics": holdout_metrics(client, mv.run_id) if mv.run_id else {}, "run_id": mv.run_id,
-             "pipeline_run_id": mv.tags.get("pipeline_run_id"), "data_md5": mv.tags.get("data_md5"),
-             "git_commit": mv.tags.get("git_commit"), "champion": str(mv.version) == champion}
-            for mv in versions]
+            "champion_version": champion_version, "decision": record.decision, "reason": record.reason,
+            "metrics": holdout_metrics(client, mv.run_id)}
 
 
 def drift_summary(model_name: str, drift_result: Any, *, since: float) -> dict[str, Any]:

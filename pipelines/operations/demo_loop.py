@@ -10,8 +10,9 @@ import mlflow
 import pandas as pd
 
 from data.demo import DATA_DIR, ensure_demo_data
-from pipelines.local.runs import list_versions, run_pipeline
+from pipelines.local.runs import run_pipeline
 from training.progress import progress
+from training.registry.versions import list_versions
 from training.settings import activate, load_environment
 
 MODEL_NAME = "kfloop-demo"

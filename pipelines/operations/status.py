@@ -13,9 +13,8 @@ from mlflow.exceptions import MlflowException
 from monitoring.records import drift_checks, trigger_status
 from monitoring.trigger import TriggerPolicy, TriggerStore, utc_iso
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
-from pipelines.local.runs import holdout_metrics, list_versions
 from training.registry.lock import promotion_lock
-from training.registry.versions import champion_history, get_champion, rollback
+from training.registry.versions import champion_history, get_champion, holdout_metrics, list_versions, rollback
 from training.settings import Environment
 
 RECENT_RUNS = 5
@@ -39,12 +38,12 @@ def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any])
         "model_name": model_name, "tracking_uri": _without_credentials(env.tracking_uri),
         "champion": None if champion is None else {
             "version": champion.version, "run_id": champion.run_id,
-            "since": moves[-1].at if moves else champion.tags.get("promoted_at"),
+            "since": moves[-1].at if moves else champion.record.promoted_at,
             "how": moves[-1].action if moves else "unrecorded", "reason": moves[-1].reason if moves else "",
             "by": moves[-1].actor if moves else "",
             "metrics": holdout_metrics(client, champion.run_id) if champion.run_id else {},
-            "data_md5": champion.tags.get("data_md5"), "git_commit": champion.tags.get("git_commit"),
-            "drift_report_uri": champion.tags.get("drift_report_uri")},
+            "data_md5": champion.record.data_md5, "git_commit": champion.record.git_commit,
+            "drift_report_uri": champion.record.drift_report_uri},
         "last_drift_check": ({k: checks[-1][k] for k in ("at", "drifted", "share_drifted_columns",
                                                           "champion_version", "data_md5", "run_id")}
                              | {"drifted_columns": [c for c, v in checks[-1]["columns"].items() if v["drifted"]]}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from fakes.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
 from training.launch.jobspec import JobSpec
 from training.launch.local import free_port
+from training.settings import CODE_ROOT
 
 if TYPE_CHECKING:
     from fakes.k8s_server import K8sServer
@@ -388,7 +389,8 @@ class _JobController:
             return text
 
         env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-               "HOME": str(self.dir), "HOSTNAME": pod["metadata"]["name"]}
+               "HOME": str(self.dir), "HOSTNAME": pod["metadata"]["name"],
+               "PYTHONPATH": str(CODE_ROOT)}  # the image holds the code under test (not whatever the venv has)
         for item in container.get("env", []):
             if "value" in item:
                 env[item["name"]] = local(str(item["value"]))

@@ -16,7 +16,8 @@ What it serves (HTTP, no auth), through the kubeconfig :meth:`K8sServer.write_ku
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object
 and one local process group per replica, running the container's own `command` + `args` with the env the
 operator injects (`JobSpec.pod_env`), the container's `env` (`secretKeyRef` resolved from Secrets in the store)
-and a minimal image env (`PATH`, `HOME`, `HOSTNAME`). Pod names resolve like a cluster's headless services do:
+and a minimal image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image
+holds). Pod names resolve like a cluster's headless services do:
 each pod process runs in its own mount and UTS namespaces (`unshare`; hostname = pod name) with a private
 `/etc/hosts` mapping every pod of its job (`<job>-master-0`, `<job>-worker-<i>`) to 127.0.0.1, so `MASTER_ADDR`
 stays the operator's value.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
+from monitoring.trigger import utc_iso
 from training.errors import KfloopError
 from training.fileio import file_digest
 from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
@@ -40,6 +41,8 @@ SCHEMA_ARTIFACT = "schema.yaml"
 EVALUATION_ARTIFACT = "evaluation.json"
 LINEAGE_ARTIFACT = "lineage.json"
 WEIGHTS_TAG = "weights_sha256"
+DRIFT_REPORT_URI_TAG = "drift_report_uri"
+"""Version tag of the champion's last drift report (set by monitoring's drift records)."""
 """Version tag (and ``kfloop.``-prefixed run tag) holding the sha256 of ``weights.safetensors``."""
 HISTORY_TAG_PREFIX = "champion_move."
 """Registered-model tags ``champion_move.000001``, ...: the champion history, one JSON :class:`ChampionMove`
@@ -112,6 +115,42 @@ class Lineage:
                 **({} if self.split_seed is None else {"split_seed": str(self.split_seed)})}
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VersionRecord:
+    """What kfloop recorded on a registered version, read from its MLflow tags here and nowhere else."""
+
+    version: str
+    run_id: str | None
+    decision: str | None
+    """``promote``, ``reject`` or ``superseded``."""
+    reason: str
+    data_md5: str | None
+    data_uri: str | None
+    holdout_sha256: str | None
+    holdout_fraction: float | None
+    split_seed: int | None
+    git_commit: str | None
+    pipeline_run_id: str | None
+    weights_sha256: str | None
+    previous_champion: str | None
+    promoted_at: str | None
+    drift_report_uri: str | None
+    """Evidently's report of the last drift check of this version as champion."""
+
+    @classmethod
+    def of(cls, mv: Any) -> "VersionRecord":
+        """The record of MLflow model version ``mv``."""
+        tags = mv.tags or {}
+        return cls(version=str(mv.version), run_id=mv.run_id or None, decision=tags.get("decision"),
+                   reason=mv.description or tags.get("reason", ""), data_md5=tags.get("data_md5"),
+                   data_uri=tags.get("data_uri"), holdout_sha256=tags.get("holdout_sha256"),
+                   holdout_fraction=float(tags["holdout_fraction"]) if "holdout_fraction" in tags else None,
+                   split_seed=int(tags["split_seed"]) if "split_seed" in tags else None,
+                   git_commit=tags.get("git_commit"), pipeline_run_id=tags.get("pipeline_run_id"),
+                   weights_sha256=tags.get(WEIGHTS_TAG), previous_champion=_none(tags.get("previous_champion")),
+                   promoted_at=tags.get("promoted_at"), drift_report_uri=tags.get(DRIFT_REPORT_URI_TAG))
+
+
 @dataclass(kw_only=True, slots=True)
 class ChampionInfo:
     """The version the ``champion`` alias points at."""
@@ -123,6 +162,8 @@ class ChampionInfo:
     """Version tags (decision, reason, lineage, weights_sha256, ...)."""
     metrics: dict[str, float]
     """Latest metrics of its run."""
+    record: VersionRecord
+    """The tags as kfloop reads them."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -279,7 +320,29 @@ def get_champion(model_name: str, *, client: "mlflow.MlflowClient | None" = None
         return None
     mv = client.get_model_version(model_name, str(version))
     metrics = dict(client.get_run(mv.run_id).data.metrics) if mv.run_id else {}
-    return ChampionInfo(version=str(mv.version), run_id=mv.run_id or None, tags=dict(mv.tags), metrics=metrics)
+    return ChampionInfo(version=str(mv.version), run_id=mv.run_id or None, tags=dict(mv.tags), metrics=metrics,
+                        record=VersionRecord.of(mv))
+
+
+def holdout_metrics(client: Any, run_id: str) -> dict[str, float]:
+    """The challenger's metrics on the holdout, as the gate logged them on the run."""
+    prefix = "eval_challenger_"
+    return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
+
+
+def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
+    """Every version, oldest first: when it was created, decision, reason, holdout metrics, lineage (MLflow run,
+    pipeline run, data md5, git commit) and whether it is the champion now."""
+    client = _client(client)
+    champion = str(client.get_registered_model(model_name).aliases.get("champion"))
+    versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
+    records = [(mv, VersionRecord.of(mv)) for mv in versions]
+    return [{"version": r.version,
+             "created_at": None if mv.creation_timestamp is None else utc_iso(mv.creation_timestamp / 1000),
+             "decision": r.decision, "reason": r.reason, "metrics": holdout_metrics(client, r.run_id) if r.run_id else {},
+             "run_id": mv.run_id, "pipeline_run_id": r.pipeline_run_id, "data_md5": r.data_md5,
+             "git_commit": r.git_commit, "champion": r.version == champion}
+            for mv, r in records]
 
 
 def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> str | None:
