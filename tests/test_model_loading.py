@@ -13,7 +13,7 @@ import mlflow
 import pytest
 import torch
 
-from test_registry import build_model, make_frame
+from test_registry_versions import build_model, make_frame
 from training import checkpoints
 from training.model import WEIGHTS_FILE, Predictor
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from filelock import FileLock
 import torch
-from test_registry import TARGET, Env, build_model, make_frame
+from test_registry_versions import TARGET, Env, build_model, make_frame
 
 from fakes.mlflow_server import Fault, FaultProxy
 from training.model import Architecture, Predictor, save_model_dir
@@ -31,7 +31,7 @@ from training.registry.versions import (
 
 @pytest.fixture(scope="module")
 def served(mlflow_server, tmp_path_factory):
-    """An :class:`test_registry.Env` whose MLflow is the shared server."""
+    """An :class:`test_registry_versions.Env` whose MLflow is the shared server."""
     root = tmp_path_factory.mktemp("served")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
