@@ -43,8 +43,8 @@ def _direct_seconds(code: str) -> float:
 def measure_overhead(workdir: Path) -> dict[str, dict[str, float]]:
     """Run the training pipeline ``REPEATS`` times and each re-callable step directly as often; medians."""
     from data.demo import DATA_DIR, DEMO_DIR
-    from pipelines.local import run_local
-    from pipelines.params import pipeline_params
+    from pipelines.local.runner import run_local
+    from pipelines.config import pipeline_params
     from pipelines.training import training_pipeline
     from training.settings import activate, load_environment
 
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="benchmarks/results/loop.json")
     args = parser.parse_args(argv)
 
-    from pipelines.demo import run_demo
+    from pipelines.operations.demo_loop import run_demo
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()

@@ -30,8 +30,8 @@ from data.generate import write_demo
 from training.features import FeatureTransform, target_classes
 from training.fileio import atomic_write_json
 from training.model import MLP, Architecture, Predictor, save_model_dir
-from training.registry import PYFUNC_MODEL_FILE, _input_example, _signature
-from training.validation import load_schema, schema_roles
+from training.registry.versions import PYFUNC_MODEL_FILE, _input_example, _signature
+from data.validation import load_schema, schema_roles
 
 OVERHEAD_GOAL = 0.10
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"

@@ -5,8 +5,7 @@ import functools
 
 from kfp import dsl
 
-KFLOOP_IMAGE = "ghcr.io/kfloop/kfloop:0.1.0"
-"""Default image of every step; `kfloop compile --image` overrides it."""
+from training.settings import DEFAULT_IMAGE
 
-kfloop_component = functools.partial(dsl.component, base_image=KFLOOP_IMAGE, install_kfp_package=False)
+kfloop_component = functools.partial(dsl.component, base_image=DEFAULT_IMAGE, install_kfp_package=False)
 """``@dsl.component`` for steps that run in the kfloop image (kfp is not pip-installed at step start)."""

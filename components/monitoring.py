@@ -33,10 +33,9 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     run is that pinned version on the KFP server and the trigger state lives on the registered model in MLflow;
     without it the run is the training pipeline under kfp.local (its id the registered version) and the state a
     file in the workdir."""
+    from components.run_starters import start_local_training, start_pinned_training
     from monitoring.steps import trigger_step
     from monitoring.trigger_registry import RegistryTriggerStore
-    from pipelines.kfp_remote import start_pinned_training
-    from pipelines.local_start import start_local_training
     from training.settings import from_struct
 
     pinned = from_struct(training_pipeline_version)

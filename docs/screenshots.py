@@ -20,10 +20,10 @@ DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))
 sys.path.insert(0, str(DOCS.parent / "tests"))
 
-from mlflow_server import MlflowServer  # noqa: E402  (tests/ helper: own process group, /health deadline)
+from fakes.mlflow_server import MlflowServer  # noqa: E402  (tests/ helper: own process group, /health deadline)
 
-from pipelines.cli import main  # noqa: E402
-from pipelines.demo import MODEL_NAME  # noqa: E402
+from pipelines.cli.commands import main  # noqa: E402
+from pipelines.operations.demo_loop import MODEL_NAME  # noqa: E402
 
 
 def screenshot(url: str, out: Path, *, width: int, height: int, wait_ms: int) -> None:

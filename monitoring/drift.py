@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
@@ -22,7 +22,8 @@ from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
 from training.fileio import atomic_write_text
-from training.schema_rules import KINDS, RuleSet
+from data.schema_rules import KINDS, RuleSet
+from training.settings import section_from_dict
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
                              "g_test", "ks", "mannw", "t_test", "TVD", "z"})
@@ -176,11 +177,7 @@ class DriftPolicy:
         Raises:
             ValueError: an unknown key or an invalid value.
         """
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown drift policy keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return section_from_dict(cls, data, "drift")
 
     def method_for(self, column: str) -> str | None:
         """The stattest configured for ``column`` (its override, else ``method``); None means Evidently's choice."""
@@ -228,7 +225,7 @@ class DriftResult:
     """Evidently's HTML report, when one was asked for."""
     schema_violations: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per feature column: the share of current rows outside the schema (``share``) and per kind
-    (:data:`training.schema_rules.KINDS`); empty when no schema was given."""
+    (:data:`data.schema_rules.KINDS`); empty when no schema was given."""
     reason: str = ""
     """Why the batch is (not) drifted, naming the columns that decided it."""
 
@@ -255,7 +252,7 @@ def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list
     ones and ``prediction`` as categories. Missing values are ignored; a column with no values at all in one frame
     is reported with method ``all_null`` (drifted unless both frames lack values). When ``report_path`` is given,
     Evidently renders its HTML report there, and its verdicts are checked against these. With a ``schema`` the
-    current rows are also checked against its row-level rules (:mod:`training.schema_rules`): per feature column
+    current rows are also checked against its row-level rules (:mod:`data.schema_rules`): per feature column
     the share of rows outside it, which calls the batch drifted by itself above
     ``policy.max_schema_violation_share``.
 

@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from monitoring.trigger import utc_iso
+from training.registry.versions import DRIFT_REPORT_URI_TAG
 
 DRIFT_EXPERIMENT_SUFFIX = "-drift"
 """Drift checks of model ``M`` are runs of experiment ``M-drift``."""
 DRIFT_RESULT_ARTIFACT = "drift.json"
 DRIFT_REPORT_ARTIFACT = "drift_report.html"
-REPORT_URI_TAG = "drift_report_uri"
-"""Version tag: artifact URI of the latest drift report computed with this version as champion."""
 
 
 def record_drift_check(model_name: str, checked: Any, *, current_uri: str, report_path: str | None) -> str:
@@ -51,7 +50,7 @@ def record_drift_check(model_name: str, checked: Any, *, current_uri: str, repor
         client.log_text(run_id, Path(report_path).read_text(encoding="utf-8"), DRIFT_REPORT_ARTIFACT)
         report_uri = f"{run.info.artifact_uri}/{DRIFT_REPORT_ARTIFACT}"
         if checked.champion_version:
-            client.set_model_version_tag(model_name, checked.champion_version, REPORT_URI_TAG, report_uri)
+            client.set_model_version_tag(model_name, checked.champion_version, DRIFT_REPORT_URI_TAG, report_uri)
     client.set_terminated(run_id, "FINISHED")
     return run_id
 

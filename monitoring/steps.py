@@ -40,15 +40,15 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
     Raises:
         ValueError: no reference or schema given and no champion to take them from.
-        training.validation.DataFileError: a data file is unusable.
+        data.validation.DataFileError: a data file is unusable.
     """
     from monitoring.drift import DriftPolicy, check_drift
-    from training.registry import champion_schema, get_champion, load_version_predictor
-    from training.validation import load_schema, read_table, read_table_source, schema_roles
+    from data.validation import load_schema, read_table, read_table_source, schema_roles
+    from training.registry.versions import champion_schema, get_champion, load_version_predictor
 
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None
-    reference_uri = reference_uri or (champion.tags.get("data_uri", "") if champion else "")
+    reference_uri = reference_uri or ((champion.record.data_uri or "") if champion else "")
     schema_text = schema_uri or (champion_schema(model_name) if champion else None)
     if not reference_uri or not schema_text:
         raise ValueError(f"model '{model_name}' has no champion to take the reference data and schema from; "

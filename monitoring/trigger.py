@@ -12,7 +12,9 @@ from typing import Any, Callable, Mapping
 
 from filelock import FileLock
 
+from training.errors import KfloopError
 from training.fileio import atomic_write_json
+from training.settings import section_from_dict
 
 HISTORY_LIMIT = 100
 """Fired triggers kept per model (oldest dropped first)."""
@@ -43,11 +45,7 @@ class TriggerPolicy:
         Raises:
             ValueError: an unknown key or an invalid value.
         """
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown trigger policy keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return section_from_dict(cls, data, "trigger")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -70,7 +68,7 @@ class TriggerDecision:
     """The started run's id, set by ``maybe_trigger`` when it fired."""
 
 
-class TriggerStateError(ValueError):
+class TriggerStateError(KfloopError, ValueError):
     """The trigger state file cannot be used; it is never reset silently."""
 
     def __init__(self, path: Path, problem: str):
@@ -80,7 +78,7 @@ class TriggerStateError(ValueError):
         self.problem = problem
 
 
-class RunInFlight(RuntimeError):
+class RunInFlight(KfloopError, RuntimeError):
     """Raised by a ``start()`` callback that did not start a run because one is already pending or running."""
 
 

@@ -29,14 +29,14 @@ class RegistryTriggerStore(TriggerStore):
         self.lock = _PROCESS_LOCK
 
     def _read(self) -> bytes | None:
-        from training.registry import registered_model
+        from training.registry.versions import registered_model
 
         registered = registered_model(self.model_name, client=self.client)
         value = registered.tags.get(STATE_TAG) if registered else None
         return None if value is None else value.encode()
 
     def _write(self, state: dict[str, Any]) -> None:
-        from training.registry import ensure_registered_model
+        from training.registry.versions import ensure_registered_model
 
         ensure_registered_model(self.model_name, client=self.client)
         self.client.set_registered_model_tag(self.model_name, STATE_TAG, json.dumps(state, sort_keys=True))

@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping, TextIO
 
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
+from training.errors import KfloopError
 
 TOKEN_ENV = "KFLOOP_WEBHOOK_TOKEN"
 HMAC_ENV = "KFLOOP_WEBHOOK_HMAC_SECRET"
@@ -74,7 +75,7 @@ class Alert:
     """Data to retrain on, when the alert names it (annotation or field ``dataset_uri``)."""
 
 
-class BadPayload(ValueError):
+class BadPayload(KfloopError, ValueError):
     """The body is not an alert payload; the message says what is wrong."""
 
 

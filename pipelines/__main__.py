@@ -1,6 +1,6 @@
 """``python -m pipelines`` is the ``kfloop`` command."""
 import sys
 
-from pipelines.cli import main
+from pipelines.cli.commands import main
 
 sys.exit(main())

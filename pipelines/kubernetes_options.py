@@ -18,7 +18,7 @@ from kfp import kubernetes as kfp_k8s  # aliased: ``kubernetes`` is the Kubernet
 from kfp.dsl import PipelineTask
 from kfp.dsl.pipeline_context import Pipeline
 
-from training.cluster import CREDENTIAL_KEYS
+from training.launch.cluster import CREDENTIAL_KEYS
 
 DEFAULT_SECRET = "kfloop-mlflow"
 REQUIRED_KEYS = ("MLFLOW_TRACKING_URI",)
@@ -28,7 +28,7 @@ OPTIONAL_KEYS = tuple(key for key in CREDENTIAL_KEYS if key not in REQUIRED_KEYS
 KFP_API_ACCESS_LABEL = ("access-ml-pipeline", "true")
 """Pod label that Kubeflow's ``access-ml-pipeline`` PodDefault (in every profile namespace) selects to project the
 service-account token with audience ``pipelines.kubeflow.org`` at ``/var/run/secrets/kubeflow/pipelines/token``,
-which :func:`pipelines.kfp_remote.connect` presents to the KFP API (the trigger step starts runs with it)."""
+which :func:`components.kfp_client.connect` presents to the KFP API (the trigger step starts runs with it)."""
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
@@ -55,7 +55,7 @@ class KubernetesOptions:
     shared_volume_claim: str = ""
     """PersistentVolumeClaim mounted in the launch step at ``shared_mount_path``: with ``backend=kubernetes`` the
     step stages inputs for the PyTorchJob and collects its model there, so it must be the claim (and path) of the
-    run's ``cluster_config`` (:attr:`training.cluster.ClusterConfig.shared_volume_claim`). Empty: none."""
+    run's ``cluster_config`` (:attr:`training.launch.cluster.ClusterConfig.shared_volume_claim`). Empty: none."""
     shared_mount_path: str = "/shared"
     """Where the launch step sees ``shared_volume_claim``."""
 

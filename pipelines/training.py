@@ -5,6 +5,7 @@ from components.data import split_holdout, validate_data
 from components.evaluation import evaluate_vs_champion
 from components.registry import promote, register_candidate
 from components.training import launch_training
+from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
 from pipelines import kubernetes_options
 from training.settings import DEFAULT_MODEL_NAME
 
@@ -21,8 +22,8 @@ def training_pipeline(
     nnodes: int = 1,
     nproc_per_node: int = 2,
     backend: str = "local",
-    holdout_fraction: float = 0.2,
-    seed: int = 42,
+    holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION,
+    seed: int = DEFAULT_SPLIT_SEED,
     training_config: dict = {},
     promotion_policy: dict = {},
     cluster_config: dict = {},
@@ -46,6 +47,7 @@ def training_pipeline(
                                     data_md5=validated.outputs["data_md5"],
                                     data_version=validated.outputs["data_version"],
                                     holdout_sha256=split.outputs["Output"],
+                                    holdout_fraction=holdout_fraction, split_seed=seed,
                                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     registered.set_display_name("register candidate")
     with dsl.If(gate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)

@@ -39,7 +39,7 @@ def isolated_env(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """One real ``mlflow server`` process (SQLite, proxied artifacts) shared by the session; its URL in ``.url``."""
-    from mlflow_server import MlflowServer
+    from fakes.mlflow_server import MlflowServer
 
     server = MlflowServer(root=tmp_path_factory.mktemp("mlflow-server")).start()
     yield server
@@ -48,8 +48,8 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """One real ``moto_server`` (S3 API) process on loopback, shared by the session; see tests/s3_server.py."""
-    from s3_server import S3Server
+    """One real ``moto_server`` (S3 API) process on loopback, shared by the session; see tests/fakes/s3_server.py."""
+    from fakes.s3_server import S3Server
 
     server = S3Server(root=tmp_path_factory.mktemp("s3-server")).start()
     yield server
@@ -67,3 +67,17 @@ def s3_bucket(s3_server, monkeypatch, request) -> str:
     name = "kfloop-" + "".join(ch if ch.isalnum() else "-" for ch in request.node.name.lower())[:50].strip("-")
     boto3.client("s3").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A Kubernetes API test server in operator mode with one shared volume (tests/fakes/kubernetes_cluster.py)."""
+    from fakes.k8s_server import K8sServer
+    from fakes.kubernetes_cluster import CLAIM, Cluster
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    server = K8sServer(tmp_path / "k8s", volumes={CLAIM: shared})
+    with server:
+        yield Cluster(server, server.write_kubeconfig(tmp_path / "kubeconfig"), shared)
+    assert server.live_pids() == [], "a pod process outlived the test server"

@@ -25,12 +25,12 @@ import s3fs
 from kfp import components, local
 
 from data.generate import write_demo
-from mlflow_server import MlflowServer
+from fakes.mlflow_server import MlflowServer
 from pipelines.compile import compile_pipeline
-from pipelines.local import run_local
-from pipelines.params import pipeline_params
-from pipelines.runs import list_versions
-from s3_server import S3Server
+from pipelines.local.runner import run_local
+from pipelines.config import pipeline_params
+from training.registry.versions import list_versions
+from fakes.s3_server import S3Server
 from training.settings import load_environment
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import io
 
 import yaml
 
-from pipelines.cli import main
+from pipelines.cli.commands import main
 
 RESTRICTED_VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
                            "projected", "secret"}

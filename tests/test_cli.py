@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipelines.cli import EXIT_DATA_FILE, EXIT_FAILED, build_parser, main
+from pipelines.cli.commands import build_parser, main
+from training.errors import EXIT_DATA_FILE, EXIT_FAILED
 
 REPO = Path(__file__).resolve().parents[1]
 SURFACE = {

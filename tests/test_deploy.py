@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from crd_schema import validate
+from fakes.crd_schema import validate
 from manifest_checks import pods, render_cli, restricted_violations
 
-from training.cluster import RUN_AS_USER
+from training.launch.cluster import RUN_AS_USER
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 NAMESPACE = "kfloop"
@@ -30,7 +30,7 @@ GRANTS = {
 """Exactly what the launcher (jobs, pods, logs, events) and the promotion lock (one Lease) use."""
 
 
-SPECS = Path(__file__).resolve().parent / "specs"
+SPECS = Path(__file__).resolve().parent / "fakes" / "specs"
 
 
 def rbac_objects(path: Path = DEPLOY / "rbac.yaml") -> dict[tuple[str, str], dict]:
@@ -158,7 +158,7 @@ def test_every_kubernetes_call_of_kfloop_is_granted():
     """What the launcher (and any other module) asks of the API is in the Role: no call fails with 403 in the
     cluster. (The reverse, nothing granted beyond use, is the exact list above.)"""
     sources = [path for folder in ("training", "monitoring", "pipelines", "components")
-               for path in (REPO / folder).glob("*.py")]
+               for path in (REPO / folder).rglob("*.py")]
     used = set().union(*(api_calls(p.read_text()) for p in sources))
     assert ("kubeflow.org", "pytorchjobs", "create") in used  # the scan sees the launcher
     grants = granted(_role("kfloop"))

@@ -197,7 +197,7 @@ def test_policy_accepts_dict_and_typed_overrides_alike():
 
     assert plain == typed
     assert (plain.method_for("x"), plain.threshold_for("x"), plain.threshold_for("color")) == ("psi", 0.3, None)
-    with pytest.raises(ValueError, match=r"unknown drift policy keys \['share'\]"):
+    with pytest.raises(ValueError, match=r"unknown drift key\(s\) \['share'\]"):
         DriftPolicy.from_dict({"share": 0.3})
 
 

@@ -12,7 +12,7 @@ import pytest
 from data.generate import generate
 from monitoring.steps import drift_step, trigger_step, trigger_store
 from monitoring.trigger import TriggerStateError
-from pipelines.cli import main
+from pipelines.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SCHEMA = REPO / "data" / "schema.yaml"

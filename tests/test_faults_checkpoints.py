@@ -88,7 +88,7 @@ def single_process_training(tmp_path):
     """``python -m training.train`` in one process on 400 rows; returns run(epochs) -> CompletedProcess."""
     from test_training import make_frame
     from training.config import TrainingConfig
-    from training.validation import infer_schema, schema_to_yaml
+    from data.validation import infer_schema, schema_to_yaml
 
     df = make_frame(400, seed=1)
     df.to_parquet(tmp_path / "d.parquet", index=False)

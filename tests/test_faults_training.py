@@ -24,7 +24,7 @@ from polling import wait_for as _poll
 from test_training import write_training_files
 from training import checkpoints
 from training.config import TrainingConfig
-from training.launcher import LaunchError, train_local
+from training.launch.local import LaunchError, train_local
 from training.model import WEIGHTS_FILE
 from training.train import RESTARTS_TAG
 
@@ -120,7 +120,8 @@ def test_a_killed_rank_restarts_every_rank_and_resumes_to_the_planned_step(tmp_p
 
 def test_a_rank_failing_on_every_attempt_fails_the_run_and_registers_nothing(tmp_path, isolated_env, capsys,
                                                                               demo_files):
-    from pipelines.cli import EXIT_FAILED, main
+    from pipelines.cli.commands import main
+    from training.errors import EXIT_FAILED
 
     (isolated_env.workdir / "checkpoints").write_text("a file where rank 0 must create its checkpoint directory")
     capsys.readouterr()

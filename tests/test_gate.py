@@ -318,7 +318,7 @@ def test_policy_round_trips_and_rejects_unknown_keys():
     p = PromotionPolicy(primary_metric="f1_macro", floor=0.5, slice_columns=["region", "plan"])
     assert p.slice_columns == ("region", "plan")
     assert PromotionPolicy.from_dict(json.loads(json.dumps(p.to_dict()))) == p
-    with pytest.raises(ValueError, match="unknown PromotionPolicy keys \\['florr'\\]"):
+    with pytest.raises(ValueError, match=r"unknown promotion key\(s\) \['florr'\]"):
         PromotionPolicy.from_dict({"florr": 0.5})
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.cli import EXIT_DATA_FILE, EXIT_FAILED, main
+from pipelines.cli.commands import main
+from training.errors import EXIT_DATA_FILE, EXIT_FAILED
 from training.fileio import file_digest
 
 MODEL = "loop-test"
@@ -37,8 +38,10 @@ def champion_env(tmp_path_factory, demo_files):
         env = load_environment(workdir)
         for key, value in env.export().items():
             mp.setenv(key, value)
-        code = main(["--workdir", str(workdir), "run", "training", "--local", "--json", "--set",
-                     f"dataset_uri={demo_files['train.parquet']}", "--set", "target=churned", "--set",
+        config = workdir.parent / "kfloop.yaml"  # the job's shape in the training section (issue 13's bug)
+        config.write_text("training: {nproc_per_node: 1}\n")
+        code = main(["--workdir", str(workdir), "run", "training", "--local", "--json", "--config", str(config),
+                     "--set", f"dataset_uri={demo_files['train.parquet']}", "--set", "target=churned", "--set",
                      f"model_name={MODEL}", *FAST])
         assert code == 0
         yield env
@@ -60,12 +63,16 @@ def test_first_run_infers_schema_promotes_and_records_lineage(champion_env, demo
     assert "floor" in version.tags["reason"] or "no champion" in version.tags["reason"]
     assert version.tags["data_md5"] == file_digest(demo_files["train.parquet"], "md5")
     assert version.tags["pipeline_run_id"] and version.tags["git_commit"]
+    # the split is part of the lineage, so `kfloop reproduce` splits the same way instead of guessing
+    assert (version.tags["holdout_fraction"], version.tags["split_seed"]) == ("0.2", "42")
     run = client.get_run(version.run_id)
     schema_text = mlflow.artifacts.load_text(f"runs:/{version.run_id}/schema.yaml")
     assert "churned" in schema_text
     epochs = client.get_metric_history(version.run_id, "val_loss")
     assert [m.step for m in epochs] == [1, 2, 3] or [m.step for m in epochs] == [0, 1, 2]
     assert run.data.params
+    # kfloop.yaml's training.nproc_per_node is what trained (the pipeline parameter's default of 2 does not win)
+    assert (run.data.params["nproc_per_node"], run.data.params["world_size"]) == ("1", "1")
 
 
 def test_champion_loads_with_pyfunc_and_predicts_raw_rows(champion_env, demo_files):

@@ -13,7 +13,7 @@ import mlflow
 import pytest
 import torch
 
-from test_registry import build_model, make_frame
+from test_registry_versions import build_model, make_frame
 from training import checkpoints
 from training.model import WEIGHTS_FILE, Predictor
 
@@ -97,7 +97,7 @@ def test_a_version_whose_mlmodel_points_at_foreign_code_is_never_loaded(tmp_path
     """A version outside our experiment, logged with its own code but carrying a genuine kfloop model dir and a
     matching weights tag: the evaluator refuses it and never runs its code."""
     from training.fileio import file_digest
-    from training.registry import WEIGHTS_TAG, ForeignModelError, load_version_predictor
+    from training.registry.versions import WEIGHTS_TAG, ForeignModelError, load_version_predictor
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

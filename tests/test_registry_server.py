@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from filelock import FileLock
 import torch
-from test_registry import TARGET, Env, build_model, make_frame
+from test_registry_versions import TARGET, Env, build_model, make_frame
 
-from mlflow_server import Fault, FaultProxy
+from fakes.mlflow_server import Fault, FaultProxy
 from training.model import Architecture, Predictor, save_model_dir
-from training.registry import (
+from training.registry.versions import (
     RegistryUnavailableError,
     WeightsMismatchError,
     champion_history,
@@ -31,7 +31,7 @@ from training.registry import (
 
 @pytest.fixture(scope="module")
 def served(mlflow_server, tmp_path_factory):
-    """An :class:`test_registry.Env` whose MLflow is the shared server."""
+    """An :class:`test_registry_versions.Env` whose MLflow is the shared server."""
     root = tmp_path_factory.mktemp("served")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
@@ -161,7 +161,7 @@ def test_503_on_the_alias_move_fails_clearly_and_a_rerun_completes(served, proxy
     run_id = served.run()
     decision = served.decide(served.good, served.bad)
     lineage = served.lineage(v1)
-    from training.registry import log_candidate
+    from training.registry.versions import log_candidate
 
     uri = log_candidate(run_id, served.good, decision=decision.to_dict(), lineage=lineage)
     v2 = register_candidate(name, run_id=run_id, model_uri=uri, decision=decision.to_dict(), lineage=lineage,
@@ -211,7 +211,7 @@ def test_connection_dropped_after_the_alias_moved_is_repaired_by_the_rerun(serve
 def test_rollback_moves_champion_back_and_every_consumer_follows(served, tmp_path):
     from monitoring.steps import drift_step
     from training.steps import score_against_champion
-    from training.validation import infer_schema, schema_to_yaml
+    from data.validation import infer_schema, schema_to_yaml
 
     name = "srv-rollback"
     v1 = _first_champion(served, name, served.medium)

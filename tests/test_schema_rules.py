@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from monitoring.drift import DriftPolicy, check_drift
-from training.schema_rules import RuleSet, SchemaViolationError, apply_violation_mode
-from training.validation import load_schema, schema_roles, validate
+from data.schema_rules import RuleSet, SchemaViolationError, apply_violation_mode
+from data.validation import load_schema, schema_roles, validate
 
 SCHEMA = load_schema(Path(__file__).resolve().parents[1] / "data" / "schema.yaml")
 

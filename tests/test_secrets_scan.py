@@ -9,10 +9,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from kfp_server import KfpApiServer
+from fakes.kfp_server import KfpApiServer
 
-from pipelines import kfp_remote
-from pipelines.cli import main
+from components import kfp_client
+from pipelines.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def planted(monkeypatch, tmp_path) -> dict[str, str]:
         "MLFLOW_TRACKING_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setenv(kfp_remote.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "kfloop"))
     return values
@@ -116,7 +116,7 @@ def test_rendered_jobs_hold_references_to_the_credentials_secret_never_values(pl
     """What the launcher submits (`kfloop render-job` is its dry run): every credential is a secretKeyRef."""
     import yaml
 
-    from training.cluster import CREDENTIAL_KEYS
+    from training.launch.cluster import CREDENTIAL_KEYS
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://mlflow.planted-host.example:5000")
     assert main(["render-job", "--kind", kind, "--nnodes", "2", "--set", "cluster.namespace=kfloop"]) == 0

@@ -15,12 +15,12 @@ import mlflow
 import pytest
 
 from data import storage
-from mlflow_server import free_port
-from pipelines.cli import EXIT_DATA_FILE
-from s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
+from fakes.mlflow_server import free_port
+from training.errors import EXIT_DATA_FILE
+from fakes.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from training.fileio import file_digest
 from training.model_files import MODEL_FILE
-from training.validation import DataFileError, ReadLimits, load_schema, read_table, read_table_source
+from data.validation import DataFileError, ReadLimits, load_schema, read_table, read_table_source
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "data" / "schema.yaml"
@@ -133,7 +133,7 @@ def test_credentials_in_a_uri_are_refused_without_echoing_them(s3_bucket, demo_f
 
 
 def test_pipeline_parameters_refuse_credentials_in_a_uri():
-    from pipelines.params import pipeline_params
+    from pipelines.config import pipeline_params
     from pipelines.training import training_pipeline
 
     uri = f"s3://{ACCESS_KEY_ID}:{SECRET_ACCESS_KEY}@bucket/train.parquet"
@@ -263,7 +263,7 @@ FAST = ["--set", "training.epochs=2", "--set", "nproc_per_node=1"]
 @pytest.fixture(scope="module")
 def s3_loop(s3_server, tmp_path_factory):
     """Data and schema in S3, and an ``mlflow server`` whose artifacts live in S3 (``--artifacts-destination``)."""
-    from mlflow_server import MlflowServer
+    from fakes.mlflow_server import MlflowServer
 
     bucket = "kfloop-s3-loop"
     with pytest.MonkeyPatch.context() as mp:

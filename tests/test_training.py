@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 
 from training import checkpoints
 from training.config import TrainingConfig
-from training.launcher import train_local
+from training.launch.local import train_local
 from training.model import MODEL_FILE, WEIGHTS_FILE, Predictor
 from training.train import param_digest
-from training.validation import infer_schema, schema_to_yaml
+from data.validation import infer_schema, schema_to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = TrainingConfig(epochs=4, batch_size=64, dropout=0.1, nnodes=2, nproc_per_node=2)
@@ -80,7 +80,7 @@ def test_config_round_trips_through_a_dict():
 
 
 def test_config_names_the_valid_keys_for_an_unknown_one():
-    with pytest.raises(ValueError, match=r"unknown training config key\(s\) \['epoch'\]; valid keys are .*'epochs'"):
+    with pytest.raises(ValueError, match=r"unknown training key\(s\) \['epoch'\]; valid keys are .*'epochs'"):
         TrainingConfig.from_dict({"epoch": 3})
 
 

@@ -193,7 +193,7 @@ def test_invalid_policy_states_the_fix(kwargs, message):
 
 def test_policy_from_dict():
     assert TriggerPolicy.from_dict({"cooldown_seconds": 60}) == TriggerPolicy(cooldown_seconds=60)
-    with pytest.raises(ValueError, match=r"unknown trigger policy keys \['cooldown'\]"):
+    with pytest.raises(ValueError, match=r"unknown trigger key\(s\) \['cooldown'\]"):
         TriggerPolicy.from_dict({"cooldown": 60})
 
 

@@ -10,13 +10,13 @@ import json
 import threading
 
 import pytest
-from kfp_server import KfpApiServer
+from fakes.kfp_server import KfpApiServer
 
 from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from monitoring.webhook import SIGNATURE_HEADER, AlertWebhook, WebhookAuth
-from pipelines import kfp_remote
-from pipelines.remote import alert_starter, upload_pipelines
+from components import kfp_client
+from pipelines.kfp_server.runs import alert_starter, upload_pipelines
 
 KFP_TOKEN = "kfp-token-for-webhook-tests"
 HOOK_TOKEN = "hook-token-5d2f"
@@ -36,8 +36,8 @@ class Clock:
 
 @pytest.fixture
 def kfp(isolated_env, monkeypatch, tmp_path):
-    monkeypatch.setenv(kfp_remote.TOKEN_ENV, KFP_TOKEN)
-    monkeypatch.setenv(kfp_remote.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
+    monkeypatch.setenv(kfp_client.TOKEN_ENV, KFP_TOKEN)
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", "a" * 40)
     monkeypatch.setenv("HOME", str(tmp_path))
     with KfpApiServer(token=KFP_TOKEN) as server:
@@ -122,8 +122,8 @@ def test_ten_alerts_in_one_window_start_one_run(kfp, hook, clock):
 
 
 def test_an_alert_while_a_training_run_is_in_flight_starts_none(kfp, hook, clock):
-    client = kfp_remote.connect(kfp.url)
-    manual = kfp_remote.create_run(client, kfp_remote.find_version(client, "kfloop-training", "a" * 40),
+    client = kfp_client.connect(kfp.url)
+    manual = kfp_client.create_run(client, kfp_client.find_version(client, "kfloop-training", "a" * 40),
                                    {"dataset_uri": "s3://bucket/manual.parquet"})
     kfp.set_run_state(manual.run_id, "RUNNING")
 
@@ -231,8 +231,8 @@ def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_onc
 
     from components.monitoring import trigger_retraining
 
-    client = kfp_remote.connect(kfp.url)
-    training = kfp_remote.find_version(client, "kfloop-training", "a" * 40)
+    client = kfp_client.connect(kfp.url)
+    training = kfp_client.find_version(client, "kfloop-training", "a" * 40)
     pinned = {"pipeline_name": "kfloop-training", "pipeline_id": training.pipeline_id,
               "pipeline_version_id": training.pipeline_version_id, "version_name": "a" * 40,
               "experiment": "kfloop", "namespace": "", "host": kfp.url, "service_account": "kfloop"}
@@ -260,7 +260,7 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
 
     import yaml
 
-    from pipelines.cli import build_parser
+    from pipelines.cli.commands import build_parser
 
     docs = {d["kind"]: d for d in yaml.safe_load_all((Path(__file__).parents[1] / "deploy" / "webhook.yaml")
                                                      .read_text())}
@@ -279,7 +279,7 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
     assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
     token_dir = next(m for m in container["volumeMounts"] if m["name"] == "kfp-token")["mountPath"]
-    assert f"{token_dir}/token" == kfp_remote.SA_TOKEN_PATH
+    assert f"{token_dir}/token" == kfp_client.SA_TOKEN_PATH
 
 
 def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
@@ -331,7 +331,7 @@ def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
 
 
 def test_kfloop_serve_refuses_to_start_without_auth(monkeypatch, capsys, isolated_env):
-    from pipelines.cli import main
+    from pipelines.cli.commands import main
 
     monkeypatch.delenv("KFLOOP_WEBHOOK_TOKEN", raising=False)
     monkeypatch.delenv("KFLOOP_WEBHOOK_HMAC_SECRET", raising=False)

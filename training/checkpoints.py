@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
+from training.errors import KfloopError
 from training.fileio import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ _STALE_TEMP = re.compile(r"\.ckpt-\d{8}\.(json|safetensors)\..*\.tmp")
 _TENSORS = re.compile(r"ckpt-(\d{8})\.safetensors")
 
 
-class CheckpointError(Exception):
+class CheckpointError(KfloopError):
     """A checkpoint that cannot be loaded (missing, truncated, corrupt)."""
 
 

@@ -1,14 +1,18 @@
 """The training configuration: one typed object shared by the launcher, ``train.py`` and the pipeline parameters."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from training.settings import section_from_dict
 from training.threshold import THRESHOLD_METRICS
 
 BACKENDS = ("local", "kubernetes")
 DEVICES = ("auto", "cpu", "cuda")
 CLASS_WEIGHTS = ("none", "balanced")
+JOB_SHAPE_KEYS = ("nnodes", "nproc_per_node", "backend")
+"""The job's shape: settable in ``kfloop.yaml`` at the top level or in ``training:``, carried as the training
+pipeline's own parameters (never inside ``training_config``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,11 +77,11 @@ class TrainingConfig:
                          "collective_timeout_seconds")
         for name in positive_ints:
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: use an integer >= 1")
         for name in ("seed", "max_restarts"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r}: use an integer >= 0")
         if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
                 or not self.bucket_cap_mb > 0:
@@ -90,7 +94,7 @@ class TrainingConfig:
             raise ValueError(f"lr_gamma={self.lr_gamma!r}: use a factor in (0, 1]; 1 keeps the rate constant")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay={self.weight_decay!r}: use a number >= 0")
-        if not self.hidden or not all(isinstance(h, int) and h >= 1 for h in self.hidden):
+        if not self.hidden or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.hidden):
             raise ValueError(f"hidden={self.hidden!r}: give one or more layer widths >= 1, e.g. (64, 32)")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout={self.dropout!r}: use a probability in [0, 1)")
@@ -104,7 +108,8 @@ class TrainingConfig:
             raise ValueError(f"threshold_metric={self.threshold_metric!r}: use one of {THRESHOLD_METRICS}")
         if self.device not in DEVICES:
             raise ValueError(f"device={self.device!r}: use one of {DEVICES}")
-        if not isinstance(self.checkpoint_keep, int) or self.checkpoint_keep < 2:
+        if isinstance(self.checkpoint_keep, bool) or not isinstance(self.checkpoint_keep, int) \
+                or self.checkpoint_keep < 2:
             raise ValueError(f"checkpoint_keep={self.checkpoint_keep!r}: keep at least 2 checkpoints so a corrupt "
                              "newest one has a fallback")
 
@@ -124,8 +129,4 @@ class TrainingConfig:
         Raises:
             ValueError: an unknown key (the message lists the valid ones) or an invalid value.
         """
-        valid = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(valid))
-        if unknown:
-            raise ValueError(f"unknown training config key(s) {unknown}; valid keys are {valid}")
-        return cls(**d)
+        return section_from_dict(cls, d, "training")

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from training.features import encode_target
+from training.settings import section_from_dict
 from training.threshold import predicted_index
 
 METRICS = ("accuracy", "f1_macro", "roc_auc", "log_loss")
@@ -105,11 +106,7 @@ class PromotionPolicy:
         Raises:
             ValueError: an unknown key, or a value :meth:`__post_init__` rejects.
         """
-        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
-        if unknown:
-            raise ValueError(f"unknown PromotionPolicy keys {unknown}; known keys are "
-                             f"{sorted(cls.__dataclass_fields__)}")
-        return cls(**d)
+        return section_from_dict(cls, d, "promotion")
 
 
 @dataclass(kw_only=True, slots=True)

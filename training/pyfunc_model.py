@@ -1,9 +1,9 @@
 """The MLflow pyfunc face of a kfloop model directory, logged as models-from-code (nothing pickled).
 
 MLflow executes this file when the model is logged and again when it is loaded (``mlflow.pyfunc.load_model``);
-``training.registry.log_candidate`` passes its path as ``python_model``, the model directory as the ``model_dir``
-artifact and the version's schema as the ``schema`` artifact. Do not import this module from other code: importing
-it registers the model object.
+``training.registry.versions.log_candidate`` passes its path as ``python_model``, the model directory as the
+``model_dir`` artifact and the version's schema as the ``schema`` artifact. Do not import this module from other
+code: importing it registers the model object.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from training.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, RuleSet, apply_violation_mode
-from training.validation import load_schema
+from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, RuleSet, apply_violation_mode
+from data.validation import load_schema
 
 MODEL_DIR_ARTIFACT = "model_dir"
 """Key of the kfloop model directory in the logged model's ``artifacts``."""
@@ -38,7 +38,7 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
                 params: dict | None = None) -> pd.DataFrame:
         """``prediction`` (the model's decision threshold applied, else the most probable class) and
         ``proba_<class>`` per class, one row per input row, plus ``schema_violations`` (see
-        :mod:`training.schema_rules`) as ``params["on_schema_violation"]`` asks: ``flag`` (default),
+        :mod:`data.schema_rules`) as ``params["on_schema_violation"]`` asks: ``flag`` (default),
         ``error`` or ``ignore``.
 
         Nulls and categories unseen in training are handled by the model's preprocessing; extra columns are

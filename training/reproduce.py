@@ -14,11 +14,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
+from training.errors import KfloopError
 from training.fileio import file_digest
 from training.progress import progress
 
 
-class ReproduceError(RuntimeError):
+class ReproduceError(KfloopError, RuntimeError):
     """The version cannot be reproduced here; the message says why and what to do."""
 
 
@@ -105,15 +107,17 @@ def fetch_by_md5(md5: str, dst: Path, *, repo_root: Path) -> tuple[Path, str]:
 
 
 def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: str, repo_root: Path,
-              holdout_fraction: float = 0.2, split_seed: int = 42, client: Any = None) -> Reproduction:
+              holdout_fraction: float | None = None, split_seed: int | None = None,
+              client: Any = None) -> Reproduction:
     """Rebuild ``model_name`` ``version`` under ``workdir`` and compare it with the registered one.
 
-    ``holdout_fraction`` and ``split_seed`` are the training pipeline's; the split is checked against the
-    recorded holdout sha256.
+    The split's fraction and seed are the ones the version's lineage records; ``holdout_fraction`` and
+    ``split_seed`` (else the pipeline's defaults) only serve versions registered before they were recorded. The
+    split is checked against the recorded holdout sha256.
 
     Raises:
         ReproduceError: the code is not the recorded commit, the data cannot be fetched, or the split differs.
-        training.launcher.LaunchError: retraining failed.
+        training.launch.local.LaunchError: retraining failed.
     """
     import mlflow
     from safetensors.torch import load_file
@@ -121,28 +125,31 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     from training.config import TrainingConfig
     from training.features import encode_target
     from training.gate import compute_metrics
-    from training.holdout import split_holdout, write_parquet
-    from training.launcher import train_local
+    from data.holdout import split_holdout, write_parquet
+    from training.launch.local import train_local
     from training.model import Predictor
     from training.model_files import WEIGHTS_FILE
-    from training.registry import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, download_model_dir
-    from training.validation import read_table
+    from training.registry.versions import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, VersionRecord, download_model_dir
+    from data.validation import read_table
 
     client = client or mlflow.MlflowClient()
     mv = client.get_model_version(model_name, str(version))
-    tags = mv.tags
-    check_code(tags.get("git_commit", ""), current_commit)
+    record = VersionRecord.of(mv)
+    check_code(record.git_commit or "", current_commit)
     lineage = mlflow.artifacts.load_dict(f"runs:/{mv.run_id}/{LINEAGE_ARTIFACT}")
     root = Path(workdir) / "reproduce" / f"{model_name}-v{version}"
     shutil.rmtree(root, ignore_errors=True)
-    data, source = fetch_by_md5(tags["data_md5"], root / "data" / "dataset.parquet", repo_root=repo_root)
-    progress(f"reproduce: data md5 {tags['data_md5']} from {source}")
+    data, source = fetch_by_md5(record.data_md5, root / "data" / "dataset.parquet", repo_root=repo_root)
+    progress(f"reproduce: data md5 {record.data_md5} from {source}")
+    holdout_fraction = record.holdout_fraction or holdout_fraction or DEFAULT_HOLDOUT_FRACTION
+    split_seed = record.split_seed if record.split_seed is not None else (
+        DEFAULT_SPLIT_SEED if split_seed is None else split_seed)
     train, holdout = split_holdout(read_table(data), fraction=holdout_fraction, seed=split_seed)
     write_parquet(train, root / "data" / "train.parquet")
     holdout_sha = write_parquet(holdout, root / "data" / "holdout.parquet")
-    if holdout_sha != tags["holdout_sha256"]:
+    if holdout_sha != record.holdout_sha256:
         raise ReproduceError(f"the split (holdout_fraction={holdout_fraction}, seed={split_seed}) gives holdout "
-                             f"sha256 {holdout_sha}, not the recorded {tags['holdout_sha256']}; pass the "
+                             f"sha256 {holdout_sha}, not the recorded {record.holdout_sha256}; pass the "
                              "pipeline run's --set holdout_fraction=... --set seed=...")
     schema = root / "schema.yaml"
     schema.write_text(mlflow.artifacts.load_text(f"runs:/{mv.run_id}/{SCHEMA_ARTIFACT}"))
@@ -167,10 +174,10 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
                                          "reproduced": _number(ours.threshold)}
     a, b = load_file(rebuilt.model_dir / WEIGHTS_FILE), load_file(registered / WEIGHTS_FILE)
     differing = sorted(k for k in a.keys() | b.keys() if k not in a or k not in b or not bool((a[k] == b[k]).all()))
-    result = Reproduction(model_name=model_name, version=str(version), data_md5=tags["data_md5"], data_source=source,
-                          git_commit=tags["git_commit"], seed=config.seed, world_size=rebuilt.world_size,
+    result = Reproduction(model_name=model_name, version=str(version), data_md5=record.data_md5, data_source=source,
+                          git_commit=record.git_commit, seed=config.seed, world_size=rebuilt.world_size,
                           metrics=metrics, differing_tensors=differing, model_dir=str(rebuilt.model_dir),
-                          weights_sha256={"recorded": tags["weights_sha256"],
+                          weights_sha256={"recorded": record.weights_sha256,
                                           "reproduced": file_digest(rebuilt.model_dir / WEIGHTS_FILE)})
     progress(f"reproduce: {model_name} v{version} {'identical' if result.identical else 'DIFFERS'}")
     return result

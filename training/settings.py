@@ -5,19 +5,28 @@ import functools
 import os
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import yaml
 
+T = TypeVar("T")
+
 DEFAULT_MODEL_NAME = "kfloop-model"
+DEFAULT_IMAGE = "ghcr.io/kfloop/kfloop:0.1.0"
+"""The kfloop image (deploy/Dockerfile) of every pipeline step and training pod unless ``kfloop compile --image``
+or ``cluster.image`` names another; pin a digest or a tag per release."""
 CONFIG_FILE = "kfloop.yaml"
 F = TypeVar("F", bound=Callable[..., Any])
 CODE_ROOT = Path(__file__).resolve().parents[1]
 """The checkout the running code comes from: its commit is the lineage's ``git_commit``."""
 KFP_WORKSPACE = Path("/kfp-workspace")
 """Where KFP mounts a pipeline's workspace volume in its steps (``kfp.dsl.constants.WORKSPACE_MOUNT_PATH``)."""
+SECTION_PARAMETERS = {"training": "training_config", "promotion": "promotion_policy", "drift": "drift_policy",
+                      "trigger": "trigger_policy", "cluster": "cluster_config"}
+"""Each section of ``kfloop.yaml`` -> the pipeline's dict parameter that carries it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -166,3 +175,26 @@ def from_struct(value: Any) -> Any:
     if isinstance(value, list):
         return [from_struct(v) for v in value]
     return value
+
+
+def section_from_dict(cls: type[T], values: Mapping[str, Any] | None, section: str) -> T:
+    """Build the typed config ``cls`` of the ``section`` of ``kfloop.yaml`` (or of a pipeline dict parameter) from
+    a mapping; missing keys take their defaults. The one check every config section shares.
+
+    Raises:
+        ValueError: not a mapping, an unknown key (the message lists the valid ones), true/false for a field that
+            is not a flag, or a value the config's own ``__post_init__`` rejects.
+    """
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"'{section}' must be a mapping of settings, e.g. --set {section}.FIELD=VALUE")
+    known = {f.name: str(f.type) for f in fields(cls)}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {section} key(s) {unknown}; valid keys are {sorted(known)}")
+    for name, value in values.items():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if "bool" not in known[name] and "Any" not in known[name] and any(isinstance(v, bool) for v in items):
+            raise ValueError(f"{section}.{name}={value!r}: true/false is not a valid {known[name]} here")
+    return cls(**values)

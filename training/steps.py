@@ -33,8 +33,8 @@ def resolve_schema(df, *, dataset_uri: str, schema_uri: str, target: str, model_
     Raises:
         ValueError: no schema and no target to infer one, or a target that contradicts the schema.
     """
-    from training.registry import champion_schema, get_champion
-    from training.validation import infer_schema, load_schema, schema_roles
+    from training.registry.versions import champion_schema, get_champion
+    from data.validation import infer_schema, load_schema, schema_roles
 
     if schema_uri:
         schema, source = load_schema(schema_uri), schema_uri
@@ -58,10 +58,10 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
     """Validate the dataset before any GPU is spent and write the schema used.
 
     Raises:
-        training.validation.DataFileError: the file is unusable.
-        training.validation.ValidationError: every failed rule, in one report.
+        data.validation.DataFileError: the file is unusable.
+        data.validation.ValidationError: every failed rule, in one report.
     """
-    from training.validation import ValidationError, read_table_source, schema_roles, schema_to_yaml, validate
+    from data.validation import ValidationError, read_table_source, schema_roles, schema_to_yaml, validate
 
     df, data = read_table_source(dataset_uri)
     schema, source = resolve_schema(df, dataset_uri=data.uri, schema_uri=schema_uri, target=target,
@@ -80,8 +80,8 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
 
 def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, holdout_out: str) -> str:
     """Split off the holdout; returns its sha256, which pins the evaluation."""
-    from training.holdout import split_holdout, write_parquet
-    from training.validation import read_table
+    from data.holdout import split_holdout, write_parquet
+    from data.validation import read_table
 
     train, holdout = split_holdout(read_table(dataset_uri), fraction=fraction, seed=seed)
     write_parquet(train, train_out)
@@ -133,13 +133,13 @@ def _launch(cfg, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Pat
     """Train on ``cfg.backend``: local torchrun agents, or a PyTorchJob named after ``run_name`` (its checkpoints
     then live in the job's folder on the shared volume, not in ``checkpoint_dir``)."""
     if cfg.backend == "kubernetes":
-        from training.k8s_launcher import KubernetesSettings, train_kubernetes
+        from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 
         settings = KubernetesSettings.from_dict(cluster)
         return train_kubernetes(data, schema, model_dir=model_dir, config=cfg, cluster=settings.cluster,
                                 policy=settings.launcher, pipeline_run_id=run_name, log_dir=log_dir,
                                 mlflow_run_id=mlflow_run_id)
-    from training.launcher import train_local
+    from training.launch.local import train_local
 
     return train_local(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=cfg,
                        mlflow_run_id=mlflow_run_id, log_dir=log_dir)
@@ -159,10 +159,10 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
                cluster: dict[str, Any] | None = None) -> TrainStepResult:
     """Train in one MLflow run (rank 0 logs params and per-epoch metrics); on error the launch's logs and error
     files become the run's ``training-failure`` artifacts and the run is marked FAILED. ``backend=kubernetes``
-    runs a PyTorchJob on ``cluster`` (training/k8s_launcher.py); a retry of the step reuses the run it left.
+    runs a PyTorchJob on ``cluster`` (training/launch/kubernetes.py); a retry of the step reuses the run it left.
 
     Raises:
-        training.launcher.LaunchError: a rank failed (or, on Kubernetes, the job); the message names it and its error.
+        training.launch.local.LaunchError: a rank failed (or, on Kubernetes, the job); the message names it and its error.
         ValueError: a bad training or cluster config.
     """
     import mlflow
@@ -198,12 +198,12 @@ def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environ
     PyTorchJob on ``cluster``).
 
     Raises:
-        training.validation.ValidationError: the data does not match the schema.
-        training.launcher.LaunchError: a rank (or the Kubernetes job) failed.
+        data.validation.ValidationError: the data does not match the schema.
+        training.launch.local.LaunchError: a rank (or the Kubernetes job) failed.
     """
     import time
 
-    from training.validation import ValidationError, load_schema, validate
+    from data.validation import ValidationError, load_schema, validate
 
     cfg = _training_config(training)
     report = validate(data, load_schema(schema))
@@ -239,10 +239,10 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     import numpy as np
 
     from training.gate import PromotionPolicy, align_proba, evaluate
-    from training.holdout import verify_pinned
+    from data.holdout import verify_pinned
     from training.model import Predictor
-    from training.registry import get_champion, load_version_predictor
-    from training.validation import read_table
+    from training.registry.versions import get_champion, load_version_predictor
+    from data.validation import read_table
 
     verify_pinned(holdout_path, holdout_sha256)
     holdout = read_table(holdout_path)
@@ -280,7 +280,7 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
         from training.features import encode_target
         from training.figures import log_evaluation_figures
         from training.model import Predictor
-        from training.validation import read_table
+        from data.validation import read_table
 
         challenger, holdout = Predictor.load(model_dir), read_table(holdout_path)
         log_evaluation_figures(run_id, y=encode_target(holdout[challenger.description["target"]], challenger.classes),
@@ -296,11 +296,12 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
 @step_function
 def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id: str, model_name: str,
                   dataset_uri: str, data_md5: str, holdout_sha256: str, pipeline_run_id: str,
-                  champion_version: str, data_version: str = "") -> str:
-    """Log the model into its training run and register it as a version with decision, reason and lineage."""
+                  champion_version: str, holdout_fraction: float, split_seed: int, data_version: str = "") -> str:
+    """Log the model into its training run and register it as a version with decision, reason and lineage (the
+    split's fraction and seed included, so ``kfloop reproduce`` splits the same way)."""
     from training.config import TrainingConfig
     from training.model import Predictor
-    from training.registry import Lineage, log_candidate, register_candidate
+    from training.registry.versions import Lineage, log_candidate, register_candidate
 
     decision = json.loads(Path(report_path).read_text())
     description = Predictor.load(model_dir).description
@@ -310,7 +311,8 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       git_commit=load_environment().git_commit, pipeline_run_id=pipeline_run_id,
                       seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
                       previous_champion=champion_version or None, training_config=config,
-                      decision_threshold=description.get("decision_threshold"))
+                      decision_threshold=description.get("decision_threshold"),
+                      holdout_fraction=holdout_fraction, split_seed=split_seed)
     model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
     progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")
@@ -321,8 +323,8 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
 def promote_step(*, model_name: str, version: str, compared_against: str, model_dir: str, holdout_path: str,
                  holdout_sha256: str, policy: dict[str, Any]):
     """Move ``champion`` under the lock; if the champion changed since the gate, re-decide against it first."""
-    from training.promotion_lock import promotion_lock
-    from training.registry import promote
+    from training.registry.lock import promotion_lock
+    from training.registry.versions import promote
 
     def recheck(current):
         decision, _ = score_against_champion(model_dir=model_dir, holdout_path=holdout_path,

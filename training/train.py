@@ -1,7 +1,7 @@
 """The one training entry point, run by torchrun on this machine and in every training pod:
 
     torchrun ... -m training.train --data FILE --schema FILE --model-dir DIR --checkpoint-dir DIR --config FILE.json
-                                   [--mlflow-run-id ID]
+                                   [--mlflow-run-id ID | --mlflow-run-id-file FILE]
 
 ``python -m training.train ...`` without torchrun trains in a single process. Each rank reads the whole data file,
 carves the seeded validation part, fits the features on the rest and trains its DistributedSampler shard with DDP
@@ -37,8 +37,8 @@ from training import checkpoints
 from training.config import TrainingConfig
 from training.features import FeatureTransform, encode_target, target_classes
 from training.model import MLP, Architecture, save_model_dir
+from data.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
 from training.threshold import choose_threshold
-from training.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
 
 logger = logging.getLogger("kfloop.train")
 
@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--config", required=True, type=Path, help="TrainingConfig as JSON")
     parser.add_argument("--mlflow-run-id", help="MLflow run that rank 0 logs params and metrics to "
                                                 "(tracking URI from MLFLOW_TRACKING_URI)")
+    parser.add_argument("--mlflow-run-id-file", type=Path,
+                        help="a file holding that run id, when it exists (a Kubernetes job's launcher stages it in "
+                             "the job's folder, so the manifest is the same before and after the run is created)")
     return parser.parse_args(argv)
 
 
@@ -173,7 +176,9 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     sampler = DistributedSampler(range(len(x_train)), num_replicas=me.world_size, rank=me.rank, shuffle=True,
                                  seed=cfg.seed)
 
-    mlflow_log = _MlflowLog(args.mlflow_run_id) if me.rank == 0 and args.mlflow_run_id else None
+    run_id = args.mlflow_run_id or (args.mlflow_run_id_file.read_text().strip()
+                                    if args.mlflow_run_id_file and args.mlflow_run_id_file.is_file() else None)
+    mlflow_log = _MlflowLog(run_id) if me.rank == 0 and run_id else None
     if mlflow_log:
         mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": len(train_df),
                            "val_rows": len(val_df), "n_inputs": arch.n_inputs})

@@ -1,0 +1,298 @@
+"""The Kubeflow Pipelines server through ``kfp.Client``: upload a version per commit, run it, schedule it, and
+start retraining runs of a pinned version (at most one in flight). It sits beside the steps because the drift
+pipeline's trigger step starts training runs through it; the CLI's server commands use it too.
+
+Auth comes from the environment only: ``KFP_TOKEN`` (a bearer token), else the projected service-account token
+file (``KF_PIPELINES_SA_TOKEN_PATH``, default ``/var/run/secrets/kubeflow/pipelines/token``) when it exists.
+Tokens are never taken from flags and never printed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from monitoring.trigger import RunInFlight
+from training.progress import progress
+from training.settings import CODE_ROOT
+
+TOKEN_ENV = "KFP_TOKEN"
+SA_TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
+SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+DEFAULT_EXPERIMENT = "kfloop"
+IN_FLIGHT = {"PENDING", "RUNNING", "CANCELING", "PAUSED"}
+"""Run states that count as a training run in flight."""
+FINAL = {"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"}
+CRON_FIELDS = 6
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VersionRef:
+    """One uploaded pipeline version: what a run references instead of an inline spec."""
+
+    pipeline_name: str
+    pipeline_id: str
+    pipeline_version_id: str
+    version_name: str
+    code_source_url: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready form (``kfloop upload`` prints it)."""
+        return asdict(self)
+
+
+def connect(host: str | None, *, namespace: str | None = None) -> Any:
+    """A ``kfp.Client`` for ``host`` (``None``: the in-cluster service) with the token from the environment.
+
+    Raises:
+        ValueError: ``host`` is not an http(s) URL.
+    """
+    import kfp
+    from kfp.client import ServiceAccountTokenVolumeCredentials
+
+    if host is not None and not re.match(r"https?://[^/\s]+", host):
+        raise ValueError(f"--host {host!r}: use the KFP API URL, e.g. http://localhost:8080 or "
+                         "https://kubeflow.example.com/pipeline")
+    token = os.environ.get(TOKEN_ENV) or None
+    token_file = os.environ.get(SA_TOKEN_PATH_ENV) or SA_TOKEN_PATH
+    credentials = (ServiceAccountTokenVolumeCredentials(token_file)
+                   if token is None and Path(token_file).is_file() else None)
+    with warnings.catch_warnings():  # kfp warns on every Client() that it needs a v2 server
+        warnings.simplefilter("ignore", FutureWarning)
+        return kfp.Client(host=host, namespace=namespace or "kubeflow", existing_token=token,
+                          credentials=credentials)
+
+
+def code_source_url(commit: str, cwd: Path = CODE_ROOT) -> str:
+    """``<origin as https URL>/tree/<commit>``, credentials stripped; ``''`` without a remote."""
+    try:
+        remote = subprocess.run(["git", "remote", "get-url", "origin"], cwd=cwd, capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    remote = re.sub(r"^git@([^:]+):", r"https://\1/", remote)
+    remote = re.sub(r"^(https?://)[^@/]+@", r"\1", remote).removesuffix(".git")
+    return f"{remote}/tree/{commit}" if remote.startswith(("http://", "https://")) else ""
+
+
+def _pages(list_page: Callable[..., Any], items: str, **kwargs: Any) -> Iterator[Any]:
+    token = ""
+    while True:
+        page = list_page(page_token=token, page_size=100, **kwargs)
+        yield from getattr(page, items) or []
+        token = page.next_page_token
+        if not token:
+            return
+
+
+def _name_filter(name: str) -> str:
+    return json.dumps({"predicates": [{"operation": "EQUALS", "key": "display_name", "string_value": name}]})
+
+
+def find_pipeline(client: Any, name: str, namespace: str | None = None) -> str | None:
+    """The id of the pipeline named ``name``, or None."""
+    found = [p.pipeline_id for p in _pages(client.list_pipelines, "pipelines", filter=_name_filter(name),
+                                            namespace=namespace)]
+    return found[0] if found else None
+
+
+def find_version(client: Any, pipeline_name: str, version_name: str, namespace: str | None = None) -> VersionRef:
+    """The uploaded version ``version_name`` of ``pipeline_name``.
+
+    Raises:
+        LookupError: not uploaded yet (the message says how).
+    """
+    pipeline_id = find_pipeline(client, pipeline_name, namespace)
+    versions = [] if pipeline_id is None else list(_pages(
+        client.list_pipeline_versions, "pipeline_versions", pipeline_id=pipeline_id,
+        filter=_name_filter(version_name)))
+    if not versions:
+        raise LookupError(f"pipeline {pipeline_name!r} has no version {version_name!r} on the KFP server: upload it "
+                          f"first with `kfloop upload --host URL` (or pass --version NAME of an uploaded one)")
+    v = versions[0]
+    return VersionRef(pipeline_name=pipeline_name, pipeline_id=pipeline_id, pipeline_version_id=v.pipeline_version_id,
+                      version_name=version_name, code_source_url=v.code_source_url or "")
+
+
+def upload(client: Any, pipeline_name: str, package: Path, *, version_name: str, source_url: str = "",
+           namespace: str | None = None, description: str = "") -> tuple[VersionRef, bool]:
+    """Create the pipeline (if needed) and its version ``version_name`` with ``source_url``. Idempotent: when the
+    version exists it is returned as is. Returns the version and whether it was created now.
+
+    Raises:
+        kfp_server_api.ApiException: the server refused (other than "already exists").
+    """
+    from kfp_server_api import ApiException
+
+    try:
+        return find_version(client, pipeline_name, version_name, namespace), False
+    except LookupError:
+        pass
+    if find_pipeline(client, pipeline_name, namespace) is None:
+        try:
+            client.upload_pipeline(str(package), pipeline_name=pipeline_name, description=description or None,
+                                   namespace=namespace)
+        except ApiException as err:
+            if err.status != 409:  # 409: created meanwhile by someone else
+                raise
+    pipeline_id = find_pipeline(client, pipeline_name, namespace)
+    # kfp.Client.upload_pipeline_version cannot set code_source_url; its own API client (auth, multipart) can
+    query = [("name", version_name), ("pipelineid", pipeline_id), ("code_source_url", source_url)]
+    try:
+        client._upload_api.api_client.call_api(
+            "/apis/v2beta1/pipelines/upload_version", "POST", {}, [q for q in query if q[1]],
+            {"Accept": "application/json", "Content-Type": "multipart/form-data"},
+            files={"uploadfile": str(package)}, response_type="V2beta1PipelineVersion", auth_settings=["Bearer"],
+            _return_http_data_only=True)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        return find_version(client, pipeline_name, version_name, namespace), False
+    return find_version(client, pipeline_name, version_name, namespace), True
+
+
+def experiment_id(client: Any, name: str, namespace: str | None = None) -> str:
+    """Get or create the experiment ``name``."""
+    return client.create_experiment(name, namespace=namespace).experiment_id
+
+
+def create_run(client: Any, version: VersionRef, params: dict[str, Any], *, experiment: str = DEFAULT_EXPERIMENT,
+               namespace: str | None = None, display_name: str = "", service_account: str | None = None) -> Any:
+    """Start a run of the uploaded ``version`` (a reference, not an inline spec) in ``experiment``; its pods run as
+    ``service_account`` (default: the server's, e.g. ``default-editor`` in a Kubeflow profile)."""
+    name = display_name or f"{version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
+    return client.run_pipeline(experiment_id(client, experiment, namespace), name, params=params,
+                               pipeline_id=version.pipeline_id, version_id=version.pipeline_version_id,
+                               service_account=service_account or None)
+
+
+def wait(client: Any, run_id: str, *, poll_seconds: float = 5.0, timeout_seconds: float | None = None) -> Any:
+    """Poll the run until it ends, reporting each state change as a progress line; returns the final run.
+
+    Raises:
+        TimeoutError: still not finished after ``timeout_seconds``.
+    """
+    deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    last = None
+    while True:
+        run = client.get_run(run_id)
+        if run.state != last:
+            progress(f"run {run_id}: {run.state}")
+            last = run.state
+        if run.state in FINAL:
+            return run
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"run {run_id} still {run.state} after {timeout_seconds} s")
+        time.sleep(poll_seconds)
+
+
+def runs_in_flight(client: Any, pipeline_id: str, *, experiment: str = DEFAULT_EXPERIMENT,
+                   namespace: str | None = None) -> list[Any]:
+    """Runs of pipeline ``pipeline_id`` in ``experiment`` that are pending or running (any version)."""
+    return [r for r in _pages(client.list_runs, "runs", experiment_id=experiment_id(client, experiment, namespace),
+                              sort_by="created_at desc", namespace=namespace)
+            if r.state in IN_FLIGHT and r.pipeline_version_reference is not None
+            and r.pipeline_version_reference.pipeline_id == pipeline_id]
+
+
+def start_training(client: Any, version: VersionRef, params: dict[str, Any], *,
+                   experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
+                   service_account: str | None = None) -> str:
+    """Start a training run of ``version`` unless one of that pipeline is already in flight; returns its run id.
+
+    Raises:
+        TrainingInFlight: a run is pending or running (its id is in the message).
+    """
+    busy = runs_in_flight(client, version.pipeline_id, experiment=experiment, namespace=namespace)
+    if busy:
+        raise TrainingInFlight(busy[0].run_id, busy[0].state)
+    return create_run(client, version, params, experiment=experiment, namespace=namespace,
+                      display_name=f"retrain {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}",
+                      service_account=service_account).run_id
+
+
+class TrainingInFlight(RunInFlight):
+    """A training run is pending or running: no second one is started."""
+
+    def __init__(self, run_id: str, state: str):
+        super().__init__(f"training run {run_id} is {state}: not starting a second one")
+        self.run_id, self.state = run_id, state
+
+
+def check_cron(cron: str) -> str:
+    """``cron`` if it has KFP's 6 fields (seconds first).
+
+    Raises:
+        ValueError: another field count; a 5-field expression gets its 6-field form.
+    """
+    fields = cron.split()
+    if len(fields) == CRON_FIELDS:
+        return " ".join(fields)
+    fix = f": use '0 {' '.join(fields)}' (seconds first)" if len(fields) == 5 else ", e.g. '0 0 * * * *' (hourly)"
+    raise ValueError(f"--cron {cron!r} has {len(fields)} fields; KFP recurring runs take 6 "
+                     f"(second minute hour day-of-month month day-of-week){fix}")
+
+
+def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: str, cron: str,
+             experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
+             service_account: str | None = None) -> tuple[str, bool]:
+    """Make ``name`` the one recurring run of ``version`` on ``cron`` (max_concurrency=1, no catch-up), its runs'
+    pods running as ``service_account`` (default: the server's). An equal one is kept; a different one of that
+    name is replaced (the new one is created before the old is deleted). Returns the id and whether it was
+    created now.
+
+    Raises:
+        ValueError: ``cron`` is not a 6-field expression.
+    """
+    cron = check_cron(cron)
+    exp = experiment_id(client, experiment, namespace)
+    same_name = recurring_runs(client, name, exp, namespace)
+    wanted = (cron, version.pipeline_version_id, json.dumps(params, sort_keys=True), service_account or "")
+    if len(same_name) == 1 and same_name[0].status == "ENABLED" and _schedule_key(same_name[0]) == wanted:
+        return same_name[0].recurring_run_id, False
+    created = client.create_recurring_run(exp, name, cron_expression=cron, max_concurrency=1, no_catchup=True,
+                                          params=params, pipeline_id=version.pipeline_id,
+                                          version_id=version.pipeline_version_id,
+                                          service_account=service_account or None)
+    for rec in same_name:
+        client.delete_recurring_run(rec.recurring_run_id)
+    return created.recurring_run_id, True
+
+
+def set_schedule_enabled(client: Any, name: str, *, enabled: bool | None, experiment: str = DEFAULT_EXPERIMENT,
+                         namespace: str | None = None) -> list[str]:
+    """Disable (``False``), or delete (``None``), the recurring runs named ``name``; returns their ids.
+
+    Raises:
+        LookupError: there is none of that name.
+    """
+    found = recurring_runs(client, name, experiment_id(client, experiment, namespace), namespace)
+    if not found:
+        raise LookupError(f"no recurring run named {name!r} in experiment {experiment!r}")
+    for rec in found:
+        if enabled is None:
+            client.delete_recurring_run(rec.recurring_run_id)
+        elif enabled:
+            client.enable_recurring_run(rec.recurring_run_id)
+        else:
+            client.disable_recurring_run(rec.recurring_run_id)
+    return [rec.recurring_run_id for rec in found]
+
+
+def recurring_runs(client: Any, name: str, experiment_id: str, namespace: str | None = None) -> list[Any]:
+    """The recurring runs named ``name`` in the experiment."""
+    return [r for r in _pages(client.list_recurring_runs, "recurring_runs", experiment_id=experiment_id,
+                              namespace=namespace) if r.display_name == name]
+
+
+def _schedule_key(rec: Any) -> tuple[str, str, str, str]:
+    cron = rec.trigger.cron_schedule.cron if rec.trigger and rec.trigger.cron_schedule else ""
+    version = rec.pipeline_version_reference.pipeline_version_id if rec.pipeline_version_reference else ""
+    params = (rec.runtime_config.parameters if rec.runtime_config else None) or {}
+    return cron, version, json.dumps(params, sort_keys=True), rec.service_account or ""

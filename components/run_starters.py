@@ -1,0 +1,53 @@
+"""How the retrain trigger step starts a training run: under kfp.local on this machine, or as a run of the pinned
+training version on the KFP server."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import yaml
+
+from components.kfp_client import DEFAULT_EXPERIMENT, VersionRef, connect, start_training
+from training.settings import SECTION_PARAMETERS
+
+
+def start_local_training(settings: dict[str, Any]) -> str:
+    """Run ``kfloop run training --local --json`` in a fresh process (its kfp is the full SDK, not the step
+    runtime) and return the version it registered. Its progress lines pass through to this step's log.
+
+    Raises:
+        RuntimeError: the training run failed; the message is its error output.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "_KFP_RUNTIME"}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
+        yaml.safe_dump(settings, config)
+        config.flush()
+        proc = subprocess.run([sys.executable, "-m", "pipelines", "run", "training", "--local", "--json",
+                               "--config", config.name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    sys.stdout.write(proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"training run failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-2:]}")
+    return json.loads(proc.stdout)["model_version"]
+
+
+def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> str:
+    """From the drift pipeline's trigger step: start a run of the pinned training version (``pipeline_id``,
+    ``pipeline_version_id``, ``version_name``, ``experiment``, ``namespace``, ``service_account``; ``host`` empty =
+    the in-cluster KFP service) with ``settings`` as its parameters; returns the run id.
+
+    Raises:
+        TrainingInFlight: a training run is already pending or running.
+    """
+    version = VersionRef(pipeline_name=pinned.get("pipeline_name", ""), pipeline_id=pinned["pipeline_id"],
+                         pipeline_version_id=pinned["pipeline_version_id"],
+                         version_name=pinned.get("version_name", ""))
+    params = {SECTION_PARAMETERS.get(k, k): v for k, v in settings.items()}
+    client = connect(pinned.get("host") or None, namespace=pinned.get("namespace") or None)
+    return start_training(client, version, params, experiment=pinned.get("experiment") or DEFAULT_EXPERIMENT,
+                          namespace=pinned.get("namespace") or None,
+                          service_account=pinned.get("service_account") or None)

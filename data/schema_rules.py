@@ -1,0 +1,251 @@
+"""The row-level rules of a pandera schema, checked vectorised: the one implementation behind ``kfloop validate``'s
+value failures, the served model's ``schema_violations`` column and the drift check's schema-violation shares.
+
+A column's rules: not null (unless nullable), a number (numeric columns; a whole number for integer columns), and
+its checks: ranges (``in_range``, ``ge``, ``gt``, ``le``, ``lt``), allowed (``isin``) and forbidden (``notin``)
+values are computed with numpy; any other check runs as pandera runs it. Each check sees the column's non-null
+values that have the column's type, so one bad value fails one rule. Whole-table rules (missing or extra columns,
+uniqueness, row counts) stay with pandera in :func:`data.validation.validate`.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import numpy as np
+import pandas as pd
+import pandera.pandas as pa
+
+Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check"]
+KINDS: tuple[Kind, ...] = get_args(Kind)
+"""How a value can fall outside the schema, the keys of :meth:`RuleSet.shares`."""
+
+SHORT_LIST = 32
+"""Up to this many allowed values, :func:`_isin` compares with each instead of hashing every value."""
+_LOWER = {"greater_than": False, "greater_than_or_equal_to": True}
+_UPPER = {"less_than": False, "less_than_or_equal_to": True}
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row-level rule of one column."""
+
+    column: str
+    name: str
+    """The rule as ``kfloop validate`` names it: ``not_nullable``, ``dtype('int64')``, ``in_range(18, 100)``, ..."""
+    kind: Kind
+    describe: Callable[[Any], str]
+    """One failing value as text, e.g. ``unseen category 'atlantis'``."""
+    fails: Callable[[pd.Series], np.ndarray] | None = None
+    """Failing mask over the column's non-null values of the right type; None for the null and type rules, which
+    the column applies itself."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleFailures:
+    """The rows of a frame that fail one rule."""
+
+    rule: Rule
+    positions: np.ndarray
+    """Row positions (0-based, ascending)."""
+    values: pd.Series
+    """The failing values as the rule saw them (numbers for a numeric column's checks), indexed by row label."""
+
+
+class RuleSet:
+    """The row-level rules of ``schema``'s ``columns`` (default: all), built once, applied to many frames."""
+
+    def __init__(self, schema: pa.DataFrameSchema, columns: Iterable[str] | None = None):
+        names = list(schema.columns) if columns is None else [c for c in columns if c in schema.columns]
+        self.columns = {name: _column_rules(name, schema.columns[name]) for name in names}
+
+    def check(self, df: pd.DataFrame) -> list[RuleFailures]:
+        """Every rule that fails on at least one row of ``df``, in column order (columns ``df`` lacks are skipped:
+        the model signature or pandera reports those)."""
+        return [failed for name, rules in self.columns.items() if name in df.columns
+                for failed in rules.check(df[name])]
+
+    def row_messages(self, df: pd.DataFrame) -> np.ndarray:
+        """Per row: ``""`` when clean, else ``column: problem`` per failed rule joined by ``"; "``."""
+        out = np.full(len(df), "", dtype=object)
+        for failed in self.check(df):
+            column, describe = failed.rule.column, failed.rule.describe
+            texts = np.array([f"{column}: {describe(v)}" for v in failed.values], dtype=object)
+            before = out[failed.positions]
+            out[failed.positions] = np.where(before == "", texts, before + "; " + texts)
+        return out
+
+    def shares(self, df: pd.DataFrame) -> dict[str, dict[str, float]]:
+        """Per column ``df`` has: the share of its rows failing any rule (``share``) and per kind (:data:`KINDS`)."""
+        n = max(len(df), 1)
+        masks = {name: {kind: np.zeros(len(df), dtype=bool) for kind in KINDS} for name in self.columns
+                 if name in df.columns}
+        for failed in self.check(df):
+            masks[failed.rule.column][failed.rule.kind][failed.positions] = True
+        return {name: {"share": float(np.logical_or.reduce(list(kinds.values())).sum() / n),
+                       **{kind: float(mask.sum() / n) for kind, mask in kinds.items()}}
+                for name, kinds in masks.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _ColumnRules:
+    """One column's rules and how its values are typed before the checks run."""
+
+    values: Literal["number", "whole number", "text", "as is"]
+    null: Rule | None
+    """Set unless the column is nullable."""
+    wrong_type: Rule | None
+    """Set for numeric columns."""
+    checks: list[Rule]
+
+    @property
+    def rules(self) -> list[Rule]:
+        """All of the column's rules, in the order they apply."""
+        return [rule for rule in (self.null, self.wrong_type) if rule is not None] + self.checks
+
+    def check(self, series: pd.Series) -> list[RuleFailures]:
+        """The rules that fail on ``series``: nulls, then the type, then each check on the values of the type."""
+        null = series.isna().to_numpy()
+        failures = [] if self.null is None else [RuleFailures(self.null, np.flatnonzero(null), series[null])]
+        positions = np.flatnonzero(~null)
+        values = series.iloc[positions] if len(positions) < len(series) else series
+        if self.wrong_type is not None:
+            numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+            bad = np.isnan(numbers)
+            if self.values == "whole number":
+                bad |= ~bad & (np.mod(numbers, 1) != 0)
+            failures.append(RuleFailures(self.wrong_type, positions[bad], values[bad]))
+            positions = positions[~bad]
+            values = pd.Series(numbers[~bad], index=values.index[~bad])
+        elif self.values == "text" and not pd.api.types.is_string_dtype(values.dtype):
+            values = values.astype(str)
+        for rule in self.checks:
+            failed = rule.fails(values)
+            shown = values[failed]
+            if self.values == "whole number":
+                shown = shown.map(lambda v: int(v) if math.isfinite(v) else v)
+            failures.append(RuleFailures(rule, positions[failed], shown))
+        return [failed for failed in failures if len(failed.positions)]
+
+
+def _column_rules(name: str, column: pa.Column) -> _ColumnRules:
+    dtype = column.dtype.type if column.dtype is not None else None
+    if dtype is not None and pd.api.types.is_bool_dtype(dtype):
+        values = "as is"
+    elif dtype is not None and pd.api.types.is_integer_dtype(dtype):
+        values = "whole number"
+    elif dtype is not None and pd.api.types.is_numeric_dtype(dtype):
+        values = "number"
+    elif dtype is not None and pd.api.types.is_string_dtype(dtype):
+        values = "text"
+    else:
+        values = "as is"
+    null = None if column.nullable else Rule(name, "not_nullable", "unexpected_null", lambda v: "unexpected null")
+    wrong_type = None
+    if values in ("number", "whole number"):
+        wrong_type = Rule(name, f"dtype('{column.dtype}')", "wrong_type",
+                          lambda v: f"{_shown(v)} is not a {values} ({column.dtype})")
+    return _ColumnRules(values=values, null=null, wrong_type=wrong_type,
+                        checks=[_check_rule(name, check) for check in column.checks])
+
+
+def _check_rule(column: str, check: pa.Check) -> Rule:
+    name, stats = str(check.error or check.name), check.statistics or {}
+    if check.name in ("in_range", *_LOWER, *_UPPER):
+        lo = stats.get("min_value") if check.name in ("in_range", *_LOWER) else None
+        hi = stats.get("max_value") if check.name in ("in_range", *_UPPER) else None
+        lo_incl = stats.get("include_min", _LOWER.get(check.name, True))
+        hi_incl = stats.get("include_max", _UPPER.get(check.name, True))
+
+        def below(v):
+            return lo is not None and (v < lo if lo_incl else v <= lo)
+
+        def above(v):
+            return hi is not None and (v > hi if hi_incl else v >= hi)
+
+        def fails(values: pd.Series) -> np.ndarray:
+            v = values.to_numpy(dtype="float64")
+            return np.asarray(below(v), dtype=bool) | np.asarray(above(v), dtype=bool)
+
+        def describe(v):
+            v = float(v)
+            return f"{v:g} above max {hi!r}" if above(v) else f"{v:g} below min {lo!r}"
+
+        return Rule(column, name, "out_of_range", describe, fails)
+    if check.name == "isin":
+        allowed = list(stats["allowed_values"])
+        return Rule(column, name, "unseen_category", lambda v: f"unseen category {_shown(v)}",
+                    lambda v: ~_isin(v, allowed))
+    if check.name == "notin":
+        forbidden = list(stats["forbidden_values"])
+        return Rule(column, name, "failed_check", lambda v: f"forbidden value {_shown(v)}",
+                    lambda v: v.isin(forbidden).to_numpy())
+    return Rule(column, name, "failed_check", lambda v: f"{_shown(v)} failed {name}",
+                lambda v: _pandera_fails(check, v))
+
+
+def _isin(values: pd.Series, allowed: list) -> np.ndarray:
+    """``values.isin(allowed)``; for a few allowed values one numpy comparison each, several times faster."""
+    if len(allowed) > SHORT_LIST:
+        return values.isin(allowed).to_numpy()
+    array = values.to_numpy()
+    found = np.zeros(len(array), dtype=bool)
+    for value in allowed:
+        found |= array == value
+    return found
+
+
+def _pandera_fails(check: pa.Check, values: pd.Series) -> np.ndarray:
+    output = check(values).check_output
+    if isinstance(output, pd.Series):
+        return ~output.reindex(values.index, fill_value=True).to_numpy(dtype=bool)
+    return np.full(len(values), not bool(output))
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of the plain Python value (``'a'``, not ``np.str_('a')``)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+# ------------------------------------------------------------------------------------------------------- serving
+
+VIOLATIONS_COLUMN = "schema_violations"
+"""Column the served model adds: ``""`` for a clean row, else what failed (:meth:`RuleSet.row_messages`)."""
+ON_VIOLATION_PARAM = "on_schema_violation"
+"""The served model's ``predict`` param choosing what a row outside the schema does (:data:`ON_VIOLATION_MODES`)."""
+ON_VIOLATION_MODES = ("flag", "error", "ignore")
+"""``flag`` (default) adds :data:`VIOLATIONS_COLUMN`; ``error`` raises :class:`SchemaViolationError` naming the
+rows; ``ignore`` checks nothing and adds no column."""
+MAX_ROWS_NAMED = 5
+
+
+class SchemaViolationError(ValueError):
+    """Rows to score fall outside the schema the model was trained on (``on_schema_violation="error"``)."""
+
+
+def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """``scored`` (one output row per input row) as ``mode`` asks: with :data:`VIOLATIONS_COLUMN` (``flag``),
+    unchanged (``ignore``), or unchanged once every row is clean (``error``).
+
+    Raises:
+        ValueError: ``mode`` is not one of :data:`ON_VIOLATION_MODES`.
+        SchemaViolationError: ``mode`` is ``error`` and a row breaks a rule; names up to five rows and their
+            columns.
+    """
+    if mode not in ON_VIOLATION_MODES:
+        raise ValueError(f"{ON_VIOLATION_PARAM}={mode!r}: use one of {list(ON_VIOLATION_MODES)}")
+    if mode == "ignore":
+        return scored
+    messages = rules.row_messages(rows)
+    if mode == "flag":
+        return scored.assign(**{VIOLATIONS_COLUMN: messages})
+    bad = np.flatnonzero(messages != "")
+    if len(bad):
+        named = "; ".join(f"row {rows.index[i]!r}: {messages[i]}" for i in bad[:MAX_ROWS_NAMED])
+        more = f" (and {len(bad) - MAX_ROWS_NAMED} more)" if len(bad) > MAX_ROWS_NAMED else ""
+        raise SchemaViolationError(f"{len(bad)} of {len(rows)} row(s) fall outside the model's training schema: "
+                                   f"{named}{more}; fix the rows, or pass {ON_VIOLATION_PARAM}='flag' to score them "
+                                   f"with a {VIOLATIONS_COLUMN} column")
+    return scored

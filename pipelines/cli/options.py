@@ -1,0 +1,36 @@
+"""What every ``kfloop`` command shares: the settings flags (``--config``, ``--set``) and the ``--json`` output."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from typing import Any
+
+from training.settings import load_config_file, merge, parse_overrides
+
+
+def add_settings(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE`` and repeatable ``--set KEY=VALUE``."""
+    parser.add_argument("--config", help="settings file (default: ./kfloop.yaml when present)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                        help="override a setting, e.g. --set dataset_uri=data.csv --set training.epochs=5")
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings file merged with the ``--set`` overrides.
+
+    Raises:
+        ValueError: the file is not a YAML mapping, or an override is not ``key=value``.
+    """
+    return merge(load_config_file(args.config), parse_overrides(args.overrides))
+
+
+def stdout_for_json(args: argparse.Namespace):
+    """Under ``--json`` stdout carries only the JSON: whatever the work prints goes to stderr instead."""
+    return contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+
+
+def print_json(obj: Any) -> None:
+    """``obj`` as indented, key-sorted JSON on stdout."""
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))

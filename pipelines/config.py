@@ -1,0 +1,109 @@
+"""The one config root: ``kfloop.yaml`` plus ``--set`` overrides, its typed sections, and the pipeline parameters
+they become. Every path (``kfloop train``, ``render-job``, ``run --local``, ``run --host``, the drift pipeline's
+retraining) reads the job's shape through :func:`job_shape`, so a value set once is the value used."""
+from __future__ import annotations
+
+from typing import Any
+
+from data.storage import holds_credentials, redact
+from monitoring.drift import DriftPolicy
+from monitoring.trigger import TriggerPolicy
+from training.config import JOB_SHAPE_KEYS, TrainingConfig
+from training.gate import PromotionPolicy
+from training.launch.kubernetes import KubernetesSettings
+from training.settings import SECTION_PARAMETERS
+
+SECTIONS: dict[str, type] = {
+    "training": TrainingConfig,
+    "promotion": PromotionPolicy,
+    "drift": DriftPolicy,
+    "trigger": TriggerPolicy,
+    "cluster": KubernetesSettings,
+}
+"""Config section -> the typed config that validates it (its pipeline parameter: ``SECTION_PARAMETERS``)."""
+
+SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "model_name",
+               *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
+"""Parameters of either pipeline; one kfloop.yaml serves both, so each pipeline ignores the other's."""
+
+TRAINING_KEYS = {"training", "promotion", "cluster", *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
+"""Settings the drift pipeline hands to the training runs it triggers."""
+
+
+def typed_config(section: str, values: dict[str, Any]) -> Any:
+    """Build the typed config of ``section`` (it raises ValueError naming the fix)."""
+    return SECTIONS[section].from_dict(values)
+
+
+def job_shape(settings: dict[str, Any]) -> dict[str, Any]:
+    """The job's shape (``nnodes``, ``nproc_per_node``, ``backend``) the settings ask for: each key from the top
+    level or from the ``training`` section, whichever sets it; keys set nowhere are left out (their default).
+
+    Raises:
+        ValueError: both places set a key, to different values.
+    """
+    training = settings.get("training") or {}
+    shape = {}
+    for key in JOB_SHAPE_KEYS:
+        if key in settings and key in training and settings[key] != training[key]:
+            raise ValueError(f"{key} is set twice, to {settings[key]!r} and training.{key}={training[key]!r}: "
+                             f"set it once (e.g. --set {key}={settings[key]!r})")
+        if key in settings or key in training:
+            shape[key] = settings[key] if key in settings else training[key]
+    return shape
+
+
+def resolved(settings: dict[str, Any]) -> dict[str, Any]:
+    """``settings`` with the job's shape in one place: the top-level keys (the pipeline parameters), out of the
+    ``training`` section.
+
+    Raises:
+        ValueError: the shape is set twice (see :func:`job_shape`).
+    """
+    out = {**settings, **job_shape(settings)}
+    if isinstance(settings.get("training"), dict):
+        out["training"] = {k: v for k, v in settings["training"].items() if k not in JOB_SHAPE_KEYS}
+    return out
+
+
+def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """Pick and validate the parameters ``pipeline`` declares from a settings dict.
+
+    Top-level keys are pipeline parameters (``dataset_uri``, ``target``, ``nnodes``...); the sections
+    ``training``, ``promotion``, ``drift``, ``trigger``, ``cluster`` become dict parameters once their typed config
+    accepts them. The job's shape may also be given in the ``training`` section; it becomes the top-level
+    parameter either way.
+
+    Raises:
+        ValueError: an unknown key, a missing required parameter, the job's shape set twice, a URI holding
+            credentials, or a value a typed config rejects.
+    """
+    declared = pipeline.component_spec.inputs or {}
+    unknown = sorted(set(settings) - set(declared) - set(SECTIONS) - SHARED_KEYS)
+    if unknown:
+        raise ValueError(f"unknown setting(s) {unknown}; parameters are {sorted(declared)} and the sections "
+                         f"{sorted(SECTIONS)} (e.g. --set training.epochs=5)")
+    for key in SECTIONS:
+        if key in settings and not isinstance(settings[key], dict):
+            raise ValueError(f"'{key}' must be a mapping of settings, e.g. --set {key}.FIELD=VALUE")
+    settings = resolved(settings)
+    TrainingConfig.from_dict({**settings.get("training", {}), **job_shape(settings)})
+    params: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in SECTIONS:
+            typed_config(key, value)
+            if SECTION_PARAMETERS[key] in declared:
+                params[SECTION_PARAMETERS[key]] = value
+        elif key in declared:
+            params[key] = value
+    if "training_params" in declared:  # the drift pipeline's retrain runs get the training settings
+        params["training_params"] = {k: v for k, v in settings.items() if k in TRAINING_KEYS}
+    with_credentials = [k for k, v in params.items() if isinstance(v, str) and holds_credentials(v)]
+    if with_credentials:
+        uris = ", ".join(redact(params[k]) for k in with_credentials)
+        raise ValueError(f"{with_credentials}: credentials in a URI ({uris}); remove 'user:secret@' and give them "
+                         "in the environment (AWS_ACCESS_KEY_ID, ...)")
+    missing = [k for k, spec in declared.items() if not spec.optional and k not in params]
+    if missing:
+        raise ValueError(f"missing required parameter(s) {missing}: pass them with --set KEY=VALUE")
+    return params

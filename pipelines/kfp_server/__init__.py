@@ -1,0 +1,1 @@
+"""Running pipelines on a Kubeflow Pipelines server."""

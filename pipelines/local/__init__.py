@@ -1,0 +1,1 @@
+"""Running pipelines on this machine with kfp.local."""

@@ -1,0 +1,1 @@
+"""Operating the loop: status, history, rollback, the report, the demo."""

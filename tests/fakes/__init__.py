@@ -1,0 +1,1 @@
+"""HTTP test servers that answer like the Kubernetes, KFP and MLflow APIs."""

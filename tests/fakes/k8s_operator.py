@@ -1,0 +1,437 @@
+"""Operator mode of the Kubernetes API test server (tests/fakes/k8s_server.py): the Training Operator v1.9 and the
+kubelet for PyTorchJobs, each pod a local process group (see that module's docstring for what it plays and
+how it differs from a cluster)."""
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+
+from fakes.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
+from training.launch.jobspec import JobSpec
+from training.launch.local import free_port
+from training.settings import CODE_ROOT
+
+if TYPE_CHECKING:
+    from fakes.k8s_server import K8sServer
+
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
+OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
+STOP_GRACE_SECONDS = 5.0
+"""SIGTERM -> SIGKILL grace for pod processes (the real default terminationGracePeriodSeconds is 30)."""
+CRASH_BACKOFF_SECONDS = 0.5
+"""First CrashLoopBackOff delay of an in-place restart (the kubelet's is 10 s), doubled per restart up to 8 s."""
+
+
+@dataclass
+class _PodRun:
+    """The local process (group) behind one pod, and its log file."""
+
+    log: Path
+    proc: subprocess.Popen | None = None
+    stopped: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Orders starting a process against stopping the pod: no process starts once ``stopped`` is set."""
+
+
+# ------------------------------------------------------------------------------------------------ operator
+
+_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+           "Ti": 2**40}
+
+
+def quantity(value: Any) -> float:
+    """A Kubernetes quantity (``500m``, ``2``, ``4Gi``) as a number."""
+    m = _QUANTITY.match(str(value))
+    if not m or m.group(2) not in _SUFFIX:
+        raise ValueError(f"quantity {value!r}")
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def _terminate(run: _PodRun) -> None:
+    """SIGTERM the pod's process group, SIGKILL it after STOP_GRACE_SECONDS, and reap it."""
+    with run.lock:
+        run.stopped.set()
+        proc = run.proc
+    if proc is None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # whatever the group left behind
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _unshare_prefix() -> list[str]:
+    """``unshare`` arguments giving a process its own mount and UTS (hostname) namespaces, like a pod (and a user
+    namespace when not root)."""
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    return ["unshare", *user, "--mount", "--uts", "--"]
+
+
+class _JobController:
+    """The operator's reconcile loop for one PyTorchJob, and the kubelet of its pods."""
+
+    def __init__(self, api: K8sServer, namespace: str, job: dict):
+        self.api, self.namespace, self.job = api, namespace, job
+        self.name = job["metadata"]["name"]
+        self.port = free_port()
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        self.finished = False
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=api.workdir))
+        spec = job["spec"]
+        self.replicas = {rtype: rspec for rtype, rspec in spec["pytorchReplicaSpecs"].items()}
+        self.run_policy = spec.get("runPolicy", {})
+        self.hosts = self.dir / "hosts"
+        pods = [self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
+                for i in range(rspec.get("replicas", 1))]
+        self.hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {p}\n" for p in pods))
+
+    def pod_name(self, rtype: str, index: int) -> str:
+        return f"{self.name}-{rtype.lower()}-{index}"
+
+    def start(self) -> None:
+        self.set_condition("Created", "PyTorchJobCreated", f"PyTorchJob {self.name} is created.")
+        for rtype, rspec in self.replicas.items():
+            for index in range(rspec.get("replicas", 1)):
+                self.start_pod(rtype, index)
+        deadline = self.run_policy.get("activeDeadlineSeconds")
+        if deadline:
+            threading.Thread(target=self._deadline, args=(float(deadline),), daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # -- job status
+
+    def set_condition(self, kind: str, reason: str, message: str, **status_fields: Any) -> None:
+        def change(job: dict) -> None:
+            status = job.setdefault("status", {})
+            conditions = status.setdefault("conditions", [])
+            stamp = now()
+            for condition in conditions:
+                if kind in ("Running", "Restarting", "Succeeded", "Failed") and condition["type"] in (
+                        {"Running": ("Restarting",), "Restarting": ("Running",)}.get(kind, ("Running",))):
+                    if condition["status"] == "True":
+                        condition.update(status="False", lastTransitionTime=stamp, lastUpdateTime=stamp)
+            existing = next((c for c in conditions if c["type"] == kind), None)
+            if existing and existing["status"] == "True" and existing["reason"] == reason:
+                existing.update(message=message, lastUpdateTime=stamp)
+            else:
+                if existing:
+                    conditions.remove(existing)
+                conditions.append({"type": kind, "status": "True", "reason": reason, "message": message,
+                                   "lastUpdateTime": stamp, "lastTransitionTime": stamp})
+            status.setdefault("startTime", stamp)
+            status.update(status_fields)
+            status["replicaStatuses"] = self._replica_statuses()
+
+        try:
+            self.api.store.update(PYTORCHJOBS, self.namespace, self.name, change)
+        except ApiError:
+            self.stopping.set()  # the job is gone
+
+    def _replica_statuses(self) -> dict:
+        counts = {}
+        for rtype in self.replicas:
+            pods = self.api.store.list(PODS, self.namespace, f"{JOB_NAME_LABEL}={self.name},"
+                                                             f"{REPLICA_TYPE_LABEL}={rtype.lower()}")[0]
+            phases = [p.get("status", {}).get("phase") for p in pods]
+            counts[rtype] = {"active": phases.count("Running"), "succeeded": phases.count("Succeeded"),
+                             "failed": phases.count("Failed")}
+        return counts
+
+    def finish(self, kind: str, reason: str, message: str) -> None:
+        with self.lock:
+            if self.finished or self.stopping.is_set():
+                return
+            self.finished = True
+        self.set_condition(kind, reason, message, completionTime=now())
+        self.api.record_event(self.namespace, self.job, reason=reason, message=message,
+                              type_="Normal" if kind == "Succeeded" else "Warning")
+        policy = self.run_policy.get("cleanPodPolicy", "None")
+        for pod in self.api.store.list(PODS, self.namespace, f"{JOB_NAME_LABEL}={self.name}")[0]:
+            phase = pod.get("status", {}).get("phase")
+            if policy == "All" or (policy == "Running" and phase in ("Running", "Pending")):
+                self.api.delete_pod(self.namespace, pod["metadata"]["name"])
+
+    def _deadline(self, seconds: float) -> None:
+        if not self.stopping.wait(seconds) and not self.finished:
+            self.finish("Failed", "DeadlineExceeded",
+                        f"PyTorchJob {self.name} has failed because it has reached the specified active deadline")
+
+    # -- pods
+
+    def start_pod(self, rtype: str, index: int) -> None:
+        name = self.pod_name(rtype, index)
+        template = copy.deepcopy(self.replicas[rtype]["template"])
+        spec = template.get("spec", {})
+        node_rank = 0 if rtype == "Master" else index + (1 if "Master" in self.replicas else 0)
+        operator_env = self._operator_env(node_rank)
+        for container in spec.get("containers", []):
+            if container.get("name") == "pytorch":
+                container["env"] = container.get("env", []) + [{"name": k, "value": v} for k, v in operator_env.items()]
+                container.setdefault("ports", []).append({"name": "pytorchjob-port", "containerPort": self.port,
+                                                          "protocol": "TCP"})
+        restart = self.replicas[rtype].get("restartPolicy", "Never")
+        spec["restartPolicy"] = "Never" if restart == "ExitCode" else restart
+        labels = {**template.get("metadata", {}).get("labels", {}), JOB_NAME_LABEL: self.name,
+                  REPLICA_TYPE_LABEL: rtype.lower(), REPLICA_INDEX_LABEL: str(index),
+                  OPERATOR_NAME_LABEL: "pytorchjob-controller"}
+        if rtype == "Master":
+            labels[JOB_ROLE_LABEL] = "master"
+        pod = self.api.store.create(PODS, self.namespace, {
+            "metadata": {"name": name, "labels": labels,
+                         "annotations": template.get("metadata", {}).get("annotations", {}),
+                         "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": self.name,
+                                              "uid": self.job["metadata"]["uid"], "controller": True}]},
+            "spec": spec, "status": {"phase": "Pending", "conditions": []}})
+        self.api.record_event(self.namespace, self.job, reason="SuccessfulCreatePod",
+                              message=f"Created pod: {name}")
+        threading.Thread(target=self._kubelet, args=(pod, rtype, index), name=f"pod-{name}", daemon=True).start()
+
+    def _operator_env(self, node_rank: int) -> dict[str, str]:
+        """What the operator injects (training/launch/jobspec.py's JobSpec.pod_env, plus the elastic variables)."""
+        spec = self.job["spec"]
+        nnodes = sum(r.get("replicas", 1) for r in self.replicas.values())
+        nproc = str(spec.get("nprocPerNode", "1"))
+        elastic = spec.get("elasticPolicy")
+        job_spec = JobSpec(nnodes=nnodes, nproc_per_node=int(nproc) if nproc.isdigit() else 1)
+        env = job_spec.pod_env(node_rank, f"{self.name}-master-0", self.port)
+        if not nproc.isdigit():
+            env.update(PET_NPROC_PER_NODE=nproc, WORLD_SIZE=str(nnodes))
+        if elastic:
+            env["PET_NNODES"] = f"{elastic.get('minReplicas', nnodes)}:{elastic.get('maxReplicas', nnodes)}"
+            env["PET_RDZV_ENDPOINT"] = f"{self.name}-master-0:{self.port}"
+            env["PET_RDZV_BACKEND"] = elastic.get("rdzvBackend", "c10d")
+            if "maxRestarts" in elastic:
+                env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
+        return env
+
+    def _update_pod(self, name: str, change: Callable[[dict], None]) -> dict | None:
+        try:
+            return self.api.store.update(PODS, self.namespace, name, change)
+        except ApiError:
+            return None  # deleted meanwhile
+
+    def _kubelet(self, pod: dict, rtype: str, index: int) -> None:
+        """Schedule, pull, run (restarting in place for OnFailure/Always) and report one pod."""
+        name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+        container = next((c for c in pod["spec"]["containers"] if c.get("name") == "pytorch"),
+                         pod["spec"]["containers"][0])
+        unfit = self._unfit(pod)
+        if unfit:
+            message = f"0/1 nodes are available: 1 Insufficient {unfit}. preemption: 0/1 nodes are available: " \
+                      "1 No preemption victims found for incoming pod."
+            self._update_pod(name, lambda p: p["status"].update(conditions=[
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                 "lastTransitionTime": now()}]))
+            self.api.record_event(self.namespace, pod, reason="FailedScheduling", message=message, type_="Warning")
+            return
+        self._update_pod(name, lambda p: p["status"].update(
+            conditions=[{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
+            hostIP="127.0.0.1", podIP="127.0.0.1"))
+        self.api.record_event(self.namespace, pod, reason="Scheduled",
+                              message=f"Successfully assigned {self.namespace}/{name} to kfloop-test-node")
+        image = container.get("image", "")
+        if image in self.api.unpullable_images:
+            self._waiting(name, container, "ImagePullBackOff", f'Back-off pulling image "{image}"')
+            self.api.record_event(self.namespace, pod, reason="Failed", type_="Warning",
+                                  message=f'Failed to pull image "{image}": not found')
+            return
+        try:
+            argv, env, cwd = self._container_process(pod, container)
+        except ValueError as exc:
+            self._waiting(name, container, "CreateContainerConfigError", str(exc))
+            self.api.record_event(self.namespace, pod, reason="Failed", message=f"Error: {exc}", type_="Warning")
+            return
+        run = _PodRun(log=self.dir / f"{name}-{uid[:8]}.log")
+        self.api._runs[(self.namespace, name)] = run
+        restarts = 0
+        while True:
+            started = now()
+            with run.lock, run.log.open("ab") as log:
+                if self.stopping.is_set() or run.stopped.is_set():
+                    return
+                run.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self._update_pod(name, lambda p: p["status"].update(phase="Running", startTime=p["status"].get(
+                "startTime", started), containerStatuses=[{
+                    "name": container["name"], "image": image, "imageID": "", "ready": True, "started": True,
+                    "restartCount": restarts, "state": {"running": {"startedAt": started}},
+                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
+            if self._master_running():
+                self.set_condition("Running", "PyTorchJobRunning", f"PyTorchJob {self.name} is running.")
+            if name in self.api.killed_pods:
+                os.killpg(run.proc.pid, signal.SIGKILL)
+            code = run.proc.wait()
+            exit_code = code if code >= 0 else 128 - code
+            if run.stopped.is_set():
+                return
+            reason = "Completed" if exit_code == 0 else self.api.killed_pods.get(name, "Error")
+            terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now(),
+                          "containerID": f"local://{run.proc.pid}"}
+            in_place = pod["spec"]["restartPolicy"] == "Always" or (
+                pod["spec"]["restartPolicy"] == "OnFailure" and exit_code != 0)
+            if not in_place:
+                phase = "Succeeded" if exit_code == 0 else "Failed"
+                self._update_pod(name, lambda p: p["status"].update(phase=phase, containerStatuses=[{
+                    "name": container["name"], "image": image, "imageID": "", "ready": False, "started": False,
+                    "restartCount": restarts, "state": {"terminated": terminated}}]))
+                return self._pod_finished(rtype, index, name, exit_code)
+            restarts += 1
+            backoff = min(8.0, CRASH_BACKOFF_SECONDS * 2 ** (restarts - 1))
+            self._update_pod(name, lambda p: p["status"].update(containerStatuses=[{
+                "name": container["name"], "image": image, "imageID": "", "ready": False, "started": False,
+                "restartCount": restarts, "lastState": {"terminated": terminated},
+                "state": {"waiting": {"reason": "CrashLoopBackOff",
+                                      "message": f"back-off {backoff:g}s restarting failed container="
+                                                 f"{container['name']} pod={name}"}}}]))
+            limit = self.run_policy.get("backoffLimit")
+            if limit is not None and restarts > int(limit):
+                return self.finish("Failed", "BackoffLimitExceeded",
+                                   f"PyTorchJob {self.name} has failed because it has reached the specified "
+                                   "backoff limit")
+            if self.stopping.wait(backoff):
+                return
+
+    def _master_running(self) -> bool:
+        """The operator's rule: the job is Running while its master pod runs."""
+        try:
+            master = self.api.store.get(PODS, self.namespace, self.pod_name("Master", 0))
+        except ApiError:
+            return False
+        return master.get("status", {}).get("phase") == "Running"
+
+    def _pod_finished(self, rtype: str, index: int, name: str, exit_code: int) -> None:
+        """The operator's reaction to a terminated pod (restartPolicy Never / ExitCode)."""
+        if self.stopping.is_set() or self.finished:
+            return
+        if exit_code == 0:
+            if rtype == "Master":
+                self.finish("Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {self.name} is successfully completed.")
+            return
+        retryable = self.replicas[rtype].get("restartPolicy") == "ExitCode" and exit_code >= 128
+        if retryable:
+            self.set_condition("Restarting", "PyTorchJobRestarting",
+                               f"PyTorchJob {self.name} is restarting because 1 {rtype} replica(s) failed.")
+            self.api.record_event(self.namespace, self.job, reason="ExitedWithCode",
+                                  message=f"Pod: {self.namespace}.{name} exited with code {exit_code}")
+            self.api.record_event(self.namespace, self.job, reason="PyTorchJobRestarting", type_="Warning",
+                                  message=f"PyTorchJob {self.name} is restarting because 1 {rtype} replica(s) "
+                                          f"failed.")
+            self.api.delete_pod(self.namespace, name)
+            if not self.stopping.is_set():
+                self.start_pod(rtype, index)
+            return
+        self.finish("Failed", "PyTorchJobFailed", f"PyTorchJob {self.name} is failed because 1 {rtype} replica(s) "
+                                                  "failed.")
+
+    def _unfit(self, pod: dict) -> str | None:
+        """The first resource the node lacks for this pod (requests, or limits where no request is set)."""
+        wanted: dict[str, float] = {}
+        for container in pod["spec"].get("containers", []):
+            resources = container.get("resources", {})
+            for key, value in {**resources.get("limits", {}), **resources.get("requests", {})}.items():
+                wanted[key] = wanted.get(key, 0.0) + quantity(value)
+        for key, value in wanted.items():
+            if value > self.api.capacity.get(key, 0.0):
+                return key
+        return None
+
+    def _waiting(self, name: str, container: dict, reason: str, message: str) -> None:
+        self._update_pod(name, lambda p: p["status"].update(containerStatuses=[{
+            "name": container["name"], "image": container.get("image", ""), "imageID": "", "ready": False,
+            "started": False,
+            "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]))
+
+    def _container_process(self, pod: dict, container: dict) -> tuple[list[str], dict[str, str], str]:
+        """argv, env and working dir of the container, with volume mount paths mapped to host dirs.
+
+        Raises:
+            ValueError: a referenced Secret or key is missing, or a PVC claim has no host dir.
+        """
+        mounts = self._mounts(pod, container)
+
+        def local(text: str) -> str:
+            for mount_path, host in mounts:
+                if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
+                    return str(host) + text[len(mount_path.rstrip("/")):]
+                text = text.replace("=" + mount_path.rstrip("/") + "/", "=" + str(host) + "/")
+            return text
+
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+               "HOME": str(self.dir), "HOSTNAME": pod["metadata"]["name"],
+               "PYTHONPATH": str(CODE_ROOT)}  # the image holds the code under test (not whatever the venv has)
+        for item in container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = local(str(item["value"]))
+            elif "secretKeyRef" in item.get("valueFrom", {}):
+                ref = item["valueFrom"]["secretKeyRef"]
+                try:
+                    secret = self.api.store.get(SECRETS, self.namespace, ref["name"])
+                except ApiError:
+                    if ref.get("optional"):
+                        continue
+                    raise ValueError(f'secret "{ref["name"]}" not found') from None
+                data = {**{k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()},
+                        **secret.get("stringData", {})}
+                if ref["key"] not in data:
+                    if ref.get("optional"):
+                        continue
+                    raise ValueError(f"couldn't find key {ref['key']} in Secret {self.namespace}/{ref['name']}")
+                env[item["name"]] = data[ref["key"]]
+        argv = [local(a) for a in container.get("command", []) + container.get("args", [])]
+        if not argv:
+            raise ValueError("the container has no command (the test server runs no image entrypoints)")
+        script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
+        wrapper = [*_unshare_prefix(), "sh", "-c", script, str(self.hosts), pod["metadata"]["name"]]
+        cwd = local(container.get("workingDir", "")) or str(self.dir)
+        return wrapper + argv, env, cwd
+
+    def _mounts(self, pod: dict, container: dict) -> list[tuple[str, Path]]:
+        """(mount path, host dir), longest path first."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        mounts = []
+        for mount in container.get("volumeMounts", []):
+            volume = volumes.get(mount["name"], {})
+            if "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                if claim not in self.api.volumes:
+                    raise ValueError(f'persistentvolumeclaim "{claim}" not found')
+                host = self.api.volumes[claim]
+            elif "emptyDir" in volume:
+                host = self.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
+                host.mkdir(parents=True, exist_ok=True)
+            else:
+                continue
+            mounts.append((mount["mountPath"], host / mount.get("subPath", "")))
+        return sorted(mounts, key=lambda m: -len(m[0]))

@@ -1,0 +1,89 @@
+"""The Kubernetes API test server itself (tests/fakes/k8s_server.py), through the real `kubernetes` client and
+`kubectl`: Status errors like the API server's, watches that resume and expire, server-side tables."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from fakes.k8s_server import JOB_NAME_LABEL
+from fakes.kubernetes_cluster import status_of
+from polling import wait_for
+
+
+def test_server_answers_404_409_422_like_the_api_server(cluster):
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(cluster.api())
+    body = cluster.job_body("api-check")
+    created = custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
+    assert created["metadata"]["uid"] and int(created["metadata"]["resourceVersion"]) > 0
+
+    with pytest.raises(client.ApiException) as conflict:
+        custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
+    assert conflict.value.status == 409
+    assert status_of(conflict.value)["reason"] == "AlreadyExists"
+    assert status_of(conflict.value)["message"] == 'pytorchjobs.kubeflow.org "api-check" already exists'
+
+    with pytest.raises(client.ApiException) as missing:
+        custom.get_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "nope")
+    assert missing.value.status == 404 and status_of(missing.value)["reason"] == "NotFound"
+
+    invalid = json.loads(json.dumps(body))
+    invalid["metadata"]["name"] = "invalid"
+    invalid["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
+    invalid["spec"]["runPolicy"]["cleanupPolicy"] = "All"
+    with pytest.raises(client.ApiException) as rejected:
+        custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", invalid)
+    status = status_of(rejected.value)
+    assert rejected.value.status == 422 and status["reason"] == "Invalid"
+    fields = {cause["field"] for cause in status["details"]["causes"]}
+    assert fields == {"spec.pytorchReplicaSpecs.Master.replicas", "spec.runPolicy.cleanupPolicy"}
+    assert 'unknown field "spec.runPolicy.cleanupPolicy"' in status["message"]
+    assert [j["metadata"]["name"] for j in cluster.jobs()] == ["api-check"]
+
+    patched = custom.patch_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "api-check",
+                                                    {"metadata": {"labels": {"team": "ml"}}})
+    assert patched["metadata"]["labels"]["team"] == "ml"
+    custom.delete_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", "api-check")
+    wait_for("the job's pods to go with it", lambda: not client.CoreV1Api(cluster.api()).list_namespaced_pod(
+        "default", label_selector=f"{JOB_NAME_LABEL}=api-check").items)
+    assert cluster.jobs() == []
+
+
+def test_watch_resumes_from_a_resource_version_and_expires_with_410(cluster):
+    from kubernetes import client, watch
+
+    custom = client.CustomObjectsApi(cluster.api())
+    secrets = client.CoreV1Api(cluster.api())
+    first = secrets.create_namespaced_secret("default", {"metadata": {"name": "one"}, "stringData": {"k": "v"}})
+    secrets.create_namespaced_secret("default", {"metadata": {"name": "two"}, "stringData": {"k": "v"}})
+    secrets.delete_namespaced_secret("one", "default")
+    events = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
+        secrets.list_namespaced_secret, "default", resource_version=first.metadata.resource_version,
+        timeout_seconds=1)]
+    assert events == [("ADDED", "two"), ("DELETED", "one")]
+
+    cluster.server.store.compact()
+    with pytest.raises(client.ApiException) as expired:
+        list(watch.Watch().stream(custom.list_namespaced_custom_object, "kubeflow.org", "v1", "default",
+                                  "pytorchjobs", resource_version=first.metadata.resource_version, timeout_seconds=1))
+    assert expired.value.status == 410
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+def test_kubectl_lists_the_jobs_of_the_test_server(cluster):
+    from kubernetes import client
+
+    client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
+        "kubeflow.org", "v1", "default", "pytorchjobs", cluster.job_body("seen-by-kubectl"))
+    out = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "pytorchjobs"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    header, row = out.stdout.splitlines()[:2]
+    assert header.split() == ["NAME", "STATE", "AGE"]
+    assert row.split()[0] == "seen-by-kubectl"
+    as_json = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "pytorchjob",
+                              "seen-by-kubectl", "-o", "json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(as_json.stdout)["spec"]["nprocPerNode"] == "1", as_json.stderr

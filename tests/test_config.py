@@ -1,0 +1,99 @@
+"""The config root (pipelines/config.py) and the one section check every typed config shares
+(training/settings.py:section_from_dict): a value set once in kfloop.yaml is the value every path uses."""
+from __future__ import annotations
+
+import pytest
+
+from monitoring.drift import DriftPolicy
+from monitoring.trigger import TriggerPolicy
+from pipelines.config import SECTIONS, job_shape, pipeline_params
+from pipelines.drift import drift_pipeline
+from pipelines.training import training_pipeline
+from training.config import TrainingConfig
+from training.gate import PromotionPolicy
+from training.launch.cluster import ClusterConfig
+from training.launch.jobspec import JobSpec
+from training.launch.kubernetes import KubernetesSettings
+from training.settings import SECTION_PARAMETERS
+
+DATA = {"dataset_uri": "/data/train.parquet"}
+
+
+def test_job_shape_in_the_training_section_is_the_pipeline_parameter():
+    """The bug of issue 13: ``training: {nproc_per_node: 1}`` lost to the pipeline's default of 2."""
+    params = pipeline_params(training_pipeline, {**DATA, "training": {"nproc_per_node": 1, "epochs": 3}})
+    assert params["nproc_per_node"] == 1
+    assert params["training_config"] == {"epochs": 3}  # one home at run time: the parameter
+
+
+def test_job_shape_at_the_top_level_still_works_and_both_agreeing_is_fine():
+    params = pipeline_params(training_pipeline, {**DATA, "nnodes": 2, "training": {"nnodes": 2, "backend": "local"}})
+    assert (params["nnodes"], params["backend"]) == (2, "local")
+    assert "nproc_per_node" not in params  # set nowhere: the pipeline's default, which is TrainingConfig's
+    assert training_pipeline.component_spec.inputs["nproc_per_node"].default == TrainingConfig().nproc_per_node
+
+
+def test_job_shape_set_twice_differently_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match=r"nproc_per_node is set twice, to 4 and training.nproc_per_node=1"):
+        pipeline_params(training_pipeline, {**DATA, "nproc_per_node": 4, "training": {"nproc_per_node": 1}})
+
+
+def test_an_invalid_job_shape_in_the_training_section_is_refused():
+    with pytest.raises(ValueError, match=r"nproc_per_node=0: use an integer >= 1"):
+        pipeline_params(training_pipeline, {**DATA, "training": {"nproc_per_node": 0}})
+
+
+def test_the_drift_pipeline_hands_the_resolved_shape_to_the_runs_it_triggers():
+    settings = {"current_uri": "c.parquet", "reference_uri": "r.parquet", "training": {"nproc_per_node": 1}}
+    params = pipeline_params(drift_pipeline, settings)
+    assert params["training_params"] == {"nproc_per_node": 1, "training": {}}
+    retrain = pipeline_params(training_pipeline, {**DATA, **params["training_params"]})
+    assert retrain["nproc_per_node"] == 1
+
+
+def test_job_shape_reads_either_place():
+    assert job_shape({"training": {"backend": "kubernetes"}, "nnodes": 3}) == {"nnodes": 3, "backend": "kubernetes"}
+    assert job_shape({}) == {}
+
+
+def test_every_section_has_one_pipeline_parameter():
+    assert set(SECTIONS) == set(SECTION_PARAMETERS)
+    declared = {*training_pipeline.component_spec.inputs, *drift_pipeline.component_spec.inputs}
+    assert set(SECTION_PARAMETERS.values()) <= declared
+
+
+@pytest.mark.parametrize(("cls", "section", "values"), [
+    (TrainingConfig, "training", {"epochs": True}),
+    (TrainingConfig, "training", {"hidden": [True, 8]}),
+    (PromotionPolicy, "promotion", {"bootstrap_samples": True}),
+    (DriftPolicy, "drift", {"min_rows": True}),
+    (TriggerPolicy, "trigger", {"cooldown_seconds": True}),
+    (ClusterConfig, "cluster", {"gpus_per_node": True}),
+])
+def test_every_section_refuses_true_as_a_number(cls, section, values):
+    with pytest.raises(ValueError, match=rf"{section}\.{next(iter(values))}=.*true/false is not a valid"):
+        cls.from_dict(values)
+
+
+@pytest.mark.parametrize(("cls", "section"), [(TrainingConfig, "training"), (PromotionPolicy, "promotion"),
+                                              (DriftPolicy, "drift"), (TriggerPolicy, "trigger"),
+                                              (ClusterConfig, "cluster")])
+def test_every_section_names_an_unknown_key_and_the_valid_ones(cls, section):
+    with pytest.raises(ValueError, match=rf"unknown {section} key\(s\) \['nope'\]; valid keys are \["):
+        cls.from_dict({"nope": 1})
+
+
+def test_the_launcher_section_of_cluster_is_checked_the_same_way():
+    with pytest.raises(ValueError, match=r"unknown cluster.launcher key\(s\) \['nope'\]"):
+        KubernetesSettings.from_dict({"launcher": {"nope": 1}})
+
+
+def test_a_section_that_is_not_a_mapping_is_refused():
+    with pytest.raises(ValueError, match="'training' must be a mapping"):
+        pipeline_params(training_pipeline, {**DATA, "training": 3})
+
+
+@pytest.mark.parametrize("field", ["nnodes", "nproc_per_node", "rdzv_timeout_seconds", "max_restarts"])
+def test_jobspec_refuses_true_as_an_integer(field):
+    with pytest.raises(ValueError, match=f"{field}=True"):
+        JobSpec(**{field: True})

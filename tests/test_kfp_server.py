@@ -1,0 +1,323 @@
+"""Upload, run and schedule through the real kfp.Client against the KFP API test server (tests/fakes/kfp_server.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from fakes.kfp_server import KfpApiServer
+
+from components import kfp_client
+from pipelines.cli.commands import main
+
+TOKEN = "kfp-test-token-7c1e"
+COMMIT = "3f2a9c0d1e4b5a6978c0d1e2f3a4b5c6d7e8f901"
+DRIFT_SETTINGS = ["--set", "current_uri=s3://bucket/batch.parquet"]
+
+
+@pytest.fixture
+def kfp(monkeypatch, tmp_path):
+    monkeypatch.setenv(kfp_client.TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "no-token-file"))
+    monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT)
+    monkeypatch.delenv("KFLOOP_IMAGE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads ~/.config/kfp/context.json
+    monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "kfloop"))
+    with KfpApiServer(token=TOKEN) as server:
+        yield server
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def upload(kfp, capsys) -> list[dict]:
+    code, out, err = cli(capsys, "upload", "--host", kfp.url, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def versions_named(kfp, name: str) -> list[dict]:
+    return [v for v in kfp.store.versions.values() if v["name"] == name]
+
+
+def test_upload_twice_gives_one_version_per_pipeline(kfp, capsys):
+    first = upload(kfp, capsys)
+    second = upload(kfp, capsys)
+
+    assert [(u["pipeline"], u["created"]) for u in first] == [("training", True), ("drift", True)]
+    assert [(u["pipeline"], u["created"]) for u in second] == [("training", False), ("drift", False)]
+    assert [u["pipeline_version_id"] for u in first] == [u["pipeline_version_id"] for u in second]
+    assert sorted(p["name"] for p in kfp.store.pipelines.values()) == ["kfloop-drift", "kfloop-training"]
+    commit_versions = versions_named(kfp, COMMIT)
+    assert len(commit_versions) == 2
+    assert {v["pipeline_id"] for v in commit_versions} == {p["pipeline_id"] for p in kfp.store.pipelines.values()}
+    uploads = [r for r in kfp.requests if r.path.endswith("/upload_version")]
+    assert len(uploads) == 2 and all(r.query["name"] == COMMIT for r in uploads)
+
+
+def test_upload_sets_code_source_url_from_the_remote_without_credentials(tmp_path):
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for remote, expected in [("git@github.com:acme/churn.git", "https://github.com/acme/churn"),
+                             ("https://ci:ghp_s3cret@github.com/acme/churn.git", "https://github.com/acme/churn")]:
+        subprocess.run(["git", "-C", str(repo), "remote", "remove", "origin"], capture_output=True)
+        subprocess.run(["git", "-C", str(repo), "remote", "add", "origin", remote], check=True)
+        assert kfp_client.code_source_url(COMMIT, cwd=repo) == f"{expected}/tree/{COMMIT}"
+    assert kfp_client.code_source_url(COMMIT, cwd=tmp_path) == ""  # not a checkout: no URL rather than a wrong one
+
+
+def test_upload_sends_code_source_url_and_the_bearer_token(kfp, tmp_path):
+    client = kfp_client.connect(kfp.url)
+    package = tmp_path / "p.yaml"
+    from pipelines.compile import compile_pipeline
+
+    compile_pipeline("drift", package)
+    ref, created = kfp_client.upload(client, "kfloop-drift", package, version_name="v1",
+                                     source_url="https://github.com/acme/churn/tree/v1")
+    assert created and ref.code_source_url == "https://github.com/acme/churn/tree/v1"
+    assert kfp.store.versions[ref.pipeline_version_id]["code_source_url"] == ref.code_source_url
+    assert {r.headers.get("authorization") for r in kfp.requests if r.path != "/apis/v2beta1/healthz"} == {
+        f"Bearer {TOKEN}"}
+
+
+def test_a_wrong_token_is_refused_and_never_printed(kfp, capsys, monkeypatch):
+    monkeypatch.setenv(kfp_client.TOKEN_ENV, "wrong-token-91ab")
+    code, out, err = cli(capsys, "upload", "--host", kfp.url)
+    assert code == 1 and "401" in err
+    assert "wrong-token-91ab" not in out + err and TOKEN not in out + err
+    assert not kfp.store.pipelines
+
+
+def test_a_dirty_checkout_needs_an_explicit_version(kfp, capsys, monkeypatch):
+    monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT + "-dirty")
+    code, _, err = cli(capsys, "upload", "--host", kfp.url)
+    assert code == 1 and "commit your changes" in err and "--version" in err
+    assert not kfp.store.pipelines
+    code, out, err = cli(capsys, "upload", "--host", kfp.url, "--version", "rc-1")
+    assert code == 0, err
+    assert len(versions_named(kfp, "rc-1")) == 2
+
+
+def _step_images(version: dict) -> set[str]:
+    spec = version["pipeline_spec"]
+    spec = spec.get("pipeline_spec", spec)  # a spec with a platform spec is wrapped
+    return {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+
+
+def test_a_commits_version_never_runs_the_image_of_another_commit(kfp, capsys, monkeypatch):
+    other = "9" * 40
+    monkeypatch.setenv("KFLOOP_IMAGE", f"ghcr.io/team/kfloop:{other}")
+    code, _, err = cli(capsys, "upload", "--host", kfp.url)
+    assert code == 1 and f"tagged for commit {other}" in err and f"named by commit {COMMIT}" in err
+    assert "--image" in err and not kfp.store.pipelines  # nothing uploaded
+
+    monkeypatch.setenv("KFLOOP_IMAGE", f"registry.example:5000/team/kfloop:{COMMIT[:12]}")  # a short SHA tag fits
+    assert upload(kfp, capsys)
+    assert {img for v in versions_named(kfp, COMMIT) for img in _step_images(v)} == {
+        f"registry.example:5000/team/kfloop:{COMMIT[:12]}"}
+
+    monkeypatch.setenv("KFLOOP_IMAGE", f"ghcr.io/team/kfloop:{other}")
+    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "hotfix", "--image",
+                       f"ghcr.io/team/kfloop:{other}")  # explicit: taken as given
+    assert code == 0, err
+    assert {img for v in versions_named(kfp, "hotfix") for img in _step_images(v)} == {f"ghcr.io/team/kfloop:{other}"}
+
+
+def test_upload_compiles_with_caching_off_unless_enabled(kfp, capsys):
+    def caching(version: dict) -> set[bool]:
+        spec = version["pipeline_spec"]
+        spec = spec.get("pipeline_spec", spec)
+        return {t["cachingOptions"].get("enableCache", False) for t in spec["root"]["dag"]["tasks"].values()
+                if "cachingOptions" in t}  # steps, not the dsl.If sub-DAG
+
+    assert cli(capsys, "upload", "--host", kfp.url, "--version", "plain")[0] == 0
+    assert cli(capsys, "upload", "--host", kfp.url, "--version", "cached", "--enable-caching")[0] == 0
+    assert {c for v in versions_named(kfp, "plain") for c in caching(v)} == {False}
+    assert {c for v in versions_named(kfp, "cached") for c in caching(v)} == {True}
+
+
+@pytest.mark.parametrize("image, tag", [("ghcr.io/o/kfloop:abc1234", "abc1234"), ("localhost:5000/kfloop", ""),
+                                        ("r:5000/k:v1@sha256:00ff", "v1"), ("kfloop", "")])
+def test_image_tag(image, tag):
+    from pipelines.kfp_server.runs import image_tag
+
+    assert image_tag(image) == tag
+
+
+def test_run_needs_the_version_uploaded_first(kfp, capsys):
+    code, _, err = cli(capsys, "run", "training", "--host", kfp.url, "--set", "dataset_uri=s3://b/train.parquet")
+    assert code == 1 and "kfloop upload --host" in err
+    assert not kfp.store.runs
+
+
+def _register_what_the_cluster_run_would(run: dict, artifact_root: str) -> None:
+    """Play the training pipeline's register step: a candidate version tagged with the KFP run id."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    exp = client.create_experiment(f"kfloop-{run['run_id']}", artifact_location=artifact_root)
+    mlflow_run = client.create_run(exp)
+    client.log_metric(mlflow_run.info.run_id, "eval_challenger_auc", 0.81)
+    client.set_terminated(mlflow_run.info.run_id)
+    try:
+        client.create_registered_model("churn")
+    except mlflow.exceptions.MlflowException:
+        pass
+    client.create_model_version("churn", source=f"runs:/{mlflow_run.info.run_id}/model",
+                                run_id=mlflow_run.info.run_id, description="below the champion on auc",
+                                tags={"pipeline_run_id": run["run_id"], "decision": "reject"})
+
+
+def test_run_wait_references_the_version_and_prints_the_contract(isolated_env, kfp, capsys):
+    upload(kfp, capsys)
+    kfp.on_run_created = lambda run: _register_what_the_cluster_run_would(run, str(isolated_env.artifact_root))
+    kfp.script_states(["SUCCEEDED"])
+
+    code, out, err = cli(capsys, "run", "training", "--host", kfp.url, "--wait", "--json",
+                         "--set", "dataset_uri=s3://b/train.parquet", "--set", "model_name=churn",
+                         "--set", "training.epochs=3")
+
+    assert code == 0, err
+    summary = json.loads(out)
+    (run,) = kfp.store.runs.values()
+    training = next(v for v in versions_named(kfp, COMMIT) if kfp.store.pipelines[v["pipeline_id"]]["name"]
+                    == "kfloop-training")
+    assert "pipeline_spec" not in run
+    assert run["pipeline_version_reference"] == {"pipeline_id": training["pipeline_id"],
+                                                 "pipeline_version_id": training["pipeline_version_id"]}
+    assert run["runtime_config"]["parameters"] == {"dataset_uri": "s3://b/train.parquet", "model_name": "churn",
+                                                   "training_config": {"epochs": 3}}
+    assert kfp.store.experiments[run["experiment_id"]]["display_name"] == "kfloop"
+    assert summary["run_id"] == run["run_id"] and summary["state"] == "SUCCEEDED"
+    assert {k: summary[k] for k in ("model_name", "model_version", "promoted", "champion_version", "reason")} == {
+        "model_name": "churn", "model_version": "1", "promoted": False, "champion_version": None,
+        "reason": "below the champion on auc"}
+    assert summary["metrics"] == {"auc": 0.81}
+    assert "run " + run["run_id"] + ": SUCCEEDED" in err  # progress on stderr
+
+
+def test_run_wait_exits_non_zero_on_a_failed_run(kfp, capsys):
+    upload(kfp, capsys)
+    kfp.script_states(["FAILED"])
+
+    code, out, err = cli(capsys, "run", "drift", "--host", kfp.url, "--wait", "--json", *DRIFT_SETTINGS)
+
+    assert code == 1
+    summary = json.loads(out)
+    assert summary["state"] == "FAILED" and summary["pipeline"] == "drift"
+    assert f"run {summary['run_id']} ended FAILED" in err
+
+
+def test_drift_runs_pin_the_training_version_of_the_same_commit(kfp, capsys):
+    uploaded = {u["pipeline"]: u for u in upload(kfp, capsys)}
+    code, out, err = cli(capsys, "run", "drift", "--host", kfp.url, "--json", *DRIFT_SETTINGS)
+    assert code == 0, err
+    (run,) = kfp.store.runs.values()
+    assert json.loads(out)["state"] == "PENDING"
+    pinned = run["runtime_config"]["parameters"]["training_pipeline_version"]
+    assert (pinned["pipeline_id"], pinned["pipeline_version_id"], pinned["version_name"]) == (
+        uploaded["training"]["pipeline_id"], uploaded["training"]["pipeline_version_id"], COMMIT)
+
+
+def test_runs_and_the_training_runs_they_trigger_use_the_service_account_given(kfp, capsys):
+    upload(kfp, capsys)
+    code, _, err = cli(capsys, "run", "drift", "--host", kfp.url, "--service-account", "kfloop", *DRIFT_SETTINGS)
+    assert code == 0, err
+    (run,) = kfp.store.runs.values()
+    assert run["service_account"] == "kfloop"
+    assert run["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop"
+
+    code, _, err = cli(capsys, "run", "training", "--local", "--service-account", "kfloop")
+    assert code == 1 and "use them with --host" in err  # a local run has no service account to use
+
+
+def test_a_new_service_account_replaces_the_schedule(kfp, capsys):
+    upload(kfp, capsys)
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *")[0] == 0
+    (first,) = kfp.store.recurring_runs.values()
+    assert "service_account" not in first or not first["service_account"]  # the server's default
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")[0] == 0
+    (replaced,) = kfp.store.recurring_runs.values()
+    assert replaced["service_account"] == "kfloop" and replaced["recurring_run_id"] != first["recurring_run_id"]
+    code, out, _ = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")
+    assert code == 0 and json.loads(out)["created"] is False
+
+
+def test_wait_reports_each_state_change(kfp, capsys):
+    upload(kfp, capsys)
+    client = kfp_client.connect(kfp.url)
+    ref = kfp_client.find_version(client, "kfloop-drift", COMMIT)
+    run = kfp_client.create_run(client, ref, {"current_uri": "x.parquet"})
+    kfp.script_states(["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], run_id=run.run_id)
+
+    final = kfp_client.wait(client, run.run_id, poll_seconds=0.01, timeout_seconds=60)
+
+    assert final.state == "SUCCEEDED"
+    lines = [line for line in capsys.readouterr().err.splitlines() if run.run_id in line]
+    assert [line.rsplit(": ", 1)[1] for line in lines] == ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+def schedule(kfp, capsys, *extra: str) -> tuple[int, str, str]:
+    return cli(capsys, "schedule", "drift", "--host", kfp.url, *extra, *DRIFT_SETTINGS)
+
+
+def test_schedule_twice_gives_one_recurring_run_and_a_change_replaces_it(kfp, capsys):
+    upload(kfp, capsys)
+    code, out, err = schedule(kfp, capsys, "--cron", "0 0 * * * *")
+    assert code == 0, err
+    first = json.loads(out)
+    code, out, _ = schedule(kfp, capsys, "--cron", "0  0 * * * *")
+    assert code == 0 and json.loads(out)["recurring_run_id"] == first["recurring_run_id"]
+    assert json.loads(out)["created"] is False
+
+    (rec,) = kfp.store.recurring_runs.values()
+    assert rec["max_concurrency"] in (1, "1") and rec["no_catchup"] is True and rec["mode"] == "ENABLE"
+    assert rec["trigger"]["cron_schedule"]["cron"] == "0 0 * * * *"
+    assert rec["display_name"] == "kfloop-drift-check" and "pipeline_spec" not in rec
+
+    code, out, _ = schedule(kfp, capsys, "--cron", "0 30 */6 * * *")
+    (replaced,) = kfp.store.recurring_runs.values()
+    assert code == 0 and replaced["recurring_run_id"] == json.loads(out)["recurring_run_id"] != rec["recurring_run_id"]
+    assert replaced["trigger"]["cron_schedule"]["cron"] == "0 30 */6 * * *"
+
+    code, _, _ = cli(capsys, "schedule", "drift", "--host", kfp.url, "--disable")
+    assert code == 0 and replaced["status"] == "DISABLED"
+    code, _, _ = cli(capsys, "schedule", "drift", "--host", kfp.url, "--delete")
+    assert code == 0 and not kfp.store.recurring_runs
+    code, _, err = cli(capsys, "schedule", "drift", "--host", kfp.url, "--delete")
+    assert code == 1 and "no recurring run named 'kfloop-drift-check'" in err
+
+
+@pytest.mark.parametrize("cron, fix", [("*/15 * * * *", "use '0 */15 * * * *'"), ("0 0 * * *", "use '0 0 0 * * *'"),
+                                       ("@hourly", "e.g. '0 0 * * * *'")])
+def test_a_cron_without_six_fields_is_rejected_with_the_fix(kfp, capsys, cron, fix):
+    upload(kfp, capsys)
+    code, _, err = schedule(kfp, capsys, "--cron", cron)
+    assert code == 1 and fix in err and "6" in err
+    assert not kfp.store.recurring_runs
+    assert not any(r.path.endswith("/recurringruns") and r.method == "POST" for r in kfp.requests)
+
+
+def test_the_server_validates_bodies_against_the_swagger(kfp):
+    import urllib.error
+    import urllib.request
+
+    def post(path: str, body: dict) -> tuple[int, dict]:
+        req = urllib.request.Request(kfp.url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as err:
+            return err.code, json.load(err)
+
+    assert post("/apis/v2beta1/runs", {"display_name": "x", "colour": "red"})[0] == 400
+    status, body = post("/apis/v2beta1/recurringruns", {"display_name": "x", "mode": "SOMETIMES"})
+    assert status == 400 and body["code"] == 3 and "SOMETIMES" in body["message"]
+    status, body = post("/apis/v2beta1/runs", {"display_name": "x", "pipeline_version_reference": {
+        "pipeline_id": "nope", "pipeline_version_id": "nope"}})
+    assert status == 404 and body["code"] == 5

@@ -1,0 +1,354 @@
+"""The Kubernetes launcher against the test API server (tests/fakes/k8s_server.py), over HTTP with the real
+`kubernetes` client: rendered PyTorchJobs train in operator mode, failures surface as one LaunchError, retries
+attach, cancelling deletes. Nothing here patches a client."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fakes.k8s_server import JOB_NAME_LABEL
+from fakes.kubernetes_cluster import Cluster
+from polling import wait_for
+
+from pipelines.cli.commands import main
+from training.config import TrainingConfig
+from training.launch.jobspec import JobSpec
+from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
+from training.launch.local import LaunchError
+from training.launch.manifests import job_name_for
+
+REPO = Path(__file__).resolve().parents[1]
+def test_readme_launcher_settings_are_valid():
+    readme = (REPO / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "  launcher:" in b]
+    settings = KubernetesSettings.from_dict(yaml.safe_load(block)["cluster"])
+    assert settings.launcher.preflight_min_busbw_gbps > 0
+    with pytest.raises(ValueError, match="valid keys are"):
+        KubernetesSettings.from_dict({"launcher": {"restart_limit": 3}})
+
+
+def test_the_launcher_relists_when_its_watch_expires(cluster, tmp_path, capsys):
+    import threading
+
+    from kubernetes import client
+
+    name, release = "expiring-watch", cluster.shared / "release"
+    body = cluster.job_body(name, nnodes=1)
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
+        "python", "-c", f"import pathlib, time\nwhile not pathlib.Path('{release}').exists(): time.sleep(0.05)"]
+    run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+                 log_path=tmp_path / "master.log", timeout=60)
+    outcome = {}
+    launcher = threading.Thread(target=lambda: outcome.update(job=run.run()))
+    launcher.start()
+    try:
+        wait_for("the master to run", lambda: cluster.jobs() and any(
+            c["type"] == "Running" for c in cluster.jobs()[0].get("status", {}).get("conditions", [])))
+        seen = len(cluster.server.requests)
+        client.CoreV1Api(cluster.api()).create_namespaced_secret("default", {"metadata": {"name": "bump"}})
+        cluster.server.store.compact()  # history up to after the launcher's resourceVersion is gone
+        wait_for("the launcher to re-list", lambda: any(
+            r.startswith(f"GET /apis/kubeflow.org/v1/namespaces/default/pytorchjobs/{name} ")
+            for r in cluster.server.requests[seen:]))
+    finally:
+        release.touch()
+        launcher.join(timeout=60)
+    assert [c["type"] for c in outcome["job"]["status"]["conditions"] if c["status"] == "True"] == [
+        "Created", "Succeeded"]
+    assert "watch expired (410 Gone); re-listed" in capsys.readouterr().err
+
+
+def test_a_job_past_the_launchers_deadline_is_deleted(cluster, tmp_path):
+    body = cluster.job_body("too-slow", nnodes=1)
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
+        "sleep", "600"]
+    started = time.monotonic()
+    with pytest.raises(LaunchError, match="not finished after the launcher's timeout of 1 s"):
+        JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+               log_path=tmp_path / "master.log", timeout=1).run()
+    assert time.monotonic() - started >= 1
+    assert cluster.jobs() == [] and cluster.server.live_pids() == []
+
+
+def test_succeeded_counts_only_with_the_artifact_on_the_shared_volume(cluster, tmp_path):
+    body = cluster.job_body("no-model", nnodes=1)
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ["true"]
+    with pytest.raises(LaunchError, match="Succeeded, but .*model.json is not on the shared volume"):
+        JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+               log_path=tmp_path / "master.log", timeout=60, artifact=cluster.shared / "no-model" / "model.json").run()
+
+
+@pytest.mark.parametrize("secret_exists", [True, False])
+def test_secret_key_refs_reach_the_container_or_block_it_clearly(secret_exists, cluster, tmp_path):
+    from kubernetes import client
+
+    if secret_exists:
+        client.CoreV1Api(cluster.api()).create_namespaced_secret(
+            "default", {"metadata": {"name": "s3-credentials"}, "stringData": {"secret-key": "planted-value"}})
+    body = cluster.job_body("with-secret", nnodes=1,
+                     secret_env={"AWS_SECRET_ACCESS_KEY": "s3-credentials/secret-key"})
+    out = cluster.shared / "seen.txt"
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
+        "python", "-c", f"import os, pathlib; pathlib.Path('{out}').write_text(os.environ['AWS_SECRET_ACCESS_KEY'])"]
+    run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+                 log_path=tmp_path / "master.log", timeout=60)
+    if secret_exists:
+        run.run()
+        assert out.read_text() == "planted-value"
+    else:
+        with pytest.raises(LaunchError, match='CreateContainerConfigError: secret "s3-credentials" not found'):
+            run.run()
+        assert not out.exists() and cluster.jobs() == []
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+def _prepared(tmp_path, demo_files, model_name: str):
+    """validate -> split, as the pipeline runs them; returns (schema path, train path, holdout path, sha, md5)."""
+    from training.steps import split_step, validate_step
+
+    schema = str(tmp_path / "schema.yaml")
+    validated = validate_step(dataset_uri=str(demo_files["train.parquet"]), schema_uri="", target="churned",
+                              model_name=model_name, schema_out=schema)
+    train, holdout = str(tmp_path / "train.parquet"), str(tmp_path / "holdout.parquet")
+    sha = split_step(dataset_uri=str(demo_files["train.parquet"]), fraction=0.2, seed=42, train_out=train,
+                     holdout_out=holdout)
+    return schema, train, holdout, sha, validated.data_md5
+
+
+FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
+
+
+def _credentials_secret(cluster, tracking_uri: str) -> None:
+    """The Secret the ranks reach MLflow through, as in a cluster: never a value copied into the job."""
+    from kubernetes import client
+
+    client.CoreV1Api(cluster.api()).create_namespaced_secret("default", {
+        "metadata": {"name": "kfloop-mlflow"}, "stringData": {"MLFLOW_TRACKING_URI": tracking_uri}})
+
+
+def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators_env(
+        cluster, isolated_env, demo_files, tmp_path, capsys):
+    import mlflow
+    from kubernetes import client
+
+    from training.steps import evaluate_step, register_step, train_step
+
+    schema, train, holdout, sha, md5 = _prepared(tmp_path, demo_files, "k8s-model")
+    _credentials_secret(cluster, isolated_env.tracking_uri)
+    model_dir = tmp_path / "model"
+    result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST, nnodes=2,
+                        nproc_per_node=2, backend="kubernetes", pipeline_run_id="run-train-1",
+                        model_dir=str(model_dir), cluster=cluster.settings())
+
+    # the ranks formed one world of 2 pods x 2 processes through the operator's env, and each one's parameters
+    # are in the model description rank 0 wrote
+    description = json.loads((model_dir / "model.json").read_text())
+    assert description["world_size"] == 4 and len(description["param_digests"]) == 4
+    assert mlflow.MlflowClient().get_run(result.run_id).data.params["world_size"] == "4"
+
+    name = job_name_for("run-train-1")
+    core = client.CoreV1Api(cluster.api())
+    pods = {p.metadata.name: p
+            for p in core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items}
+    assert set(pods) == {f"{name}-master-0", f"{name}-worker-0"}
+    port = next(int(e.value) for e in pods[f"{name}-master-0"].spec.containers[0].env if e.name == "MASTER_PORT")
+    spec = JobSpec(name=name, nnodes=2, nproc_per_node=2)
+    for node, pod in enumerate((pods[f"{name}-master-0"], pods[f"{name}-worker-0"])):
+        injected = {e.name: e.value for e in pod.spec.containers[0].env if e.name in spec.pod_env(0, "x", 1)}
+        assert injected == spec.pod_env(node, f"{name}-master-0", port)
+        assert pod.status.phase == "Succeeded"
+    job = client.CustomObjectsApi(cluster.api()).get_namespaced_custom_object(
+        "kubeflow.org", "v1", "default", "pytorchjobs", name)
+    assert [c["type"] for c in job["status"]["conditions"] if c["status"] == "True"] == ["Created", "Succeeded"]
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    assert isolated_env.tracking_uri not in json.dumps(job)
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+    assert refs["MLFLOW_TRACKING_URI"] == {"name": "kfloop-mlflow", "key": "MLFLOW_TRACKING_URI", "optional": True}
+    master_log = core.read_namespaced_pod_log(f"{name}-master-0", "default")
+    assert "[rank 0]" in master_log and "wrote" in master_log
+    assert core.read_namespaced_pod_log(f"{name}-master-0", "default", tail_lines=2) == "".join(
+        master_log.splitlines(keepends=True)[-2:])
+    assert (isolated_env.workdir / "logs" / "run-train-1" / "master.log").read_text() == master_log  # the step's copy
+
+    report = str(tmp_path / "report.json")
+    evaluate_step(model_dir=str(model_dir), holdout_path=holdout, holdout_sha256=sha, model_name="k8s-model",
+                  policy={}, report_out=report)
+    version = register_step(model_dir=str(model_dir), report_path=report, schema_path=schema, run_id=result.run_id,
+                            model_name="k8s-model", dataset_uri=train, data_md5=md5, holdout_sha256=sha,
+                            pipeline_run_id="run-train-1", champion_version="", holdout_fraction=0.2, split_seed=42)
+    registered = mlflow.MlflowClient().get_model_version("k8s-model", version)
+    assert registered.run_id == result.run_id
+
+    # the dry run is the launch: `kfloop render-job --run-id` prints the very body the launcher POSTed
+    (posted,) = [raw for method, path, raw in cluster.server.received
+                 if method == "POST" and path.endswith("/pytorchjobs")]
+    config = tmp_path / "kfloop.yaml"
+    config.write_text(yaml.safe_dump({"training": {**FAST, "nnodes": 2, "nproc_per_node": 2},
+                                      "cluster": cluster.settings()}))
+    capsys.readouterr()
+    assert main(["render-job", "--run-id", "run-train-1", "--config", str(config)]) == 0
+    assert capsys.readouterr().out == yaml.safe_dump(json.loads(posted), sort_keys=False)
+
+
+def test_a_failing_job_fails_the_step_with_the_masters_last_log_lines(cluster, isolated_env, demo_files, tmp_path):
+    import mlflow
+
+    from training.steps import train_step
+    from data.validation import infer_schema, read_table, schema_to_yaml
+
+    regression = tmp_path / "regression.yaml"
+    regression.write_text(schema_to_yaml(infer_schema(read_table(demo_files["train.parquet"]), target="churned",
+                                                      task="regression", id_columns=["customer_id"])))
+    with pytest.raises(LaunchError) as failed:
+        train_step(train_path=str(demo_files["train.parquet"]), schema_path=str(regression), model_name="k8s-fail",
+                   config=FAST, nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-fail",
+                   model_dir=str(tmp_path / "model"), cluster=cluster.settings())
+    message = str(failed.value)
+    name = job_name_for("run-fail")
+    assert f"PyTorchJob default/{name}: PyTorchJobFailed" in message
+    assert f"last log lines of {name}-master-0" in message
+    assert "but training.train trains classifiers" in message  # the rank's own error, from the master's log
+    runs = mlflow.search_runs(experiment_names=["k8s-fail"], output_format="list")
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.parametrize("restart_policy", ["ExitCode", "OnFailure"])
+def test_a_pod_that_exits_137_forever_is_stopped_at_the_launchers_cap(restart_policy, cluster, tmp_path):
+    """ExitCode: the operator recreates the pod (job Restarting); OnFailure: the kubelet restarts the container in
+    place (restartCount, CrashLoopBackOff). Neither stops by itself for exit code 137."""
+    name = f"kill-loop-{restart_policy.lower()}"
+    cluster.server.killed_pods[f"{name}-worker-0"] = "Error"
+    body = cluster.job_body(name)
+    body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = restart_policy
+    policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), restart_cap=2, poll_seconds=0.5)
+    with pytest.raises(LaunchError) as stopped:
+        JobRun(cluster.api(), body, policy=policy, log_path=tmp_path / "master.log", timeout=120).run()
+    message = str(stopped.value)
+    assert "restarted 3 times, over the launcher's cap of 2" in message
+    assert f"last log lines of {name}-worker-0" in message
+    assert (stopped.value.node, stopped.value.exit_code) == (1, 137)
+    assert cluster.jobs() == []  # the launcher deleted the job: the operator would have retried forever
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("unschedulable", ["Unschedulable for over 1 s", "Insufficient nvidia.com/gpu", "event FailedScheduling"]),
+    ("image", ["ImagePullBackOff", 'Back-off pulling image "kfloop:missing"']),
+    ("oom", ["was OOMKilled (exit code 137): raise cluster.memory"]),
+])
+def test_pod_problems_fail_with_one_clear_error_and_delete_the_job(fault, expected, cluster, tmp_path):
+    name = f"problem-{fault}"
+    overrides = {}
+    if fault == "unschedulable":
+        overrides = {"gpus_per_node": 8}  # the test node has no GPUs
+    elif fault == "image":
+        overrides = {"image": "kfloop:missing"}
+        cluster.server.unpullable_images.add("kfloop:missing")
+    else:
+        cluster.server.killed_pods[f"{name}-master-0"] = "OOMKilled"
+    policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), unschedulable_timeout_seconds=1, poll_seconds=0.5)
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as failed:
+        JobRun(cluster.api(), cluster.job_body(name, **overrides), policy=policy, log_path=tmp_path / "m.log",
+               timeout=120).run()
+    for text in expected:
+        assert text in str(failed.value)
+    if fault == "unschedulable":
+        assert time.monotonic() - started >= 1
+    assert cluster.jobs() == []
+
+
+def test_preflight_fails_fast_when_the_bandwidth_is_below_the_floor(cluster, tmp_path):
+    settings = KubernetesSettings.from_dict({**cluster.settings(), "launcher": {
+        "kubeconfig": str(cluster.kubeconfig), "poll_seconds": 0.5, "preflight_min_busbw_gbps": 1e6}})
+    with pytest.raises(LaunchError) as failed:
+        preflight(TrainingConfig(nnodes=1, nproc_per_node=2), settings.cluster, settings.launcher,
+                  pipeline_run_id="run-preflight", log_dir=tmp_path)
+    message = str(failed.value)
+    assert f"PyTorchJob default/{job_name_for('run-preflight/preflight')}: PyTorchJobFailed" in message
+    assert "preflight failed: all_reduce busbw" in message and "below" in message
+
+
+# ------------------------------------------------------------------------------------------------ cancel and retry
+
+_LAUNCH_STEP = """
+import json, sys
+from training.settings import activate, load_environment
+from training.steps import train_step
+args = json.loads(sys.argv[1])
+activate(load_environment())
+train_step(**args)
+"""
+
+
+def _launch_step(cluster: Cluster, args: dict, tmp_path: Path) -> subprocess.Popen:
+    """The pipeline's launch step in its own process, as KFP runs it."""
+    log = (tmp_path / "launch-step.log").open("ab")
+    return subprocess.Popen([sys.executable, "-c", _LAUNCH_STEP, json.dumps(args)], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, env=os.environ.copy())
+
+
+def test_kfloop_train_on_kubernetes_deletes_its_job_when_cancelled(cluster, isolated_env, demo_files, tmp_path):
+    from kubernetes import client
+
+    schema, train, *_ = _prepared(tmp_path, demo_files, "k8s-cancel")
+    settings = cluster.settings()
+    overrides = [f"cluster.{key}={value}" for key, value in settings.items() if key != "launcher"]
+    overrides += [f"cluster.launcher.{key}={value}" for key, value in settings["launcher"].items()]
+    log = (tmp_path / "kfloop-train.log").open("wb")
+    step = subprocess.Popen([str(Path(sys.executable).parent / "kfloop"), "train", "--data", train, "--schema", schema,
+                             "--backend", "kubernetes", "--nnodes", "1", "--nproc-per-node", "1",
+                             "--set", "training.epochs=500", *[a for o in overrides for a in ("--set", o)]],
+                            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    core = client.CoreV1Api(cluster.api())
+
+    def master_running() -> str:
+        jobs = cluster.jobs()
+        if not jobs:
+            return ""
+        name = jobs[0]["metadata"]["name"]
+        pods = core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items
+        return name if [p.status.phase for p in pods] == ["Running"] else ""
+
+    name = wait_for("the job's master pod to run", master_running, timeout=120)
+    step.send_signal(signal.SIGTERM)
+    assert step.wait(timeout=60) != 0
+    assert cluster.jobs() == []
+    assert core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items == []
+    assert f"deleted PyTorchJob default/{name}" in (tmp_path / "kfloop-train.log").read_text()
+
+
+def test_a_retried_launch_step_attaches_to_the_job_its_killed_attempt_created(cluster, isolated_env, demo_files,
+                                                                               tmp_path):
+    """Issue 7 item 5: kill the launch step right after it created the job, retry: one job, attached."""
+    import mlflow
+
+    from training.steps import train_step
+
+    schema, train, *_ = _prepared(tmp_path, demo_files, "k8s-retry")
+    _credentials_secret(cluster, isolated_env.tracking_uri)
+    args = dict(train_path=train, schema_path=schema, model_name="k8s-retry", config={**FAST, "epochs": 1},
+                nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-retry",
+                model_dir=str(tmp_path / "model"), cluster=cluster.settings())
+    step = _launch_step(cluster, args, tmp_path)
+    wait_for("the job to be created", cluster.jobs, timeout=120)
+    step.kill()
+    step.wait(timeout=30)
+
+    result = train_step(**args)
+    creates = [r for r in cluster.server.requests if r.startswith("POST /apis/kubeflow.org/v1/")]
+    assert [r.rsplit(" ", 1)[-1] for r in creates] == ["201", "409"]
+    assert [j["metadata"]["name"] for j in cluster.jobs()] == [job_name_for("run-retry")]
+    runs = mlflow.search_runs(experiment_names=["k8s-retry"], output_format="list")
+    assert [(r.info.run_id, r.info.status) for r in runs] == [(result.run_id, "FINISHED")]
+    assert json.loads((tmp_path / "model" / "model.json").read_text())["world_size"] == 1

@@ -1,0 +1,360 @@
+"""`kfloop render-job` renderings checked against the real CRD schemas, the restricted Pod Security profile, and
+the invalid combinations ClusterConfig refuses (issue 4 items 1-2; issue 7 item 16)."""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+
+from fakes.crd_schema import validate
+from manifest_checks import pods, render_cli, restricted_violations
+
+from pipelines.cli.commands import main
+from training.launch.cluster import ClusterConfig
+from training.config import TrainingConfig
+from training.launch.jobspec import OPERATOR_ENV, JobSpec
+from training.launch.manifests import job_name_for, render_pytorchjob, render_trainjob, training_job_spec
+
+TOLERATION = "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
+# name -> `kfloop render-job` arguments; each a combination a user would run.
+COMBINATIONS = {
+    "cpu": ["--nnodes", "2", "--nproc-per-node", "2"],
+    "1x8-gpu": ["--nnodes", "1", "--gpus-per-node", "8", "--set", f"cluster.tolerations={TOLERATION}"],
+    "2x8-gpu": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.nccl_socket_ifname=eth0",
+                "--set", "cluster.nccl_ib_hca=mlx5_0,mlx5_1", "--set", "cluster.nccl_debug=INFO",
+                "--set", "cluster.secret_env={AWS_SECRET_ACCESS_KEY: s3-credentials/secret-key}",
+                "--set", "cluster.image_pull_secrets=[registry-creds]",
+                "--set", "cluster.service_account_name=trainer"],
+    "amd-2x8": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.gpu_vendor=amd"],
+    "mig": ["--nnodes", "2", "--set", "cluster.mig_profile=1g.18gb", "--set", "cluster.mig_devices_per_node=2"],
+    "time-sliced": ["--nnodes", "2", "--nproc-per-node", "1",
+                    "--set", "cluster.shared_gpu_resource=nvidia.com/gpu.shared"],
+    "elastic": ["--nnodes", "3", "--gpus-per-node", "4", "--set", "cluster.elastic_min_nodes=2",
+                "--set", "cluster.elastic_max_nodes=4", "--set", "training.max_restarts=3"],
+    "volcano": ["--nnodes", "4", "--gpus-per-node", "8", "--set", "cluster.gang_scheduler=volcano",
+                "--set", "cluster.gang_queue=research", "--set", "cluster.priority_class_name=training-high",
+                "--set", "cluster.gang_schedule_timeout_seconds=600"],
+    "scheduler-plugins": ["--nnodes", "2", "--set", "cluster.gang_scheduler=scheduler-plugins"],
+    "kueue": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.kueue_queue=team-a"],
+    "numa-aligned": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.numa_aligned=true",
+                     "--set", "cluster.cpu=32", "--set", "cluster.memory=256Gi", "--set", "cluster.shm_size=64Gi",
+                     "--set", "cluster.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
+                     "--set", "cluster.affinity={podAntiAffinity: {requiredDuringSchedulingIgnoredDuringExecution: "
+                              "[{topologyKey: kubernetes.io/hostname, labelSelector: {matchLabels: "
+                              "{app.kubernetes.io/name: kfloop}}}]}}"],
+    "run-policy": ["--nnodes", "2", "--set", "cluster.clean_pod_policy=Running", "--set",
+                   "cluster.active_deadline_seconds=7200", "--set", "cluster.backoff_limit=2", "--set",
+                   "cluster.ttl_seconds_after_finished=600", "--set", "training.max_restarts=2"],
+    "trainjob": ["--kind", "trainjob", "--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.kueue_queue=team-a",
+                 "--set", "cluster.secret_env={MLFLOW_TRACKING_TOKEN: mlflow/token}"],
+    "trainjob-cpu": ["--kind", "trainjob", "--nnodes", "1", "--nproc-per-node", "2"],
+}
+PYTORCHJOBS = [name for name, argv in COMBINATIONS.items() if "trainjob" not in argv]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container["env"]}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, dict]:
+    """Every combination rendered once through the CLI (module scope: rendering is pure)."""
+    return {name: render_cli(argv) for name, argv in COMBINATIONS.items()}
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_rendering_validates_against_the_real_crd(rendered, name):
+    body = rendered[name]
+    assert validate(body) == [], name
+
+
+def test_the_validation_bites(rendered):
+    """A body the API server would refuse fails here too, so the passing cases above mean something."""
+    good = rendered["2x8-gpu"]
+    broken = []
+    body = copy.deepcopy(good)
+    body["spec"]["nprocPerNode"] = 8  # the CRD wants a string
+    broken.append(body)
+    body = copy.deepcopy(good)
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["gpus"] = 8  # unknown field
+    broken.append(body)
+    body = copy.deepcopy(good)
+    body["spec"]["runPolicy"]["backoffLimit"] = "three"
+    broken.append(body)
+    body = copy.deepcopy(rendered["trainjob"])
+    del body["spec"]["runtimeRef"]
+    broken.append(body)
+    body = copy.deepcopy(rendered["trainjob"])
+    body["spec"]["trainer"]["numNodes"] = "2"
+    broken.append(body)
+    for body in broken:
+        assert validate(body), body["spec"]
+
+
+def test_pytorchjob_shape_follows_the_operator_contract(rendered):
+    one, two = rendered["1x8-gpu"], rendered["2x8-gpu"]
+    assert one["apiVersion"] == "kubeflow.org/v1" and one["kind"] == "PyTorchJob"
+    assert list(one["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    assert {k: v["replicas"] for k, v in two["spec"]["pytorchReplicaSpecs"].items()} == {"Master": 1, "Worker": 1}
+    assert {k: v["replicas"] for k, v in rendered["volcano"]["spec"]["pytorchReplicaSpecs"].items()} == \
+        {"Master": 1, "Worker": 3}
+    for body in (one, two):
+        assert body["spec"]["nprocPerNode"] == "8"
+        for rtype, replica in body["spec"]["pytorchReplicaSpecs"].items():
+            assert replica["restartPolicy"] == "ExitCode"
+            (container,) = replica["template"]["spec"]["containers"]
+            assert container["name"] == "pytorch"
+            assert container["command"][:3] == ["python", "-m", "torch.distributed.run"]
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+
+@pytest.mark.parametrize("name", PYTORCHJOBS)
+def test_manifest_leaves_the_operator_env_to_the_operator(rendered, name):
+    for pod in pods(rendered[name]).values():
+        names = set(env_of(pod["containers"][0]))
+        restarts_here = "elasticPolicy" not in rendered[name]["spec"] and "PET_MAX_RESTARTS" in names
+        assert names & set(OPERATOR_ENV) == ({"PET_MAX_RESTARTS"} if restarts_here else set())
+
+
+def test_gpu_jobs_get_nccl_watchdog_settings_and_cpu_jobs_none(rendered):
+    env = env_of(pods(rendered["2x8-gpu"])["Worker"]["containers"][0])
+    values = {k: v.get("value") for k, v in env.items()}
+    assert values["TORCH_NCCL_ASYNC_ERROR_HANDLING"] in ("1", "2", "3")
+    assert values["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(values["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert values["TORCH_FR_DUMP_TEMP_FILE"] == "/shared/kfloop-train/nccl_trace_rank_"  # kept past the pod
+    assert values["NCCL_SOCKET_IFNAME"] == "eth0" and values["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert values["NCCL_DEBUG"] == "INFO"
+    cpu_env = env_of(pods(rendered["cpu"])["Master"]["containers"][0])
+    assert not [k for k in cpu_env if "NCCL" in k]
+
+
+def test_secrets_are_references_never_values(rendered):
+    (worker_env, trainjob_env) = (env_of(pods(rendered["2x8-gpu"])["Worker"]["containers"][0]),
+                                  {e["name"]: e for e in rendered["trainjob"]["spec"]["trainer"]["env"]})
+    assert worker_env["AWS_SECRET_ACCESS_KEY"] == {
+        "name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3-credentials", "key": "secret-key"}}}
+    assert trainjob_env["MLFLOW_TRACKING_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "mlflow", "key": "token"}
+    pod = pods(rendered["2x8-gpu"])["Master"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-creds"}] and pod["serviceAccountName"] == "trainer"
+
+
+def test_accelerator_resources(rendered):
+    def limits(name):
+        return pods(rendered[name])["Master"]["containers"][0]["resources"]["limits"]
+
+    assert limits("amd-2x8")["amd.com/gpu"] == 8 and "nvidia.com/gpu" not in limits("amd-2x8")
+    assert limits("mig")["nvidia.com/mig-1g.18gb"] == 2 and "nvidia.com/gpu" not in limits("mig")
+    assert rendered["mig"]["spec"]["nprocPerNode"] == "2"
+    assert limits("time-sliced")["nvidia.com/gpu.shared"] == 1
+    assert not [k for k in limits("cpu") if "gpu" in k or "mig" in k]
+
+
+def test_elastic_policy(rendered):
+    body = rendered["elastic"]
+    assert body["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "rdzvHost": "kfloop-train-master-0",
+                                             "rdzvPort": 23456, "minReplicas": 2, "maxReplicas": 4, "maxRestarts": 3}
+    assert body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+def test_gang_scheduling_and_kueue(rendered):
+    volcano = rendered["volcano"]
+    assert volcano["spec"]["runPolicy"]["schedulingPolicy"] == {
+        "minAvailable": 4, "queue": "research", "priorityClass": "training-high", "scheduleTimeoutSeconds": 600}
+    assert {p["schedulerName"] for p in pods(volcano).values()} == {"volcano"}
+    assert {p["priorityClassName"] for p in pods(volcano).values()} == {"training-high"}
+    plugins = rendered["scheduler-plugins"]
+    assert plugins["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2}
+    assert pods(plugins)["Worker"]["schedulerName"] == "scheduler-plugins-scheduler"
+    for name in ("kueue", "trainjob"):
+        assert rendered[name]["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert "schedulingPolicy" not in rendered["kueue"]["spec"]["runPolicy"]
+    assert "kueue.x-k8s.io/queue-name" not in rendered["cpu"]["metadata"]["labels"]
+
+
+def test_numa_aligned_pods_are_guaranteed_qos(rendered):
+    for pod in pods(rendered["numa-aligned"]).values():
+        resources = pod["containers"][0]["resources"]
+        assert resources["requests"] == resources["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8}
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert "podAntiAffinity" in pod["affinity"]
+    burstable = pods(rendered["cpu"])["Master"]["containers"][0]["resources"]
+    assert "cpu" not in burstable["limits"]  # no CPU limit, so no CFS throttling, unless Guaranteed is asked for
+
+
+def test_run_policy_and_restarts(rendered):
+    body = rendered["run-policy"]
+    assert body["spec"]["runPolicy"] == {"cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 600,
+                                         "activeDeadlineSeconds": 7200, "backoffLimit": 2}
+    assert "elasticPolicy" not in body["spec"]
+    for pod in pods(body).values():  # the operator sets PET_MAX_RESTARTS only with an elasticPolicy
+        assert env_of(pod["containers"][0])["PET_MAX_RESTARTS"]["value"] == "2"
+
+
+def test_shm_and_shared_volume(rendered):
+    for name in PYTORCHJOBS:
+        pod = pods(rendered[name])["Master"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+        assert volumes[mounts["/shared"]]["persistentVolumeClaim"] == {"claimName": "kfloop-shared"}
+        command = pod["containers"][0]["command"]
+        assert command[command.index("--checkpoint-dir") + 1] == "/shared/kfloop-train/checkpoints"
+        assert command[command.index("--model-dir") + 1] == "/shared/kfloop-train/model"
+
+
+def test_trainjob_follows_the_trainer_crd(rendered):
+    body = rendered["trainjob"]
+    assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
+    trainer = body["spec"]["trainer"]
+    assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 8
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
+    assert trainer["command"][:3] == ["python", "-m", "torch.distributed.run"]
+    (override,) = body["spec"]["podSpecOverrides"]
+    assert override["targetJobs"] == [{"name": "node"}] and override["containers"][0]["name"] == "node"
+    assert body["spec"]["runtimeRef"]["name"] == "torch-distributed"
+
+
+def test_config_file_and_set_overrides(tmp_path):
+    config = tmp_path / "kfloop.yaml"
+    config.write_text("cluster: {namespace: ml, image: 'registry.example.com/kfloop:1.2', gpus_per_node: 4}\n"
+                      "training: {nnodes: 3}\n")
+    body = render_cli(["--config", str(config), "--set", "cluster.namespace=ml-prod"])
+    assert body["metadata"]["namespace"] == "ml-prod"
+    assert body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2 and body["spec"]["nprocPerNode"] == "4"
+    assert pods(body)["Master"]["containers"][0]["image"] == "registry.example.com/kfloop:1.2"
+
+
+# ---------------------------------------------------------------------------------------- restricted Pod Security
+
+@pytest.mark.parametrize("name", PYTORCHJOBS)
+def test_every_rendered_pod_meets_the_restricted_profile(rendered, name):
+    for rtype, pod in pods(rendered[name]).items():
+        assert restricted_violations(pod) == [], (name, rtype)
+        assert pod["automountServiceAccountToken"] is False  # training pods never call the API
+
+
+REMOVALS = {
+    "runAsNonRoot": lambda p: [p["securityContext"].pop("runAsNonRoot"),
+                               p["containers"][0]["securityContext"].pop("runAsNonRoot")],
+    "allowPrivilegeEscalation": lambda p: p["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+    "drop ALL": lambda p: p["containers"][0]["securityContext"]["capabilities"].update(drop=[]),
+    "seccomp": lambda p: [p["securityContext"].pop("seccompProfile"),
+                          p["containers"][0]["securityContext"].pop("seccompProfile")],
+    "readOnlyRootFilesystem": lambda p: p["containers"][0]["securityContext"].update(readOnlyRootFilesystem=False),
+    "tmp emptyDir": lambda p: p["containers"][0].update(
+        volumeMounts=[m for m in p["containers"][0]["volumeMounts"] if m["mountPath"] != "/tmp"]),
+    "root user": lambda p: p["containers"][0]["securityContext"].update(runAsUser=0),
+    "hostPath": lambda p: p["volumes"].append({"name": "host", "hostPath": {"path": "/"}}),
+    "privileged": lambda p: p["containers"][0]["securityContext"].update(privileged=True),
+}
+
+
+@pytest.mark.parametrize("protection", REMOVALS)
+def test_the_restricted_check_notices_a_removed_protection(rendered, protection):
+    pod = copy.deepcopy(pods(rendered["2x8-gpu"])["Worker"])
+    REMOVALS[protection](pod)
+    assert restricted_violations(pod)
+
+
+# --------------------------------------------------------------------------------------------- invalid combinations
+
+@pytest.mark.parametrize("cluster, fix", [
+    ({"gpus_per_node": 8, "mig_profile": "1g.18gb"}, "not a mix"),
+    ({"numa_aligned": True, "cpu": "3500m"}, "use an integer"),
+    ({"mig_profile": "1g.18gb", "gpu_vendor": "amd"}, "gpu_vendor: nvidia"),
+    ({"mig_profile": "18gb"}, "such as '1g.18gb'"),
+    ({"nccl_async_error_handling": 0}, "use 3"),
+    ({"gpus_per_node": 8, "nccl_ib_disable": True, "nccl_ib_hca": "mlx5_0"}, "drop one"),
+    ({"nccl_socket_ifname": "eth0"}, "set gpus_per_node"),
+    ({"elastic_min_nodes": 3, "elastic_max_nodes": 2}, "at least the minimum"),
+    ({"elastic_max_nodes": 4}, "set elastic_min_nodes"),
+    ({"gang_queue": "q"}, "set gang_scheduler"),
+    ({"gang_scheduler": "scheduler-plugins", "gang_queue": "q"}, "gang_scheduler: volcano"),
+    ({"gang_scheduler": "yunikorn"}, "use one of"),
+    ({"gang_scheduler": "volcano", "kueue_queue": "team-a"}, "keep one"),
+    ({"shm_size": "16Gi", "memory": "8Gi"}, "raise memory"),
+    ({"secret_env": {"TOKEN": "hunter2"}}, "'<secret-name>/<key>'"),
+    ({"clean_pod_policy": "Always"}, "use one of"),
+    ({"run_as_user": 0}, "non-root UID"),
+    ({"checkpoint_dir": "/tmp"}, "absolute path of its own"),
+    ({"gpus": 8}, "valid keys are"),
+])
+def test_invalid_cluster_config_says_the_fix(cluster, fix):
+    with pytest.raises(ValueError, match=re.escape(fix)):
+        ClusterConfig.from_dict(cluster)
+
+
+@pytest.mark.parametrize("spec, cluster, fix", [
+    ({"nnodes": 1}, {"elastic_min_nodes": 1}, "set nnodes >= 2"),
+    ({"nnodes": 5}, {"elastic_min_nodes": 2, "elastic_max_nodes": 4}, "within its bounds"),
+    ({"nnodes": 2, "nproc_per_node": 2}, {"gpus_per_node": 8}, "set nproc_per_node=8"),
+    ({"nnodes": 2, "nproc_per_node": 1}, {"mig_profile": "1g.18gb", "mig_devices_per_node": 2}, "nproc_per_node=2"),
+    ({"nnodes": 2}, {"checkpoint_dir": "/checkpoints"}, "leave checkpoint_dir empty"),
+    ({"nnodes": 2, "env": {"NCCL_DEBUG": "INFO"}}, {"gpus_per_node": 1}, "set each in one place"),
+])
+def test_spec_and_cluster_that_do_not_fit_say_the_fix(spec, cluster, fix):
+    with pytest.raises(ValueError, match=re.escape(fix)):
+        render_pytorchjob(JobSpec(**spec), ClusterConfig(**cluster))
+
+
+@pytest.mark.parametrize("cluster", [{"gang_scheduler": "volcano"}, {"affinity": {"nodeAffinity": {}}},
+                                     {"elastic_min_nodes": 2}, {"image_pull_secrets": ["creds"]},
+                                     {"active_deadline_seconds": 60}])
+def test_trainjob_refuses_what_only_its_runtime_can_carry(cluster):
+    with pytest.raises(ValueError, match="ClusterTrainingRuntime 'torch-distributed', or render kind pytorchjob"):
+        render_trainjob(JobSpec(nnodes=2), ClusterConfig(**cluster))
+
+
+def test_training_job_needs_the_shared_volume():
+    with pytest.raises(ValueError, match="set cluster.shared_volume_claim"):
+        training_job_spec(TrainingConfig(), ClusterConfig(shared_volume_claim=""), name="kfloop-train")
+
+
+def test_cli_reports_an_invalid_combination(capsys):
+    assert main(["render-job", "--gpus-per-node", "8", "--set", "cluster.mig_profile=1g.18gb"]) == 1
+    err = capsys.readouterr().err
+    assert "not a mix" in err and "apiVersion" not in err
+
+
+# ------------------------------------------------------------------------------------------------------ job names
+
+def test_job_name_for_is_deterministic_valid_and_distinct():
+    ids = ["3f2a8b9c-1234-5678-9abc-def012345678", "Run_1", "run-1", "run.1", "x" * 300, "--", "RUN 1 / retry"]
+    names = [job_name_for(i) for i in ids]
+    assert names == [job_name_for(i) for i in ids]
+    assert len(set(names)) == len(names)
+    for name in names:
+        assert len(name) <= 50 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+        JobSpec(name=name)  # the spec accepts it
+    assert job_name_for("3f2a8b9c-1234").startswith("kfloop-3f2a8b9c-1234-")
+    with pytest.raises(ValueError, match="run id"):
+        job_name_for("")
+
+
+def test_render_job_names_the_job_and_its_folder_after_the_run_id():
+    body = render_cli(["--run-id", "3f2a8b9c-1234"])
+    name = job_name_for("3f2a8b9c-1234")
+    assert body["metadata"]["name"] == name and validate(body) == []
+    master = pods(body)["Master"]["containers"][0]
+    assert any(f"/shared/{name}/" in arg for arg in master["command"] + master.get("args", [])), master
+
+
+def test_readme_cluster_example_is_a_valid_config(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("cluster:")]
+    config = tmp_path / "kfloop.yaml"
+    config.write_text(block)
+    body = render_cli(["--config", str(config), "--nnodes", "2"])
+    assert validate(body) == []
+    assert body["spec"]["runPolicy"]["schedulingPolicy"]["queue"] == "research"
+
+
+def test_cluster_config_round_trips_through_a_dict():
+    config = ClusterConfig.from_dict({"gpus_per_node": 8, "cpu": 16,
+                                      "tolerations": [{"key": "a", "operator": "Exists"}],
+                                      "secret_env": {"TOKEN": "mlflow/token"}, "numa_aligned": True})
+    assert config.cpu == "16"  # a YAML int becomes a quantity string
+    assert ClusterConfig.from_dict(config.to_dict()) == config
+    assert ClusterConfig.from_dict(None) == ClusterConfig()

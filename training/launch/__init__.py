@@ -1,0 +1,1 @@
+"""Launch infrastructure: the job spec, its local and Kubernetes renderings, the cluster config."""

@@ -1,0 +1,332 @@
+"""A :class:`~training.launch.jobspec.JobSpec` plus a :class:`~training.launch.cluster.ClusterConfig` rendered as a Kubeflow job.
+
+Two renderings of the same spec the local launcher runs: a PyTorchJob (``kubeflow.org/v1``, Training Operator
+v1.9) and a TrainJob (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer; :data:`TRAINER_RELEASE` says which).
+Every node runs :meth:`JobSpec.command`; the operator injects the ``PET_*``/``MASTER_*`` variables torchrun reads, so
+the manifests never set them (the table of what the operator sets is in :mod:`training.launch.jobspec`).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import PurePosixPath
+from typing import Any
+
+from training.launch.cluster import CREDENTIAL_KEYS, GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
+from training.config import TrainingConfig
+from training.launch.jobspec import DEFAULT_JOB_NAME, MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec, training_run_spec
+
+PYTORCHJOB_API = "kubeflow.org/v1"
+TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
+TRAINER_RELEASE = "kubeflow/trainer main of spring 2025, before v2.0.0"
+"""The Trainer API :func:`render_trainjob` follows: the TrainJob CRD in tests/specs (``spec.runtimeRef``, ``trainer``,
+``datasetConfig``/``modelConfig``, ``podSpecOverrides`` with ``targetJobs``). kubeflow/trainer#2523 moved
+``datasetConfig``/``modelConfig`` under ``spec.initializer`` before the first release (v2.0.0), and later releases
+replaced ``podSpecOverrides`` (with ``podTemplateOverrides``, then ``runtimePatches``): compare your cluster's CRD
+(``kubectl explain trainjob.spec``) before submitting. The trainer fields used here exist in all of them."""
+TRAINER_NODE = "node"
+"""Name of the trainer's replicated job and container in Trainer's torch runtimes."""
+MLFLOW_RUN_ID_FILE = "mlflow_run_id"
+"""The file in the job's folder holding the MLflow run the ranks log to (staged by the launcher)."""
+LABELS = {"app.kubernetes.io/name": "kfloop", "app.kubernetes.io/component": "training"}
+_SHM, _TMP, _CKPT, _SHARED = "dshm", "tmp", "checkpoints", "shared"
+
+
+def job_name_for(run_id: str) -> str:
+    """The job name of a pipeline run: the same run id always gives the same name, so a retried launch step finds
+    the job it created. A DNS-1035 label of at most 50 characters: ``kfloop-<readable part>-<8 hex of sha256>``.
+
+    Raises:
+        ValueError: ``run_id`` is empty.
+    """
+    if not run_id:
+        raise ValueError("run_id is empty: pass the pipeline run's id (e.g. KFP's run id)")
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+    room = MAX_NAME_LENGTH - len("kfloop--") - len(digest)
+    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower())[:room].strip("-")
+    return f"kfloop-{slug}-{digest}" if slug else f"kfloop-{digest}"
+
+
+def job_dir(name: str, cluster: ClusterConfig) -> PurePosixPath:
+    """The job's folder on the shared volume, as the pods see it: the launch step puts ``schema.yaml``,
+    ``config.json`` (:meth:`TrainingConfig.to_dict`) and the data file there, and finds the model in ``model/``.
+
+    Raises:
+        ValueError: ``cluster`` has no shared volume.
+    """
+    if not cluster.shared_volume_claim:
+        raise ValueError("a training job needs the shared volume to read its inputs and hand back the model: set "
+                         "cluster.shared_volume_claim to a ReadWriteMany PersistentVolumeClaim")
+    return PurePosixPath(cluster.shared_mount_path) / name
+
+
+def training_job_spec(config: TrainingConfig, cluster: ClusterConfig, *, name: str, data_file: str = "data.parquet",
+                      env: dict[str, str] | None = None) -> JobSpec:
+    """The JobSpec of one ``training.train`` run on ``cluster``: inputs, model, checkpoints and the MLflow run id in
+    :func:`job_dir` (checkpoints in ``cluster.checkpoint_dir`` when set), topology and restarts from ``config``.
+
+    Raises:
+        ValueError: no shared volume, or an invalid name or env (see :class:`JobSpec`).
+    """
+    root = job_dir(name, cluster)
+    return training_run_spec(config, data=str(root / data_file), schema=str(root / "schema.yaml"),
+                             model_dir=str(root / "model"),
+                             checkpoint_dir=str(cluster.checkpoint_dir or root / "checkpoints"),
+                             config_file=str(root / "config.json"), name=name, env=env,
+                             mlflow_run_id_file=str(root / MLFLOW_RUN_ID_FILE))
+
+
+def job_manifest(config: TrainingConfig, cluster: ClusterConfig, *, run_id: str | None = None,
+                 kind: str = "pytorchjob", data_file: str = "data.parquet") -> dict[str, Any]:
+    """The one job builder: the manifest of pipeline run ``run_id``'s training job (named ``kfloop-train`` without
+    one), exactly what the launcher submits and ``kfloop render-job`` prints. The ranks reach MLflow and object
+    storage through ``cluster.credentials_secret`` (``secretKeyRef``); the MLflow run id is staged in the job's
+    folder, not written into the job.
+
+    Raises:
+        ValueError: ``kind`` is unknown, or ``config`` and ``cluster`` do not fit together (the message says the fix).
+    """
+    if kind not in JOB_KINDS:
+        raise ValueError(f"kind={kind!r}: use one of {sorted(JOB_KINDS)}")
+    name = job_name_for(run_id) if run_id else DEFAULT_JOB_NAME
+    spec = training_job_spec(config, cluster, name=name, data_file=data_file)
+    return JOB_KINDS[kind](spec, cluster)
+
+
+def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
+    """The PyTorchJob of ``spec`` on ``cluster``: a Master (replica 1) and ``nnodes - 1`` Workers (none for one
+    node), container ``pytorch``, ``nprocPerNode`` as a string, ``restartPolicy: ExitCode`` (exit codes >= 128 are
+    retried, 1-127 fail the job), and ``elasticPolicy``/``runPolicy`` from ``cluster``.
+
+    Elastic jobs rendezvous with c10d on the master (``<name>-master-0``, the one replica scaling never removes;
+    the operator's default would be ``worker-0``), with ``PET_NNODES`` = ``min:max``.
+
+    Raises:
+        ValueError: ``spec`` and ``cluster`` do not fit together (the message says the fix).
+    """
+    _check_fit(spec, cluster)
+    replicas = {"Master": 1, **({"Worker": spec.nnodes - 1} if spec.nnodes > 1 else {})}
+    body: dict[str, Any] = {
+        "apiVersion": PYTORCHJOB_API,
+        "kind": "PyTorchJob",
+        "metadata": _metadata(spec, cluster),
+        "spec": {
+            "nprocPerNode": str(spec.nproc_per_node),
+            "runPolicy": _run_policy(spec, cluster),
+            "pytorchReplicaSpecs": {
+                rtype: {"replicas": n, "restartPolicy": "ExitCode",
+                        "template": {"metadata": {"labels": dict(LABELS)}, "spec": _pod_spec(spec, cluster)}}
+                for rtype, n in replicas.items()
+            },
+        },
+    }
+    if cluster.elastic_min_nodes:
+        body["spec"]["elasticPolicy"] = {
+            "rdzvBackend": "c10d",
+            "rdzvHost": f"{spec.name}-master-0",
+            "rdzvPort": PYTORCHJOB_PORT,
+            "minReplicas": cluster.elastic_min_nodes,
+            "maxReplicas": cluster.elastic_max_nodes or spec.nnodes,
+            "maxRestarts": spec.max_restarts,
+        }
+    return body
+
+
+def render_trainjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
+    """The TrainJob of ``spec`` on ``cluster`` (Trainer API: :data:`TRAINER_RELEASE`), running on the
+    ClusterTrainingRuntime ``cluster.trainjob_runtime`` (torch: container ``node``, master ``<name>-node-0-0``).
+
+    The runtime holds what this TrainJob API cannot override: the pod securityContext (the restricted profile),
+    affinity, priority, gang scheduling, image pull secrets and run policy; setting those here is refused.
+
+    Raises:
+        ValueError: ``spec`` and ``cluster`` do not fit together, or ``cluster`` sets an option a TrainJob cannot
+            carry (the message says where to set it instead).
+    """
+    _check_fit(spec, cluster)
+    defaults = ClusterConfig()
+    unsupported = [name for name in _PYTORCHJOB_ONLY if getattr(cluster, name) != getattr(defaults, name)]
+    if unsupported:
+        raise ValueError(f"a TrainJob cannot set {', '.join(unsupported)}: set them in the "
+                         f"ClusterTrainingRuntime '{cluster.trainjob_runtime}', or render kind pytorchjob")
+    volumes, mounts = _volumes(cluster)
+    override: dict[str, Any] = {
+        "targetJobs": [{"name": TRAINER_NODE}],
+        "volumes": volumes,
+        "containers": [{"name": TRAINER_NODE, "volumeMounts": mounts}],
+    }
+    for key, value in (("serviceAccountName", cluster.service_account_name), ("nodeSelector", cluster.node_selector),
+                       ("tolerations", cluster.tolerations)):
+        if value:
+            override[key] = value
+    return {
+        "apiVersion": TRAINJOB_API,
+        "kind": "TrainJob",
+        "metadata": _metadata(spec, cluster),
+        "spec": {
+            "runtimeRef": {"name": cluster.trainjob_runtime, "apiGroup": "trainer.kubeflow.org",
+                           "kind": "ClusterTrainingRuntime"},
+            "trainer": {
+                "image": cluster.image,
+                "command": spec.command(),
+                "env": _env(spec, cluster),
+                "numNodes": spec.nnodes,
+                "numProcPerNode": spec.nproc_per_node,
+                "resourcesPerNode": _resources(cluster),
+            },
+            "labels": dict(LABELS),
+            "podSpecOverrides": [override],
+        },
+    }
+
+
+_PYTORCHJOB_ONLY = ("image_pull_secrets", "affinity", "priority_class_name", "gang_scheduler", "scheduler_name",
+                    "elastic_min_nodes", "clean_pod_policy", "ttl_seconds_after_finished", "active_deadline_seconds",
+                    "backoff_limit")
+"""ClusterConfig fields a TrainJob cannot carry (its runtime does)."""
+
+
+def _check_fit(spec: JobSpec, cluster: ClusterConfig) -> None:
+    if cluster.checkpoint_scratch and spec.nnodes > 1:
+        raise ValueError(f"checkpoint_dir={cluster.checkpoint_dir!r} is a pod-local emptyDir the other nodes cannot "
+                         "read: leave checkpoint_dir empty (checkpoints on the shared volume) or put it under "
+                         f"shared_mount_path={cluster.shared_mount_path!r}")
+    if cluster.elastic_min_nodes:
+        if spec.nnodes < 2:
+            raise ValueError("elastic training needs Worker replicas: set nnodes >= 2, or drop elastic_min_nodes")
+        top = cluster.elastic_max_nodes or spec.nnodes
+        if not cluster.elastic_min_nodes <= spec.nnodes <= top:
+            raise ValueError(f"nnodes={spec.nnodes} is outside elastic_min_nodes..elastic_max_nodes "
+                             f"({cluster.elastic_min_nodes}..{top}): start the job within its bounds")
+    accelerator = cluster.accelerator
+    if accelerator and not cluster.shared_gpu_resource and spec.nproc_per_node != accelerator[1]:
+        resource, count = accelerator
+        raise ValueError(f"nproc_per_node={spec.nproc_per_node} but each node gets {count} {resource}: run one "
+                         f"process per device, set nproc_per_node={count}")
+
+
+def _metadata(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
+    labels = dict(LABELS)
+    if cluster.kueue_queue:
+        labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
+    return {"name": spec.name, "namespace": cluster.namespace, "labels": labels}
+
+
+def _run_policy(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
+    policy: dict[str, Any] = {"cleanPodPolicy": cluster.clean_pod_policy}
+    for key, value in (("ttlSecondsAfterFinished", cluster.ttl_seconds_after_finished),
+                       ("activeDeadlineSeconds", cluster.active_deadline_seconds),
+                       ("backoffLimit", cluster.backoff_limit)):
+        if value is not None:
+            policy[key] = value
+    if cluster.gang_scheduler:
+        gang: dict[str, Any] = {"minAvailable": cluster.elastic_min_nodes or spec.nnodes}
+        for key, value in (("queue", cluster.gang_queue), ("priorityClass", cluster.priority_class_name),
+                           ("scheduleTimeoutSeconds", cluster.gang_schedule_timeout_seconds)):
+            if value:
+                gang[key] = value
+        policy["schedulingPolicy"] = gang
+    return policy
+
+
+def _pod_spec(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
+    volumes, mounts = _volumes(cluster)
+    container = {
+        "name": "pytorch",
+        "image": cluster.image,
+        "imagePullPolicy": cluster.image_pull_policy,
+        "command": spec.command(),
+        "env": _env(spec, cluster),
+        "resources": _resources(cluster),
+        "volumeMounts": mounts,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": cluster.run_as_user,
+            "runAsGroup": cluster.run_as_user,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": cluster.run_as_user,
+            "runAsGroup": cluster.run_as_user,
+            "fsGroup": cluster.run_as_user,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    scheduler = cluster.scheduler_name or GANG_SCHEDULERS.get(cluster.gang_scheduler, "")
+    for key, value in (("serviceAccountName", cluster.service_account_name),
+                       ("imagePullSecrets", [{"name": s} for s in cluster.image_pull_secrets]),
+                       ("priorityClassName", cluster.priority_class_name), ("schedulerName", scheduler),
+                       ("nodeSelector", cluster.node_selector), ("tolerations", cluster.tolerations),
+                       ("affinity", cluster.affinity)):
+        if value:
+            pod[key] = value
+    return pod
+
+
+def _env(spec: JobSpec, cluster: ClusterConfig) -> list[dict[str, Any]]:
+    values = {"HOME": "/tmp"}  # the root filesystem is read-only; libraries write caches under $HOME
+    if spec.max_restarts and not cluster.elastic_min_nodes:
+        # The operator sets PET_MAX_RESTARTS only from elasticPolicy; without one, torchrun needs it from here.
+        values["PET_MAX_RESTARTS"] = str(spec.max_restarts)
+    if cluster.uses_gpus:
+        values |= {"TORCH_NCCL_ASYNC_ERROR_HANDLING": str(cluster.nccl_async_error_handling),
+                   "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                   "TORCH_NCCL_TRACE_BUFFER_SIZE": str(cluster.nccl_trace_buffer_size)}
+        if cluster.shared_volume_claim:  # the flight recorder's dump outlives the pod there
+            values["TORCH_FR_DUMP_TEMP_FILE"] = f"{job_dir(spec.name, cluster)}/nccl_trace_rank_"
+        for key, value in (("NCCL_DEBUG", cluster.nccl_debug), ("NCCL_SOCKET_IFNAME", cluster.nccl_socket_ifname),
+                           ("NCCL_IB_DISABLE", "1" if cluster.nccl_ib_disable else ""),
+                           ("NCCL_IB_HCA", cluster.nccl_ib_hca)):
+            if value:
+                values[key] = value
+    credentials = {key: {"name": cluster.credentials_secret, "key": key, "optional": True}
+                   for key in CREDENTIAL_KEYS if cluster.credentials_secret and key not in cluster.secret_env}
+    refs = credentials | {var: dict(zip(("name", "key"), ref.split("/", 1))) for var, ref in cluster.secret_env.items()}
+    clashes = sorted((set(values) | set(refs)) & set(spec.env) | set(values) & set(refs))
+    if clashes:
+        raise ValueError(f"environment variable(s) {clashes} are set twice (job env, cluster secret_env or "
+                         "credentials_secret, and the cluster's own NCCL/runtime settings): set each in one place")
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted((spec.env | values).items())]
+    env += [{"name": var, "valueFrom": {"secretKeyRef": ref}} for var, ref in sorted(refs.items())]
+    return env
+
+
+def _resources(cluster: ClusterConfig) -> dict[str, dict[str, Any]]:
+    requests: dict[str, Any] = {"cpu": cluster.cpu, "memory": cluster.memory}
+    limits: dict[str, Any] = {"memory": cluster.memory}
+    if cluster.numa_aligned:
+        limits["cpu"] = cluster.cpu
+    if cluster.accelerator:
+        resource, count = cluster.accelerator
+        requests[resource] = limits[resource] = count
+    return {"requests": requests, "limits": limits}
+
+
+def _volumes(cluster: ClusterConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Pod volumes and the container's mounts: memory-backed /dev/shm, writable /tmp (the root filesystem is
+    read-only), a pod-local checkpoint dir when asked for, and the shared claim."""
+    volumes = [{"name": _SHM, "emptyDir": {"medium": "Memory", "sizeLimit": cluster.shm_size}},
+               {"name": _TMP, "emptyDir": {}}]
+    mounts = [{"name": _SHM, "mountPath": "/dev/shm"}, {"name": _TMP, "mountPath": "/tmp"}]
+    if cluster.checkpoint_scratch:
+        volumes.append({"name": _CKPT, "emptyDir": {}})
+        mounts.append({"name": _CKPT, "mountPath": cluster.checkpoint_dir})
+    if cluster.shared_volume_claim:
+        volumes.append({"name": _SHARED, "persistentVolumeClaim": {"claimName": cluster.shared_volume_claim}})
+        mounts.append({"name": _SHARED, "mountPath": cluster.shared_mount_path})
+    return volumes, mounts
+
+
+JOB_KINDS = {"pytorchjob": render_pytorchjob, "trainjob": render_trainjob}
+"""``kfloop render-job --kind`` -> its rendering."""

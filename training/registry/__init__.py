@@ -1,0 +1,1 @@
+"""The MLflow model registry: versions, the champion, its lock."""

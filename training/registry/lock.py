@@ -1,0 +1,229 @@
+"""The promotion lock: one process at a time moves a model's ``champion`` alias (MLflow has no compare-and-set).
+
+On one machine it is a file lock in the workdir. In a Kubeflow Pipelines step pod (KFP sets ``KFP_POD_NAME``), or
+with ``KFLOOP_PROMOTION_LOCK=lease``, it is a ``coordination.k8s.io/v1`` Lease, the object Kubernetes controllers
+use for leader election: taken by create or by a replace carrying the ``resourceVersion`` read (the API server
+answers 409 to the loser), renewed while held, and taken over when its holder stopped renewing it: as in
+client-go's leader election, a record seen unchanged for ``leaseDurationSeconds`` of this process's own clock has
+expired (no trust in other nodes' clocks), so a killed pod blocks promotions for one lease duration at most.
+deploy/rbac.yaml grants exactly the verbs used: get, create, update.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import urllib3
+
+from training.errors import KfloopError
+from training.progress import progress
+
+_UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
+"""What the client raises when the API server cannot be reached (after urllib3's own retries)."""
+LOCK_ENV = "KFLOOP_PROMOTION_LOCK"
+"""``file`` or ``lease``; unset: ``lease`` in a KFP step pod, else ``file`` (any other pod, e.g. a CI runner's,
+keeps the file lock: it has no Role for Leases)."""
+KFP_POD_ENV = "KFP_POD_NAME"
+"""Set by Kubeflow Pipelines in every step's pod (the pod's name)."""
+NAMESPACE_ENV = "KFLOOP_LEASE_NAMESPACE"
+"""Namespace of the Lease; unset: the pod's own namespace (or ``default`` outside a pod)."""
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class LockTimeout(KfloopError, TimeoutError):
+    """The promotion lock was not acquired in time; the message names the holder."""
+
+
+class LockLost(KfloopError, RuntimeError):
+    """The Lease was taken by another holder while this one held it (renewals failed for its whole duration)."""
+
+
+def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
+    """The lock :func:`training.registry.versions.promote` and :func:`training.registry.versions.rollback` hold for ``model_name``.
+
+    Raises:
+        ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
+    """
+    kind = os.environ.get(LOCK_ENV) or ("lease" if os.environ.get(KFP_POD_ENV) else "file")
+    if kind == "file":
+        from filelock import FileLock
+
+        path = workdir / "locks" / f"{model_name}.lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(path), timeout=timeout_s)
+    if kind == "lease":
+        from training.launch.kubernetes import LaunchPolicy, api_client
+
+        return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(),
+                         api=api_client(LaunchPolicy()), timeout_s=timeout_s)
+    raise ValueError(f"{LOCK_ENV}={kind!r}: use 'file' (one machine) or 'lease' (a Kubernetes Lease)")
+
+
+def lease_name(model_name: str) -> str:
+    """``kfloop-promote-<model>-<8 hex>``: a valid object name for any model name, distinct per model."""
+    digest = hashlib.sha256(model_name.encode()).hexdigest()[:8]
+    slug = re.sub(r"[^a-z0-9]+", "-", model_name.lower()).strip("-")[:38].strip("-")
+    return f"kfloop-promote-{slug}-{digest}" if slug else f"kfloop-promote-{digest}"
+
+
+def lease_namespace() -> str:
+    """``KFLOOP_LEASE_NAMESPACE``, else the pod's namespace, else ``default``."""
+    if os.environ.get(NAMESPACE_ENV):
+        return os.environ[NAMESPACE_ENV]
+    return POD_NAMESPACE_FILE.read_text().strip() if POD_NAMESPACE_FILE.is_file() else "default"
+
+
+def _micro_time(at: datetime | str | None = None) -> str | None:
+    """A Kubernetes MicroTime (RFC 3339 with exactly six fraction digits, as the API server parses it) of ``at``
+    (a datetime the client read, kept as it is when already a string); now when not given."""
+    if isinstance(at, str):
+        return at
+    return (at or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(kw_only=True)
+class LeaseLock(AbstractContextManager):
+    """A Kubernetes Lease held as a lock (see the module docstring)."""
+
+    name: str
+    namespace: str
+    api: Any
+    """A ``kubernetes.client.ApiClient``."""
+    timeout_s: float = 600
+    """How long to wait for the holder to release (or stop renewing) the Lease."""
+    duration_s: int = 30
+    """``leaseDurationSeconds``: without a renewal for this long the Lease is free to take over."""
+    poll_s: float = 0.5
+    holder: str = field(default_factory=lambda: f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}")
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _renewer: threading.Thread | None = field(default=None, init=False, repr=False)
+    lost: str = field(default="", init=False)
+    """Why the Lease stopped being ours while held ('' while it is): :meth:`__exit__` then raises LockLost."""
+
+    def __post_init__(self) -> None:
+        from kubernetes import client
+
+        self._leases = client.CoordinationV1Api(self.api)
+
+    def __enter__(self) -> "LeaseLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+        if self.lost and exc[0] is None:
+            raise LockLost(self.lost)
+
+    def acquire(self) -> None:
+        """Take the Lease, waiting up to ``timeout_s``; then renew it every third of its duration.
+
+        Raises:
+            LockTimeout: another holder kept it (named in the message).
+            PermissionError: the service account may not use Leases here (the message says how to grant it).
+            kubernetes.client.ApiException: the API refused otherwise.
+        """
+        from kubernetes.client import ApiException
+
+        try:
+            self._wait_and_take()
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            raise PermissionError(f"the promotion lock needs get, create and update on leases "
+                                  f"(coordination.k8s.io) in namespace {self.namespace}: bind deploy/rbac.yaml's "
+                                  f"Role kfloop to this step's service account ({e.reason})") from e
+        self._stop.clear()
+        self._renewer = threading.Thread(target=self._renew, name=f"renew-{self.name}", daemon=True)
+        self._renewer.start()
+
+    def _wait_and_take(self) -> None:
+        from kubernetes.client import ApiException
+
+        deadline = time.monotonic() + self.timeout_s
+        seen, seen_at = None, 0.0
+        while True:
+            try:
+                current = self._leases.read_namespaced_lease(self.name, self.namespace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                current = None
+            holder = current.spec.holder_identity if current else None
+            record = current and (holder, current.spec.renew_time, current.metadata.resource_version)
+            if record != seen:
+                seen, seen_at = record, time.monotonic()
+            duration = (current and current.spec.lease_duration_seconds) or self.duration_s
+            if current is None or not holder or time.monotonic() - seen_at > duration:
+                try:
+                    return self._take(current)
+                except ApiException as e:
+                    if e.status != 409:  # 409: another promoter took or created it first; look again
+                        raise
+            elif time.monotonic() >= deadline:
+                raise LockTimeout(f"Lease {self.namespace}/{self.name} is held by {holder} (renewed "
+                                  f"{current.spec.renew_time}); it was not released within {self.timeout_s:g} s")
+            time.sleep(self.poll_s)
+
+    def release(self) -> None:
+        """Stop renewing and clear the holder, if the Lease is still ours. When the API cannot be reached the
+        Lease is left to expire (after ``duration_s``) with a warning: what the lock guarded is done by now."""
+        from kubernetes.client import ApiException
+
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        try:
+            current = self._leases.read_namespaced_lease(self.name, self.namespace)
+            if current.spec.holder_identity == self.holder:
+                current.spec.holder_identity = None
+                current.spec.acquire_time, current.spec.renew_time = None, _micro_time()
+                self._leases.replace_namespaced_lease(self.name, self.namespace, current)
+        except ApiException as e:
+            if e.status not in (404, 409):  # gone, or already taken over: nothing of ours to clear
+                progress(f"promotion lock: could not release Lease {self.namespace}/{self.name} ({e.status} "
+                         f"{e.reason}); it expires {self.duration_s} s after its last renewal")
+        except _UNREACHABLE as e:
+            progress(f"promotion lock: could not release Lease {self.namespace}/{self.name} ({e}); it expires "
+                     f"{self.duration_s} s after its last renewal")
+
+    def _take(self, current) -> None:
+        from kubernetes import client
+
+        now = _micro_time()
+        spec = client.V1LeaseSpec(holder_identity=self.holder, lease_duration_seconds=self.duration_s,
+                                  acquire_time=now, renew_time=now)
+        if current is None:
+            body = client.V1Lease(metadata=client.V1ObjectMeta(
+                name=self.name, labels={"app.kubernetes.io/name": "kfloop"}), spec=spec)
+            self._leases.create_namespaced_lease(self.namespace, body)
+            return
+        spec.lease_transitions = (current.spec.lease_transitions or 0) + 1
+        current.spec = spec
+        self._leases.replace_namespaced_lease(self.name, self.namespace, current)  # carries resourceVersion
+
+    def _renew(self) -> None:
+        from kubernetes.client import ApiException
+
+        while not self._stop.wait(self.duration_s / 3):
+            try:
+                current = self._leases.read_namespaced_lease(self.name, self.namespace)
+                if current.spec.holder_identity != self.holder:
+                    self.lost = (f"Lease {self.namespace}/{self.name} was taken over by "
+                                  f"{current.spec.holder_identity} while {self.holder} held it")
+                    return
+                current.spec.acquire_time = _micro_time(current.spec.acquire_time)
+                current.spec.renew_time = _micro_time()
+                self._leases.replace_namespaced_lease(self.name, self.namespace, current)
+            except (ApiException, *_UNREACHABLE):
+                continue  # retried at the next tick; the Lease stays ours until its duration runs out

@@ -1,0 +1,743 @@
+"""The MLflow model registry, kfloop's way: every candidate becomes a tagged version; only :func:`promote` (and
+:func:`rollback`) move the ``champion`` alias, under a lock, after re-reading the champion and re-checking; each move
+is appended to the champion history (:func:`champion_history`) as it happens.
+
+MLflow is reached through ``mlflow.MlflowClient`` (tracking URI from ``MLFLOW_TRACKING_URI`` or
+``mlflow.set_tracking_uri``); every function that only talks to the registry takes an optional ``client``.
+Models are logged as models-from-code (:mod:`training.pyfunc_model`): nothing is pickled, and a champion is
+scored from its downloaded model directory (:func:`download_model_dir`), never by running logged code.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import version as dist_version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import pandas as pd
+
+from monitoring.trigger import utc_iso
+from training.errors import KfloopError
+from training.fileio import file_digest
+from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
+from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
+
+if TYPE_CHECKING:
+    import mlflow
+
+    from training.gate import Decision
+    from training.model import Predictor
+
+CHAMPION_ALIAS = "champion"
+MODEL_ARTIFACT = "model"
+"""Name of the logged pyfunc model inside the run."""
+SCHEMA_ARTIFACT = "schema.yaml"
+EVALUATION_ARTIFACT = "evaluation.json"
+LINEAGE_ARTIFACT = "lineage.json"
+WEIGHTS_TAG = "weights_sha256"
+DRIFT_REPORT_URI_TAG = "drift_report_uri"
+"""Version tag of the champion's last drift report (set by monitoring's drift records)."""
+"""Version tag (and ``kfloop.``-prefixed run tag) holding the sha256 of ``weights.safetensors``."""
+HISTORY_TAG_PREFIX = "champion_move."
+"""Registered-model tags ``champion_move.000001``, ...: the champion history, one JSON :class:`ChampionMove`
+per move, written under the promotion lock right after the alias moved; never rewritten."""
+MAX_TAG_CHARS = 5000
+"""Model-version tag values are a VARCHAR(5000) in MLflow's SQL schema; longer text goes in descriptions."""
+PYFUNC_MODEL_FILE = Path(__file__).parents[1] / "pyfunc_model.py"
+CODE_MODEL_LOADER = "mlflow.pyfunc.loaders.code_model"
+"""The pyfunc loader of a models-from-code model: the only kind kfloop logs."""
+SERVING_REQUIREMENTS = ("mlflow", "torch", "safetensors", "numpy", "pandas", "pandera", "pyyaml")
+"""Distributions the pyfunc model needs at load time, pinned to the installed versions (local part dropped)."""
+
+
+class DecisionLike(Protocol):
+    """What :func:`promote`'s re-check returns (a :class:`training.gate.Decision` fits)."""
+
+    blessed: bool
+    reason: str
+
+
+@dataclass(kw_only=True, slots=True)
+class Lineage:
+    """Where a candidate came from; recorded on its run and its registered version."""
+
+    data_md5: str
+    """DVC md5 of the training data file."""
+    data_uri: str
+    """Where the training data was read from (credentials removed: :func:`data.storage.record_uri`)."""
+    holdout_sha256: str
+    """sha256 of the holdout file both models were evaluated on."""
+    git_commit: str
+    """Commit of the code that trained the model."""
+    pipeline_run_id: str
+    """KFP run id (or the local run's id)."""
+    seed: int
+    """Training seed."""
+    schema_yaml: str
+    """The pandera schema (YAML) the data was validated against."""
+    previous_champion: str | None = None
+    """Champion version when the candidate was evaluated; ``None`` if there was none."""
+    training_config: dict[str, Any] = field(default_factory=dict)
+    """The training config, as a JSON-ready dict."""
+    data_version: str = ""
+    """The object store's version id or ETag of the training data; empty for a local file."""
+    decision_threshold: float | None = None
+    """Binary models: the decision threshold chosen on the validation split (``None``: most probable class)."""
+    holdout_fraction: float | None = None
+    """Share of the data held out by the split (``None`` on versions registered before it was recorded)."""
+    split_seed: int | None = None
+    """Seed of the split (``None`` on versions registered before it was recorded)."""
+
+    def __post_init__(self) -> None:
+        for name, length in (("data_md5", 32), ("holdout_sha256", 64)):
+            value = getattr(self, name)
+            if len(value) != length or any(ch not in "0123456789abcdef" for ch in value):
+                raise ValueError(f"{name}={value!r}: expected {length} lowercase hex digits "
+                                 "(training.fileio.file_digest)")
+        if not self.schema_yaml.strip():
+            raise ValueError("schema_yaml is empty: pass the validated schema's to_yaml() text")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r}: use the integer seed training ran with")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    def tags(self) -> dict[str, str]:
+        """The lineage as string tags (the schema and training config go in artifacts instead)."""
+        return {"data_md5": self.data_md5, "data_uri": self.data_uri[:MAX_TAG_CHARS],
+                **({"data_version": self.data_version} if self.data_version else {}),
+                "holdout_sha256": self.holdout_sha256, "git_commit": self.git_commit,
+                "pipeline_run_id": self.pipeline_run_id, "seed": str(self.seed),
+                "previous_champion": self.previous_champion or "none",
+                **({} if self.holdout_fraction is None else {"holdout_fraction": str(self.holdout_fraction)}),
+                **({} if self.split_seed is None else {"split_seed": str(self.split_seed)})}
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class VersionRecord:
+    """What kfloop recorded on a registered version, read from its MLflow tags here and nowhere else."""
+
+    version: str
+    run_id: str | None
+    decision: str | None
+    """``promote``, ``reject`` or ``superseded``."""
+    reason: str
+    primary_metric: str | None
+    """The metric the gate decided on."""
+    data_md5: str | None
+    data_uri: str | None
+    holdout_sha256: str | None
+    holdout_fraction: float | None
+    split_seed: int | None
+    git_commit: str | None
+    pipeline_run_id: str | None
+    weights_sha256: str | None
+    previous_champion: str | None
+    promoted_at: str | None
+    drift_report_uri: str | None
+    """Evidently's report of the last drift check of this version as champion."""
+
+    @classmethod
+    def of(cls, mv: Any) -> "VersionRecord":
+        """The record of MLflow model version ``mv``."""
+        tags = mv.tags or {}
+        return cls(version=str(mv.version), run_id=mv.run_id or None, decision=tags.get("decision"),
+                   reason=mv.description or tags.get("reason", ""), primary_metric=tags.get("primary_metric"),
+                   data_md5=tags.get("data_md5"),
+                   data_uri=tags.get("data_uri"), holdout_sha256=tags.get("holdout_sha256"),
+                   holdout_fraction=float(tags["holdout_fraction"]) if "holdout_fraction" in tags else None,
+                   split_seed=int(tags["split_seed"]) if "split_seed" in tags else None,
+                   git_commit=tags.get("git_commit"), pipeline_run_id=tags.get("pipeline_run_id"),
+                   weights_sha256=tags.get(WEIGHTS_TAG), previous_champion=_none(tags.get("previous_champion")),
+                   promoted_at=tags.get("promoted_at"), drift_report_uri=tags.get(DRIFT_REPORT_URI_TAG))
+
+
+@dataclass(kw_only=True, slots=True)
+class ChampionInfo:
+    """The version the ``champion`` alias points at."""
+
+    version: str
+    run_id: str | None
+    """Run that logged it (``None`` if it was registered from outside a run)."""
+    tags: dict[str, str]
+    """Version tags (decision, reason, lineage, weights_sha256, ...)."""
+    metrics: dict[str, float]
+    """Latest metrics of its run."""
+    record: VersionRecord
+    """The tags as kfloop reads them."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PromotionResult:
+    """Outcome of :func:`promote`."""
+
+    promoted: bool
+    """Whether ``champion`` now points at the requested version."""
+    champion_version: str | None
+    """The champion after the call."""
+    previous_champion: str | None
+    """The champion before the call."""
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+class WeightsMismatchError(KfloopError, RuntimeError):
+    """Downloaded weights do not hash to what the registry recorded: the artifact changed after registration."""
+
+
+class ForeignModelError(KfloopError, RuntimeError):
+    """A model version kfloop did not log (foreign model code, or weights its run never recorded)."""
+
+
+def _client(client: "mlflow.MlflowClient | None") -> "mlflow.MlflowClient":
+    import mlflow
+
+    return client or mlflow.MlflowClient()
+
+
+def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = None):
+    """The registered model ``model_name`` (an ``mlflow.entities.model_registry.RegisteredModel``), or ``None``
+    when there is none.
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
+
+    try:
+        return _client(client).get_registered_model(model_name)
+    except MlflowException as e:
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            return None
+        raise
+
+
+def ensure_registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> None:
+    """Create the registered model ``model_name`` unless it exists.
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow refused the call.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
+
+    try:
+        _client(client).create_registered_model(model_name,
+                                                description="kfloop candidates; alias 'champion' serves")
+    except MlflowException as e:
+        if e.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
+            raise
+
+
+def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any], lineage: Lineage) -> str:
+    """Log the model directory as a pyfunc model into the existing run ``run_id``, with ``schema.yaml``,
+    ``evaluation.json`` (``decision``), ``lineage.json``, the gate's scalars as ``eval_*`` metrics, and the
+    weights' sha256 and lineage as ``kfloop.*`` run tags. Uses the tracking URI MLflow resolves
+    (``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``).
+
+    Returns:
+        The logged model's URI (``models:/<model_id>``), for :func:`register_candidate`.
+
+    Raises:
+        FileNotFoundError: ``model_dir`` is not a complete model directory.
+        ValueError: ``decision`` is not a :meth:`training.gate.Decision.to_dict` result.
+        mlflow.exceptions.MlflowException: the run does not exist, or another run is active in this process.
+    """
+    import mlflow
+    from mlflow.entities import Metric, RunTag
+
+    model_dir = Path(model_dir)
+    from training.gate import kfp_metrics
+    from training.model import Predictor
+
+    predictor = Predictor.load(model_dir)
+    scalars = kfp_metrics(_decision(decision))
+    weights_sha = file_digest(model_dir / WEIGHTS_FILE)
+    client = mlflow.MlflowClient()
+    active = mlflow.active_run()
+    with (nullcontext() if active is not None and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)),\
+            tempfile.TemporaryDirectory() as tmp:
+        schema_file = Path(tmp) / SCHEMA_ARTIFACT
+        schema_file.write_text(lineage.schema_yaml, encoding="utf-8")
+        info = mlflow.pyfunc.log_model(
+            name=MODEL_ARTIFACT, python_model=str(PYFUNC_MODEL_FILE),
+            artifacts={"model_dir": str(model_dir), "schema": str(schema_file)},
+            pip_requirements=[f"{d}=={dist_version(d).split('+')[0]}" for d in SERVING_REQUIREMENTS],
+            input_example=_input_example(predictor), signature=_signature(predictor))
+    client.log_text(run_id, lineage.schema_yaml, SCHEMA_ARTIFACT)
+    client.log_dict(run_id, decision, EVALUATION_ARTIFACT)
+    client.log_dict(run_id, lineage.to_dict(), LINEAGE_ARTIFACT)
+    now_ms = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(f"eval_{k}", v, now_ms, 0) for k, v in scalars.items()],
+                     tags=[RunTag(f"kfloop.{k}", v) for k, v in {**lineage.tags(), WEIGHTS_TAG: weights_sha}.items()])
+    return info.model_uri
+
+
+def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision: dict[str, Any],
+                       lineage: Lineage, client: "mlflow.MlflowClient | None" = None) -> str:
+    """Register the candidate logged by :func:`log_candidate` as a new version of ``model_name`` (created if
+    needed), tagged with its decision (``promote``/``reject``), reason, lineage and weights sha256; the full
+    reason is the version's description. Idempotent: a version already registered from ``run_id`` is returned
+    as is. Waits until the version is READY.
+
+    Returns:
+        The version number, as a string.
+
+    Raises:
+        ValueError: ``decision`` is malformed, or the run carries no weights sha256 (run
+            :func:`log_candidate` first); nothing is registered then.
+        mlflow.exceptions.MlflowException: the version did not become READY, or MLflow refused a call.
+    """
+    client = _client(client)
+    gate = _decision(decision)
+    existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
+    if existing:
+        return str(min(int(mv.version) for mv in existing))
+    run = client.get_run(run_id)
+    weights_sha = run.data.tags.get(f"kfloop.{WEIGHTS_TAG}")
+    if not weights_sha:
+        raise ValueError(f"run {run_id} has no kfloop.{WEIGHTS_TAG} tag: log the model with log_candidate() "
+                         "before registering it")
+    tags = {"decision": "promote" if gate.blessed else "reject", "reason": _truncate(gate.reason),
+            "primary_metric": gate.primary_metric,
+            **lineage.tags(), WEIGHTS_TAG: weights_sha,
+            "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}
+    ensure_registered_model(model_name, client=client)
+    model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
+    mv = client.create_model_version(model_name, source=model_uri, run_id=run_id, tags=tags,
+                                     description=gate.reason, model_id=model_id, await_creation_for=300)
+    return str(mv.version)
+
+
+def get_champion(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> ChampionInfo | None:
+    """The version ``champion`` points at, or ``None`` (no such registered model, or no alias yet).
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    client = _client(client)
+    registered = registered_model(model_name, client=client)
+    version = registered.aliases.get(CHAMPION_ALIAS) if registered else None
+    if version is None:
+        return None
+    mv = client.get_model_version(model_name, str(version))
+    metrics = dict(client.get_run(mv.run_id).data.metrics) if mv.run_id else {}
+    return ChampionInfo(version=str(mv.version), run_id=mv.run_id or None, tags=dict(mv.tags), metrics=metrics,
+                        record=VersionRecord.of(mv))
+
+
+def holdout_metrics(client: Any, run_id: str, role: str = "challenger") -> dict[str, float]:
+    """The holdout metrics of ``role`` (``challenger`` or ``baseline``, the trivial model it had to beat), as the
+    gate logged them on the run."""
+    prefix = f"eval_{role}_"
+    return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
+
+
+def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
+    """Every version, oldest first: when it was created, decision, reason, primary metric, holdout metrics and
+    the baseline's, lineage (MLflow run, pipeline run, data md5, git commit) and whether it is the champion now."""
+    client = _client(client)
+    champion = str(client.get_registered_model(model_name).aliases.get("champion"))
+    versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
+    records = [(mv, VersionRecord.of(mv)) for mv in versions]
+    return [{"version": r.version,
+             "created_at": None if mv.creation_timestamp is None else utc_iso(mv.creation_timestamp / 1000),
+             "decision": r.decision, "reason": r.reason, "primary_metric": r.primary_metric,
+             "metrics": holdout_metrics(client, r.run_id) if r.run_id else {},
+             "baseline": holdout_metrics(client, r.run_id, "baseline") if r.run_id else {},
+             "run_id": mv.run_id, "pipeline_run_id": r.pipeline_run_id, "data_md5": r.data_md5,
+             "git_commit": r.git_commit, "champion": r.version == champion}
+            for mv, r in records]
+
+
+def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> str | None:
+    """The schema YAML recorded with the champion's run, or ``None`` when there is no champion.
+
+    Raises:
+        FileNotFoundError: the champion's run has no ``schema.yaml`` (it was not logged by kfloop).
+    """
+    client = _client(client)
+    champion = get_champion(model_name, client=client)
+    if champion is None:
+        return None
+    if champion.run_id is None or SCHEMA_ARTIFACT not in {a.path for a in client.list_artifacts(champion.run_id)}:
+        raise FileNotFoundError(f"champion {model_name} v{champion.version} (run {champion.run_id}) has no "
+                                f"{SCHEMA_ARTIFACT} artifact: register champions with log_candidate()")
+    import mlflow
+
+    return mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{SCHEMA_ARTIFACT}")
+
+
+def download_model_dir(model_name: str, version: str, dst: str | Path, *,
+                       client: "mlflow.MlflowClient | None" = None) -> Path:
+    """Download version ``version``'s kfloop model directory (weights, features, description) under ``dst``,
+    for :meth:`training.model.Predictor.load`; no model code is run.
+
+    Returns:
+        The downloaded model directory.
+
+    Raises:
+        ValueError: the version has no weights sha256 tag (not registered by kfloop).
+        WeightsMismatchError: the downloaded weights do not match the tag; the download is removed.
+        ForeignModelError: the MLmodel points at code other than kfloop's pyfunc model, or the version's run did
+            not record its weights; nothing is downloaded but the MLmodel.
+        FileNotFoundError: the logged model holds no complete model directory.
+    """
+    import mlflow
+    from mlflow.models import Model
+
+    client = _client(client)
+    mv = client.get_model_version(model_name, str(version))
+    expected = mv.tags.get(WEIGHTS_TAG)
+    if not expected:
+        raise ValueError(f"{model_name} v{version} has no {WEIGHTS_TAG} tag; refusing to load weights that "
+                         "cannot be verified (register versions with register_candidate())")
+    root = client.get_model_version_download_uri(model_name, str(version)).rstrip("/")
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    mlmodel = mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/MLmodel", dst_path=str(dst / ".mlmodel"),
+                                                  tracking_uri=client.tracking_uri)
+    flavor = Model.load(mlmodel).flavors.get("python_function", {})
+    shutil.rmtree(dst / ".mlmodel")
+    code = flavor.get("model_code_path") or flavor.get("python_model") or flavor.get("loader_module")
+    if (flavor.get("loader_module") != CODE_MODEL_LOADER or Path(str(code)).name != PYFUNC_MODEL_FILE.name
+            or flavor.get("code")):
+        raise ForeignModelError(f"{model_name} v{version} ({root}): its MLmodel points at code {code!r} "
+                                f"(code paths {flavor.get('code')}), not kfloop's {PYFUNC_MODEL_FILE.name}; refusing "
+                                "to load a version kfloop did not log")
+    run_sha = client.get_run(mv.run_id).data.tags.get(f"kfloop.{WEIGHTS_TAG}") if mv.run_id else None
+    if run_sha != expected:
+        raise ForeignModelError(f"{model_name} v{version}: its run {mv.run_id} recorded weights sha256 {run_sha}, "
+                                f"the version claims {expected}; refusing a version that log_candidate() did not log")
+    artifacts = flavor.get("artifacts", {})
+    if "model_dir" not in artifacts:
+        raise FileNotFoundError(f"{model_name} v{version} ({root}) was not logged with a kfloop model_dir "
+                                "artifact (log it with log_candidate())")
+    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/{artifacts['model_dir']['path']}",
+                                                     dst_path=str(dst), tracking_uri=client.tracking_uri))
+    missing = [f for f in (WEIGHTS_FILE, FEATURES_FILE, MODEL_FILE) if not (local / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{model_name} v{version}: downloaded model directory {local} lacks {missing}")
+    actual = file_digest(local / WEIGHTS_FILE)
+    if actual != expected:
+        shutil.rmtree(local)
+        raise WeightsMismatchError(f"{model_name} v{version}: {WEIGHTS_FILE} has sha256 {actual} but the "
+                                   f"registry recorded {expected}; the artifact at {root} was modified after "
+                                   "registration. Re-register the model from its run instead of loading it.")
+    return local
+
+
+def load_version_predictor(model_name: str, version: str) -> "Predictor":
+    """Version ``version`` as a :class:`training.model.Predictor`, from its verified model directory (its
+    logged code is never run).
+
+    Raises:
+        WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
+    """
+    import tempfile
+
+    from training.model import Predictor
+
+    with tempfile.TemporaryDirectory() as tmp:
+        return Predictor.load(download_model_dir(model_name, version, Path(tmp)))
+
+
+def promote(model_name: str, version: str, *, compared_against: str | None,
+            recheck: Callable[[ChampionInfo | None], DecisionLike], lock: AbstractContextManager,
+            client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
+    """Point ``champion`` at ``version`` if it is still blessed: the one place the alias moves.
+
+    Holding ``lock`` (:func:`training.registry.lock.promotion_lock`), re-read the champion. If it is not
+    ``compared_against`` (the version the gate compared with; ``None`` or ``""`` for none),
+    ``recheck(current_champion)`` decides again and the alias moves only if it is still blessed; otherwise the
+    version is tagged ``decision=superseded`` with the reason. The alias moves first; then the move is appended
+    to the champion history (:func:`champion_history`), the version gets ``promoted_at`` and
+    ``previous_champion`` tags and the registered model ``champion_version``, ``champion_promoted_at`` and
+    ``previous_champion``. A version that is already champion is reported as
+    promoted; whatever of its move was not recorded (an earlier attempt failed after the alias moved) is.
+
+    Raises:
+        ValueError: ``version``'s decision tag is not ``promote`` (only blessed candidates may become champion).
+        TimeoutError: ``lock`` was not acquired in its time (``filelock.Timeout``, ``LockTimeout``).
+        RegistryUnavailableError: MLflow did not answer after its bounded retries (the alias still points at
+            a valid version; run the step again).
+        mlflow.exceptions.MlflowException: the version does not exist, or MLflow refused a call.
+    """
+    client = _client(client)
+    version, compared_against = str(version), (str(compared_against) if compared_against else None)
+    with lock, _unavailable_is_clear(client, model_name):
+        mv = client.get_model_version(model_name, version)
+        if mv.tags.get("decision") != "promote":
+            raise ValueError(f"{model_name} v{version} has decision={mv.tags.get('decision')!r}; only a version "
+                             "the gate blessed (decision=promote) can become champion")
+        current = get_champion(model_name, client=client)
+        previous = current.version if current else None
+        if previous == version:
+            history = champion_history(model_name, client=client)
+            before = history[-1].previous if history and history[-1].version == version else (
+                history[-1].version if history else _none(mv.tags.get("previous_champion")))
+            move = _move_champion(client, model_name, version, previous=before, action="promote",
+                                  reason=mv.tags.get("reason", ""),
+                                  actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
+            return PromotionResult(promoted=True, champion_version=version, previous_champion=move.previous,
+                                   reason=f"v{version} is already the champion")
+        reason = mv.tags.get("reason", "")
+        if previous != compared_against:
+            verdict = recheck(current)
+            changed = f"champion changed from {_label(compared_against)} to {_label(previous)} since the gate ran"
+            if not verdict.blessed:
+                reason = f"superseded: {changed}; re-check: {verdict.reason}"
+                client.set_model_version_tag(model_name, version, "decision", "superseded")
+                client.set_model_version_tag(model_name, version, "reason", _truncate(reason))
+                return PromotionResult(promoted=False, champion_version=previous, previous_champion=previous,
+                                       reason=reason)
+            reason = f"{changed}; re-check: {verdict.reason}"
+            client.set_model_version_tag(model_name, version, "recheck_reason", _truncate(reason))
+        client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
+        _move_champion(client, model_name, version, previous=previous, action="promote", reason=reason,
+                       actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
+    return PromotionResult(promoted=True, champion_version=version, previous_champion=previous, reason=reason)
+
+
+def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str, lock: AbstractContextManager,
+             client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
+    """Move ``champion`` back to ``to`` (default: the champion the current one replaced), under the same lock
+    as :func:`promote`, after re-reading the champion and verifying the target (:func:`verify_version`). The
+    move is recorded in the champion history with ``reason`` and ``actor``; the version left gets
+    ``rolled_back_at`` and ``rollback_reason`` tags.
+
+    Raises:
+        ValueError: no champion, no previous champion recorded and no ``to``, ``to`` is the champion already,
+            an empty reason, or a target that fails verification (not blessed, not ours, weights changed).
+        TimeoutError: ``lock`` was not acquired in its time.
+        RegistryUnavailableError: MLflow did not answer; the champion is unchanged or the move is repaired by
+            running the same rollback again.
+    """
+    if not reason.strip():
+        raise ValueError("a rollback needs a reason (--reason TEXT): it is recorded in the champion history")
+    client = _client(client)
+    with lock, _unavailable_is_clear(client, model_name):
+        current = get_champion(model_name, client=client)
+        if current is None:
+            raise ValueError(f"{model_name} has no champion to roll back; promote a version first")
+        target = str(to) if to else _replaced_by(model_name, current, client)
+        if target is None:
+            raise ValueError(f"{model_name} v{current.version} replaced no recorded champion; pass --to VERSION")
+        if target == current.version:
+            history = champion_history(model_name, client=client)
+            if history and history[-1].version == target:
+                raise ValueError(f"{model_name} v{target} is already the champion; pass another --to VERSION")
+            # the alias moved but the earlier attempt failed before recording it: complete that move
+            _move_champion(client, model_name, target, previous=history[-1].version if history else None,
+                           action="rollback", reason=reason, actor=actor)
+            return PromotionResult(promoted=True, champion_version=target,
+                                   previous_champion=history[-1].version if history else None,
+                                   reason=f"rollback: {reason}")
+        verify_version(model_name, target, client=client)
+        client.set_registered_model_alias(model_name, CHAMPION_ALIAS, target)
+        move = _move_champion(client, model_name, target, previous=current.version, action="rollback",
+                              reason=reason, actor=actor)
+        client.set_model_version_tag(model_name, current.version, "rolled_back_at", move.at)
+        client.set_model_version_tag(model_name, current.version, "rollback_reason", _truncate(reason))
+    return PromotionResult(promoted=True, champion_version=target, previous_champion=current.version,
+                           reason=f"rollback: {reason}")
+
+
+def verify_version(model_name: str, version: str, *, client: "mlflow.MlflowClient | None" = None) -> None:
+    """Check that ``version`` may serve: READY, blessed (``decision=promote``), logged by a run of the
+    experiment its ``kfloop_experiment`` tag names, and its downloaded weights hash to the sha256 recorded at
+    registration (on the version and on the run).
+
+    Raises:
+        ValueError: a check failed; the message names it.
+        WeightsMismatchError: the stored weights changed after registration.
+        mlflow.exceptions.MlflowException: the version does not exist.
+    """
+    import tempfile
+
+    client = _client(client)
+    mv = client.get_model_version(model_name, str(version))
+    label = f"{model_name} v{version}"
+    if mv.status != "READY":
+        raise ValueError(f"{label} is {mv.status}, not READY")
+    if mv.tags.get("decision") != "promote":
+        raise ValueError(f"{label} has decision={mv.tags.get('decision')!r}; only a version the gate blessed "
+                         "(decision=promote) can serve as champion")
+    recorded = mv.tags.get("kfloop_experiment")
+    experiment = client.get_experiment_by_name(recorded) if recorded else None
+    run = client.get_run(mv.run_id) if mv.run_id else None
+    if experiment is None or run is None or run.info.experiment_id != experiment.experiment_id:
+        raise ValueError(f"{label} was not logged by a run of kfloop experiment "
+                         f"{mv.tags.get('kfloop_experiment')!r}; refusing a version registered from outside")
+    if run.data.tags.get(f"kfloop.{WEIGHTS_TAG}") != mv.tags.get(WEIGHTS_TAG):
+        raise ValueError(f"{label}: its {WEIGHTS_TAG} tag differs from run {mv.run_id}'s; the version was "
+                         "re-tagged after registration")
+    with tempfile.TemporaryDirectory() as tmp:
+        download_model_dir(model_name, str(version), Path(tmp), client=client)
+
+
+@dataclass(kw_only=True, slots=True)
+class ChampionMove:
+    """One move of ``champion``, recorded as it happens (registered-model tag ``champion_move.<seq>``)."""
+
+    seq: int
+    """1, 2, ... in the order of the moves."""
+    at: str
+    """When the alias moved (UTC, ISO 8601)."""
+    version: str
+    """The champion from then on."""
+    previous: str | None
+    """The champion before (``None``: there was none)."""
+    action: str
+    """``promote`` or ``rollback``."""
+    reason: str
+    """The gate's reason for a promotion, the operator's for a rollback."""
+    actor: str
+    """Who or what moved it: ``pipeline run <id>`` or the operator's user name."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+def champion_history(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> list[ChampionMove]:
+    """Every recorded move of ``champion``, oldest first (empty when the model does not exist).
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    registered = registered_model(model_name, client=client)
+    tags = registered.tags if registered else {}
+    moves = [ChampionMove(**json.loads(v)) for k, v in tags.items() if k.startswith(HISTORY_TAG_PREFIX)]
+    return sorted(moves, key=lambda m: m.seq)
+
+
+def champion_at(history: list[ChampionMove], at: str) -> str | None:
+    """The champion version at time ``at`` (ISO 8601 UTC, as :attr:`ChampionMove.at`) per ``history``."""
+    when = datetime.fromisoformat(at)
+    current = None
+    for move in history:
+        if datetime.fromisoformat(move.at) > when:
+            break
+        current = move.version
+    return current
+
+
+class RegistryUnavailableError(KfloopError, RuntimeError):
+    """MLflow did not answer after its bounded retries; says what state the registry was left in."""
+
+
+def _move_champion(client: "mlflow.MlflowClient", model_name: str, version: str, *, previous: str | None,
+                   action: str, reason: str, actor: str) -> ChampionMove:
+    """After the alias moved to ``version``: append the move to the history, then tag the version and the
+    registered model. Called again for the same move (a retry after a failure here) it only fills in what
+    is missing."""
+    history = champion_history(model_name, client=client)
+    last = history[-1] if history else None
+    if last is not None and last.version == version:
+        move = last
+    else:
+        move = ChampionMove(seq=(last.seq if last else 0) + 1, previous=previous, version=version, action=action,
+                            at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            reason=reason[:MAX_TAG_CHARS // 2], actor=actor)
+        client.set_registered_model_tag(model_name, f"{HISTORY_TAG_PREFIX}{move.seq:06d}",
+                                        json.dumps(move.to_dict()))
+    client.set_model_version_tag(model_name, version, "promoted_at", move.at)
+    client.set_model_version_tag(model_name, version, "previous_champion", move.previous or "none")
+    for key, value in {"champion_version": version, "champion_promoted_at": move.at,
+                       "previous_champion": move.previous or "none"}.items():
+        client.set_registered_model_tag(model_name, key, value)
+    return move
+
+
+def _replaced_by(model_name: str, current: ChampionInfo, client: "mlflow.MlflowClient") -> str | None:
+    """The champion ``current`` replaced when it was last promoted (its ``previous_champion`` tag if the
+    history predates it)."""
+    promotions = [m for m in champion_history(model_name, client=client)
+                  if m.version == current.version and m.action == "promote"]
+    return promotions[-1].previous if promotions else _none(current.tags.get("previous_champion"))
+
+
+@contextmanager
+def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
+    """Turn MLflow's transport failure (after its own bounded retries) into one clear error."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        yield
+    except MlflowException as e:
+        if "API request to" not in e.message:
+            raise
+        raise RegistryUnavailableError(
+            f"MLflow at {client.tracking_uri} did not answer for {model_name} after "
+            f"MLFLOW_HTTP_REQUEST_MAX_RETRIES retries ({e.message.splitlines()[0][:300]}). 'champion' still "
+            "points at a valid version (the old one, or the new one if only recording the move failed); run the "
+            "same command again once MLflow is back: registration finds the version by run id and a move "
+            "already made is recorded, not repeated"
+        ) from e
+
+
+def _decision(decision: dict[str, Any]) -> "Decision":
+    from training.gate import Decision
+
+    try:
+        gate = Decision.from_dict(decision)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"decision is not a training.gate.Decision.to_dict() result ({e!r}); pass the gate's "
+                         "evaluation report") from e
+    value = gate.challenger_metrics.get(gate.primary_metric, math.nan)
+    if gate.blessed and not math.isfinite(value):
+        raise ValueError(f"decision is blessed but its primary metric {gate.primary_metric!r} is "
+                         f"{'missing' if gate.primary_metric not in gate.challenger_metrics else value}; a "
+                         "missing or NaN metric never promotes: re-run the evaluation step")
+    return gate
+
+
+def _input_example(predictor: "Predictor") -> pd.DataFrame:
+    """Two rows: typical values (medians, first category), then all nulls (object columns keep JSON nulls)."""
+    t = predictor.transform
+    typical = {**{c: s.median for c, s in t.numeric.items()},
+               **{c: (v[0] if v else None) for c, v in t.categorical.items()}}
+    return pd.DataFrame({c: pd.Series([v, None], dtype=object) for c, v in typical.items()})
+
+
+def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
+    """Inputs typed ``any``: MLflow's enforcement rejects int64 for ``double`` and pandas ``category`` for
+    ``string``, while the model's own preprocessing coerces both; outputs are the prediction frame; the param
+    ``on_schema_violation`` (default ``flag``) is :mod:`data.schema_rules`'."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+
+    t = predictor.transform
+    label_type = {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])]
+    return ModelSignature(
+        inputs=Schema([ColSpec(AnyType(), c) for c in [*t.numeric, *t.categorical]]),
+        outputs=Schema([ColSpec(label_type, "prediction"),
+                        *(ColSpec("double", f"proba_{c}") for c in predictor.classes),
+                        ColSpec("string", VIOLATIONS_COLUMN, required=False)]),
+        params=ParamSchema([ParamSpec(ON_VIOLATION_PARAM, "string", ON_VIOLATION_MODES[0])]))
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= MAX_TAG_CHARS else text[:MAX_TAG_CHARS - 3] + "..."
+
+
+def _none(value: str | None) -> str | None:
+    return None if value in (None, "", "none") else value
+
+
+def _label(version: str | None) -> str:
+    return f"v{version}" if version else "no champion"
