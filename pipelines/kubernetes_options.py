@@ -53,11 +53,13 @@ class KubernetesOptions:
     """Tolerations of the launch step, e.g. ``{"key": "nvidia.com/gpu", "operator": "Exists", "effect":
     "NoSchedule"}``."""
     shared_volume_claim: str = ""
-    """PersistentVolumeClaim mounted in the launch step at ``shared_mount_path``: with ``backend=kubernetes`` the
-    step stages inputs for the PyTorchJob and collects its model there, so it must be the claim (and path) of the
-    run's ``cluster_config`` (:attr:`training.launch.cluster.ClusterConfig.shared_volume_claim`). Empty: none."""
+    """PersistentVolumeClaim mounted in every step at ``shared_mount_path``, so validate, split and check-drift read
+    data kept on it, and with ``backend=kubernetes`` the launch step stages inputs for the job and collects its model
+    there: it is the claim (and path) of the run's ``cluster_config``
+    (:attr:`training.launch.cluster.ClusterConfig.shared_volume_claim`), which ``kfloop compile`` takes from the
+    ``cluster:`` settings. Empty: none."""
     shared_mount_path: str = "/shared"
-    """Where the launch step sees ``shared_volume_claim``."""
+    """Where the steps see ``shared_volume_claim``."""
 
     def __post_init__(self) -> None:
         if not _DNS1123_SUBDOMAIN.fullmatch(self.credentials_secret):
@@ -120,8 +122,8 @@ def using(options: KubernetesOptions) -> Iterator[None]:
 
 
 def apply(*, gpu_step: PipelineTask | None = None) -> None:
-    """Give every step of the pipeline being built the credentials Secret as env, the KFP API access label and the
-    caching choice, and ``gpu_step`` its GPUs, node selector, tolerations and the shared volume. Call it last in a
+    """Give every step of the pipeline being built the credentials Secret as env, the KFP API access label, the
+    caching choice and the shared volume, and ``gpu_step`` its GPUs, node selector and tolerations. Call it last in a
     ``@dsl.pipeline`` body."""
     options = _ACTIVE.get()
     for task in Pipeline.get_default_pipeline().tasks.values():
@@ -129,6 +131,8 @@ def apply(*, gpu_step: PipelineTask | None = None) -> None:
         kfp_k8s.add_pod_label(task, *KFP_API_ACCESS_LABEL)
         kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in REQUIRED_KEYS})
         kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in OPTIONAL_KEYS}, optional=True)
+        if options.shared_volume_claim:
+            kfp_k8s.mount_pvc(task, options.shared_volume_claim, options.shared_mount_path)
     if gpu_step is not None:
         if options.gpus:
             gpu_step.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(options.gpus)
@@ -137,5 +141,3 @@ def apply(*, gpu_step: PipelineTask | None = None) -> None:
         for tol in options.gpu_tolerations:
             kfp_k8s.add_toleration(gpu_step, key=tol["key"], operator=tol["operator"], value=tol.get("value"),
                                    effect=tol["effect"])
-        if options.shared_volume_claim:
-            kfp_k8s.mount_pvc(gpu_step, options.shared_volume_claim, options.shared_mount_path)

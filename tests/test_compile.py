@@ -95,16 +95,37 @@ def test_compile_options_set_the_secret_and_place_only_the_launch_step_on_gpu_no
     assert "pvcMount" not in launch
 
 
-def test_shared_volume_is_mounted_in_the_launch_step_only(tmp_path):
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_shared_volume_is_mounted_in_every_step(name, tmp_path):
+    """validate, split and check-drift read data on the shared volume as the launch step does."""
     options = KubernetesOptions.from_flags(shared_volume_claim="kfloop-shared", shared_mount_path="/mnt/shared")
-    k8s = _k8s_executors(compile_pipeline("training", tmp_path / "t.yaml", options=options))
-    mounted = {name: e["pvcMount"] for name, e in k8s.items() if "pvcMount" in e}
-    assert list(mounted) == ["exec-launch-training"]
-    [mount] = mounted["exec-launch-training"]
-    assert mount["mountPath"] == "/mnt/shared"
-    assert mount["pvcNameParameter"]["runtimeValue"]["constant"] == "kfloop-shared"
+    compiled = compile_pipeline(name, tmp_path / "t.yaml", options=options)
+    executors = _stable(compiled)["deploymentSpec"]["executors"]
+    k8s = _k8s_executors(compiled)
+    assert set(k8s) == set(executors)
+    for mounts in (e["pvcMount"] for e in k8s.values()):
+        [mount] = mounts
+        assert mount["mountPath"] == "/mnt/shared"
+        assert mount["pvcNameParameter"]["runtimeValue"]["constant"] == "kfloop-shared"
     # the default build is untouched by a compile with options
-    assert _stable(compile_pipeline("training", tmp_path / "d.yaml")) == _stable(GOLDEN / "training.yaml")
+    assert _stable(compile_pipeline(name, tmp_path / "d.yaml")) == _stable(GOLDEN / f"{name}.yaml")
+
+
+def test_compile_takes_the_shared_volume_from_the_cluster_settings(tmp_path):
+    """One home: the claim the jobs use (cluster.shared_volume_claim) is the one the steps mount; a flag wins."""
+    from pipelines.cli import main
+
+    config = tmp_path / "kfloop.yaml"
+    config.write_text(yaml.safe_dump({"cluster": {"shared_volume_claim": "team-pvc", "shared_mount_path": "/data"}}))
+    assert main(["compile", "--out", str(tmp_path / "settings"), "--config", str(config)]) == 0
+    assert main(["compile", "--out", str(tmp_path / "flag"), "--config", str(config),
+                 "--shared-volume-claim", "other-pvc"]) == 0
+    for folder, claim, path in (("settings", "team-pvc", "/data"), ("flag", "other-pvc", "/data")):
+        k8s = _k8s_executors(tmp_path / folder / "training.yaml")
+        mounts = [m for e in k8s.values() for m in e["pvcMount"]]
+        assert {(m["pvcNameParameter"]["runtimeValue"]["constant"], m["mountPath"]) for m in mounts} == {(claim, path)}
+    assert main(["compile", "--out", str(tmp_path / "none")]) == 0
+    assert all("pvcMount" not in e for e in _k8s_executors(tmp_path / "none" / "training.yaml").values())
 
 
 @pytest.mark.parametrize("flags, fix", [

@@ -15,7 +15,7 @@ import mlflow
 import pytest
 
 from data import storage
-from fakes.mlflow_server import free_port
+from fakes.server_process import free_port
 from training.errors import EXIT_DATA_FILE
 from fakes.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from training.fileio import file_digest

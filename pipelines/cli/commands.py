@@ -127,19 +127,24 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-toleration", action="append", default=[], metavar="KEY[=VALUE]:EFFECT",
                         help="toleration of the training launch step (repeatable)")
     parser.add_argument("--shared-volume-claim", metavar="NAME",
-                        help="PVC mounted in the training launch step (backend=kubernetes: the "
-                             "cluster.shared_volume_claim)")
+                        help="PVC mounted in every step (default: cluster.shared_volume_claim when the settings "
+                             "set it)")
     parser.add_argument("--shared-mount-path", metavar="PATH",
-                        help="where the launch step mounts it (default /shared: cluster.shared_mount_path)")
+                        help="where the steps mount it (default: cluster.shared_mount_path, else /shared)")
+    options.add_settings(parser)
 
 
 def _compile_options(args: argparse.Namespace):
+    """The compile-time Kubernetes options: the flags, else the ``cluster:`` settings for the shared volume (the
+    claim is mounted only where the settings or a flag name one: a compiled default must not need a PVC)."""
     from pipelines.kubernetes_options import KubernetesOptions
 
+    cluster = options.settings(args).get("cluster", {})
     return KubernetesOptions.from_flags(credentials_secret=args.credentials_secret, gpus=args.gpus,
                                         node_selector=args.gpu_node_selector, tolerations=args.gpu_toleration,
-                                        shared_volume_claim=args.shared_volume_claim,
-                                        shared_mount_path=args.shared_mount_path,
+                                        shared_volume_claim=args.shared_volume_claim
+                                        or cluster.get("shared_volume_claim"),
+                                        shared_mount_path=args.shared_mount_path or cluster.get("shared_mount_path"),
                                         enable_caching=args.enable_caching)
 
 

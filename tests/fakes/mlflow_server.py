@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import http.client
 import os
-import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from fakes.server_process import free_port, start_server, stop_group
+
 START_TIMEOUT_S = 120
 """``mlflow server`` needs 14-30 s to answer /health on an idle machine; the CI box is busy."""
-
-
-def free_port() -> int:
-    """A port the OS just handed out (bind port 0), for servers that cannot bind port 0 themselves."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass(kw_only=True)
@@ -50,37 +42,17 @@ class MlflowServer:
         """
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        log = (self.root / "server.log").open("wb")
-        env = {**os.environ, **self.env, "MLFLOW_ENABLE_TELEMETRY": "false"}
-        self.process = subprocess.Popen(
+        self.process = start_server(
             [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1", "--port", str(port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
              "--artifacts-destination", self.artifacts_destination or str(self.root / "artifacts")],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                break
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)  # polling interval of a deadline-bounded wait, not synchronisation
-        self.stop()
-        raise RuntimeError(f"mlflow server did not answer {self.url}/health within {START_TIMEOUT_S} s:\n"
-                           + (self.root / "server.log").read_text()[-3000:])
+            health_url=f"{self.url}/health", log_path=self.root / "server.log",
+            env={**os.environ, **self.env, "MLFLOW_ENABLE_TELEMETRY": "false"}, timeout_s=START_TIMEOUT_S)
+        return self
 
     def stop(self) -> None:
-        """Stop the server's whole process group (SIGTERM, then SIGKILL after 15 s)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """Stop the server's whole process group."""
+        stop_group(self.process)
 
 
 @dataclass(kw_only=True)

@@ -6,15 +6,12 @@ It runs in its own process group and is stopped as a group. s3fs, boto3 and pyar
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from fakes.mlflow_server import free_port
+from fakes.server_process import free_port, start_server, stop_group
 
 START_TIMEOUT_S = 60
 ACCESS_KEY_ID = "AKIAKFLOOPTESTKEY0001"
@@ -46,31 +43,13 @@ class S3Server:
         """
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        log_path = self.root / f"moto-{port}.log"
         env = {**os.environ, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if self.authenticate else {})}
-        with log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                with urllib.request.urlopen(f"{self.url}/moto-api/", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)  # polling interval of a deadline-bounded wait, not synchronisation
-        self.stop()
-        raise RuntimeError(f"moto_server did not answer {self.url} within {START_TIMEOUT_S} s:\n"
-                           + log_path.read_text()[-3000:])
+        self.process = start_server(
+            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+            health_url=f"{self.url}/moto-api/", log_path=self.root / f"moto-{port}.log", env=env,
+            timeout_s=START_TIMEOUT_S)
+        return self
 
     def stop(self) -> None:
-        """Stop the server's process group (SIGTERM, then SIGKILL after 15 s)."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        """Stop the server's process group."""
+        stop_group(self.process)

@@ -1,0 +1,52 @@
+"""A real server as a child process for tests: started in its own process group on a free loopback port, waited
+for until its health URL answers, and stopped as a group (servers such as ``mlflow server`` spawn workers)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A port the OS just handed out (bind port 0), for servers that cannot bind port 0 themselves."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(argv: list[str], *, health_url: str, log_path: Path, env: dict[str, str],
+                 timeout_s: float) -> subprocess.Popen:
+    """Start ``argv`` with stdout and stderr in ``log_path`` and wait until ``health_url`` answers 200.
+
+    Raises:
+        RuntimeError: it exited or did not answer within ``timeout_s`` (the end of its log is in the message).
+    """
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(health_url, timeout=2) as r:
+                if r.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.2)  # polling interval of a deadline-bounded wait, not synchronisation
+    stop_group(process)
+    raise RuntimeError(f"{Path(argv[0]).name} did not answer {health_url} within {timeout_s} s:\n"
+                       + log_path.read_text()[-3000:])
+
+
+def stop_group(process: subprocess.Popen | None) -> None:
+    """Stop ``process``'s whole process group (SIGTERM, then SIGKILL after 15 s)."""
+    if process is None or process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
