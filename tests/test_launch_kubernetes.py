@@ -23,10 +23,13 @@ from pipelines.cli.commands import main
 from training.config import TrainingConfig
 from training.launch.jobspec import JobSpec
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
+from data.validation import DataFileError
 from training.launch.local import LaunchError
 from training.launch.manifests import job_name_for
 
 REPO = Path(__file__).resolve().parents[1]
+
+
 def test_readme_launcher_settings_are_valid():
     readme = (REPO / "README.md").read_text()
     (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "  launcher:" in b]
@@ -111,6 +114,31 @@ def test_secret_key_refs_reach_the_container_or_block_it_clearly(secret_exists, 
 
 
 # ------------------------------------------------------------------------------------------------ training
+
+def test_inputs_in_object_storage_are_staged_for_the_job(cluster, s3_bucket, demo_files, tmp_path):
+    """`kfloop train --backend kubernetes --data s3://...`: the launcher streams the objects onto the shared volume;
+    a missing object fails naming its URI before any job exists."""
+    import boto3
+
+    from training.launch.kubernetes import train_kubernetes
+
+    s3 = boto3.client("s3")
+    s3.upload_file(str(demo_files["train.parquet"]), s3_bucket, "in/train.parquet")
+    s3.upload_file(str(REPO / "data" / "schema.yaml"), s3_bucket, "in/schema.yaml")
+    settings = KubernetesSettings.from_dict(cluster.settings())
+    config = TrainingConfig.from_dict({**FAST, "nnodes": 1, "nproc_per_node": 1, "backend": "kubernetes"})
+    common = dict(model_dir=tmp_path / "model", config=config, cluster=settings.cluster, policy=settings.launcher,
+                  log_dir=tmp_path / "logs")
+    with pytest.raises(DataFileError, match=f"s3://{s3_bucket}/in/missing.parquet: not found"):
+        train_kubernetes(f"s3://{s3_bucket}/in/missing.parquet", f"s3://{s3_bucket}/in/schema.yaml",
+                         pipeline_run_id="run-missing", **common)
+    assert cluster.jobs() == []
+    result = train_kubernetes(f"s3://{s3_bucket}/in/train.parquet", f"s3://{s3_bucket}/in/schema.yaml",
+                              pipeline_run_id="run-s3", **common)
+    staged = cluster.shared / job_name_for("run-s3")
+    assert (staged / "data.parquet").read_bytes() == demo_files["train.parquet"].read_bytes()
+    assert (staged / "schema.yaml").read_bytes() == (REPO / "data" / "schema.yaml").read_bytes()
+    assert result.world_size == 1 and (tmp_path / "model" / "model.json").is_file()
 
 def _prepared(tmp_path, demo_files, model_name: str):
     """validate -> split, as the pipeline runs them; returns (schema path, train path, holdout path, sha, md5)."""

@@ -26,12 +26,15 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data import storage
+from data.validation import DEFAULT_LIMITS, DataFileError
 from training.config import TrainingConfig
 from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
 from training.launch.cluster import ClusterConfig
@@ -503,6 +506,24 @@ def preflight(config: TrainingConfig, cluster: ClusterConfig, policy: LaunchPoli
     progress("kubernetes: preflight passed")
 
 
+def _stage(source: str | Path, target: Path) -> None:
+    """Copy an input of the job into its folder on the shared volume, from a local path or object storage
+    (streamed under the data read limit; ``target`` appears whole or not at all).
+
+    Raises:
+        DataFileError: the object is missing, too large or unreadable (the URI without credentials says which).
+    """
+    if not storage.is_remote(source):
+        atomic_copy(source, target)
+        return
+    with tempfile.TemporaryDirectory(prefix=".stage-", dir=target.parent) as tmp:
+        try:
+            storage.download(str(source), Path(tmp) / target.name, max_bytes=DEFAULT_LIMITS.max_bytes)
+        except storage.StorageError as exc:
+            raise DataFileError(exc.uri, exc.problem) from exc
+        os.replace(Path(tmp) / target.name, target)
+
+
 def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | Path, config: TrainingConfig,
                      cluster: ClusterConfig, policy: LaunchPolicy, pipeline_run_id: str, log_dir: str | Path,
                      mlflow_run_id: str | None = None) -> TrainResult:
@@ -524,7 +545,7 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     body = job_manifest(config, cluster, run_id=pipeline_run_id, data_file=data_file)
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):
-        atomic_copy(source, root / target)
+        _stage(source, root / target)
     atomic_write_json(root / "config.json", config.to_dict())
     if mlflow_run_id:
         atomic_write_text(root / MLFLOW_RUN_ID_FILE, mlflow_run_id)
