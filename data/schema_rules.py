@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
+from training.errors import KfloopError
+
 Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 """How a value can fall outside the schema, the keys of :meth:`RuleSet.shares`."""
@@ -221,7 +223,7 @@ rows; ``ignore`` checks nothing and adds no column."""
 MAX_ROWS_NAMED = 5
 
 
-class SchemaViolationError(ValueError):
+class SchemaViolationError(KfloopError, ValueError):
     """Rows to score fall outside the schema the model was trained on (``on_schema_violation="error"``)."""
 
 

@@ -19,6 +19,8 @@ import fsspec
 from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
                                  PartialCredentialsError)
 
+from training.errors import EXIT_DATA_FILE, KfloopError
+
 REMOTE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
                    "abfss": "adlfs"}
 """Object-store URI schemes and the fsspec package that reads each."""
@@ -34,8 +36,10 @@ CREDENTIALS_HINT = {
 CHUNK_BYTES = 1 << 20
 
 
-class StorageError(Exception):
+class StorageError(KfloopError):
     """An object or file that cannot be read: the URI (credentials removed) and what went wrong, with the fix."""
+
+    exit_code = EXIT_DATA_FILE
 
     def __init__(self, uri: str, problem: str):
         self.uri = redact(uri)
