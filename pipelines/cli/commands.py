@@ -384,5 +384,6 @@ def main(argv: list[str] | None = None) -> int:
             print("hint: rerun with --debug for the full traceback", file=sys.stderr)
         return exc.exit_code if isinstance(exc, KfloopError) else EXIT_FAILED
 
+
 if __name__ == "__main__":
     sys.exit(main())
