@@ -201,10 +201,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from training.steps import train_only
 
     settings = options.settings(args)
-    training = {**settings.get("training", {}), **job_shape(settings)}
-    for key in JOB_SHAPE_KEYS:
-        if getattr(args, key) is not None:
-            training[key] = getattr(args, key)
+    training = {**settings.get("training", {}),
+                **job_shape(settings, **{key: getattr(args, key) for key in JOB_SHAPE_KEYS})}
     result = train_only(data=args.data, schema=args.schema, training=training, env=load_environment(args.workdir),
                         model_dir=args.model_dir, cluster=settings.get("cluster"))
     print(f"model: {result.model_dir}")
@@ -337,13 +335,9 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None:
         cluster_settings["gpus_per_node"] = args.gpus_per_node
     cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
-    training = {**settings.get("training", {}), **job_shape(settings)}
-    if args.nnodes is not None:
-        training["nnodes"] = args.nnodes
-    if args.nproc_per_node is not None:
-        training["nproc_per_node"] = args.nproc_per_node
-    elif cluster.accelerator and not cluster.shared_gpu_resource:
-        training["nproc_per_node"] = cluster.accelerator[1]
+    shape = job_shape({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
+                      nproc_per_node=args.nproc_per_node, backend="kubernetes")
+    training = {**settings.get("training", {}), **shape}
     body = job_manifest(TrainingConfig.from_dict(training), cluster, run_id=args.run_id, kind=args.kind)
     sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0

@@ -26,6 +26,7 @@ from typing import Any
 import urllib3
 
 from training.errors import KfloopError
+from training.launch.kube_client import api_client
 from training.progress import progress
 
 _UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
@@ -62,10 +63,8 @@ def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600) ->
         path.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(str(path), timeout=timeout_s)
     if kind == "lease":
-        from training.launch.kubernetes import LaunchPolicy, api_client
-
-        return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(),
-                         api=api_client(LaunchPolicy()), timeout_s=timeout_s)
+        return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(), api=api_client(),
+                         timeout_s=timeout_s)
     raise ValueError(f"{LOCK_ENV}={kind!r}: use 'file' (one machine) or 'lease' (a Kubernetes Lease)")
 
 
