@@ -299,18 +299,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from monitoring.trigger import TriggerPolicy
-    from monitoring.trigger_registry import RegistryTriggerStore
     from monitoring.webhook import AlertWebhook, WebhookAuth
     from pipelines.kfp_server.runs import alert_starter
+    from training.launch.backends import backend_named
     from training.settings import activate, load_environment
 
-    activate(load_environment(args.workdir))
+    env = load_environment(args.workdir)
+    activate(env)
+    backend = backend_named("kubernetes")  # alerts start runs on the KFP server; their state lives in MLflow
     settings = options.settings(args)
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ),
                            policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
                            start=alert_starter(settings, host=args.kfp_host, version=args.version,
                                                namespace=args.namespace, service_account=args.service_account),
-                           store_for=RegistryTriggerStore, max_body_bytes=args.max_body_bytes)
+                           store_for=lambda model: backend.trigger_store(model, env.workdir), max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)
     webhook.emit("listening", bind=args.bind, port=server.server_address[1])
     try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
+from filelock import FileLock
 
 from training.errors import KfloopError
 from training.launch.kube_client import api_client
@@ -49,23 +50,35 @@ class LockLost(KfloopError, RuntimeError):
     """The Lease was taken by another holder while this one held it (renewals failed for its whole duration)."""
 
 
-def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
-    """The lock :func:`training.registry.versions.promote` and :func:`training.registry.versions.rollback` hold for ``model_name``.
+def lock_kind() -> str:
+    """The promotion lock this process takes when its caller does not say: ``KFLOOP_PROMOTION_LOCK``, else
+    ``lease`` in a KFP step pod, else ``file``.
 
     Raises:
         ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
     """
     kind = os.environ.get(LOCK_ENV) or ("lease" if os.environ.get(KFP_POD_ENV) else "file")
-    if kind == "file":
-        from filelock import FileLock
+    if kind not in ("file", "lease"):
+        raise ValueError(f"{LOCK_ENV}={kind!r}: use 'file' (one machine) or 'lease' (a Kubernetes Lease)")
+    return kind
 
+
+def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600, kind: str = "",
+                   kubeconfig: str = "") -> AbstractContextManager:
+    """The lock :func:`training.registry.versions.promote` and :func:`training.registry.versions.rollback` hold for
+    ``model_name``: a file lock in ``workdir`` (``kind="file"``) or a Lease reached through ``kubeconfig`` (empty:
+    ``$KUBECONFIG`` or in-cluster); ``kind`` empty: :func:`lock_kind`. A backend
+    (:mod:`training.launch.backends`) says which.
+
+    Raises:
+        ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
+    """
+    if (kind or lock_kind()) == "file":
         path = workdir / "locks" / f"{model_name}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(str(path), timeout=timeout_s)
-    if kind == "lease":
-        return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(), api=api_client(),
-                         timeout_s=timeout_s)
-    raise ValueError(f"{LOCK_ENV}={kind!r}: use 'file' (one machine) or 'lease' (a Kubernetes Lease)")
+    return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(), api=api_client(kubeconfig),
+                     timeout_s=timeout_s)
 
 
 def lease_name(model_name: str) -> str:
