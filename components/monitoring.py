@@ -30,19 +30,18 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
                        training_params: dict, training_pipeline_version: dict) -> str:
     """Start a training run on the drifted data unless the cooldown, the dedupe or a run in flight says no; returns
     the run id, or '' when skipped. With ``training_pipeline_version`` (set by ``kfloop run/schedule --host``) the
-    run is that pinned version on the KFP server and the trigger state lives on the registered model in MLflow;
-    without it the run is the training pipeline under kfp.local (its id the registered version) and the state a
-    file in the workdir."""
-    from components.run_starters import start_local_training, start_pinned_training
+    loop runs on the Kubernetes backend: the run is that pinned version on the KFP server and the trigger state
+    lives on the registered model in MLflow; without it, on the local backend: the run is the training pipeline
+    under kfp.local (its id the registered version) and the state a file in the workdir."""
+    from components.run_starters import run_starter
     from monitoring.steps import trigger_step
-    from monitoring.trigger_registry import RegistryTriggerStore
-    from training.settings import from_struct
+    from training.launch.backends import backend_named
+    from training.settings import from_struct, load_environment
 
     pinned = from_struct(training_pipeline_version)
+    backend = backend_named("kubernetes" if pinned else "local")
     settings = {**from_struct(training_params), "dataset_uri": dataset_uri, "model_name": model_name}
     decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"],
-                            policy=from_struct(trigger_policy),
-                            start=(lambda: start_pinned_training(pinned, settings)) if pinned
-                            else (lambda: start_local_training(settings)),
-                            store=RegistryTriggerStore(model_name) if pinned else None)
+                            policy=from_struct(trigger_policy), start=run_starter(backend, pinned, settings),
+                            store=backend.trigger_store(model_name, load_environment().workdir))
     return decision.run_id or ""

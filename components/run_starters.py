@@ -1,5 +1,5 @@
-"""How the retrain trigger step starts a training run: under kfp.local on this machine, or as a run of the pinned
-training version on the KFP server."""
+"""How the retrain trigger step starts a training run, by its backend's type (:mod:`training.launch.backends`):
+under kfp.local on this machine, or as a run of the pinned training version on the KFP server."""
 from __future__ import annotations
 
 import json
@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from components.kfp_client import DEFAULT_EXPERIMENT, VersionRef, connect, start_training
+from training.launch.backends import Backend, KubernetesBackend, LocalBackend
 from training.settings import SECTION_PARAMETERS
 
 
@@ -51,3 +52,13 @@ def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> s
     return start_training(client, version, params, experiment=pinned.get("experiment") or DEFAULT_EXPERIMENT,
                           namespace=pinned.get("namespace") or None,
                           service_account=pinned.get("service_account") or None)
+
+
+def run_starter(backend: Backend, pinned: dict[str, Any], settings: dict[str, Any]) -> Callable[[], str]:
+    """The trigger's ``start()`` on ``backend``: :func:`start_pinned_training` of ``pinned`` on Kubernetes,
+    :func:`start_local_training` on this machine; either with ``settings`` as the run's settings."""
+    starters: dict[type[Backend], Callable[[], str]] = {
+        LocalBackend: lambda: start_local_training(settings),
+        KubernetesBackend: lambda: start_pinned_training(pinned, settings),
+    }
+    return starters[type(backend)]

@@ -77,7 +77,7 @@ def trigger_store(model_name: str):
     """The trigger state of ``model_name`` in the workdir (a file that survives restarts of the step)."""
     from monitoring.trigger import TriggerStore
 
-    return TriggerStore(load_environment().workdir / "trigger" / f"{model_name}.json")
+    return TriggerStore.in_workdir(load_environment().workdir, model_name)
 
 
 @step_function

@@ -91,6 +91,11 @@ class TriggerStore:
         self.path = Path(path)
         self.lock = FileLock(f"{self.path}.lock")
 
+    @classmethod
+    def in_workdir(cls, workdir: Path, model_name: str) -> "TriggerStore":
+        """The trigger state of ``model_name`` on this machine: ``<workdir>/trigger/<model>.json``."""
+        return cls(workdir / "trigger" / f"{model_name}.json")
+
     def _read(self) -> bytes | None:
         """The stored document, or None when there is none yet."""
         try:

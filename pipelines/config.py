@@ -35,12 +35,15 @@ def typed_config(section: str, values: dict[str, Any]) -> Any:
     return SECTIONS[section].from_dict(values)
 
 
-def job_shape(settings: dict[str, Any]) -> dict[str, Any]:
-    """The job's shape (``nnodes``, ``nproc_per_node``, ``backend``) the settings ask for: each key from the top
-    level or from the ``training`` section, whichever sets it; keys set nowhere are left out (their default).
+def job_shape(settings: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The job's shape (``nnodes``, ``nproc_per_node``, ``backend``) the settings ask for: each key from
+    ``overrides`` (command-line flags; None: not given), else the top level or the ``training`` section, whichever
+    sets it; keys set nowhere are left out (their default), except that a job on Kubernetes whose nodes get
+    accelerators (``cluster.gpus_per_node`` or a MIG profile) runs one process per device. ``kfloop render-job``,
+    ``kfloop train``, ``run`` and the retraining runs all resolve the shape here, so the dry run and the launch agree.
 
     Raises:
-        ValueError: both places set a key, to different values.
+        ValueError: both places set a key, to different values; or an invalid ``cluster`` section.
     """
     training = settings.get("training") or {}
     shape = {}
@@ -48,8 +51,14 @@ def job_shape(settings: dict[str, Any]) -> dict[str, Any]:
         if key in settings and key in training and settings[key] != training[key]:
             raise ValueError(f"{key} is set twice, to {settings[key]!r} and training.{key}={training[key]!r}: "
                              f"set it once (e.g. --set {key}={settings[key]!r})")
-        if key in settings or key in training:
+        if overrides.get(key) is not None:
+            shape[key] = overrides[key]
+        elif key in settings or key in training:
             shape[key] = settings[key] if key in settings else training[key]
+    if "nproc_per_node" not in shape and shape.get("backend") == "kubernetes":
+        devices = KubernetesSettings.from_dict(settings.get("cluster")).cluster.devices_per_node
+        if devices:
+            shape["nproc_per_node"] = devices
     return shape
 
 

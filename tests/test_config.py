@@ -56,6 +56,31 @@ def test_job_shape_reads_either_place():
     assert job_shape({}) == {}
 
 
+def test_gpu_nodes_run_one_process_per_device_in_the_dry_run_and_the_launch_alike(tmp_path, capsys):
+    """The dry run is the launch with GPUs too: ``render-job`` and a pipeline run on Kubernetes resolve the same
+    ``nproc_per_node`` (one per GPU, unless set) and so render the very same body."""
+    import yaml
+
+    from pipelines.cli.commands import main
+    from training.launch.manifests import job_manifest
+
+    cluster = {"gpus_per_node": 4, "shared_volume_claim": "kfloop-shared"}
+    settings = {**DATA, "backend": "kubernetes", "nnodes": 2, "training": {"epochs": 3}, "cluster": cluster}
+    params = pipeline_params(training_pipeline, settings)
+    assert params["nproc_per_node"] == 4
+    launched = TrainingConfig.from_dict({**params["training_config"], "nnodes": params["nnodes"],
+                                         "nproc_per_node": params["nproc_per_node"], "backend": params["backend"]})
+    body = job_manifest(launched, KubernetesSettings.from_dict(params["cluster_config"]).cluster, run_id="run-gpu")
+    config = tmp_path / "kfloop.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    assert main(["render-job", "--run-id", "run-gpu", "--config", str(config)]) == 0
+    assert capsys.readouterr().out == yaml.safe_dump(body, sort_keys=False)
+    assert body["spec"]["nprocPerNode"] == "4"
+    # set explicitly it wins; on the local backend the cluster's GPUs say nothing about the local ranks
+    assert job_shape({**settings, "nproc_per_node": 2}, backend="kubernetes")["nproc_per_node"] == 2
+    assert "nproc_per_node" not in job_shape({**settings, "backend": "local"})
+
+
 def test_every_section_has_one_pipeline_parameter():
     assert set(SECTIONS) == set(SECTION_PARAMETERS)
     declared = {*training_pipeline.component_spec.inputs, *drift_pipeline.component_spec.inputs}

@@ -8,6 +8,7 @@ from typing import Any
 
 from data.storage import record_uri, redact
 from training.fileio import atomic_write_json, atomic_write_text
+from training.launch.backends import backend_named, step_backend
 from training.progress import progress
 from training.settings import Environment, load_environment, step_function
 
@@ -128,23 +129,6 @@ def _training_config(config: dict[str, Any], **overrides: Any):
     return TrainingConfig.from_dict({**config, **overrides})
 
 
-def _launch(cfg, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path, log_dir: Path, run_name: str,
-            cluster: dict[str, Any] | None, mlflow_run_id: str | None = None):
-    """Train on ``cfg.backend``: local torchrun agents, or a PyTorchJob named after ``run_name`` (its checkpoints
-    then live in the job's folder on the shared volume, not in ``checkpoint_dir``)."""
-    if cfg.backend == "kubernetes":
-        from training.launch.kubernetes import KubernetesSettings, train_kubernetes
-
-        settings = KubernetesSettings.from_dict(cluster)
-        return train_kubernetes(data, schema, model_dir=model_dir, config=cfg, cluster=settings.cluster,
-                                policy=settings.launcher, pipeline_run_id=run_name, log_dir=log_dir,
-                                mlflow_run_id=mlflow_run_id)
-    from training.launch.local import train_local
-
-    return train_local(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=cfg,
-                       mlflow_run_id=mlflow_run_id, log_dir=log_dir)
-
-
 def _unfinished_run(client, experiment_id: str, pipeline_run_id: str) -> str | None:
     """The MLflow run a killed launch step of this pipeline run left RUNNING: its retry attaches to that step's
     Kubernetes job, which logs into this run."""
@@ -168,19 +152,20 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
     import mlflow
 
     cfg = _training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend)
+    launcher = backend_named(cfg.backend, cluster)
     env = load_environment()
     client = mlflow.MlflowClient()
     experiment_id = ensure_experiment(model_name, env)
-    run_id = _unfinished_run(client, experiment_id, pipeline_run_id) if cfg.backend == "kubernetes" else None
+    run_id = _unfinished_run(client, experiment_id, pipeline_run_id) if launcher.attaches_to_unfinished_run else None
     if run_id is None:
         run_id = client.create_run(experiment_id, tags={"kfloop.pipeline_run_id": pipeline_run_id,
                                                         "kfloop.git_commit": env.git_commit}).info.run_id
     progress(f"train: {cfg.nnodes} node(s) x {cfg.nproc_per_node} rank(s), MLflow run {run_id}")
     log_dir = env.workdir / "logs" / pipeline_run_id
     try:
-        result = _launch(cfg, train_path, schema_path, model_dir=Path(model_dir),
-                         checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, log_dir=log_dir,
-                         run_name=pipeline_run_id, cluster=cluster, mlflow_run_id=run_id)
+        result = launcher.launch(cfg, train_path, schema_path, model_dir=Path(model_dir),
+                                 checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, log_dir=log_dir,
+                                 run_name=pipeline_run_id, mlflow_run_id=run_id)
     except BaseException:
         if log_dir.is_dir():  # node logs and torchrun's error files, for the post-mortem
             client.log_artifacts(run_id, str(log_dir), FAILURE_ARTIFACTS)
@@ -206,13 +191,14 @@ def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environ
     from data.validation import ValidationError, load_schema, validate
 
     cfg = _training_config(training)
+    launcher = backend_named(cfg.backend, cluster)
     report = validate(data, load_schema(schema))
     if not report.ok:
         raise ValidationError(report)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(model_dir) if model_dir else env.workdir / "models" / stamp
-    return _launch(cfg, data, schema, model_dir=out, checkpoint_dir=out.parent / f".{out.name}-checkpoints",
-                   log_dir=env.workdir / "logs" / f"train-{stamp}", run_name=f"train-{stamp}", cluster=cluster)
+    return launcher.launch(cfg, data, schema, model_dir=out, checkpoint_dir=out.parent / f".{out.name}-checkpoints",
+                           log_dir=env.workdir / "logs" / f"train-{stamp}", run_name=f"train-{stamp}")
 
 
 # ---------------------------------------------------------------------------------------------------- evaluate
@@ -323,7 +309,6 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
 def promote_step(*, model_name: str, version: str, compared_against: str, model_dir: str, holdout_path: str,
                  holdout_sha256: str, policy: dict[str, Any]):
     """Move ``champion`` under the lock; if the champion changed since the gate, re-decide against it first."""
-    from training.registry.lock import promotion_lock
     from training.registry.versions import promote
 
     def recheck(current):
@@ -333,7 +318,7 @@ def promote_step(*, model_name: str, version: str, compared_against: str, model_
         return decision
 
     result = promote(model_name, version, compared_against=compared_against or None, recheck=recheck,
-                     lock=promotion_lock(model_name, load_environment().workdir))
+                     lock=step_backend().promotion_lock(model_name, load_environment().workdir))
     progress(f"promote: {model_name} v{version}: {'champion' if result.promoted else 'not promoted'}"
               f" ({result.reason})")
     return result

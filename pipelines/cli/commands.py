@@ -201,10 +201,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from training.steps import train_only
 
     settings = options.settings(args)
-    training = {**settings.get("training", {}), **job_shape(settings)}
-    for key in JOB_SHAPE_KEYS:
-        if getattr(args, key) is not None:
-            training[key] = getattr(args, key)
+    training = {**settings.get("training", {}),
+                **job_shape(settings, **{key: getattr(args, key) for key in JOB_SHAPE_KEYS})}
     result = train_only(data=args.data, schema=args.schema, training=training, env=load_environment(args.workdir),
                         model_dir=args.model_dir, cluster=settings.get("cluster"))
     print(f"model: {result.model_dir}")
@@ -301,18 +299,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
     from monitoring.trigger import TriggerPolicy
-    from monitoring.trigger_registry import RegistryTriggerStore
     from monitoring.webhook import AlertWebhook, WebhookAuth
     from pipelines.kfp_server.runs import alert_starter
+    from training.launch.backends import backend_named
     from training.settings import activate, load_environment
 
-    activate(load_environment(args.workdir))
+    env = load_environment(args.workdir)
+    activate(env)
+    backend = backend_named("kubernetes")  # alerts start runs on the KFP server; their state lives in MLflow
     settings = options.settings(args)
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ),
                            policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
                            start=alert_starter(settings, host=args.kfp_host, version=args.version,
                                                namespace=args.namespace, service_account=args.service_account),
-                           store_for=RegistryTriggerStore, max_body_bytes=args.max_body_bytes)
+                           store_for=lambda model: backend.trigger_store(model, env.workdir), max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)
     webhook.emit("listening", bind=args.bind, port=server.server_address[1])
     try:
@@ -337,13 +337,9 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     if args.gpus_per_node is not None:
         cluster_settings["gpus_per_node"] = args.gpus_per_node
     cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
-    training = {**settings.get("training", {}), **job_shape(settings)}
-    if args.nnodes is not None:
-        training["nnodes"] = args.nnodes
-    if args.nproc_per_node is not None:
-        training["nproc_per_node"] = args.nproc_per_node
-    elif cluster.accelerator and not cluster.shared_gpu_resource:
-        training["nproc_per_node"] = cluster.accelerator[1]
+    shape = job_shape({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
+                      nproc_per_node=args.nproc_per_node, backend="kubernetes")
+    training = {**settings.get("training", {}), **shape}
     body = job_manifest(TrainingConfig.from_dict(training), cluster, run_id=args.run_id, kind=args.kind)
     sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0

@@ -11,9 +11,9 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from monitoring.records import drift_checks, trigger_status
-from monitoring.trigger import TriggerPolicy, TriggerStore, utc_iso
-from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
-from training.registry.lock import promotion_lock
+from monitoring.trigger import TriggerPolicy, utc_iso
+from monitoring.trigger_registry import STATE_TAG
+from training.launch.backends import backend_named, step_backend
 from training.registry.versions import champion_history, get_champion, holdout_metrics, list_versions, rollback
 from training.settings import Environment
 
@@ -81,7 +81,7 @@ def rollback_champion(model_name: str, *, to: str | None, reason: str, env: Envi
         ValueError: nothing to roll back to, or the target may not serve (the message says why).
     """
     result = rollback(model_name, to=to, reason=reason, actor=getpass.getuser(),
-                      lock=promotion_lock(model_name, env.workdir))
+                      lock=step_backend().promotion_lock(model_name, env.workdir))
     return {"model_name": model_name, **result.to_dict()}
 
 
@@ -128,10 +128,10 @@ def _require_model(client: Any, model_name: str, env: Environment) -> None:
 
 
 def _trigger_store(client: Any, model_name: str, env: Environment):
-    """The registered model's trigger state when the cluster path keeps it there, else the workdir's file."""
-    if STATE_TAG in client.get_registered_model(model_name).tags:
-        return RegistryTriggerStore(model_name, client=client)
-    return TriggerStore(env.workdir / "trigger" / f"{model_name}.json")
+    """The trigger state where the backend that keeps it put it: on the registered model (Kubernetes), else the
+    workdir's file (this machine)."""
+    on_cluster = STATE_TAG in client.get_registered_model(model_name).tags
+    return backend_named("kubernetes" if on_cluster else "local").trigger_store(model_name, env.workdir)
 
 
 def _fired_runs(client: Any, model_name: str, env: Environment) -> dict[str, str]:

@@ -9,7 +9,8 @@ from pathlib import Path
 from fakes.k8s_server import K8sServer
 
 from training.config import TrainingConfig
-from training.launch.kubernetes import KubernetesSettings, LaunchPolicy, api_client
+from training.launch.kube_client import api_client
+from training.launch.kubernetes import KubernetesSettings
 from training.launch.manifests import render_pytorchjob, training_job_spec
 
 CLAIM = "kfloop-shared"
@@ -28,7 +29,7 @@ class Cluster:
                 "launcher": {"kubeconfig": str(self.kubeconfig), "poll_seconds": 0.5, **launcher}}
 
     def api(self):
-        return api_client(LaunchPolicy(kubeconfig=str(self.kubeconfig)))
+        return api_client(str(self.kubeconfig))
 
     def jobs(self) -> list[dict]:
         from kubernetes import client

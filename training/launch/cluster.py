@@ -320,6 +320,12 @@ class ClusterConfig:
         return None
 
     @property
+    def devices_per_node(self) -> int | None:
+        """The processes a node runs, one per device (whole GPU or MIG device): the default and the only fitting
+        ``nproc_per_node``; None on CPU or with shared GPU slices (any count fits)."""
+        return None if self.shared_gpu_resource or not self.accelerator else self.accelerator[1]
+
+    @property
     def checkpoint_scratch(self) -> bool:
         """Whether :attr:`checkpoint_dir` is a pod-local emptyDir (set, and not on the shared volume)."""
         root = self.shared_mount_path.rstrip("/") + "/"

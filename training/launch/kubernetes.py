@@ -21,7 +21,6 @@ A SIGKILLed launch step cannot clean up: its retry attaches to the job it left b
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -38,6 +37,7 @@ from data.validation import DEFAULT_LIMITS, DataFileError
 from training.config import TrainingConfig
 from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
 from training.launch.cluster import ClusterConfig
+from training.launch.kube_client import api_client
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render_pytorchjob
 from training.model import MODEL_FILE
@@ -116,24 +116,6 @@ class KubernetesSettings:
         launcher = dict(settings.pop("launcher", None) or {})
         return cls(cluster=ClusterConfig.from_dict(settings),
                    launcher=section_from_dict(LaunchPolicy, launcher, "cluster.launcher"))
-
-
-def api_client(policy: LaunchPolicy):
-    """A `kubernetes` ApiClient from ``policy.kubeconfig``, ``$KUBECONFIG`` / ``~/.kube/config``, or in-cluster.
-
-    Raises:
-        kubernetes.config.ConfigException: no usable configuration.
-    """
-    from kubernetes import client, config
-
-    path = policy.kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    if not path and Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser().is_file():
-        path = str(Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser())
-    if path:
-        return config.new_client_from_config(config_file=path)
-    configuration = client.Configuration()
-    config.load_incluster_config(client_configuration=configuration)
-    return client.ApiClient(configuration)
 
 
 # ------------------------------------------------------------------------------------------------ one job
@@ -501,7 +483,7 @@ def preflight(config: TrainingConfig, cluster: ClusterConfig, policy: LaunchPoli
                    env={"OMP_NUM_THREADS": str(config.threads_per_rank)},
                    rdzv_timeout_seconds=config.rdzv_timeout_seconds)
     progress(f"kubernetes: preflight {spec.name}: all_reduce busbw floor {policy.preflight_min_busbw_gbps:g} GB/s")
-    JobRun(api or api_client(policy), render_pytorchjob(spec, cluster), policy=policy,
+    JobRun(api or api_client(policy.kubeconfig), render_pytorchjob(spec, cluster), policy=policy,
            log_path=Path(log_dir) / "preflight-master.log", timeout=policy.preflight_timeout_seconds).run()
     progress("kubernetes: preflight passed")
 
@@ -549,7 +531,7 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     atomic_write_json(root / "config.json", config.to_dict())
     if mlflow_run_id:
         atomic_write_text(root / MLFLOW_RUN_ID_FILE, mlflow_run_id)
-    api = api_client(policy)
+    api = api_client(policy.kubeconfig)
     log_dir = Path(log_dir)
     if policy.preflight_min_busbw_gbps:
         preflight(config, cluster, policy, pipeline_run_id=pipeline_run_id, log_dir=log_dir, api=api)

@@ -198,11 +198,10 @@ def _check_fit(spec: JobSpec, cluster: ClusterConfig) -> None:
         if not cluster.elastic_min_nodes <= spec.nnodes <= top:
             raise ValueError(f"nnodes={spec.nnodes} is outside elastic_min_nodes..elastic_max_nodes "
                              f"({cluster.elastic_min_nodes}..{top}): start the job within its bounds")
-    accelerator = cluster.accelerator
-    if accelerator and not cluster.shared_gpu_resource and spec.nproc_per_node != accelerator[1]:
-        resource, count = accelerator
-        raise ValueError(f"nproc_per_node={spec.nproc_per_node} but each node gets {count} {resource}: run one "
-                         f"process per device, set nproc_per_node={count}")
+    count = cluster.devices_per_node
+    if count and spec.nproc_per_node != count:
+        raise ValueError(f"nproc_per_node={spec.nproc_per_node} but each node gets {count} {cluster.accelerator[0]}: "
+                         f"run one process per device, set nproc_per_node={count} (or leave it unset)")
 
 
 def _metadata(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:

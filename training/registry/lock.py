@@ -24,8 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
+from filelock import FileLock
+from kubernetes import client
+from kubernetes.client import ApiException
 
 from training.errors import KfloopError
+from training.launch.kube_client import api_client
 from training.progress import progress
 
 _UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
@@ -48,25 +52,36 @@ class LockLost(KfloopError, RuntimeError):
     """The Lease was taken by another holder while this one held it (renewals failed for its whole duration)."""
 
 
-def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
-    """The lock :func:`training.registry.versions.promote` and :func:`training.registry.versions.rollback` hold for ``model_name``.
+def lock_kind() -> str:
+    """The promotion lock this process takes when its caller does not say: ``KFLOOP_PROMOTION_LOCK``, else
+    ``lease`` in a KFP step pod, else ``file``.
 
     Raises:
         ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
     """
     kind = os.environ.get(LOCK_ENV) or ("lease" if os.environ.get(KFP_POD_ENV) else "file")
-    if kind == "file":
-        from filelock import FileLock
+    if kind not in ("file", "lease"):
+        raise ValueError(f"{LOCK_ENV}={kind!r}: use 'file' (one machine) or 'lease' (a Kubernetes Lease)")
+    return kind
 
+
+def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600, kind: str = "",
+                   kubeconfig: str = "") -> AbstractContextManager:
+    """The lock :func:`training.registry.versions.promote` and :func:`training.registry.versions.rollback` hold for
+    ``model_name``: a file lock in ``workdir`` (``kind="file"``) or a Lease reached through ``kubeconfig`` (empty:
+    ``$KUBECONFIG`` or in-cluster); ``kind`` empty: :func:`lock_kind`. A backend
+    (:mod:`training.launch.backends`) says which.
+
+    Raises:
+        ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
+    """
+    assert kind in ("", "file", "lease"), kind
+    if (kind or lock_kind()) == "file":
         path = workdir / "locks" / f"{model_name}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(str(path), timeout=timeout_s)
-    if kind == "lease":
-        from training.launch.kubernetes import LaunchPolicy, api_client
-
-        return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(),
-                         api=api_client(LaunchPolicy()), timeout_s=timeout_s)
-    raise ValueError(f"{LOCK_ENV}={kind!r}: use 'file' (one machine) or 'lease' (a Kubernetes Lease)")
+    return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(), api=api_client(kubeconfig),
+                     timeout_s=timeout_s)
 
 
 def lease_name(model_name: str) -> str:
@@ -111,8 +126,6 @@ class LeaseLock(AbstractContextManager):
     """Why the Lease stopped being ours while held ('' while it is): :meth:`__exit__` then raises LockLost."""
 
     def __post_init__(self) -> None:
-        from kubernetes import client
-
         self._leases = client.CoordinationV1Api(self.api)
 
     def __enter__(self) -> "LeaseLock":
@@ -132,8 +145,6 @@ class LeaseLock(AbstractContextManager):
             PermissionError: the service account may not use Leases here (the message says how to grant it).
             kubernetes.client.ApiException: the API refused otherwise.
         """
-        from kubernetes.client import ApiException
-
         try:
             self._wait_and_take()
         except ApiException as e:
@@ -147,8 +158,6 @@ class LeaseLock(AbstractContextManager):
         self._renewer.start()
 
     def _wait_and_take(self) -> None:
-        from kubernetes.client import ApiException
-
         deadline = time.monotonic() + self.timeout_s
         seen, seen_at = None, 0.0
         while True:
@@ -177,8 +186,6 @@ class LeaseLock(AbstractContextManager):
     def release(self) -> None:
         """Stop renewing and clear the holder, if the Lease is still ours. When the API cannot be reached the
         Lease is left to expire (after ``duration_s``) with a warning: what the lock guarded is done by now."""
-        from kubernetes.client import ApiException
-
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
@@ -198,8 +205,6 @@ class LeaseLock(AbstractContextManager):
                      f"{self.duration_s} s after its last renewal")
 
     def _take(self, current) -> None:
-        from kubernetes import client
-
         now = _micro_time()
         spec = client.V1LeaseSpec(holder_identity=self.holder, lease_duration_seconds=self.duration_s,
                                   acquire_time=now, renew_time=now)
@@ -213,8 +218,6 @@ class LeaseLock(AbstractContextManager):
         self._leases.replace_namespaced_lease(self.name, self.namespace, current)  # carries resourceVersion
 
     def _renew(self) -> None:
-        from kubernetes.client import ApiException
-
         while not self._stop.wait(self.duration_s / 3):
             try:
                 current = self._leases.read_namespaced_lease(self.name, self.namespace)

@@ -1,0 +1,74 @@
+"""Local or cluster decided once, by the backend config's type: one backend object chooses the launcher, the
+promotion lock and the trigger store (training/launch/backends.py); the Kubernetes one reaches the test API server
+over HTTP with the real `kubernetes` client through its own kubeconfig."""
+from __future__ import annotations
+
+import pytest
+from filelock import FileLock
+from kubernetes import client
+
+from fakes.k8s_server import K8sServer
+from monitoring.trigger import TriggerStore
+from monitoring.trigger_registry import RegistryTriggerStore
+from training.launch.backends import (KubernetesBackend, LocalBackend, LocalConfig, backend_for, backend_named,
+                                      step_backend)
+from training.launch.kube_client import api_client
+from training.launch.kubernetes import KubernetesSettings
+from training.registry.lock import LeaseLock, lease_name
+
+
+def test_the_config_type_picks_the_backend():
+    assert type(backend_for(LocalConfig())) is LocalBackend
+    settings = KubernetesSettings.from_dict({"namespace": "ml"})
+    backend = backend_for(settings)
+    assert type(backend) is KubernetesBackend and backend.config is settings
+    assert type(backend_named("local", {"namespace": "ignored-here"})) is LocalBackend
+    assert backend_named("kubernetes", {"namespace": "ml"}).config.cluster.namespace == "ml"
+    with pytest.raises(TypeError, match="dict is no backend config: use one of .*KubernetesSettings.*LocalConfig"):
+        backend_for({"namespace": "ml"})
+    with pytest.raises(ValueError, match=r"backend='slurm': use one of \('local', 'kubernetes'\)"):
+        backend_named("slurm")
+
+
+def test_the_local_backend_keeps_its_lock_and_trigger_state_in_the_workdir(tmp_path, monkeypatch):
+    monkeypatch.setenv("KFP_POD_NAME", "in-a-pod")  # the backend decides, not the environment
+    backend = backend_for(LocalConfig())
+    lock = backend.promotion_lock("churn", tmp_path, timeout_s=1)
+    assert isinstance(lock, FileLock) and lock.lock_file == str(tmp_path / "locks" / "churn.lock")
+    store = backend.trigger_store("churn", tmp_path)
+    assert type(store) is TriggerStore and store.path == tmp_path / "trigger" / "churn.json"
+    assert not backend.attaches_to_unfinished_run
+
+
+def test_the_kubernetes_backend_takes_a_lease_through_its_own_kubeconfig(tmp_path, monkeypatch, isolated_env):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KFP_POD_NAME", raising=False)  # the backend decides, not the environment
+    with K8sServer(tmp_path / "k8s", operator=False) as server:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        backend = backend_for(KubernetesSettings.from_dict({"launcher": {"kubeconfig": str(kubeconfig)}}))
+        lock = backend.promotion_lock("churn", tmp_path, timeout_s=5)
+        assert isinstance(lock, LeaseLock) and lock.name == lease_name("churn")
+        with lock:
+            lease = client.CoordinationV1Api(api_client(str(kubeconfig))).read_namespaced_lease(lock.name, "default")
+            assert lease.spec.holder_identity == lock.holder
+        assert not (tmp_path / "locks").exists()
+    store = backend.trigger_store("churn", tmp_path)
+    assert type(store) is RegistryTriggerStore and store.model_name == "churn"
+    assert backend.attaches_to_unfinished_run
+
+
+def test_a_step_runs_on_kubernetes_in_a_kfp_pod_unless_the_lock_override_says_otherwise(monkeypatch):
+    monkeypatch.delenv("KFLOOP_PROMOTION_LOCK", raising=False)
+    monkeypatch.delenv("KFP_POD_NAME", raising=False)
+    assert type(step_backend()) is LocalBackend
+    monkeypatch.setenv("KFP_POD_NAME", "training-abc-promote")
+    assert type(step_backend()) is KubernetesBackend
+    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "file")
+    assert type(step_backend()) is LocalBackend
+    monkeypatch.delenv("KFP_POD_NAME")
+    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "lease")
+    assert type(step_backend()) is KubernetesBackend
+    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "etcd")
+    with pytest.raises(ValueError, match="'file'.*'lease'"):
+        step_backend()
+

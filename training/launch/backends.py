@@ -1,0 +1,142 @@
+"""Local or cluster, decided once: a backend chosen by the type of its config (as the Kubeflow SDK's TrainerClient
+picks one by its backend config's type), then asked everything that differs between the two.
+
+* :class:`LocalConfig` -> :class:`LocalBackend`: this machine. Training as torchrun agents here, a file lock on
+  ``champion`` and the retrain trigger's state in the workdir.
+* :class:`~training.launch.kubernetes.KubernetesSettings` (the ``cluster:`` section) -> :class:`KubernetesBackend`:
+  a Kubernetes cluster. Training as a PyTorchJob, a Lease on ``champion`` and the trigger's state on the registered
+  model in MLflow (it outlives the pods that decide).
+
+How a training run is started by the retrain trigger (kfp.local here, or the pinned version on the KFP server) is
+the one role domain code cannot hold: ``components/run_starters.py`` picks it by the same backend's type.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from monitoring.trigger import TriggerStore
+from monitoring.trigger_registry import RegistryTriggerStore
+from training.config import BACKENDS, TrainingConfig
+from training.launch.kubernetes import KubernetesSettings, train_kubernetes
+from training.launch.local import TrainResult, train_local
+from training.registry.lock import lock_kind, promotion_lock
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class LocalConfig:
+    """Run on this machine: nothing to configure beyond the workdir every path already has."""
+
+
+class Backend(ABC):
+    """Where the loop's work runs: how training is launched, which lock guards ``champion``, where the retrain
+    trigger keeps its state. Build one with :func:`backend_for`."""
+
+    attaches_to_unfinished_run: ClassVar[bool]
+    """Whether a retried launch step continues the MLflow run its killed attempt left RUNNING (the job that
+    attempt started outlives it and logs into that run)."""
+
+    @abstractmethod
+    def launch(self, config: TrainingConfig, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path,
+               log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
+        """Train ``config`` on ``data`` into ``model_dir``; ``run_name`` names the job (the pipeline run id).
+
+        Raises:
+            training.launch.local.LaunchError: a rank (or the job) failed; the message names it and its error.
+            ValueError: ``config`` does not fit the backend (the message says the fix).
+        """
+
+    @abstractmethod
+    def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
+        """The lock held while ``champion`` of ``model_name`` moves (:mod:`training.registry.lock`)."""
+
+    @abstractmethod
+    def trigger_store(self, model_name: str, workdir: Path) -> TriggerStore:
+        """Where the retrain trigger of ``model_name`` keeps its cooldown and dedupe state."""
+
+
+class LocalBackend(Backend):
+    """This machine (see the module docstring)."""
+
+    attaches_to_unfinished_run = False
+
+    def __init__(self, config: LocalConfig):
+        self.config = config
+
+    def launch(self, config: TrainingConfig, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path,
+               log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
+        return train_local(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=config,
+                           mlflow_run_id=mlflow_run_id, log_dir=log_dir)
+
+    def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
+        return promotion_lock(model_name, workdir, timeout_s=timeout_s, kind="file")
+
+    def trigger_store(self, model_name: str, workdir: Path) -> TriggerStore:
+        return TriggerStore.in_workdir(workdir, model_name)
+
+
+class KubernetesBackend(Backend):
+    """A Kubernetes cluster (see the module docstring); ``config.launcher.kubeconfig`` reaches its API."""
+
+    attaches_to_unfinished_run = True
+
+    def __init__(self, config: KubernetesSettings):
+        self.config = config
+
+    def launch(self, config: TrainingConfig, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path,
+               log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
+        """A PyTorchJob named after ``run_name``; its checkpoints live in the job's folder on the shared volume,
+        not in ``checkpoint_dir``."""
+        return train_kubernetes(data, schema, model_dir=model_dir, config=config, cluster=self.config.cluster,
+                                policy=self.config.launcher, pipeline_run_id=run_name, log_dir=log_dir,
+                                mlflow_run_id=mlflow_run_id)
+
+    def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
+        return promotion_lock(model_name, workdir, timeout_s=timeout_s, kind="lease",
+                              kubeconfig=self.config.launcher.kubeconfig)
+
+    def trigger_store(self, model_name: str, workdir: Path) -> TriggerStore:
+        return RegistryTriggerStore(model_name)
+
+
+BACKEND_TYPES: dict[type, type[Backend]] = {LocalConfig: LocalBackend, KubernetesSettings: KubernetesBackend}
+"""Config type -> its backend."""
+
+
+def backend_for(config: LocalConfig | KubernetesSettings) -> Backend:
+    """The backend of ``config``'s type.
+
+    Raises:
+        TypeError: ``config`` is of no backend's type.
+    """
+    if type(config) not in BACKEND_TYPES:
+        raise TypeError(f"{type(config).__name__} is no backend config: use one of "
+                        f"{sorted(t.__name__ for t in BACKEND_TYPES)}")
+    return BACKEND_TYPES[type(config)](config)
+
+
+def backend_named(name: str, cluster: dict[str, Any] | None = None) -> Backend:
+    """The backend of the ``backend`` setting (``local`` or ``kubernetes``, as :class:`TrainingConfig` checks it),
+    a Kubernetes one configured by the ``cluster`` settings.
+
+    Raises:
+        ValueError: an unknown name, or invalid ``cluster`` settings.
+    """
+    if name == "kubernetes":
+        return backend_for(KubernetesSettings.from_dict(cluster))
+    if name == "local":
+        return backend_for(LocalConfig())
+    raise ValueError(f"backend={name!r}: use one of {BACKENDS}")
+
+
+def step_backend() -> Backend:
+    """The backend of the place this process runs a pipeline step: Kubernetes in a KFP step pod, else this machine;
+    ``KFLOOP_PROMOTION_LOCK=file|lease`` overrides (:func:`training.registry.lock.lock_kind`).
+
+    Raises:
+        ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
+    """
+    return backend_named("kubernetes" if lock_kind() == "lease" else "local")
