@@ -21,6 +21,7 @@ A SIGKILLed launch step cannot clean up: its retry attaches to the job it left b
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
