@@ -47,8 +47,6 @@ from training.settings import section_from_dict
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 _TORCHRUN_FAILURE = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+")
 """torchrun's log line that starts its report of a failed worker."""
 FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -431,12 +429,12 @@ class JobRun:
         """One LaunchError: the job, the cause, the exit code, and the last log lines of ``pod`` and the master."""
         from kubernetes.client.exceptions import ApiException
 
-        node, code = 0, exit_code
+        # the node from the pod's name, which the operator makes <job>-<master|worker>-<index>: a pod being
+        # recreated under restartPolicy ExitCode may already be gone
+        named = re.fullmatch(rf"{re.escape(self.name)}-(master|worker)-(\d+)", pod)
+        node, code = (int(named[2]) + (named[1] == "worker") if named else 0), exit_code
         try:
             found = self.core.read_namespaced_pod(pod, self.namespace)
-            labels = found.metadata.labels or {}
-            index = int(labels.get(REPLICA_INDEX_LABEL, "0"))
-            node = index + 1 if labels.get(REPLICA_TYPE_LABEL) == "worker" else index
             for status in found.status.container_statuses or []:
                 for state in (status.state, status.last_state):
                     if code is None and state and state.terminated:
