@@ -1,4 +1,5 @@
-"""Upload, run and schedule through the real kfp.Client against the KFP API test server (tests/fakes/kfp_server.py)."""
+"""`kfloop upload`, `run` and `schedule` through the real kfp.Client against the KFP API test server
+(tests/fakes/kfp_server.py; its own tests are in tests/fakes/test_kfp_server.py)."""
 from __future__ import annotations
 
 import json
@@ -300,24 +301,3 @@ def test_a_cron_without_six_fields_is_rejected_with_the_fix(kfp, capsys, cron, f
     assert not kfp.store.recurring_runs
     assert not any(r.path.endswith("/recurringruns") and r.method == "POST" for r in kfp.requests)
 
-
-def test_the_server_validates_bodies_against_the_swagger(kfp):
-    import urllib.error
-    import urllib.request
-
-    def post(path: str, body: dict) -> tuple[int, dict]:
-        req = urllib.request.Request(kfp.url + path, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Authorization": f"Bearer {TOKEN}",
-                                              "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req) as resp:
-                return resp.status, json.load(resp)
-        except urllib.error.HTTPError as err:
-            return err.code, json.load(err)
-
-    assert post("/apis/v2beta1/runs", {"display_name": "x", "colour": "red"})[0] == 400
-    status, body = post("/apis/v2beta1/recurringruns", {"display_name": "x", "mode": "SOMETIMES"})
-    assert status == 400 and body["code"] == 3 and "SOMETIMES" in body["message"]
-    status, body = post("/apis/v2beta1/runs", {"display_name": "x", "pipeline_version_reference": {
-        "pipeline_id": "nope", "pipeline_version_id": "nope"}})
-    assert status == 404 and body["code"] == 5
