@@ -29,17 +29,18 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
 def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Artifact], trigger_policy: dict,
                        training_params: dict, training_pipeline_version: dict) -> str:
     """Start a training run on the drifted data unless the cooldown, the dedupe or a run in flight says no; returns
-    the run id, or '' when skipped. With ``training_pipeline_version`` (set by ``kfloop run/schedule --host``) the
-    loop runs on the Kubernetes backend: the run is that pinned version on the KFP server and the trigger state
-    lives on the registered model in MLflow; without it, on the local backend: the run is the training pipeline
-    under kfp.local (its id the registered version) and the state a file in the workdir."""
+    the run id, or '' when skipped. The step's backend (:func:`training.launch.backends.step_backend`) decides how:
+    on Kubernetes (a KFP step pod) the run is ``training_pipeline_version`` (pinned by ``kfloop run/schedule
+    --host``) on the KFP server and the trigger state lives on the registered model in MLflow; on this machine the
+    run is the training pipeline under kfp.local (its id the registered version) and the state a file in the
+    workdir."""
     from components.run_starters import run_starter
     from monitoring.steps import trigger_step
-    from training.launch.backends import backend_named
+    from training.launch.backends import step_backend
     from training.settings import from_struct, load_environment
 
     pinned = from_struct(training_pipeline_version)
-    backend = backend_named("kubernetes" if pinned else "local")
+    backend = step_backend()
     settings = {**from_struct(training_params), "dataset_uri": dataset_uri, "model_name": model_name}
     decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"],
                             policy=from_struct(trigger_policy), start=run_starter(backend, pinned, settings),

@@ -43,7 +43,12 @@ def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> s
 
     Raises:
         TrainingInFlight: a training run is already pending or running.
+        ValueError: no training version is pinned (the drift pipeline was not run or scheduled with ``--host``).
     """
+    if not pinned:
+        raise ValueError("no training pipeline version is pinned for the retrain trigger on Kubernetes: run or "
+                         "schedule the drift pipeline with `kfloop run|schedule drift --host URL`, which pins the "
+                         "training version of the same commit")
     version = VersionRef(pipeline_name=pinned.get("pipeline_name", ""), pipeline_id=pinned["pipeline_id"],
                          pipeline_version_id=pinned["pipeline_version_id"],
                          version_name=pinned.get("version_name", ""))

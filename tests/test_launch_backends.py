@@ -57,18 +57,17 @@ def test_the_kubernetes_backend_takes_a_lease_through_its_own_kubeconfig(tmp_pat
     assert backend.attaches_to_unfinished_run
 
 
-def test_a_step_runs_on_kubernetes_in_a_kfp_pod_unless_the_lock_override_says_otherwise(monkeypatch):
-    monkeypatch.delenv("KFLOOP_PROMOTION_LOCK", raising=False)
+def test_a_step_runs_on_kubernetes_in_a_kfp_pod_unless_the_backend_override_says_otherwise(monkeypatch):
+    monkeypatch.delenv("KFLOOP_BACKEND", raising=False)
     monkeypatch.delenv("KFP_POD_NAME", raising=False)
     assert type(step_backend()) is LocalBackend
     monkeypatch.setenv("KFP_POD_NAME", "training-abc-promote")
     assert type(step_backend()) is KubernetesBackend
-    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "file")
+    monkeypatch.setenv("KFLOOP_BACKEND", "local")
     assert type(step_backend()) is LocalBackend
     monkeypatch.delenv("KFP_POD_NAME")
-    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "lease")
+    monkeypatch.setenv("KFLOOP_BACKEND", "kubernetes")
     assert type(step_backend()) is KubernetesBackend
-    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "etcd")
-    with pytest.raises(ValueError, match="'file'.*'lease'"):
+    monkeypatch.setenv("KFLOOP_BACKEND", "etcd")
+    with pytest.raises(ValueError, match="KFLOOP_BACKEND='etcd'.*local.*kubernetes"):
         step_backend()
-

@@ -110,25 +110,17 @@ def test_racing_promoters_never_overlap(api):
     assert _lease(api).spec.lease_transitions == 3
 
 
-def test_promotion_lock_picks_the_lease_from_the_environment(api, kubeconfig, tmp_path, monkeypatch):
+def test_promotion_lock_is_a_lease_or_a_file_lock_as_asked(api, kubeconfig, tmp_path, monkeypatch):
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
-    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "lease")
     monkeypatch.setenv("KFLOOP_LEASE_NAMESPACE", NAMESPACE)
-    lock = promotion_lock("Churn model/v2", tmp_path, timeout_s=5)
+    lock = promotion_lock("Churn model/v2", tmp_path, kind="lease", timeout_s=5)
     assert isinstance(lock, LeaseLock) and lock.name == lease_name("Churn model/v2")
     with lock:
         stored = client.CoordinationV1Api(api).read_namespaced_lease(lock.name, NAMESPACE)
         assert stored.spec.holder_identity == lock.holder
-    monkeypatch.delenv("KFLOOP_PROMOTION_LOCK")
-    monkeypatch.delenv("KFP_POD_NAME", raising=False)
-    assert not isinstance(promotion_lock("churn", tmp_path), LeaseLock)  # one machine (or a CI runner's pod)
-    monkeypatch.setenv("KFP_POD_NAME", "training-abc-promote-driver")
-    assert isinstance(promotion_lock("churn", tmp_path), LeaseLock)  # a pipeline step in the cluster
-    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "etcd")
-    with pytest.raises(ValueError, match="'file'.*'lease'"):
-        promotion_lock("churn", tmp_path)
-    monkeypatch.setenv("KFLOOP_PROMOTION_LOCK", "file")
-    assert not isinstance(promotion_lock("churn", tmp_path), LeaseLock)
+    assert not isinstance(promotion_lock("churn", tmp_path, kind="file"), LeaseLock)
+    with pytest.raises(ValueError, match="'file' or 'lease'"):
+        promotion_lock("churn", tmp_path, kind="etcd")
 
 
 @pytest.mark.chaos

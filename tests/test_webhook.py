@@ -226,10 +226,12 @@ def test_the_webhook_refuses_to_start_without_auth():
         WebhookAuth.from_env({})
 
 
-def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_once(kfp, tmp_path):
+def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_once(kfp, tmp_path, monkeypatch):
     from kfp.dsl import Artifact
 
     from components.monitoring import trigger_retraining
+
+    monkeypatch.setenv("KFP_POD_NAME", "drift-abc-trigger-retraining")  # as in the step's pod: the Kubernetes backend
 
     client = kfp_client.connect(kfp.url)
     training = kfp_client.find_version(client, "kfloop-training", "a" * 40)
@@ -253,6 +255,14 @@ def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_onc
     assert run["runtime_config"]["parameters"] == {"dataset_uri": "s3://bucket/drifted.parquet",
                                                    "model_name": "churn", "nnodes": 2}
     assert RegistryTriggerStore("churn").load()["models"]["churn"]["fired"][0]["run_id"] == run_id
+
+    with pytest.raises(ValueError, match="no training pipeline version is pinned.*--host"):
+        trigger_retraining.python_func(model_name="churn", dataset_uri="s3://bucket/other.parquet",
+                                       drift_result=Artifact(uri=str(tmp_path / "r.json"),
+                                                             metadata={"data_md5": "md5-other"}),
+                                       trigger_policy={"cooldown_seconds": 0}, training_params={},
+                                       training_pipeline_version={})
+    assert len(training_runs(kfp)) == 1
 
 
 def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret():

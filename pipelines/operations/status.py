@@ -12,8 +12,7 @@ from mlflow.exceptions import MlflowException
 
 from monitoring.records import drift_checks, trigger_status
 from monitoring.trigger import TriggerPolicy, utc_iso
-from monitoring.trigger_registry import STATE_TAG
-from training.launch.backends import backend_named, step_backend
+from training.launch.backends import step_backend
 from training.registry.versions import champion_history, get_champion, holdout_metrics, list_versions, rollback
 from training.settings import Environment
 
@@ -48,7 +47,7 @@ def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any])
                                                           "champion_version", "data_md5", "run_id")}
                              | {"drifted_columns": [c for c, v in checks[-1]["columns"].items() if v["drifted"]]}
                              if checks else None),
-        "trigger": trigger_status(_trigger_store(client, model_name, env), model_name,
+        "trigger": trigger_status(_trigger_store(model_name, env), model_name,
                                   cooldown_seconds=policy.cooldown_seconds, now=time.time()),
         "recent_runs": list_versions(model_name, client=client)[-RECENT_RUNS:][::-1],
     }
@@ -66,7 +65,7 @@ def history(model_name: str, *, env: Environment) -> dict[str, Any]:
     _require_model(client, model_name, env)
     moves = champion_history(model_name, client=client)
     versions = list_versions(model_name, client=client)
-    fired = _fired_runs(client, model_name, env)
+    fired = _fired_runs(model_name, env)
     for v in versions:
         v["triggered_by"] = fired.get(v["pipeline_run_id"]) or fired.get(v["version"]) or (
             f"manual or CI run {v['pipeline_run_id']}")
@@ -127,16 +126,15 @@ def _require_model(client: Any, model_name: str, env: Environment) -> None:
                          "--workdir DIR (or set MLFLOW_TRACKING_URI)") from e
 
 
-def _trigger_store(client: Any, model_name: str, env: Environment):
-    """The trigger state where the backend that keeps it put it: on the registered model (Kubernetes), else the
-    workdir's file (this machine)."""
-    on_cluster = STATE_TAG in client.get_registered_model(model_name).tags
-    return backend_named("kubernetes" if on_cluster else "local").trigger_store(model_name, env.workdir)
+def _trigger_store(model_name: str, env: Environment):
+    """The trigger state where this place's backend keeps it (:func:`training.launch.backends.step_backend`): on the
+    registered model (Kubernetes), else the workdir's file (this machine)."""
+    return step_backend().trigger_store(model_name, env.workdir)
 
 
-def _fired_runs(client: Any, model_name: str, env: Environment) -> dict[str, str]:
+def _fired_runs(model_name: str, env: Environment) -> dict[str, str]:
     """Run id -> 'drift on data <hash> at <time>' for every run the trigger started."""
-    entry = _trigger_store(client, model_name, env).load()["models"].get(model_name) or {"fired": []}
+    entry = _trigger_store(model_name, env).load()["models"].get(model_name) or {"fired": []}
     return {str(f["run_id"]): f"drift trigger: data {f['data_hash']} at {utc_iso(f['at'])}"
             for f in entry["fired"] if f["run_id"]}
 

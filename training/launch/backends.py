@@ -12,6 +12,7 @@ the one role domain code cannot hold: ``components/run_starters.py`` picks it by
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from monitoring.trigger_registry import RegistryTriggerStore
 from training.config import BACKENDS, TrainingConfig
 from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 from training.launch.local import TrainResult, train_local
-from training.registry.lock import lock_kind, promotion_lock
+from training.registry.lock import promotion_lock
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -102,6 +103,12 @@ class KubernetesBackend(Backend):
         return RegistryTriggerStore(model_name)
 
 
+BACKEND_ENV = "KFLOOP_BACKEND"
+"""``local`` or ``kubernetes``: where this process's steps act (:func:`step_backend`); unset: ``kubernetes`` in a
+KFP step pod, else ``local`` (any other pod, e.g. a CI runner's, stays local: it has no Role for Leases)."""
+KFP_POD_ENV = "KFP_POD_NAME"
+"""Set by Kubeflow Pipelines in every step's pod (the pod's name)."""
+
 BACKEND_TYPES: dict[type, type[Backend]] = {LocalConfig: LocalBackend, KubernetesSettings: KubernetesBackend}
 """Config type -> its backend."""
 
@@ -133,10 +140,15 @@ def backend_named(name: str, cluster: dict[str, Any] | None = None) -> Backend:
 
 
 def step_backend() -> Backend:
-    """The backend of the place this process runs a pipeline step: Kubernetes in a KFP step pod, else this machine;
-    ``KFLOOP_PROMOTION_LOCK=file|lease`` overrides (:func:`training.registry.lock.lock_kind`).
+    """The backend of the place this process acts: ``KFLOOP_BACKEND`` (``local`` or ``kubernetes``), else
+    Kubernetes in a KFP step pod, else this machine. Steps take their promotion lock and trigger store from it, and
+    so do ``kfloop rollback`` and ``kfloop status`` (``KFLOOP_BACKEND=kubernetes`` with a kubeconfig on a laptop
+    takes the cluster's Lease and reads the trigger state kept on the registered model).
 
     Raises:
-        ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
+        ValueError: ``KFLOOP_BACKEND`` is neither ``local`` nor ``kubernetes``.
     """
-    return backend_named("kubernetes" if lock_kind() == "lease" else "local")
+    name = os.environ.get(BACKEND_ENV) or ("kubernetes" if os.environ.get(KFP_POD_ENV) else "local")
+    if name not in BACKENDS:
+        raise ValueError(f"{BACKEND_ENV}={name!r}: use one of {BACKENDS}")
+    return backend_named(name)

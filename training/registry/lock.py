@@ -1,7 +1,7 @@
 """The promotion lock: one process at a time moves a model's ``champion`` alias (MLflow has no compare-and-set).
 
-On one machine it is a file lock in the workdir. In a Kubeflow Pipelines step pod (KFP sets ``KFP_POD_NAME``), or
-with ``KFLOOP_PROMOTION_LOCK=lease``, it is a ``coordination.k8s.io/v1`` Lease, the object Kubernetes controllers
+On one machine it is a file lock in the workdir. On Kubernetes (the backend says which: :mod:`training.launch.backends`)
+it is a ``coordination.k8s.io/v1`` Lease, the object Kubernetes controllers
 use for leader election: taken by create or by a replace carrying the ``resourceVersion`` read (the API server
 answers 409 to the loser), renewed while held, and taken over when its holder stopped renewing it: as in
 client-go's leader election, a record seen unchanged for ``leaseDurationSeconds`` of this process's own clock has
@@ -34,11 +34,6 @@ from training.progress import progress
 
 _UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
 """What the client raises when the API server cannot be reached (after urllib3's own retries)."""
-LOCK_ENV = "KFLOOP_PROMOTION_LOCK"
-"""``file`` or ``lease``; unset: ``lease`` in a KFP step pod, else ``file`` (any other pod, e.g. a CI runner's,
-keeps the file lock: it has no Role for Leases)."""
-KFP_POD_ENV = "KFP_POD_NAME"
-"""Set by Kubeflow Pipelines in every step's pod (the pod's name)."""
 NAMESPACE_ENV = "KFLOOP_LEASE_NAMESPACE"
 """Namespace of the Lease; unset: the pod's own namespace (or ``default`` outside a pod)."""
 POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -52,34 +47,17 @@ class LockLost(KfloopError, RuntimeError):
     """The Lease was taken by another holder while this one held it (renewals failed for its whole duration)."""
 
 
-def lock_kind() -> str:
-    """The promotion lock this process takes when its caller does not say: ``KFLOOP_PROMOTION_LOCK``, else
-    ``lease`` in a KFP step pod, else ``file``.
-
-    Raises:
-        ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
-    """
-    kind = os.environ.get(LOCK_ENV) or ("lease" if os.environ.get(KFP_POD_ENV) else "file")
-    if kind not in ("file", "lease"):
-        raise ValueError(f"{LOCK_ENV}={kind!r}: use 'file' (one machine) or 'lease' (a Kubernetes Lease)")
-    return kind
-
-
-def promotion_lock(model_name: str, workdir: Path, *, timeout_s: float = 600, kind: str = "",
+def promotion_lock(model_name: str, workdir: Path, *, kind: str, timeout_s: float = 600,
                    kubeconfig: str = "") -> AbstractContextManager:
     """The lock :func:`training.registry.versions.promote` and :func:`training.registry.versions.rollback` hold for
     ``model_name``: a file lock in ``workdir`` (``kind="file"``) or a Lease reached through ``kubeconfig`` (empty:
-    ``$KUBECONFIG`` or in-cluster); ``kind`` empty: :func:`lock_kind`. A backend
-    (:mod:`training.launch.backends`) says which.
-
-    Raises:
-        ValueError: ``KFLOOP_PROMOTION_LOCK`` is neither ``file`` nor ``lease``.
-    """
-    assert kind in ("", "file", "lease"), kind
-    if (kind or lock_kind()) == "file":
+    ``$KUBECONFIG`` or in-cluster; ``kind="lease"``). A backend (:mod:`training.launch.backends`) says which."""
+    if kind == "file":
         path = workdir / "locks" / f"{model_name}.lock"
         path.parent.mkdir(parents=True, exist_ok=True)
         return FileLock(str(path), timeout=timeout_s)
+    if kind != "lease":
+        raise ValueError(f"promotion lock kind={kind!r}: use 'file' or 'lease'")
     return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(), api=api_client(kubeconfig),
                      timeout_s=timeout_s)
 
