@@ -21,13 +21,20 @@ from polling import wait_for
 
 from pipelines.cli.commands import main
 from training.config import TrainingConfig
-from training.launch.jobspec import JobSpec
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
 from data.validation import DataFileError
 from training.launch.local import LaunchError
-from training.launch.manifests import job_name_for
+from training.launch.manifests import job_name_for, render_pytorchjob, training_job_spec
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _job_body(cluster: Cluster, name: str, *, nnodes: int = 2, **cluster_overrides) -> dict:
+    """A rendered PyTorchJob of ``training.train`` on ``cluster`` (no inputs staged: it never gets far)."""
+    cluster_config = KubernetesSettings.from_dict({**cluster.settings(), **cluster_overrides}).cluster
+    config = TrainingConfig(nnodes=nnodes, nproc_per_node=cluster_config.accelerator[1]
+                            if cluster_config.accelerator else 1)
+    return render_pytorchjob(training_job_spec(config, cluster_config, name=name), cluster_config)
 
 
 def test_readme_launcher_settings_are_valid():
@@ -45,7 +52,7 @@ def test_the_launcher_relists_when_its_watch_expires(cluster, tmp_path, capsys):
     from kubernetes import client
 
     name, release = "expiring-watch", cluster.shared / "release"
-    body = cluster.job_body(name, nnodes=1)
+    body = _job_body(cluster, name, nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
         "python", "-c", f"import pathlib, time\nwhile not pathlib.Path('{release}').exists(): time.sleep(0.05)"]
     run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
@@ -71,7 +78,7 @@ def test_the_launcher_relists_when_its_watch_expires(cluster, tmp_path, capsys):
 
 
 def test_a_job_past_the_launchers_deadline_is_deleted(cluster, tmp_path):
-    body = cluster.job_body("too-slow", nnodes=1)
+    body = _job_body(cluster, "too-slow", nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
         "sleep", "600"]
     started = time.monotonic()
@@ -83,7 +90,7 @@ def test_a_job_past_the_launchers_deadline_is_deleted(cluster, tmp_path):
 
 
 def test_succeeded_counts_only_with_the_artifact_on_the_shared_volume(cluster, tmp_path):
-    body = cluster.job_body("no-model", nnodes=1)
+    body = _job_body(cluster, "no-model", nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ["true"]
     with pytest.raises(LaunchError, match="Succeeded, but .*model.json is not on the shared volume"):
         JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
@@ -97,7 +104,7 @@ def test_secret_key_refs_reach_the_container_or_block_it_clearly(secret_exists, 
     if secret_exists:
         client.CoreV1Api(cluster.api()).create_namespaced_secret(
             "default", {"metadata": {"name": "s3-credentials"}, "stringData": {"secret-key": "planted-value"}})
-    body = cluster.job_body("with-secret", nnodes=1,
+    body = _job_body(cluster, "with-secret", nnodes=1,
                      secret_env={"AWS_SECRET_ACCESS_KEY": "s3-credentials/secret-key"})
     out = cluster.shared / "seen.txt"
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
@@ -189,12 +196,18 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     pods = {p.metadata.name: p
             for p in core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items}
     assert set(pods) == {f"{name}-master-0", f"{name}-worker-0"}
-    port = next(int(e.value) for e in pods[f"{name}-master-0"].spec.containers[0].env if e.name == "MASTER_PORT")
-    spec = JobSpec(name=name, nnodes=2, nproc_per_node=2)
+    # the operator's env (Training Operator v1.9 envvar.go/master.go; tests/fakes/pytorchjob_contract.py), appended
+    # after the job's own: the node rank, 2 replicas x nprocPerNode "2", no elastic policy
+    port = next(e.value for e in pods[f"{name}-master-0"].spec.containers[0].env if e.name == "MASTER_PORT")
     for node, pod in enumerate((pods[f"{name}-master-0"], pods[f"{name}-worker-0"])):
-        injected = {e.name: e.value for e in pod.spec.containers[0].env if e.name in spec.pod_env(0, "x", 1)}
-        assert injected == spec.pod_env(node, f"{name}-master-0", port)
+        (container,) = pod.spec.containers
+        appended = [(e.name, e.value) for e in container.env][-10:]
+        assert appended == [("PYTHONUNBUFFERED", "1"), ("MASTER_PORT", port), ("PET_MASTER_PORT", port),
+                            ("MASTER_ADDR", f"{name}-master-0"), ("PET_MASTER_ADDR", f"{name}-master-0"),
+                            ("WORLD_SIZE", "4"), ("RANK", str(node)), ("PET_NODE_RANK", str(node)),
+                            ("PET_NPROC_PER_NODE", "2"), ("PET_NNODES", "2")]
         assert pod.status.phase == "Succeeded"
+    assert [c.name for c in pods[f"{name}-worker-0"].spec.init_containers] == ["init-pytorch"]
     job = client.CustomObjectsApi(cluster.api()).get_namespaced_custom_object(
         "kubeflow.org", "v1", "default", "pytorchjobs", name)
     assert [c["type"] for c in job["status"]["conditions"] if c["status"] == "True"] == ["Created", "Succeeded"]
@@ -257,7 +270,7 @@ def test_a_pod_that_exits_137_forever_is_stopped_at_the_launchers_cap(restart_po
     place (restartCount, CrashLoopBackOff). Neither stops by itself for exit code 137."""
     name = f"kill-loop-{restart_policy.lower()}"
     cluster.server.killed_pods[f"{name}-worker-0"] = "Error"
-    body = cluster.job_body(name)
+    body = _job_body(cluster, name)
     body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = restart_policy
     policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), restart_cap=2, poll_seconds=0.5)
     with pytest.raises(LaunchError) as stopped:
@@ -287,7 +300,7 @@ def test_pod_problems_fail_with_one_clear_error_and_delete_the_job(fault, expect
     policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), unschedulable_timeout_seconds=1, poll_seconds=0.5)
     started = time.monotonic()
     with pytest.raises(LaunchError) as failed:
-        JobRun(cluster.api(), cluster.job_body(name, **overrides), policy=policy, log_path=tmp_path / "m.log",
+        JobRun(cluster.api(), _job_body(cluster, name, **overrides), policy=policy, log_path=tmp_path / "m.log",
                timeout=120).run()
     for text in expected:
         assert text in str(failed.value)
