@@ -63,7 +63,7 @@ import yaml
 from fakes import pod_security, tls
 from fakes.crd_schema import validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, _JobController, _PodRun,
-                                _terminate)
+                                _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Authorizer, Identities, User
 from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
@@ -438,6 +438,7 @@ class K8sServer:
         refusal = pod_security.admit(labels, pod)
         if refusal:
             raise ApiError(403, "Forbidden", refusal, {"name": pod["metadata"]["name"], "kind": "pods"})
+        pod.setdefault("status", {})["qosClass"] = qos_class(pod["spec"])
         return self.store.create(PODS, namespace, pod)
 
     def _validate(self, resource: Resource, body: dict) -> None:
@@ -518,6 +519,23 @@ class K8sServer:
                                "uid": meta["uid"], "apiVersion": involved["apiVersion"]},
             "reason": reason, "message": message, "type": type_, "count": 1, "firstTimestamp": now(),
             "lastTimestamp": now(), "source": {"component": "kfloop-test-server"}})
+
+
+def qos_class(pod_spec: dict) -> str:
+    """The pod's QoS class as the API server sets ``status.qosClass`` (kubernetes ``pkg/apis/core/helper/qos``,
+    ``ComputePodQOS``): Guaranteed when every container, init containers included, has cpu and memory limits and
+    requests equal to them (a missing request defaults to the limit); BestEffort with no cpu or memory request or
+    limit anywhere; else Burstable."""
+    containers = [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]
+    guaranteed, best_effort = True, True
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        for name in ("cpu", "memory"):
+            limit, request = limits.get(name), requests.get(name, limits.get(name))
+            best_effort = best_effort and limit is None and request is None
+            guaranteed = guaranteed and limit is not None and quantity(request) == quantity(limit)
+    return "BestEffort" if best_effort else "Guaranteed" if guaranteed else "Burstable"
 
 
 def _encode_string_data(secret: dict) -> None:
