@@ -393,3 +393,85 @@ def test_a_retried_launch_step_attaches_to_the_job_its_killed_attempt_created(cl
     runs = mlflow.search_runs(experiment_names=["k8s-retry"], output_format="list")
     assert [(r.info.run_id, r.info.status) for r in runs] == [(result.run_id, "FINISHED")]
     assert json.loads((tmp_path / "model" / "model.json").read_text())["world_size"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ RBAC, Pod Security
+
+def _deploy_roles() -> list[dict]:
+    """deploy/rbac.yaml's Roles (kfloop's own and the upstream pipeline-runner rules)."""
+    docs = yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
+    return [d for d in docs if d and d["kind"] == "Role"]
+
+
+def _as_service_account(cluster: Cluster, tmp_path: Path, roles: list[dict]) -> LaunchPolicy:
+    """A launch policy whose kubeconfig is service account ``kfloop`` in ``default``, granted ``roles``."""
+    from fakes.k8s_rbac import service_account_user
+    from fakes.kubernetes_cluster import grant
+
+    for role in roles:
+        grant(cluster.api(), "default", "kfloop", role)
+    kubeconfig = cluster.server.write_kubeconfig(tmp_path / "kfloop-sa", user=service_account_user("default", "kfloop"))
+    return LaunchPolicy(kubeconfig=str(kubeconfig), poll_seconds=0.5)
+
+
+def _quick(body: dict) -> dict:
+    for rspec in body["spec"]["pytorchReplicaSpecs"].values():
+        rspec["template"]["spec"]["containers"][0]["command"] = [sys.executable, "-c", "pass"]
+    return body
+
+
+def test_the_launcher_works_with_the_deployed_roles_and_a_missing_verb_is_403(cluster, tmp_path):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    policy = _as_service_account(cluster, tmp_path, _deploy_roles())
+    job = JobRun(cluster.api(Path(policy.kubeconfig)), _quick(_job_body(cluster, "as-runner", nnodes=1)),
+                 policy=policy, log_path=tmp_path / "m.log", timeout=120).run()
+    assert [c["type"] for c in job["status"]["conditions"] if c["status"] == "True"] == ["Created", "Succeeded"]
+
+    rbac = client.RbacAuthorizationV1Api(cluster.api())
+    (kfloop,) = [r for r in _deploy_roles() if r["metadata"]["name"] == "kfloop"]
+    for rule in kfloop["rules"]:  # the upstream pipeline-runner rules grant no events
+        if "events" in rule["resources"]:
+            rule["verbs"].remove("list")
+    rbac.replace_namespaced_role("kfloop", "default", {**kfloop, "metadata": {"name": "kfloop",
+                                                                              "namespace": "default"}})
+    with pytest.raises(ApiException) as refused:
+        JobRun(cluster.api(Path(policy.kubeconfig)), _quick(_job_body(cluster, "no-watch", nnodes=1)),
+               policy=policy, log_path=tmp_path / "m2.log", timeout=120).run()
+    assert refused.value.status == 403
+    assert json.loads(refused.value.body)["message"] == (
+        'events is forbidden: User "system:serviceaccount:default:kfloop" cannot list resource "events" in API group '
+        '"" in the namespace "default"')
+    assert [j["metadata"]["name"] for j in cluster.jobs()] == ["as-runner"]  # the launcher deleted its job
+
+
+@pytest.mark.parametrize("nnodes, rdma", [(1, False), (2, False), (1, True)])
+def test_a_restricted_namespace_admits_kfloops_pods_and_the_launcher_names_what_it_refuses(
+        nnodes, rdma, cluster, tmp_path):
+    """kfloop's own pods meet the restricted profile; the operator's init-pytorch (Worker pods) and RDMA's IPC_LOCK
+    do not, and the launcher says so at once instead of waiting out its timeout."""
+    from kubernetes import client
+
+    from fakes.pod_security import ENFORCE_LABEL
+
+    client.CoreV1Api(cluster.api()).patch_namespace("default", {"metadata": {"labels": {
+        ENFORCE_LABEL: "restricted"}}})
+    overrides = {"gpus_per_node": 1, "rdma_resource": "rdma/rdma_shared_device_a"} if rdma else {}
+    body = _quick(_job_body(cluster, f"restricted-{nnodes}-{rdma}".lower(), nnodes=nnodes, **overrides))
+    run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+                 log_path=tmp_path / "m.log", timeout=120)
+    if nnodes == 1 and not rdma:
+        run.run()
+        return
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as refused:
+        run.run()
+    message = str(refused.value)
+    assert "the operator cannot create its pods: Error creating: pods" in message
+    assert 'violates PodSecurity "restricted:latest"' in message
+    if rdma:
+        assert '"IPC_LOCK"' in message and "pod-security.kubernetes.io/enforce=privileged" in message
+    else:
+        assert '"init-pytorch"' in message and "--pytorch-init-container-template-file" in message
+    assert time.monotonic() - started < 60 and cluster.jobs() == []
