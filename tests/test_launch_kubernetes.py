@@ -475,3 +475,25 @@ def test_a_restricted_namespace_admits_kfloops_pods_and_the_launcher_names_what_
     else:
         assert '"init-pytorch"' in message and "--pytorch-init-container-template-file" in message
     assert time.monotonic() - started < 60 and cluster.jobs() == []
+
+
+def test_with_the_deployed_init_template_workers_run_restricted_and_guaranteed(cluster, tmp_path):
+    """deploy/operator-restricted-init.yaml, given to the operator, makes a 2-node job admissible in a restricted
+    namespace, and with numa_aligned every pod Guaranteed QoS (the init container's requests equal its limits)."""
+    from kubernetes import client
+
+    from fakes.pod_security import ENFORCE_LABEL
+
+    (config_map,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "operator-restricted-init.yaml").read_text()) if d]
+    cluster.server.pytorch_init_container_template = config_map["data"]["initContainer.yaml"]
+    core = client.CoreV1Api(cluster.api())
+    core.patch_namespace("default", {"metadata": {"labels": {ENFORCE_LABEL: "restricted"}}})
+    with pytest.warns(UserWarning, match="deploy/operator-restricted-init.yaml"):
+        body = _quick(_job_body(cluster, "restricted-numa", nnodes=2, numa_aligned=True))
+    JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+           log_path=tmp_path / "m.log", timeout=120).run()
+    pods = core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}=restricted-numa").items
+    assert {p.metadata.name: p.status.qos_class for p in pods} == {"restricted-numa-master-0": "Guaranteed",
+                                                                   "restricted-numa-worker-0": "Guaranteed"}
+    (worker,) = [p for p in pods if p.metadata.name.endswith("worker-0")]
+    assert [c.name for c in worker.spec.init_containers] == ["init-pytorch"]

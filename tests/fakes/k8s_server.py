@@ -158,16 +158,20 @@ class K8sServer:
         capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, extended
             resources by name); pods that do not fit stay Unschedulable.
         operator: run PyTorchJobs as local processes.
+        pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
+            None: the operator's default ``init-pytorch``.
     """
 
     def __init__(self, workdir: Path, *, namespace: str = "default", volumes: dict[str, Path] | None = None,
-                 capacity: dict[str, float] | None = None, operator: bool = True):
+                 capacity: dict[str, float] | None = None, operator: bool = True,
+                 pytorch_init_container_template: str | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.namespace = namespace
         self.volumes = {claim: Path(path) for claim, path in (volumes or {}).items()}
         self.capacity = {"cpu": float(os.cpu_count() or 2) * 8, "memory": 256 * 2**30, **(capacity or {})}
         self.operator = operator
+        self.pytorch_init_container_template = pytorch_init_container_template
         self.unpullable_images: set[str] = set()
         """Images whose pods stay in ImagePullBackOff."""
         self.killed_pods: dict[str, str] = {}

@@ -21,7 +21,9 @@ Cited files (paths in that repository):
 * ``pkg/controller.v1/pytorch/initcontainer.go`` (``setInitContainer``): with a Master replica, each Worker pod gets
   the init container ``init-pytorch`` (image ``alpine:3.10``, ``PyTorchInitContainerImageDefault`` in
   ``pkg/config/config.go``; 100 tries, ``PyTorchInitContainerMaxTriesDefault``) that loops on
-  ``nslookup <job>-master-0``. It sets no securityContext, so the restricted Pod Security profile rejects it.
+  ``nslookup <job>-master-0``. It sets no securityContext, so the restricted Pod Security profile rejects it, and
+  its requests are below its limits, so the pod is not Guaranteed QoS. The operator's
+  ``--pytorch-init-container-template-file`` replaces that template (``cmd/training-operator.v1/main.go``).
 * ``pkg/controller.v1/common/pod.go`` (``createNewPod``), ``job_controller.go`` (``GenLabels``), ``util.go``
   (``GenGeneralName``), ``pkg/apis/kubeflow.org/v1/common_types.go``: pods and headless services
   (``service.go``) are named ``<job>-<type lowercased>-<index>`` and labelled
@@ -36,6 +38,8 @@ from __future__ import annotations
 
 import copy
 from typing import Any
+
+import yaml
 
 CONTAINER = "pytorch"
 """``PyTorchJobDefaultContainerName``."""
@@ -136,15 +140,32 @@ def pod_env(job: dict, rtype: str, index: int) -> list[dict[str, str]]:
     return [{"name": k, "value": v} for k, v in env]
 
 
-def init_containers(job: dict, rtype: str) -> list[dict[str, Any]]:
-    """``setInitContainer`` with the default template: ``init-pytorch`` on Worker pods of a job with a Master."""
+DEFAULT_INIT_CONTAINER_TEMPLATE = """
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']"""
+"""``initContainerTemplate`` (initcontainer.go), used unless the operator runs with
+``--pytorch-init-container-template-file``."""
+
+
+def init_containers(job: dict, rtype: str, template: str | None = None) -> list[dict[str, Any]]:
+    """``setInitContainer``: the init containers of ``template`` (the operator's template file, else the default)
+    on Worker pods of a job with a Master, its ``{{.MasterAddr}}``, ``{{.InitContainerImage}}`` and
+    ``{{.MaxTries}}`` filled in."""
     if rtype != "Worker" or "Master" not in job["spec"]["pytorchReplicaSpecs"]:
         return []
-    master = replica_name(job["metadata"]["name"], "Master", 0)
-    return [{"name": INIT_CONTAINER, "image": INIT_CONTAINER_IMAGE, "imagePullPolicy": "IfNotPresent",
-             "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}},
-             "command": ["sh", "-c", f"err=1;for i in $(seq {INIT_CONTAINER_MAX_TRIES}); do if nslookup {master}; "
-                                     "then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err"]}]
+    text = (template or DEFAULT_INIT_CONTAINER_TEMPLATE).replace(
+        "{{.MasterAddr}}", replica_name(job["metadata"]["name"], "Master", 0)).replace(
+        "{{.InitContainerImage}}", INIT_CONTAINER_IMAGE).replace("{{.MaxTries}}", str(INIT_CONTAINER_MAX_TRIES))
+    return yaml.safe_load(text)
 
 
 def pod_labels(job: dict, rtype: str, index: int) -> dict[str, str]:
@@ -161,15 +182,15 @@ def pod_restart_policy(replica_restart_policy: str) -> str:
     return "Never" if replica_restart_policy == "ExitCode" else replica_restart_policy
 
 
-def pod_template(job: dict, rtype: str, index: int) -> dict[str, Any]:
+def pod_template(job: dict, rtype: str, index: int, init_template: str | None = None) -> dict[str, Any]:
     """``createNewPod`` + ``SetClusterSpec``: the pod (metadata and spec) the operator creates for replica ``rtype``
-    ``index`` of a defaulted job."""
+    ``index`` of a defaulted job (``init_template``: the operator's init container template file, if any)."""
     rspec = job["spec"]["pytorchReplicaSpecs"][rtype]
     template = copy.deepcopy(rspec["template"])
     meta, spec = template.get("metadata") or {}, template["spec"]
     for container in spec["containers"]:
         container["env"] = list(container.get("env") or []) + pod_env(job, rtype, index)
-    spec["initContainers"] = list(spec.get("initContainers") or []) + init_containers(job, rtype)
+    spec["initContainers"] = list(spec.get("initContainers") or []) + init_containers(job, rtype, init_template)
     if not spec["initContainers"]:
         del spec["initContainers"]
     spec["restartPolicy"] = pod_restart_policy(rspec["restartPolicy"])

@@ -96,8 +96,8 @@ class ClusterConfig:
     and the ``single-numa-node`` topology manager policy pins the pod's CPUs, GPUs and NICs to one NUMA node. That
     needs Guaranteed QoS, which holds only when every container of the pod, init containers included, has requests
     equal to limits: the Training Operator v1 adds its own init container (``init-pytorch``, requests below limits)
-    to Worker pods, which makes them Burstable unless the operator's init container template is changed (the
-    PyTorchJob rendering warns)."""
+    to Worker pods, which makes them Burstable unless the operator runs with deploy/operator-restricted-init.yaml's
+    template (the PyTorchJob rendering warns)."""
     rdma_resource: str = ""
     """Extended resource of an RDMA device for NCCL over InfiniBand or RoCE, e.g. ``rdma/rdma_shared_device_a`` (the
     RDMA shared device plugin) or ``nvidia.com/hostdev``; each node requests ``rdma_devices_per_node`` of it and the

@@ -478,9 +478,9 @@ def _admission_hint(message: str) -> str:
     hints = []
     if "violates PodSecurity" in message and '"init-pytorch"' in message:
         hints.append("the Training Operator v1 adds its init container init-pytorch, which sets no securityContext, "
-                     "to every Worker pod: run the operator with --pytorch-init-container-template-file giving it "
-                     "a restricted securityContext, or enforce pod-security.kubernetes.io/enforce=baseline in this "
-                     "namespace, or train on one node")
+                     "to every Worker pod: run the operator with --pytorch-init-container-template-file and "
+                     "deploy/operator-restricted-init.yaml's template, or enforce "
+                     "pod-security.kubernetes.io/enforce=baseline in this namespace, or train on one node")
     if "violates PodSecurity" in message and '"IPC_LOCK"' in message:
         hints.append("cluster.rdma_resource adds the IPC_LOCK capability RDMA needs, which the baseline and "
                      "restricted profiles forbid: run the job in a namespace labelled "

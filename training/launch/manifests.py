@@ -110,8 +110,9 @@ def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     if cluster.numa_aligned and "Worker" in replicas:
         warnings.warn("numa_aligned: the Training Operator v1 adds the init container init-pytorch (requests 50m/10Mi, "
                       "limits 100m/20Mi) to every Worker pod, which makes them Burstable, not Guaranteed, so the "
-                      "static CPU manager does not pin their CPUs: give the operator an init container template "
-                      "(--pytorch-init-container-template-file) with requests equal to limits", stacklevel=2)
+                      "static CPU manager does not pin their CPUs, unless the operator runs with "
+                      "--pytorch-init-container-template-file and deploy/operator-restricted-init.yaml's template "
+                      "(requests equal to limits)", stacklevel=2)
     body: dict[str, Any] = {
         "apiVersion": PYTORCHJOB_API,
         "kind": "PyTorchJob",
