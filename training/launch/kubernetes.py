@@ -10,7 +10,8 @@ in the job's pods. The launcher follows the job's conditions with a watch resume
 * Succeeded, and the model is on the shared volume: it is copied to the step's model dir;
 * anything else raises one :class:`~training.launch.local.LaunchError` naming the pod, the cause and its last log
   lines: the job Failed; a pod stayed Unschedulable past ``unschedulable_timeout_seconds``; an image cannot be
-  pulled or a container cannot be configured; a container was OOMKilled; the job restarted more than
+  pulled or a container cannot be configured; the API refused a pod the operator creates (its FailedCreatePod
+  event, e.g. a Pod Security violation, with the fix); a container was OOMKilled; the job restarted more than
   ``restart_cap`` times (the operator retries exit codes >= 128 without applying backoffLimit); or the
   launcher's ``timeout_seconds`` passed.
 
