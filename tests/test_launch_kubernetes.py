@@ -497,3 +497,24 @@ def test_with_the_deployed_init_template_workers_run_restricted_and_guaranteed(c
                                                                    "restricted-numa-worker-0": "Guaranteed"}
     (worker,) = [p for p in pods if p.metadata.name.endswith("worker-0")]
     assert [c.name for c in worker.spec.init_containers] == ["init-pytorch"]
+
+
+def test_an_elastic_job_meets_at_its_rendered_rendezvous_endpoint(cluster, tmp_path):
+    """elasticPolicy's rdzvHost/rdzvPort reach torchrun as the operator's PET_RDZV_ENDPOINT (with PET_NNODES
+    min:max): both nodes of a 2..3 elastic job rendezvous there and run one collective benchmark together."""
+    from kubernetes import client
+
+    from training.launch.jobspec import JobSpec
+
+    settings = KubernetesSettings.from_dict({**cluster.settings(), "elastic_min_nodes": 2, "elastic_max_nodes": 3})
+    spec = JobSpec(name="elastic-rdzv", nnodes=2, module="training.collectives", rdzv_timeout_seconds=60,
+                   args=["--max-bytes", "1K", "--warmup", "0", "--iters", "1", "--ops", "all_reduce",
+                         "--json", str(cluster.shared / "elastic.json")])
+    body = render_pytorchjob(spec, settings.cluster)
+    JobRun(cluster.api(), body, policy=settings.launcher, log_path=tmp_path / "m.log", timeout=180,
+           artifact=cluster.shared / "elastic.json").run()
+    assert json.loads((cluster.shared / "elastic.json").read_text())["world_size"] == 2
+    pod = client.CoreV1Api(cluster.api()).read_namespaced_pod("elastic-rdzv-worker-0", "default")
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    port = next(p.container_port for p in pod.spec.containers[0].ports if p.name == "pytorchjob-port")
+    assert (env["PET_RDZV_ENDPOINT"], env["PET_NNODES"]) == (f"elastic-rdzv-master-0:{port}", "2:3")
