@@ -21,13 +21,20 @@ from polling import wait_for
 
 from pipelines.cli.commands import main
 from training.config import TrainingConfig
-from training.launch.jobspec import JobSpec
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
 from data.validation import DataFileError
 from training.launch.local import LaunchError
-from training.launch.manifests import job_name_for
+from training.launch.manifests import job_name_for, render_pytorchjob, training_job_spec
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _job_body(cluster: Cluster, name: str, *, nnodes: int = 2, **cluster_overrides) -> dict:
+    """A rendered PyTorchJob of ``training.train`` on ``cluster`` (no inputs staged: it never gets far)."""
+    cluster_config = KubernetesSettings.from_dict({**cluster.settings(), **cluster_overrides}).cluster
+    config = TrainingConfig(nnodes=nnodes, nproc_per_node=cluster_config.accelerator[1]
+                            if cluster_config.accelerator else 1)
+    return render_pytorchjob(training_job_spec(config, cluster_config, name=name), cluster_config)
 
 
 def test_readme_launcher_settings_are_valid():
@@ -45,7 +52,7 @@ def test_the_launcher_relists_when_its_watch_expires(cluster, tmp_path, capsys):
     from kubernetes import client
 
     name, release = "expiring-watch", cluster.shared / "release"
-    body = cluster.job_body(name, nnodes=1)
+    body = _job_body(cluster, name, nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
         "python", "-c", f"import pathlib, time\nwhile not pathlib.Path('{release}').exists(): time.sleep(0.05)"]
     run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
@@ -71,7 +78,7 @@ def test_the_launcher_relists_when_its_watch_expires(cluster, tmp_path, capsys):
 
 
 def test_a_job_past_the_launchers_deadline_is_deleted(cluster, tmp_path):
-    body = cluster.job_body("too-slow", nnodes=1)
+    body = _job_body(cluster, "too-slow", nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
         "sleep", "600"]
     started = time.monotonic()
@@ -83,7 +90,7 @@ def test_a_job_past_the_launchers_deadline_is_deleted(cluster, tmp_path):
 
 
 def test_succeeded_counts_only_with_the_artifact_on_the_shared_volume(cluster, tmp_path):
-    body = cluster.job_body("no-model", nnodes=1)
+    body = _job_body(cluster, "no-model", nnodes=1)
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ["true"]
     with pytest.raises(LaunchError, match="Succeeded, but .*model.json is not on the shared volume"):
         JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
@@ -97,7 +104,7 @@ def test_secret_key_refs_reach_the_container_or_block_it_clearly(secret_exists, 
     if secret_exists:
         client.CoreV1Api(cluster.api()).create_namespaced_secret(
             "default", {"metadata": {"name": "s3-credentials"}, "stringData": {"secret-key": "planted-value"}})
-    body = cluster.job_body("with-secret", nnodes=1,
+    body = _job_body(cluster, "with-secret", nnodes=1,
                      secret_env={"AWS_SECRET_ACCESS_KEY": "s3-credentials/secret-key"})
     out = cluster.shared / "seen.txt"
     body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = [
@@ -189,12 +196,18 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     pods = {p.metadata.name: p
             for p in core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items}
     assert set(pods) == {f"{name}-master-0", f"{name}-worker-0"}
-    port = next(int(e.value) for e in pods[f"{name}-master-0"].spec.containers[0].env if e.name == "MASTER_PORT")
-    spec = JobSpec(name=name, nnodes=2, nproc_per_node=2)
+    # the operator's env (Training Operator v1.9 envvar.go/master.go; tests/fakes/pytorchjob_contract.py), appended
+    # after the job's own: the node rank, 2 replicas x nprocPerNode "2", no elastic policy
+    port = next(e.value for e in pods[f"{name}-master-0"].spec.containers[0].env if e.name == "MASTER_PORT")
     for node, pod in enumerate((pods[f"{name}-master-0"], pods[f"{name}-worker-0"])):
-        injected = {e.name: e.value for e in pod.spec.containers[0].env if e.name in spec.pod_env(0, "x", 1)}
-        assert injected == spec.pod_env(node, f"{name}-master-0", port)
+        (container,) = pod.spec.containers
+        appended = [(e.name, e.value) for e in container.env][-10:]
+        assert appended == [("PYTHONUNBUFFERED", "1"), ("MASTER_PORT", port), ("PET_MASTER_PORT", port),
+                            ("MASTER_ADDR", f"{name}-master-0"), ("PET_MASTER_ADDR", f"{name}-master-0"),
+                            ("WORLD_SIZE", "4"), ("RANK", str(node)), ("PET_NODE_RANK", str(node)),
+                            ("PET_NPROC_PER_NODE", "2"), ("PET_NNODES", "2")]
         assert pod.status.phase == "Succeeded"
+    assert [c.name for c in pods[f"{name}-worker-0"].spec.init_containers] == ["init-pytorch"]
     job = client.CustomObjectsApi(cluster.api()).get_namespaced_custom_object(
         "kubeflow.org", "v1", "default", "pytorchjobs", name)
     assert [c["type"] for c in job["status"]["conditions"] if c["status"] == "True"] == ["Created", "Succeeded"]
@@ -257,7 +270,7 @@ def test_a_pod_that_exits_137_forever_is_stopped_at_the_launchers_cap(restart_po
     place (restartCount, CrashLoopBackOff). Neither stops by itself for exit code 137."""
     name = f"kill-loop-{restart_policy.lower()}"
     cluster.server.killed_pods[f"{name}-worker-0"] = "Error"
-    body = cluster.job_body(name)
+    body = _job_body(cluster, name)
     body["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = restart_policy
     policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), restart_cap=2, poll_seconds=0.5)
     with pytest.raises(LaunchError) as stopped:
@@ -287,7 +300,7 @@ def test_pod_problems_fail_with_one_clear_error_and_delete_the_job(fault, expect
     policy = LaunchPolicy(kubeconfig=str(cluster.kubeconfig), unschedulable_timeout_seconds=1, poll_seconds=0.5)
     started = time.monotonic()
     with pytest.raises(LaunchError) as failed:
-        JobRun(cluster.api(), cluster.job_body(name, **overrides), policy=policy, log_path=tmp_path / "m.log",
+        JobRun(cluster.api(), _job_body(cluster, name, **overrides), policy=policy, log_path=tmp_path / "m.log",
                timeout=120).run()
     for text in expected:
         assert text in str(failed.value)
@@ -380,3 +393,128 @@ def test_a_retried_launch_step_attaches_to_the_job_its_killed_attempt_created(cl
     runs = mlflow.search_runs(experiment_names=["k8s-retry"], output_format="list")
     assert [(r.info.run_id, r.info.status) for r in runs] == [(result.run_id, "FINISHED")]
     assert json.loads((tmp_path / "model" / "model.json").read_text())["world_size"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ RBAC, Pod Security
+
+def _deploy_roles() -> list[dict]:
+    """deploy/rbac.yaml's Roles (kfloop's own and the upstream pipeline-runner rules)."""
+    docs = yaml.safe_load_all((REPO / "deploy" / "rbac.yaml").read_text())
+    return [d for d in docs if d and d["kind"] == "Role"]
+
+
+def _as_service_account(cluster: Cluster, tmp_path: Path, roles: list[dict]) -> LaunchPolicy:
+    """A launch policy whose kubeconfig is service account ``kfloop`` in ``default``, granted ``roles``."""
+    from fakes.k8s_rbac import service_account_user
+    from fakes.kubernetes_cluster import grant
+
+    for role in roles:
+        grant(cluster.api(), "default", "kfloop", role)
+    kubeconfig = cluster.server.write_kubeconfig(tmp_path / "kfloop-sa", user=service_account_user("default", "kfloop"))
+    return LaunchPolicy(kubeconfig=str(kubeconfig), poll_seconds=0.5)
+
+
+def _quick(body: dict) -> dict:
+    for rspec in body["spec"]["pytorchReplicaSpecs"].values():
+        rspec["template"]["spec"]["containers"][0]["command"] = [sys.executable, "-c", "pass"]
+    return body
+
+
+def test_the_launcher_works_with_the_deployed_roles_and_a_missing_verb_is_403(cluster, tmp_path):
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    policy = _as_service_account(cluster, tmp_path, _deploy_roles())
+    job = JobRun(cluster.api(Path(policy.kubeconfig)), _quick(_job_body(cluster, "as-runner", nnodes=1)),
+                 policy=policy, log_path=tmp_path / "m.log", timeout=120).run()
+    assert [c["type"] for c in job["status"]["conditions"] if c["status"] == "True"] == ["Created", "Succeeded"]
+
+    rbac = client.RbacAuthorizationV1Api(cluster.api())
+    (kfloop,) = [r for r in _deploy_roles() if r["metadata"]["name"] == "kfloop"]
+    for rule in kfloop["rules"]:  # the upstream pipeline-runner rules grant no events
+        if "events" in rule["resources"]:
+            rule["verbs"].remove("list")
+    rbac.replace_namespaced_role("kfloop", "default", {**kfloop, "metadata": {"name": "kfloop",
+                                                                              "namespace": "default"}})
+    with pytest.raises(ApiException) as refused:
+        JobRun(cluster.api(Path(policy.kubeconfig)), _quick(_job_body(cluster, "no-watch", nnodes=1)),
+               policy=policy, log_path=tmp_path / "m2.log", timeout=120).run()
+    assert refused.value.status == 403
+    assert json.loads(refused.value.body)["message"] == (
+        'events is forbidden: User "system:serviceaccount:default:kfloop" cannot list resource "events" in API group '
+        '"" in the namespace "default"')
+    assert [j["metadata"]["name"] for j in cluster.jobs()] == ["as-runner"]  # the launcher deleted its job
+
+
+@pytest.mark.parametrize("nnodes, rdma", [(1, False), (2, False), (1, True)])
+def test_a_restricted_namespace_admits_kfloops_pods_and_the_launcher_names_what_it_refuses(
+        nnodes, rdma, cluster, tmp_path):
+    """kfloop's own pods meet the restricted profile; the operator's init-pytorch (Worker pods) and RDMA's IPC_LOCK
+    do not, and the launcher says so at once instead of waiting out its timeout."""
+    from kubernetes import client
+
+    from fakes.pod_security import ENFORCE_LABEL
+
+    client.CoreV1Api(cluster.api()).patch_namespace("default", {"metadata": {"labels": {
+        ENFORCE_LABEL: "restricted"}}})
+    overrides = {"gpus_per_node": 1, "rdma_resource": "rdma/rdma_shared_device_a"} if rdma else {}
+    body = _quick(_job_body(cluster, f"restricted-{nnodes}-{rdma}".lower(), nnodes=nnodes, **overrides))
+    run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+                 log_path=tmp_path / "m.log", timeout=120)
+    if nnodes == 1 and not rdma:
+        run.run()
+        return
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as refused:
+        run.run()
+    message = str(refused.value)
+    assert "the operator cannot create its pods: Error creating: pods" in message
+    assert 'violates PodSecurity "restricted:latest"' in message
+    if rdma:
+        assert '"IPC_LOCK"' in message and "pod-security.kubernetes.io/enforce=privileged" in message
+    else:
+        assert '"init-pytorch"' in message and "--pytorch-init-container-template-file" in message
+    assert time.monotonic() - started < 60 and cluster.jobs() == []
+
+
+def test_with_the_deployed_init_template_workers_run_restricted_and_guaranteed(cluster, tmp_path):
+    """deploy/operator-restricted-init.yaml, given to the operator, makes a 2-node job admissible in a restricted
+    namespace, and with numa_aligned every pod Guaranteed QoS (the init container's requests equal its limits)."""
+    from kubernetes import client
+
+    from fakes.pod_security import ENFORCE_LABEL
+
+    (config_map,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "operator-restricted-init.yaml").read_text()) if d]
+    cluster.server.pytorch_init_container_template = config_map["data"]["initContainer.yaml"]
+    core = client.CoreV1Api(cluster.api())
+    core.patch_namespace("default", {"metadata": {"labels": {ENFORCE_LABEL: "restricted"}}})
+    with pytest.warns(UserWarning, match="deploy/operator-restricted-init.yaml"):
+        body = _quick(_job_body(cluster, "restricted-numa", nnodes=2, numa_aligned=True))
+    JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5),
+           log_path=tmp_path / "m.log", timeout=120).run()
+    pods = core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}=restricted-numa").items
+    assert {p.metadata.name: p.status.qos_class for p in pods} == {"restricted-numa-master-0": "Guaranteed",
+                                                                   "restricted-numa-worker-0": "Guaranteed"}
+    (worker,) = [p for p in pods if p.metadata.name.endswith("worker-0")]
+    assert [c.name for c in worker.spec.init_containers] == ["init-pytorch"]
+
+
+def test_an_elastic_job_meets_at_its_rendered_rendezvous_endpoint(cluster, tmp_path):
+    """elasticPolicy's rdzvHost/rdzvPort reach torchrun as the operator's PET_RDZV_ENDPOINT (with PET_NNODES
+    min:max): both nodes of a 2..3 elastic job rendezvous there and run one collective benchmark together."""
+    from kubernetes import client
+
+    from training.launch.jobspec import JobSpec
+
+    settings = KubernetesSettings.from_dict({**cluster.settings(), "elastic_min_nodes": 2, "elastic_max_nodes": 3})
+    spec = JobSpec(name="elastic-rdzv", nnodes=2, module="training.collectives", rdzv_timeout_seconds=60,
+                   args=["--max-bytes", "1K", "--warmup", "0", "--iters", "1", "--ops", "all_reduce",
+                         "--json", str(cluster.shared / "elastic.json")])
+    body = render_pytorchjob(spec, settings.cluster)
+    JobRun(cluster.api(), body, policy=settings.launcher, log_path=tmp_path / "m.log", timeout=180,
+           artifact=cluster.shared / "elastic.json").run()
+    assert json.loads((cluster.shared / "elastic.json").read_text())["world_size"] == 2
+    pod = client.CoreV1Api(cluster.api()).read_namespaced_pod("elastic-rdzv-worker-0", "default")
+    env = {e.name: e.value for e in pod.spec.containers[0].env}
+    port = next(p.container_port for p in pod.spec.containers[0].ports if p.name == "pytorchjob-port")
+    assert (env["PET_RDZV_ENDPOINT"], env["PET_NNODES"]) == (f"elastic-rdzv-master-0:{port}", "2:3")

@@ -173,7 +173,9 @@ def test_gang_scheduling_and_kueue(rendered):
     assert "kueue.x-k8s.io/queue-name" not in rendered["cpu"]["metadata"]["labels"]
 
 
-def test_numa_aligned_pods_are_guaranteed_qos(rendered):
+def test_numa_aligned_training_containers_have_requests_equal_to_limits(rendered):
+    """The container kfloop renders; whether the pod is Guaranteed also depends on the operator's init container
+    (tests/test_gpu_sharing.py, tests/test_launch_kubernetes.py)."""
     for pod in pods(rendered["numa-aligned"]).values():
         resources = pod["containers"][0]["resources"]
         assert resources["requests"] == resources["limits"] == {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8}

@@ -7,10 +7,15 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from pathlib import Path
+
 import pytest
 from kubernetes import client, config
 
+import yaml
+from fakes.k8s_rbac import service_account_user
 from fakes.k8s_server import K8sServer
+from fakes.kubernetes_cluster import grant
 from polling import wait_for
 
 from training.registry.lock import LeaseLock, LockLost, LockTimeout, lease_name, promotion_lock
@@ -32,6 +37,26 @@ def kubeconfig(server, tmp_path):
 @pytest.fixture
 def api(kubeconfig):
     return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def _kfloop_role() -> dict:
+    """deploy/rbac.yaml's Role ``kfloop``: what the promote step's service account is granted."""
+    docs = yaml.safe_load_all((Path(__file__).resolve().parents[1] / "deploy" / "rbac.yaml").read_text())
+    return next(d for d in docs if d and d["kind"] == "Role" and d["metadata"]["name"] == "kfloop")
+
+
+def _without(role: dict, resource: str, verb: str) -> dict:
+    rules = [{**rule, "verbs": [v for v in rule["verbs"] if not (resource in rule["resources"] and v == verb)]}
+             for rule in role["rules"]]
+    return {**role, "rules": rules}
+
+
+@pytest.fixture
+def runner_api(server, api, tmp_path):
+    """The promote step's client: service account ``kfloop`` with deploy/rbac.yaml's Role ``kfloop``."""
+    grant(api, NAMESPACE, "kfloop", _kfloop_role())
+    path = server.write_kubeconfig(tmp_path / "runner", user=service_account_user(NAMESPACE, "kfloop"))
+    return config.new_client_from_config(config_file=str(path))
 
 
 def _lock(api, holder: str, **kw) -> LeaseLock:
@@ -125,21 +150,26 @@ def test_promotion_lock_is_a_lease_or_a_file_lock_as_asked(api, kubeconfig, tmp_
 
 @pytest.mark.chaos
 @pytest.mark.parametrize("fault", ["refused", "unreachable"])
-def test_a_failed_release_after_the_promotion_leaves_the_lease_to_expire_with_a_warning(server, api, capsys, fault):
-    with _lock(api, "pod-a", duration_s=30):
-        if fault == "refused":
-            server.forbidden.add(("leases", "update"))
+def test_a_failed_release_after_the_promotion_leaves_the_lease_to_expire_with_a_warning(api, runner_api, capsys,
+                                                                                      fault):
+    with _lock(runner_api, "pod-a", duration_s=30):
+        if fault == "refused":  # the grant is withdrawn meanwhile: RBAC answers 403 to the release
+            client.RbacAuthorizationV1Api(api).replace_namespaced_role(
+                "kfloop", NAMESPACE, {**_without(_kfloop_role(), "leases", "update"),
+                                      "metadata": {"name": "kfloop", "namespace": NAMESPACE}})
         else:
-            api.configuration.host = "http://127.0.0.1:9"  # the API server is gone (discard port: refused)
+            runner_api.configuration.refresh_api_key_hook = None  # it would reset the host from the kubeconfig
+            runner_api.configuration.host = "http://127.0.0.1:9"  # the API server is gone (discard port: refused)
     assert "could not release Lease ml/kfloop-promote-churn" in capsys.readouterr().err
     if fault == "refused":
         assert _lease(api).spec.holder_identity == "pod-a"  # left to expire
 
 
-def test_a_service_account_without_the_grant_is_told_how_to_get_it(server, api):
-    server.forbidden.add(("leases", "create"))
+def test_a_service_account_without_the_grant_is_told_how_to_get_it(server, api, tmp_path):
+    grant(api, NAMESPACE, "kfloop", _without(_kfloop_role(), "leases", "create"))
+    path = server.write_kubeconfig(tmp_path / "runner", user=service_account_user(NAMESPACE, "kfloop"))
     with pytest.raises(PermissionError, match="bind deploy/rbac.yaml's Role kfloop"):
-        _lock(api, "pod-a").acquire()
+        _lock(config.new_client_from_config(config_file=str(path)), "pod-a").acquire()
 
 
 def test_lease_names_are_valid_and_distinct():

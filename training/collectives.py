@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from training.devices import pin_local_device
 from training.fileio import atomic_write_json
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -209,8 +210,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Measure, print and write on rank 0; returns the exit status (1: a wrong value or a failed preflight)."""
     args = parse_args(argv)
+    index = pin_local_device()  # before CUDA initialises: a MIG device per local rank
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    device = torch.device("cuda", index) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     if "RANK" in os.environ:

@@ -35,6 +35,7 @@ from torch.utils.data.distributed import DistributedSampler
 from data.storage import is_remote, redact
 from training import checkpoints
 from training.config import TrainingConfig
+from training.devices import pin_local_device
 from training.features import FeatureTransform, encode_target, target_classes
 from training.model import MLP, Architecture, save_model_dir
 from data.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
@@ -58,7 +59,7 @@ class _Rank:
     world_size: int
     """Processes in the job."""
     device: torch.device
-    """``cuda:<LOCAL_RANK>`` or ``cpu``."""
+    """``cuda:<LOCAL_RANK>``, ``cuda:0`` on a MIG device (training/devices.py), or ``cpu``."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -101,11 +102,12 @@ def main(argv: list[str] | None = None) -> None:
 def _init_distributed(cfg: TrainingConfig) -> _Rank:
     """Join the process group from torchrun's env (RANK, WORLD_SIZE, MASTER_ADDR/PORT), or a world of one."""
     torch.set_num_threads(cfg.threads_per_rank)
+    index = pin_local_device()  # before CUDA initialises: a MIG device per local rank
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     if cuda and not torch.cuda.is_available():
         raise ValueError("device='cuda' but this node has no usable CUDA device; use device='cpu' or 'auto'")
     if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

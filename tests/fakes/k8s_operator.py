@@ -1,6 +1,7 @@
 """Operator mode of the Kubernetes API test server (tests/fakes/k8s_server.py): the Training Operator v1.9 and the
 kubelet for PyTorchJobs, each pod a local process group (see that module's docstring for what it plays and
-how it differs from a cluster)."""
+how it differs from a cluster). What the operator puts into each pod comes from tests/fakes/pytorchjob_contract.py,
+written from the operator's source; nothing here imports the code under test."""
 from __future__ import annotations
 
 import base64
@@ -18,19 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 
+from fakes import pytorchjob_contract as operator
 from fakes.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
-from training.launch.jobspec import JobSpec
-from training.launch.local import free_port
-from training.settings import CODE_ROOT
+from fakes.server_process import free_port
 
 if TYPE_CHECKING:
     from fakes.k8s_server import K8sServer
 
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
-OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
+JOB_NAME_LABEL, REPLICA_TYPE_LABEL = operator.JOB_NAME_LABEL, operator.REPLICA_TYPE_LABEL
+REPLICA_INDEX_LABEL = operator.REPLICA_INDEX_LABEL
+CODE_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout under test: what the test image holds (``PYTHONPATH`` of every pod process)."""
 STOP_GRACE_SECONDS = 5.0
 """SIGTERM -> SIGKILL grace for pod processes (the real default terminationGracePeriodSeconds is 30)."""
 CRASH_BACKOFF_SECONDS = 0.5
@@ -107,16 +106,35 @@ class _JobController:
         self.started = time.monotonic()
         self.finished = False
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=api.workdir))
-        spec = job["spec"]
-        self.replicas = {rtype: rspec for rtype, rspec in spec["pytorchReplicaSpecs"].items()}
-        self.run_policy = spec.get("runPolicy", {})
+        self.defaulted = self._host_ports(operator.default_job(job))
+        spec = self.defaulted["spec"]
+        self.replicas = spec["pytorchReplicaSpecs"]
+        self.run_policy = spec["runPolicy"]
         self.hosts = self.dir / "hosts"
         pods = [self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
                 for i in range(rspec.get("replicas", 1))]
         self.hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {p}\n" for p in pods))
+        self.bin = self.dir / "bin"
+        self.bin.mkdir()
+        nslookup = self.bin / "nslookup"  # the image's nslookup asks the cluster DNS; here the pod's /etc/hosts
+        nslookup.write_text('#!/bin/sh\nexec getent hosts "$1"\n')
+        nslookup.chmod(0o755)
 
     def pod_name(self, rtype: str, index: int) -> str:
-        return f"{self.name}-{rtype.lower()}-{index}"
+        return operator.replica_name(self.name, rtype, index)
+
+    def _host_ports(self, job: dict) -> dict:
+        """The operator's port 23456 (declared or defaulted) as this job's free host port: all pods share the host
+        network here, where each pod has its own in a cluster. Any other declared port is kept as it is."""
+        for rspec in job["spec"]["pytorchReplicaSpecs"].values():
+            for container in rspec["template"]["spec"]["containers"]:
+                for port in container.get("ports", []):
+                    if port.get("name") == operator.PORT_NAME and port.get("containerPort") == operator.DEFAULT_PORT:
+                        port["containerPort"] = self.port
+        elastic = job["spec"].get("elasticPolicy") or {}
+        if elastic.get("rdzvPort") == operator.DEFAULT_PORT:
+            elastic["rdzvPort"] = self.port
+        return job
 
     def start(self) -> None:
         self.set_condition("Created", "PyTorchJobCreated", f"PyTorchJob {self.name} is created.")
@@ -191,50 +209,23 @@ class _JobController:
     # -- pods
 
     def start_pod(self, rtype: str, index: int) -> None:
-        name = self.pod_name(rtype, index)
-        template = copy.deepcopy(self.replicas[rtype]["template"])
-        spec = template.get("spec", {})
-        node_rank = 0 if rtype == "Master" else index + (1 if "Master" in self.replicas else 0)
-        operator_env = self._operator_env(node_rank)
-        for container in spec.get("containers", []):
-            if container.get("name") == "pytorch":
-                container["env"] = container.get("env", []) + [{"name": k, "value": v} for k, v in operator_env.items()]
-                container.setdefault("ports", []).append({"name": "pytorchjob-port", "containerPort": self.port,
-                                                          "protocol": "TCP"})
-        restart = self.replicas[rtype].get("restartPolicy", "Never")
-        spec["restartPolicy"] = "Never" if restart == "ExitCode" else restart
-        labels = {**template.get("metadata", {}).get("labels", {}), JOB_NAME_LABEL: self.name,
-                  REPLICA_TYPE_LABEL: rtype.lower(), REPLICA_INDEX_LABEL: str(index),
-                  OPERATOR_NAME_LABEL: "pytorchjob-controller"}
-        if rtype == "Master":
-            labels[JOB_ROLE_LABEL] = "master"
-        pod = self.api.store.create(PODS, self.namespace, {
-            "metadata": {"name": name, "labels": labels,
-                         "annotations": template.get("metadata", {}).get("annotations", {}),
-                         "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": self.name,
-                                              "uid": self.job["metadata"]["uid"], "controller": True}]},
-            "spec": spec, "status": {"phase": "Pending", "conditions": []}})
+        """Create the pod of replica ``rtype`` ``index`` as the operator does, and run it; a pod the API refuses
+        (Pod Security admission) is a FailedCreatePod event on the job instead."""
+        pod = operator.pod_template(self.defaulted, rtype, index, self.api.pytorch_init_container_template)
+        name = pod["metadata"]["name"]
+        pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                               "name": self.name, "uid": self.job["metadata"]["uid"],
+                                               "controller": True}]
+        pod["status"] = {"phase": "Pending", "conditions": []}
+        try:
+            pod = self.api.create_pod(self.namespace, pod)
+        except ApiError as exc:
+            self.api.record_event(self.namespace, self.job, reason=operator.FAILED_CREATE_POD, type_="Warning",
+                                  message=f"Error creating: {exc}")
+            return
         self.api.record_event(self.namespace, self.job, reason="SuccessfulCreatePod",
                               message=f"Created pod: {name}")
         threading.Thread(target=self._kubelet, args=(pod, rtype, index), name=f"pod-{name}", daemon=True).start()
-
-    def _operator_env(self, node_rank: int) -> dict[str, str]:
-        """What the operator injects (training/launch/jobspec.py's JobSpec.pod_env, plus the elastic variables)."""
-        spec = self.job["spec"]
-        nnodes = sum(r.get("replicas", 1) for r in self.replicas.values())
-        nproc = str(spec.get("nprocPerNode", "1"))
-        elastic = spec.get("elasticPolicy")
-        job_spec = JobSpec(nnodes=nnodes, nproc_per_node=int(nproc) if nproc.isdigit() else 1)
-        env = job_spec.pod_env(node_rank, f"{self.name}-master-0", self.port)
-        if not nproc.isdigit():
-            env.update(PET_NPROC_PER_NODE=nproc, WORLD_SIZE=str(nnodes))
-        if elastic:
-            env["PET_NNODES"] = f"{elastic.get('minReplicas', nnodes)}:{elastic.get('maxReplicas', nnodes)}"
-            env["PET_RDZV_ENDPOINT"] = f"{self.name}-master-0:{self.port}"
-            env["PET_RDZV_BACKEND"] = elastic.get("rdzvBackend", "c10d")
-            if "maxRestarts" in elastic:
-                env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
-        return env
 
     def _update_pod(self, name: str, change: Callable[[dict], None]) -> dict | None:
         try:
@@ -267,14 +258,21 @@ class _JobController:
             self.api.record_event(self.namespace, pod, reason="Failed", type_="Warning",
                                   message=f'Failed to pull image "{image}": not found')
             return
+        run = _PodRun(log=self.dir / f"{name}-{uid[:8]}.log")
+        self.api._runs[(self.namespace, name)] = run
+        for init in pod["spec"].get("initContainers", []):
+            code = self._run_init(pod, init, run)
+            if code is None:
+                return
+            if code:
+                self._update_pod(name, lambda p: p["status"].update(phase="Failed", reason="Init:Error"))
+                return self._pod_finished(rtype, index, name, code)
         try:
             argv, env, cwd = self._container_process(pod, container)
         except ValueError as exc:
             self._waiting(name, container, "CreateContainerConfigError", str(exc))
             self.api.record_event(self.namespace, pod, reason="Failed", message=f"Error: {exc}", type_="Warning")
             return
-        run = _PodRun(log=self.dir / f"{name}-{uid[:8]}.log")
-        self.api._runs[(self.namespace, name)] = run
         restarts = 0
         while True:
             started = now()
@@ -323,6 +321,35 @@ class _JobController:
             if self.stopping.wait(backoff):
                 return
 
+    def _run_init(self, pod: dict, init: dict, run: _PodRun) -> int | None:
+        """Run one init container to its end (its output in its own log); its exit code, or None when it could not
+        start or the pod was stopped meanwhile."""
+        name = pod["metadata"]["name"]
+        try:
+            argv, env, cwd = self._container_process(pod, init)
+        except ValueError as exc:
+            self._waiting(name, init, "CreateContainerConfigError", str(exc))
+            return None
+        started = now()
+        self._update_pod(name, lambda p: p["status"].update(phase="Pending", initContainerStatuses=[{
+            "name": init["name"], "image": init.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"running": {"startedAt": started}}}]))
+        with run.lock, run.log.with_suffix(f".{init['name']}.log").open("ab") as log:
+            if self.stopping.is_set() or run.stopped.is_set():
+                return None
+            run.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        code = run.proc.wait()
+        if run.stopped.is_set():
+            return None
+        exit_code = code if code >= 0 else 128 - code
+        self._update_pod(name, lambda p: p["status"].update(initContainerStatuses=[{
+            "name": init["name"], "image": init.get("image", ""), "imageID": "", "ready": exit_code == 0,
+            "restartCount": 0, "state": {"terminated": {"exitCode": exit_code, "startedAt": started,
+                                                        "finishedAt": now(),
+                                                        "reason": "Completed" if exit_code == 0 else "Error"}}}]))
+        return exit_code
+
     def _master_running(self) -> bool:
         """The operator's rule: the job is Running while its master pod runs."""
         try:
@@ -356,12 +383,19 @@ class _JobController:
                                                   "failed.")
 
     def _unfit(self, pod: dict) -> str | None:
-        """The first resource the node lacks for this pod (requests, or limits where no request is set)."""
+        """The first resource the node lacks for this pod (requests, or limits where no request is set; the larger
+        of the containers' sum and each init container's, as the scheduler counts)."""
+        def requests(container: dict) -> dict[str, float]:
+            resources = container.get("resources", {})
+            return {k: quantity(v) for k, v in {**resources.get("limits", {}), **resources.get("requests", {})}.items()}
+
         wanted: dict[str, float] = {}
         for container in pod["spec"].get("containers", []):
-            resources = container.get("resources", {})
-            for key, value in {**resources.get("limits", {}), **resources.get("requests", {})}.items():
-                wanted[key] = wanted.get(key, 0.0) + quantity(value)
+            for key, value in requests(container).items():
+                wanted[key] = wanted.get(key, 0.0) + value
+        for init in pod["spec"].get("initContainers", []):  # init containers run one at a time, before the others
+            for key, value in requests(init).items():
+                wanted[key] = max(wanted.get(key, 0.0), value)
         for key, value in wanted.items():
             if value > self.api.capacity.get(key, 0.0):
                 return key
@@ -388,7 +422,7 @@ class _JobController:
                 text = text.replace("=" + mount_path.rstrip("/") + "/", "=" + str(host) + "/")
             return text
 
-        env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+        env = {"PATH": f"{self.bin}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
                "HOME": str(self.dir), "HOSTNAME": pod["metadata"]["name"],
                "PYTHONPATH": str(CODE_ROOT)}  # the image holds the code under test (not whatever the venv has)
         for item in container.get("env", []):
@@ -402,8 +436,7 @@ class _JobController:
                     if ref.get("optional"):
                         continue
                     raise ValueError(f'secret "{ref["name"]}" not found') from None
-                data = {**{k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()},
-                        **secret.get("stringData", {})}
+                data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
                 if ref["key"] not in data:
                     if ref.get("optional"):
                         continue

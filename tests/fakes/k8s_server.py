@@ -1,41 +1,51 @@
 """A Kubernetes API test server for the real `kubernetes` client and `kubectl`, with an operator mode.
 
-What it serves (HTTP, no auth), through the kubeconfig :meth:`K8sServer.write_kubeconfig` writes:
+What it serves (HTTPS with a self-signed certificate the kubeconfig trusts), through the kubeconfig :meth:`K8sServer.write_kubeconfig` writes (a bearer token of the
+cluster admin, or of any user or service account):
 
 * discovery (`/version`, `/api`, `/apis`, group and resource lists) as `kubectl` and the client read it;
 * custom objects `pytorchjobs` (`kubeflow.org/v1`) and `trainjobs` (`trainer.kubeflow.org/v1alpha1`), and core
-  `pods` (read-only for clients), `pods/log`, `events`, `secrets`, and `leases` (`coordination.k8s.io/v1`):
-  create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace carrying a stale one gets
-  409 Conflict, the compare-and-set a Lease lock relies on; a Lease time not in MicroTime form gets 400), label
-  and field selectors, Status bodies like the API server's (404 NotFound, 409 AlreadyExists or Conflict,
-  422 Invalid from the real CRD schema via tests/fakes/crd_schema.py), server-side
-  `Table` for `kubectl get`, and watch streams (`?watch=true&resourceVersion=N`: chunked JSON lines, ADDED /
-  MODIFIED / DELETED, resumed from N; an `ERROR` event with code 410 Expired when N is older than the retained
-  history, as the API server sends it).
+  `pods` (read-only for clients), `pods/log`, `events`, `secrets` (`stringData` stored as base64 `data`),
+  `namespaces`, `leases` (`coordination.k8s.io/v1`) and RBAC's `roles`, `clusterroles`, `rolebindings`,
+  `clusterrolebindings`: create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace
+  carrying a stale one gets 409 Conflict, the compare-and-set a Lease lock relies on; a Lease time not in
+  MicroTime form gets 400), label and field selectors, Status bodies like the API server's (401 Unauthorized,
+  403 Forbidden, 404 NotFound, 409 AlreadyExists or Conflict, 422 Invalid from the real CRD schema via
+  tests/fakes/crd_schema.py), server-side `Table` for `kubectl get`, and watch streams
+  (`?watch=true&resourceVersion=N`: chunked JSON lines, ADDED / MODIFIED / DELETED, resumed from N; an `ERROR`
+  event with code 410 Expired when N is older than the retained history, as the API server sends it).
+* authentication and RBAC authorisation of every request by the roles and bindings it holds
+  (tests/fakes/k8s_rbac.py); Pod Security admission of pods in namespaces labelled
+  `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
 
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object
-and one local process group per replica, running the container's own `command` + `args` with the env the
-operator injects (`JobSpec.pod_env`), the container's `env` (`secretKeyRef` resolved from Secrets in the store)
-and a minimal image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image
-holds). Pod names resolve like a cluster's headless services do:
-each pod process runs in its own mount and UTS namespaces (`unshare`; hostname = pod name) with a private
-`/etc/hosts` mapping every pod of its job (`<job>-master-0`, `<job>-worker-<i>`) to 127.0.0.1, so `MASTER_ADDR`
-stays the operator's value.
-Differences from a cluster, all deliberate: all pods share the host network, so each job gets a free host port
-in place of the `pytorchjob-port` 23456 (the injected `MASTER_PORT` says which); `volumeMounts` are mapped by
-rewriting the mount path prefix in command, args, env values and workingDir to a host dir (a PVC claim -> the
-dir given in `volumes`, an emptyDir -> a fresh dir per pod); securityContext is not enforced.
+per replica, made as tests/fakes/pytorchjob_contract.py says the operator makes it (names, labels, the env on
+every container, the `init-pytorch` init container of workers), admitted like any pod, and one local process
+group per container that runs: the init containers in order, then the `pytorch` container (others are not run),
+each with its own `command` + `args`, its env (`secretKeyRef` resolved from Secrets in the store) and a minimal
+image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image holds). Pod names
+resolve like a cluster's headless services do: each pod process runs in its own mount and UTS namespaces
+(`unshare`; hostname = pod name) with a private `/etc/hosts` mapping every pod of its job (`<job>-master-0`,
+`<job>-worker-<i>`) to 127.0.0.1 (`nslookup` answers from it), so `MASTER_ADDR` stays the operator's value.
+Differences from a cluster, all deliberate: all pods share the host network, so the operator's port 23456
+(declared or defaulted `pytorchjob-port`, or an elastic `rdzvPort` of 23456) becomes a free host port per job,
+while any other declared port is used as it is; `volumeMounts` are mapped by rewriting the mount path prefix in
+command, args, env values and workingDir to a host dir (a PVC claim -> the dir given in `volumes`, an emptyDir
+-> a fresh dir per pod); a securityContext is checked by admission but not applied to the process.
 Job status follows the operator: conditions Created, Running, Restarting, Succeeded, Failed; `restartPolicy:
 ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) and fails the job on 1..127;
 `OnFailure` restarts the container in place (restartCount, CrashLoopBackOff); `cleanPodPolicy` and
-`activeDeadlineSeconds` apply. Scheduling checks the pod's resources against one node's `capacity`: a pod that
-does not fit stays Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in
-ImagePullBackOff; a pod named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason
-given there (`OOMKilled`, or `Error` for a plain kill).
+`activeDeadlineSeconds` apply; a pod that admission refuses is a `FailedCreatePod` event on the job, which stays
+Created. Scheduling checks the pod's resources against one node's `capacity`: a pod that does not fit stays
+Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in ImagePullBackOff; a pod
+named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason given there
+(`OOMKilled`, or `Error` for a plain kill).
 TrainJobs are stored and validated but not run.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import json
 import os
@@ -50,10 +60,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+from fakes import pod_security, tls
 from fakes.crd_schema import validate as validate_crd
-from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, _JobController, _PodRun, 
-                                _terminate)
-from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, PODS, PYTORCHJOBS, RESOURCES, ApiError, 
+from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, _JobController, _PodRun,
+                                _terminate, quantity)
+from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Authorizer, Identities, User
+from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sServer"]
@@ -146,20 +158,22 @@ class K8sServer:
         capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, extended
             resources by name); pods that do not fit stay Unschedulable.
         operator: run PyTorchJobs as local processes.
+        pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
+            None: the operator's default ``init-pytorch``.
     """
 
     def __init__(self, workdir: Path, *, namespace: str = "default", volumes: dict[str, Path] | None = None,
-                 capacity: dict[str, float] | None = None, operator: bool = True):
+                 capacity: dict[str, float] | None = None, operator: bool = True,
+                 pytorch_init_container_template: str | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.namespace = namespace
         self.volumes = {claim: Path(path) for claim, path in (volumes or {}).items()}
         self.capacity = {"cpu": float(os.cpu_count() or 2) * 8, "memory": 256 * 2**30, **(capacity or {})}
         self.operator = operator
+        self.pytorch_init_container_template = pytorch_init_container_template
         self.unpullable_images: set[str] = set()
         """Images whose pods stay in ImagePullBackOff."""
-        self.forbidden: set[tuple[str, str]] = set()
-        """``(resource, verb)`` pairs answered 403 Forbidden, as RBAC answers a service account without the grant."""
         self.killed_pods: dict[str, str] = {}
         """Pod name -> terminated reason (``OOMKilled``, ``Error``): SIGKILLed every time it starts."""
         self.requests: list[str] = []
@@ -167,10 +181,19 @@ class K8sServer:
         self.received: list[tuple[str, str, bytes]] = []
         """``(METHOD, path, body as sent)`` of every request with a body, in order."""
         self.store = Store()
+        self.identities = Identities()
+        self.authorizer = Authorizer(self.store)
+        for resource, body in BOOTSTRAP:
+            self.store.create(resource, "", body)
+        for name in dict.fromkeys(("default", "kube-system", namespace)):
+            self.store.create(NAMESPACES, "", {"metadata": {"name": name,
+                                                            "labels": {"kubernetes.io/metadata.name": name}}})
         self._runs: dict[tuple[str, str], _PodRun] = {}
         self._jobs: dict[tuple[str, str], _JobController] = {}
         self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._http.api = self
+        self.ca_pem, context = tls.self_signed(self.workdir)
+        self._http.socket = context.wrap_socket(self._http.socket, server_side=True, do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="k8s-test-server", daemon=True)
 
@@ -178,7 +201,7 @@ class K8sServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._http.server_address[1]}"
+        return f"https://127.0.0.1:{self._http.server_address[1]}"
 
     def __enter__(self) -> "K8sServer":
         self._thread.start()
@@ -197,13 +220,17 @@ class K8sServer:
         self._http.shutdown()
         self._http.server_close()
 
-    def write_kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig whose current context points at this server and namespace."""
+    def write_kubeconfig(self, path: Path, user: User = ADMIN_USER, namespace: str | None = None) -> Path:
+        """A kubeconfig whose current context points at this server and ``namespace`` (default: the server's), with
+        a bearer token of ``user`` (default: the cluster admin, group ``system:masters``; for a service account
+        :func:`fakes.k8s_rbac.service_account_user`)."""
+        namespace = namespace or self.namespace
         config = {"apiVersion": "v1", "kind": "Config", "current-context": "k8s-test",
-                  "clusters": [{"name": "k8s-test", "cluster": {"server": self.url}}],
-                  "users": [{"name": "k8s-test", "user": {}}],
+                  "clusters": [{"name": "k8s-test", "cluster": {
+                      "server": self.url, "certificate-authority-data": base64.b64encode(self.ca_pem).decode()}}],
+                  "users": [{"name": "k8s-test", "user": {"token": self.identities.issue(user)}}],
                   "contexts": [{"name": "k8s-test",
-                                "context": {"cluster": "k8s-test", "user": "k8s-test", "namespace": self.namespace}}]}
+                                "context": {"cluster": "k8s-test", "user": "k8s-test", "namespace": namespace}}]}
         Path(path).write_text(yaml.safe_dump(config))
         return Path(path)
 
@@ -216,8 +243,10 @@ class K8sServer:
     # -- request handling
 
     def handle(self, h: _Handler, method: str, path: str, query: dict[str, str], body: Any) -> None:
+        user = self.identities.authenticate(h.headers.get("Authorization", ""))
         if path in ("/version", "/api", "/apis") or path.startswith("/api/v1") and path.count("/") == 2 \
                 or path.startswith("/apis/") and path.count("/") <= 3:
+            self.authorizer.authorize_path(user, method.lower(), path)
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
             return h._send_json(200, self._discovery(path))
@@ -226,22 +255,22 @@ class K8sServer:
         if resource is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         namespace, name, sub = m.group("ns"), m.group("name"), m.group("sub")
-        if name and not namespace:
+        if (resource.namespaced and name and not namespace) or (namespace and not resource.namespaced):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        namespace = namespace if resource.namespaced else ""
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method)
+        if method == "GET":
+            verb = "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list")
+        if sub is not None:
+            self.authorizer.authorize(user, verb, resource, sub, namespace, name)
         if sub == "log" and resource is PODS and method == "GET":
             return self._log(h, namespace, name, query)
         if sub not in (None, "status"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method)
-        if method == "GET":
-            verb = "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list")
+        if sub is None:
+            self.authorizer.authorize(user, verb, resource, None, namespace, name)
         if verb not in resource.verbs or (verb == "create" and name):
             raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported on {resource.qualified}")
-        if (resource.plural, verb) in self.forbidden:
-            raise ApiError(403, "Forbidden", f'{resource.qualified} is forbidden: User "system:serviceaccount:'
-                                             f'{namespace}:default" cannot {verb} resource "{resource.plural}" in API '
-                                             f'group "{resource.group}" in the namespace "{namespace}"',
-                           {"group": resource.group, "kind": resource.plural})
         if verb == "get":
             return h._send_json(200, self.store.get(resource, namespace, name))
         if verb == "list":
@@ -305,7 +334,7 @@ class K8sServer:
         revision = int(start)
 
         def wanted(res: Resource, obj: dict) -> bool:
-            return (res == resource and namespace in (None, obj["metadata"]["namespace"])
+            return (res == resource and namespace in (None, obj["metadata"].get("namespace", ""))
                     and match_labels(obj["metadata"].get("labels")) and match_fields(obj))
 
         h._start_chunked("application/json")
@@ -390,12 +419,31 @@ class K8sServer:
             body.setdefault("kind", resource.kind)
             self._validate(resource, body)
         _check_micro_times(resource, body)
+        if resource is SECRETS:
+            _encode_string_data(body)
         obj = self.store.create(resource, namespace, body)
         if resource is PYTORCHJOBS and self.operator:
             controller = _JobController(self, namespace, obj)
             self._jobs[(namespace, obj["metadata"]["name"])] = controller
             controller.start()
         return obj
+
+    def create_pod(self, namespace: str, pod: dict) -> dict:
+        """Admit (Pod Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as
+        the API server does for the operator's pod creations.
+
+        Raises:
+            ApiError: 403 Forbidden when the namespace's Pod Security level refuses the pod.
+        """
+        try:
+            labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}
+        except ApiError:
+            labels = {}
+        refusal = pod_security.admit(labels, pod)
+        if refusal:
+            raise ApiError(403, "Forbidden", refusal, {"name": pod["metadata"]["name"], "kind": "pods"})
+        pod.setdefault("status", {})["qosClass"] = qos_class(pod["spec"])
+        return self.store.create(PODS, namespace, pod)
 
     def _validate(self, resource: Resource, body: dict) -> None:
         if (body.get("apiVersion"), body.get("kind")) != (resource.api_version, resource.kind):
@@ -435,6 +483,8 @@ class K8sServer:
             return updated
 
         _check_micro_times(resource, body)
+        if resource is SECRETS:
+            _encode_string_data(body)
         expect = (body.get("metadata") or {}).get("resourceVersion") if method == "PUT" else None
         return self.store.update(resource, namespace, name, change, expect_version=expect)
 
@@ -473,6 +523,43 @@ class K8sServer:
                                "uid": meta["uid"], "apiVersion": involved["apiVersion"]},
             "reason": reason, "message": message, "type": type_, "count": 1, "firstTimestamp": now(),
             "lastTimestamp": now(), "source": {"component": "kfloop-test-server"}})
+
+
+def qos_class(pod_spec: dict) -> str:
+    """The pod's QoS class as the API server sets ``status.qosClass`` (kubernetes ``pkg/apis/core/helper/qos``,
+    ``ComputePodQOS``): Guaranteed when every container, init containers included, has cpu and memory limits and
+    requests equal to them (a missing request defaults to the limit); BestEffort with no cpu or memory request or
+    limit anywhere; else Burstable."""
+    containers = [*pod_spec.get("initContainers", []), *pod_spec.get("containers", [])]
+    guaranteed, best_effort = True, True
+    for container in containers:
+        resources = container.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        for name in ("cpu", "memory"):
+            limit, request = limits.get(name), requests.get(name, limits.get(name))
+            best_effort = best_effort and limit is None and request is None
+            guaranteed = guaranteed and limit is not None and quantity(request) == quantity(limit)
+    return "BestEffort" if best_effort else "Guaranteed" if guaranteed else "Burstable"
+
+
+def _encode_string_data(secret: dict) -> None:
+    """A Secret's write-only ``stringData`` merged into ``data`` as base64 (its keys win), as the API server
+    stores it; ``data`` values must be base64.
+
+    Raises:
+        ApiError: 400 when a ``data`` value is not base64.
+    """
+    data = secret.get("data") or {}
+    for key, value in data.items():
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise ApiError(400, "BadRequest", f"Secret in version \"v1\" cannot be handled as a Secret: illegal "
+                                              f"base64 data in data.{key}") from None
+    for key, value in (secret.pop("stringData", None) or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    if data:
+        secret["data"] = data
 
 
 _MICRO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)")

@@ -35,6 +35,7 @@ class Resource:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
+RBAC_GROUP = "rbac.authorization.k8s.io"
 RESOURCES = (
     Resource("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob", crd=True),
     Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob", crd=True),
@@ -42,8 +43,14 @@ RESOURCES = (
     Resource("", "v1", "events", "Event", verbs=("get", "list", "watch")),
     Resource("", "v1", "secrets", "Secret", verbs=("create", "delete", "get", "list", "patch", "update", "watch")),
     Resource("coordination.k8s.io", "v1", "leases", "Lease"),
+    Resource("", "v1", "namespaces", "Namespace", namespaced=False),
+    Resource(RBAC_GROUP, "v1", "roles", "Role"),
+    Resource(RBAC_GROUP, "v1", "clusterroles", "ClusterRole", namespaced=False),
+    Resource(RBAC_GROUP, "v1", "rolebindings", "RoleBinding"),
+    Resource(RBAC_GROUP, "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
 )
-PYTORCHJOBS, TRAINJOBS, PODS, EVENTS, SECRETS, LEASES = RESOURCES
+(PYTORCHJOBS, TRAINJOBS, PODS, EVENTS, SECRETS, LEASES, NAMESPACES, ROLES, CLUSTER_ROLES, ROLE_BINDINGS,
+ CLUSTER_ROLE_BINDINGS) = RESOURCES
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 
@@ -193,6 +200,8 @@ class Store:
                                {"name": name, "group": resource.group, "kind": resource.plural})
             obj["apiVersion"], obj["kind"] = resource.api_version, resource.kind
             meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
+            if not resource.namespaced:
+                del meta["namespace"]
             self.objects[(resource, namespace, name)] = obj
             self._record(resource, "ADDED", obj)
             return copy.deepcopy(obj)
@@ -235,7 +244,8 @@ class Store:
             if updated == current:
                 return copy.deepcopy(current)
             for key in ("uid", "creationTimestamp", "namespace", "name"):
-                updated["metadata"][key] = current["metadata"][key]
+                if key in current["metadata"]:
+                    updated["metadata"][key] = current["metadata"][key]
             if updated.get("spec") != current.get("spec"):
                 updated["metadata"]["generation"] = current["metadata"].get("generation", 1) + 1
             self.objects[(resource, namespace, name)] = updated

@@ -1,19 +1,19 @@
 """A Kubernetes API test server as a cluster a kfloop job can run on: its kubeconfig, a shared volume, the
-``cluster`` settings that reach it, and rendered jobs for it (the ``cluster`` fixture in tests/conftest.py)."""
+``cluster`` settings that reach it (the ``cluster`` fixture in tests/conftest.py), and hand-written PyTorchJobs for
+testing the server itself."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from fakes.k8s_server import K8sServer
 
-from training.config import TrainingConfig
-from training.launch.kube_client import api_client
-from training.launch.kubernetes import KubernetesSettings
-from training.launch.manifests import render_pytorchjob, training_job_spec
-
 CLAIM = "kfloop-shared"
+RESTRICTED_CONTAINER = {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+"""A container securityContext the restricted Pod Security profile admits."""
 
 
 @dataclass
@@ -28,21 +28,52 @@ class Cluster:
                 "shared_volume_claim": CLAIM, "shared_mount_path": str(self.shared),
                 "launcher": {"kubeconfig": str(self.kubeconfig), "poll_seconds": 0.5, **launcher}}
 
-    def api(self):
-        return api_client(str(self.kubeconfig))
+    def api(self, kubeconfig: Path | None = None):
+        """A `kubernetes` ApiClient of this cluster's kubeconfig (the admin's), or of ``kubeconfig``."""
+        from kubernetes import config
 
-    def jobs(self) -> list[dict]:
+        return config.new_client_from_config(config_file=str(kubeconfig or self.kubeconfig))
+
+    def jobs(self, namespace: str = "default") -> list[dict]:
         from kubernetes import client
 
         return client.CustomObjectsApi(self.api()).list_namespaced_custom_object(
-            "kubeflow.org", "v1", "default", "pytorchjobs")["items"]
+            "kubeflow.org", "v1", namespace, "pytorchjobs")["items"]
 
-    def job_body(self, name: str, *, nnodes: int = 2, **cluster_overrides) -> dict:
-        """A rendered PyTorchJob of ``training.train`` (no inputs staged: it never gets far)."""
-        cluster_config = KubernetesSettings.from_dict({**self.settings(), **cluster_overrides}).cluster
-        config = TrainingConfig(nnodes=nnodes, nproc_per_node=cluster_config.accelerator[1]
-                                if cluster_config.accelerator else 1)
-        return render_pytorchjob(training_job_spec(config, cluster_config, name=name), cluster_config)
+
+def pytorchjob(name: str, command: list[str], *, workers: int = 1, namespace: str = "default",
+               nproc_per_node: str = "1", containers: int = 1) -> dict:
+    """A PyTorchJob as a user writes it: a Master and ``workers`` Workers running ``command`` in container
+    ``pytorch`` (plus ``containers - 1`` sidecars), restricted securityContexts, no port (the operator's default)."""
+    pod = {"securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+           "containers": [{"name": "pytorch", "image": "python:3.11", "command": command,
+                           "env": [{"name": "OWN", "value": "kept"}], "securityContext": RESTRICTED_CONTAINER}]
+           + [{"name": f"sidecar-{i}", "image": "busybox", "command": ["sleep", "1"],
+               "securityContext": RESTRICTED_CONTAINER} for i in range(1, containers)]}
+    replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": {"spec": pod}}}
+    if workers:
+        replicas["Worker"] = {"replicas": workers, "restartPolicy": "Never", "template": {"spec": pod}}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"nprocPerNode": nproc_per_node, "pytorchReplicaSpecs": replicas}}
+
+
+PYTHON = sys.executable
+"""The interpreter of hand-written jobs' commands (the test image's python)."""
+
+
+def grant(api, namespace: str, service_account: str, role: dict) -> None:
+    """As the admin (``api``): create ``role`` (a Role's body; its namespace becomes ``namespace``) and a
+    RoleBinding of it to ``service_account`` in ``namespace``."""
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(api)
+    name = role["metadata"]["name"]
+    rbac.create_namespaced_role(namespace, {**role, "metadata": {**role["metadata"], "namespace": namespace}})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": f"{name}-{service_account}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]})
 
 
 def status_of(exc) -> dict:

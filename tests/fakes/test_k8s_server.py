@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from fakes.k8s_server import JOB_NAME_LABEL
-from fakes.kubernetes_cluster import status_of
+from fakes.kubernetes_cluster import PYTHON, pytorchjob, status_of
 from polling import wait_for
 
 
@@ -16,7 +16,7 @@ def test_server_answers_404_409_422_like_the_api_server(cluster):
     from kubernetes import client
 
     custom = client.CustomObjectsApi(cluster.api())
-    body = cluster.job_body("api-check")
+    body = pytorchjob("api-check", [PYTHON, "-c", "import time; time.sleep(600)"])
     created = custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
     assert created["metadata"]["uid"] and int(created["metadata"]["resourceVersion"]) > 0
 
@@ -33,7 +33,7 @@ def test_server_answers_404_409_422_like_the_api_server(cluster):
     invalid = json.loads(json.dumps(body))
     invalid["metadata"]["name"] = "invalid"
     invalid["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
-    invalid["spec"]["runPolicy"]["cleanupPolicy"] = "All"
+    invalid["spec"]["runPolicy"] = {"cleanupPolicy": "All"}
     with pytest.raises(client.ApiException) as rejected:
         custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", invalid)
     status = status_of(rejected.value)
@@ -77,7 +77,7 @@ def test_kubectl_lists_the_jobs_of_the_test_server(cluster):
     from kubernetes import client
 
     client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
-        "kubeflow.org", "v1", "default", "pytorchjobs", cluster.job_body("seen-by-kubectl"))
+        "kubeflow.org", "v1", "default", "pytorchjobs", pytorchjob("seen-by-kubectl", ["true"], workers=0))
     out = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "pytorchjobs"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr

@@ -80,15 +80,33 @@ class ClusterConfig:
     """NVIDIA MIG profile such as ``1g.18gb``: each node requests ``mig_devices_per_node`` of
     ``nvidia.com/mig-<profile>`` (the GPU operator's ``mixed`` MIG strategy) instead of whole GPUs."""
     mig_devices_per_node: int = 1
-    """MIG devices per node with ``mig_profile``; a process can use only one, so run one process per device."""
+    """MIG devices per node with ``mig_profile``; a process can use only one, so run one process per device: each
+    local rank is shown its own device (``CUDA_VISIBLE_DEVICES=<MIG UUID>`` from ``NVIDIA_VISIBLE_DEVICES``, see
+    training/devices.py). NCCL cannot put two ranks on MIG devices of the same physical GPU (NVIDIA/nccl#1716):
+    with more than one per node, the devices must come from different GPUs."""
     shared_gpu_resource: str = ""
     """Resource name of a time-sliced or MPS-shared GPU (e.g. ``nvidia.com/gpu.shared`` with the device plugin's
-    ``renameByDefault``); each node requests ``shared_gpu_slices_per_node`` of it. Slices share one GPU's memory."""
+    ``renameByDefault``); each node requests ``shared_gpu_slices_per_node`` of it. The slices of a pod are shares of
+    one physical GPU (its memory too), and NCCL refuses two ranks of one job on the same GPU ("Duplicate GPU
+    detected", NVIDIA/nccl#418, also under MPS): a node runs one process (``nproc_per_node: 1``)."""
     shared_gpu_slices_per_node: int = 1
-    """Slices of ``shared_gpu_resource`` per node."""
+    """Slices of ``shared_gpu_resource`` per node: a larger share of the one GPU, never more processes."""
     numa_aligned: bool = False
-    """Guaranteed QoS with whole CPUs (requests equal to limits), so a kubelet with the static CPU manager and the
-    ``single-numa-node`` topology manager policy pins the pod's CPUs, GPUs and NICs to one NUMA node."""
+    """Whole CPUs with requests equal to limits in the training container, so a kubelet with the static CPU manager
+    and the ``single-numa-node`` topology manager policy pins the pod's CPUs, GPUs and NICs to one NUMA node. That
+    needs Guaranteed QoS, which holds only when every container of the pod, init containers included, has requests
+    equal to limits: the Training Operator v1 adds its own init container (``init-pytorch``, requests below limits)
+    to Worker pods, which makes them Burstable unless the operator runs with deploy/operator-restricted-init.yaml's
+    template (the PyTorchJob rendering warns)."""
+    rdma_resource: str = ""
+    """Extended resource of an RDMA device for NCCL over InfiniBand or RoCE, e.g. ``rdma/rdma_shared_device_a`` (the
+    RDMA shared device plugin) or ``nvidia.com/hostdev``; each node requests ``rdma_devices_per_node`` of it and the
+    training container gets the ``IPC_LOCK`` capability to pin memory for RDMA. An explicit exception to the
+    restricted Pod Security profile: both the baseline and restricted profiles forbid adding ``IPC_LOCK``, so the
+    job's namespace must be labelled ``pod-security.kubernetes.io/enforce: privileged`` (or be exempted). Empty: no
+    RDMA; NCCL uses TCP sockets between nodes."""
+    rdma_devices_per_node: int = 1
+    """Devices of ``rdma_resource`` per node."""
     shm_size: str = "2Gi"
     """Size of the memory-backed emptyDir at /dev/shm (DataLoader workers and NCCL use shared memory; the
     container runtime's default is 64Mi)."""
@@ -206,7 +224,7 @@ class ClusterConfig:
         if self.numa_aligned and not cpu.is_integer():
             raise ValueError(f"numa_aligned needs whole CPUs for Guaranteed QoS and CPU pinning; cpu={self.cpu!r}: "
                              "use an integer such as cpu: '8'")
-        for name in ("gpus_per_node", "mig_devices_per_node", "shared_gpu_slices_per_node"):
+        for name in ("gpus_per_node", "mig_devices_per_node", "shared_gpu_slices_per_node", "rdma_devices_per_node"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}={value!r}: use an integer >= 0")
@@ -242,9 +260,18 @@ class ClusterConfig:
                              "timeout dump has content")
         if self.nccl_ib_disable and self.nccl_ib_hca:
             raise ValueError("nccl_ib_hca selects RDMA devices but nccl_ib_disable turns RDMA off: drop one")
-        if (self.nccl_socket_ifname or self.nccl_ib_hca or self.nccl_ib_disable) and not self.uses_gpus:
+        if self.rdma_resource:
+            if not _RESOURCE_NAME.fullmatch(self.rdma_resource):
+                raise ValueError(f"rdma_resource={self.rdma_resource!r}: give an extended resource name such as "
+                                 "'rdma/rdma_shared_device_a'")
+            if self.rdma_devices_per_node < 1:
+                raise ValueError("rdma_devices_per_node must be >= 1 with rdma_resource")
+            if self.nccl_ib_disable:
+                raise ValueError("rdma_resource requests RDMA devices but nccl_ib_disable turns RDMA off: drop one")
+        if (self.nccl_socket_ifname or self.nccl_ib_hca or self.nccl_ib_disable or self.rdma_resource) \
+                and not self.uses_gpus:
             raise ValueError("NCCL settings are set but the job has no GPUs (it trains with gloo): set gpus_per_node, "
-                             "mig_profile or shared_gpu_resource, or drop the nccl_* settings")
+                             "mig_profile or shared_gpu_resource, or drop the nccl_* and rdma_resource settings")
 
     def _check_scheduling(self) -> None:
         for name in ("elastic_min_nodes", "elastic_max_nodes"):

@@ -10,7 +10,8 @@ in the job's pods. The launcher follows the job's conditions with a watch resume
 * Succeeded, and the model is on the shared volume: it is copied to the step's model dir;
 * anything else raises one :class:`~training.launch.local.LaunchError` naming the pod, the cause and its last log
   lines: the job Failed; a pod stayed Unschedulable past ``unschedulable_timeout_seconds``; an image cannot be
-  pulled or a container cannot be configured; a container was OOMKilled; the job restarted more than
+  pulled or a container cannot be configured; the API refused a pod the operator creates (its FailedCreatePod
+  event, e.g. a Pod Security violation, with the fix); a container was OOMKilled; the job restarted more than
   ``restart_cap`` times (the operator retries exit codes >= 128 without applying backoffLimit); or the
   launcher's ``timeout_seconds`` passed.
 
@@ -327,6 +328,7 @@ class JobRun:
             if self._judge(job):
                 return job
             self._check_pods()
+            self._check_pod_creation()
             if time.monotonic() > deadline:
                 raise self._error(f"not finished after the launcher's timeout of {self.timeout} s", pod=self.master)
             try:
@@ -415,6 +417,15 @@ class JobRun:
         if seen.container_restarts:
             self._check_restarts(pod=seen.restarted_pod)
 
+    def _check_pod_creation(self) -> None:
+        """Raise when the API refused a pod the operator tried to create (its ``FailedCreatePod`` event on the job):
+        the operator retries forever and the job stays Created, so waiting cannot help."""
+        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={self.name}")
+        refused = [e.message or "" for e in events.items if e.reason == "FailedCreatePod"]
+        if refused:
+            raise self._error(f"the operator cannot create its pods: {refused[-1]}{_admission_hint(refused[-1])}",
+                              pod=self.master)
+
     def _events(self, pod: str, reason: str) -> str:
         from kubernetes.client.exceptions import ApiException
 
@@ -461,6 +472,22 @@ class JobRun:
             lines = lines[:report + 1]
         tail = lines[-self.policy.log_tail_lines:]
         return "\n".join(f"  {line}" for line in tail) or "  (no log: the container never started, or the pod is gone)"
+
+
+def _admission_hint(message: str) -> str:
+    """The fix for a Pod Security refusal the operator or kfloop's own settings cause."""
+    hints = []
+    if "violates PodSecurity" in message and '"init-pytorch"' in message:
+        hints.append("the Training Operator v1 adds its init container init-pytorch, which sets no securityContext, "
+                     "to every Worker pod: run the operator with --pytorch-init-container-template-file and "
+                     "deploy/operator-restricted-init.yaml's template, or enforce "
+                     "pod-security.kubernetes.io/enforce=baseline in this namespace, or train on one node")
+    if "violates PodSecurity" in message and '"IPC_LOCK"' in message:
+        hints.append("cluster.rdma_resource adds the IPC_LOCK capability RDMA needs, which the baseline and "
+                     "restricted profiles forbid: run the job in a namespace labelled "
+                     "pod-security.kubernetes.io/enforce=privileged (or exempted from Pod Security), or drop "
+                     "cluster.rdma_resource (NCCL then uses TCP sockets)")
+    return "".join(f"\n  fix: {hint}" for hint in hints)
 
 
 # ------------------------------------------------------------------------------------------------ training

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import warnings
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -106,6 +107,12 @@ def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     """
     _check_fit(spec, cluster)
     replicas = {"Master": 1, **({"Worker": spec.nnodes - 1} if spec.nnodes > 1 else {})}
+    if cluster.numa_aligned and "Worker" in replicas:
+        warnings.warn("numa_aligned: the Training Operator v1 adds the init container init-pytorch (requests 50m/10Mi, "
+                      "limits 100m/20Mi) to every Worker pod, which makes them Burstable, not Guaranteed, so the "
+                      "static CPU manager does not pin their CPUs, unless the operator runs with "
+                      "--pytorch-init-container-template-file and deploy/operator-restricted-init.yaml's template "
+                      "(requests equal to limits)", stacklevel=2)
     body: dict[str, Any] = {
         "apiVersion": PYTORCHJOB_API,
         "kind": "PyTorchJob",
@@ -198,6 +205,12 @@ def _check_fit(spec: JobSpec, cluster: ClusterConfig) -> None:
         if not cluster.elastic_min_nodes <= spec.nnodes <= top:
             raise ValueError(f"nnodes={spec.nnodes} is outside elastic_min_nodes..elastic_max_nodes "
                              f"({cluster.elastic_min_nodes}..{top}): start the job within its bounds")
+    if cluster.shared_gpu_resource and spec.nproc_per_node > 1:
+        raise ValueError(f"nproc_per_node={spec.nproc_per_node} with shared_gpu_resource="
+                         f"{cluster.shared_gpu_resource!r}: the {cluster.shared_gpu_slices_per_node} slice(s) a node "
+                         "requests are shares of one physical GPU, and NCCL refuses two ranks of one job on the same "
+                         "GPU (\"Duplicate GPU detected\", also under MPS): set nproc_per_node: 1 (more slices only "
+                         "reserve a larger share), or use whole GPUs (gpus_per_node) or MIG devices (mig_profile)")
     count = cluster.devices_per_node
     if count and spec.nproc_per_node != count:
         raise ValueError(f"nproc_per_node={spec.nproc_per_node} but each node gets {count} {cluster.accelerator[0]}: "
@@ -245,7 +258,8 @@ def _pod_spec(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
             "allowPrivilegeEscalation": False,
             "privileged": False,
             "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
+            # IPC_LOCK (pinned memory for RDMA) is the one exception to the restricted profile: see rdma_resource
+            "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if cluster.rdma_resource else {})},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
@@ -306,9 +320,9 @@ def _resources(cluster: ClusterConfig) -> dict[str, dict[str, Any]]:
     limits: dict[str, Any] = {"memory": cluster.memory}
     if cluster.numa_aligned:
         limits["cpu"] = cluster.cpu
-    if cluster.accelerator:
-        resource, count = cluster.accelerator
-        requests[resource] = limits[resource] = count
+    for resource, count in (cluster.accelerator or ("", 0), (cluster.rdma_resource, cluster.rdma_devices_per_node)):
+        if resource:
+            requests[resource] = limits[resource] = count
     return {"requests": requests, "limits": limits}
 
 
