@@ -1,4 +1,4 @@
-"""Validate PyTorchJob / TrainJob bodies against the real CRD openAPIV3Schema in tests/fakes/specs/.
+"""Validate PyTorchJob / TrainJob / ClusterTrainingRuntime bodies against the real CRD openAPIV3Schema in tests/fakes/specs/.
 
 Mirrors what the Kubernetes API server does on create with strict field validation (kubectl's default since
 1.27): the CRD's structural schema is checked (types, required, enum, pattern, int-or-string) and every field the
@@ -19,7 +19,8 @@ import jsonschema
 import yaml
 
 SPECS = Path(__file__).resolve().parent / "specs"
-CRD_FILES = ("kubeflow.org_pytorchjobs.v1.9.0.yaml", "trainer.kubeflow.org_trainjobs.yaml")
+CRD_FILES = ("kubeflow.org_pytorchjobs.v1.9.0.yaml", "trainer.kubeflow.org_trainjobs.v2.3.0.yaml",
+             "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml")
 
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
