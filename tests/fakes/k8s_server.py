@@ -32,7 +32,8 @@ ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) a
 does not fit stays Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in
 ImagePullBackOff; a pod named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason
 given there (`OOMKilled`, or `Error` for a plain kill).
-TrainJobs are stored and validated but not run.
+TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
+JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ import yaml
 from fakes.crd_schema import validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, _JobController, _PodRun, 
                                 _terminate)
-from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, PODS, PYTORCHJOBS, RESOURCES, ApiError, 
+from fakes import trainer_operator
+from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, PODS, PYTORCHJOBS, RESOURCES, TRAINJOBS, ApiError, 
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sServer"]
@@ -167,6 +169,8 @@ class K8sServer:
         self.received: list[tuple[str, str, bytes]] = []
         """``(METHOD, path, body as sent)`` of every request with a body, in order."""
         self.store = Store()
+        if operator:
+            trainer_operator.install_runtimes(self.store)
         self._runs: dict[tuple[str, str], _PodRun] = {}
         self._jobs: dict[tuple[str, str], _JobController] = {}
         self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
@@ -226,7 +230,9 @@ class K8sServer:
         if resource is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         namespace, name, sub = m.group("ns"), m.group("name"), m.group("sub")
-        if name and not namespace:
+        if not resource.namespaced:
+            namespace = ""  # cluster-scoped objects are stored under the empty namespace
+        if name and namespace is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         if sub == "log" and resource is PODS and method == "GET":
             return self._log(h, namespace, name, query)
@@ -390,6 +396,8 @@ class K8sServer:
             body.setdefault("kind", resource.kind)
             self._validate(resource, body)
         _check_micro_times(resource, body)
+        if resource is TRAINJOBS:
+            return trainer_operator.create(self, namespace, body)
         obj = self.store.create(resource, namespace, body)
         if resource is PYTORCHJOBS and self.operator:
             controller = _JobController(self, namespace, obj)
@@ -447,6 +455,8 @@ class K8sServer:
                 controller.stop()
             for pod in self.store.list(PODS, namespace, f"{JOB_NAME_LABEL}={name}")[0]:
                 self.delete_pod(namespace, pod["metadata"]["name"])
+        elif resource is TRAINJOBS:
+            trainer_operator.deleted(self, namespace, name)
         elif resource is PODS:
             run = self._runs.pop((namespace, name), None)
             if run:

@@ -42,8 +42,11 @@ RESOURCES = (
     Resource("", "v1", "events", "Event", verbs=("get", "list", "watch")),
     Resource("", "v1", "secrets", "Secret", verbs=("create", "delete", "get", "list", "patch", "update", "watch")),
     Resource("coordination.k8s.io", "v1", "leases", "Lease"),
+    Resource("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime",
+             namespaced=False, crd=True),
+    Resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"),
 )
-PYTORCHJOBS, TRAINJOBS, PODS, EVENTS, SECRETS, LEASES = RESOURCES
+PYTORCHJOBS, TRAINJOBS, PODS, EVENTS, SECRETS, LEASES, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES = RESOURCES
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 

@@ -186,25 +186,27 @@ class _MasterLog(threading.Thread):
         from urllib3.exceptions import HTTPError
 
         followed: set[str] = set()
-        while not self.stop.is_set():
+        while True:
+            last = self.stop.is_set()  # one more pass once stopped: a pod that ended before it was followed
             try:
                 pod = _newest(self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items)
-                if pod is None or pod.metadata.uid in followed or pod.status.phase == "Pending":
-                    self.stop.wait(self.poll)
+                if pod is not None and pod.metadata.uid not in followed and pod.status.phase != "Pending":
+                    stream = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace,
+                                                               container=self.kind.container, follow=not last,
+                                                               _preload_content=False)
+                    followed.add(pod.metadata.uid)
+                    with self.path.open("ab") as out:
+                        for line in stream:
+                            out.write(line)
+                            out.flush()
+                            sys.stderr.write("[master] " + line.decode(errors="replace"))
+                    stream.release_conn()
                     continue
-                uid = pod.metadata.uid
-                stream = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace,
-                                                           container=self.kind.container, follow=True,
-                                                           _preload_content=False)
-                followed.add(uid)
-                with self.path.open("ab") as out:
-                    for line in stream:
-                        out.write(line)
-                        out.flush()
-                        sys.stderr.write("[master] " + line.decode(errors="replace"))
-                stream.release_conn()
             except (ApiException, HTTPError, OSError):
-                self.stop.wait(self.poll)
+                pass
+            if last:
+                return
+            self.stop.wait(self.poll)
 
 
 def _newest(pods: list) -> Any:
