@@ -58,7 +58,9 @@ TRAINER_PORT = 29500
 RESERVED_ENV = ("PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE")
 """``constants.TorchRunReservedEnvNames`` (sorted, as ``sets.List`` prints them)."""
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-"""``batchv1.JobCompletionIndexAnnotation``; ``constants.JobCompletionIndexFieldPath`` reads it for the node rank."""
+"""``batchv1.JobCompletionIndexAnnotation``, set on each pod of an Indexed Job."""
+INDEX_FIELD_PATH = f"metadata.annotations['{COMPLETION_INDEX}']"
+"""``constants.JobCompletionIndexFieldPath``: the node rank's fieldRef."""
 CONDITIONS = {
     "suspended": ("Suspended", "True", "Suspended", "TrainJob is suspended"),
     "resumed": ("Suspended", "False", "Resumed", "TrainJob is resumed"),
@@ -133,7 +135,7 @@ def torch_env(trainjob: dict, num_nodes: int, resources: dict, port: int = TRAIN
         nproc = "auto" if gpus else max(1, math.ceil(quantity(cpu)))
     return [{"name": "PET_NNODES", "value": str(num_nodes)},
             {"name": "PET_NPROC_PER_NODE", "value": str(nproc)},
-            {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}},
+            {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": INDEX_FIELD_PATH}}},
             {"name": "PET_MASTER_ADDR", "value": f"{name}-{NODE}-0-0.{name}"},
             {"name": "PET_MASTER_PORT", "value": str(port)}]
 
@@ -349,7 +351,8 @@ class TrainJobController(_JobController):
             pods = self.api.store.list(PODS, self.namespace, f"{JOBSET_NAME_LABEL}={self.name}")[0]
             phases = [p.get("status", {}).get("phase") for p in pods]
             trainjob["status"]["jobsStatus"] = [{
-                "name": NODE, "active": phases.count("Running") + phases.count("Pending"), "ready": phases.count("Running"),
+                "name": NODE, "active": phases.count("Running") + phases.count("Pending"),
+                "ready": phases.count("Running"),
                 "succeeded": phases.count("Succeeded"), "failed": phases.count("Failed"),
                 "suspended": int(which == "suspended")}]
             trainjob["status"].update(status)
@@ -395,7 +398,7 @@ class TrainJobController(_JobController):
         spec.update(hostname=f"{self.job_name}-{index}", subdomain=self.name)
         for container in spec.get("containers", []):  # Job controller: addCompletionIndexEnvVariables
             container["env"] = upsert(container.get("env") or [], [{"name": "JOB_COMPLETION_INDEX", "valueFrom": {
-                "fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}}}])
+                "fieldRef": {"fieldPath": INDEX_FIELD_PATH}}}])
         jobset = {JOBSET_NAME_LABEL: self.name, "jobset.sigs.k8s.io/jobset-uid": self.jobset_uid,
                   "jobset.sigs.k8s.io/replicatedjob-name": self.trainer["name"],
                   "jobset.sigs.k8s.io/restart-attempt": "0", "jobset.sigs.k8s.io/replicatedjob-replicas": "1",
