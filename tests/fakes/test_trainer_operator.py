@@ -64,7 +64,8 @@ def test_pods_get_the_torch_plugins_env_and_jobsets_names(cluster):
     out = cluster.shared / "env"
     out.mkdir()
     script = (f"import json, os, socket; open('{out}/' + os.environ['PET_NODE_RANK'], 'w').write(json.dumps("
-              "{k: v for k, v in os.environ.items() if k.startswith(('PET_', 'JOB_'))} | {'host': socket.gethostname()}))")
+              "{k: v for k, v in os.environ.items() if k.startswith(('PET_', 'JOB_'))}"
+              " | {'host': socket.gethostname()}))")
     patch = {"manager": "test.example/patch", "trainingRuntimeSpec": {"template": {
         "metadata": {"annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "rack"}},
         "spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
