@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import yaml
 from fakes.kubernetes_cluster import Cluster
 from fakes.trainer_operator import JOBSET_NAME_LABEL, RESERVED_ENV, torch_env
 from polling import wait_for
+from test_launch_kubernetes import _credentials_secret, _prepared, kfloop_train_forever, register_candidate
 
 from pipelines.cli.commands import main
 from training.config import TrainingConfig
@@ -63,10 +62,10 @@ def test_a_2x2_trainjob_trains_to_a_registered_candidate_with_the_trainer_env(cl
     import mlflow
     from kubernetes import client
 
-    from test_launch_kubernetes import _credentials_secret, _prepared
-    from training.steps import evaluate_step, register_step, train_step
+    from training.steps import train_step
 
-    schema, train, holdout, sha, md5 = _prepared(tmp_path, demo_files, "tj-model")
+    prepared = _prepared(tmp_path, demo_files, "tj-model")
+    schema, train, *_ = prepared
     _credentials_secret(cluster, isolated_env.tracking_uri)
     model_dir = tmp_path / "model"
     result = train_step(train_path=train, schema_path=schema, model_name="tj-model", config=FAST, nnodes=2,
@@ -94,12 +93,7 @@ def test_a_2x2_trainjob_trains_to_a_registered_candidate_with_the_trainer_env(cl
     log = client.CoreV1Api(cluster.api()).read_namespaced_pod_log(pods[0].metadata.name, "default")
     assert "[rank 0]" in log and (isolated_env.workdir / "logs" / "run-tj-1" / "master.log").read_text() == log
 
-    report = str(tmp_path / "report.json")
-    evaluate_step(model_dir=str(model_dir), holdout_path=holdout, holdout_sha256=sha, model_name="tj-model",
-                  policy={}, report_out=report)
-    version = register_step(model_dir=str(model_dir), report_path=report, schema_path=schema, run_id=result.run_id,
-                            model_name="tj-model", dataset_uri=train, data_md5=md5, holdout_sha256=sha,
-                            pipeline_run_id="run-tj-1", champion_version="", holdout_fraction=0.2, split_seed=42)
+    version = register_candidate(tmp_path, prepared, model_dir, result.run_id, "tj-model", "run-tj-1")
     assert mlflow.MlflowClient().get_model_version("tj-model", version).run_id == result.run_id
 
     # the dry run is the launch: `kfloop render-job --kind trainjob` prints the very body the launcher POSTed
@@ -188,17 +182,7 @@ def test_a_trainjob_for_kueue_waits_suspended_until_admitted(cluster, tmp_path, 
 
 
 def test_kfloop_train_deletes_its_trainjob_when_cancelled(cluster, isolated_env, demo_files, tmp_path):
-    from test_launch_kubernetes import _prepared
-
-    schema, train, *_ = _prepared(tmp_path, demo_files, "tj-cancel")
-    settings = _settings(cluster)
-    overrides = [f"cluster.{key}={value}" for key, value in settings.items() if key != "launcher"]
-    overrides += [f"cluster.launcher.{key}={value}" for key, value in settings["launcher"].items()]
-    log = (tmp_path / "kfloop-train.log").open("wb")
-    step = subprocess.Popen([str(Path(sys.executable).parent / "kfloop"), "train", "--data", train, "--schema", schema,
-                             "--backend", "kubernetes", "--nnodes", "1", "--nproc-per-node", "1",
-                             "--set", "training.epochs=500", *[a for o in overrides for a in ("--set", o)]],
-                            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    step = kfloop_train_forever(_settings(cluster), demo_files, tmp_path)
 
     def running() -> str:
         jobs = _trainjobs(cluster)
