@@ -34,7 +34,8 @@ def _create(cluster, body: dict) -> dict:
      'v1.EnvVar{Name:"PET_MASTER_PORT", Value:"1", ValueFrom:(*v1.EnvVarSource)(nil)}}: must not have reserved envs, '
      "invalid envs configured: [PET_MASTER_PORT PET_NNODES]"),
     ({"runtimeRef": {"name": "torch-gone"}},
-     'spec.RuntimeRef: Invalid value: {"name": "torch-gone"}: clustertrainingruntimes.trainer.kubeflow.org '
+     'spec.RuntimeRef: Invalid value: v1alpha1.RuntimeRef{Name:"torch-gone", APIGroup:(*string)(0xc000100000), '
+     'Kind:(*string)(0xc000100010)}: clustertrainingruntimes.trainer.kubeflow.org '
      '"torch-gone" not found: specified clusterTrainingRuntime must be created before the TrainJob is created'),
     ({"runtimeRef": {"name": "torch-distributed", "kind": "MPIRuntime"}},
      "unsupported runtime: MPIRuntime.trainer.kubeflow.org"),

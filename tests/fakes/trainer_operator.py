@@ -25,7 +25,6 @@ controller sums them over the Job's pods); Kueue itself is not played (a test cl
 from __future__ import annotations
 
 import copy
-import json
 import math
 import secrets
 import socket
@@ -166,11 +165,14 @@ def _runtime(store: Store, namespace: str, trainjob: dict) -> tuple[dict | None,
     try:
         return store.get(resource, "" if resource is CLUSTER_TRAINING_RUNTIMES else namespace, ref["name"]), ""
     except ApiError as exc:  # clustertrainingruntime.go / trainingruntime.go ValidateObjects
+        # %#v of the RuntimeRef; apiGroup and kind are set (the CRD defaults them), so their pointers are not nil
+        value = (f'v1alpha1.RuntimeRef{{Name:"{ref["name"]}", APIGroup:(*string)(0xc000100000), '
+                 "Kind:(*string)(0xc000100010)}")
         if resource is CLUSTER_TRAINING_RUNTIMES:
-            return None, (f"spec.RuntimeRef: Invalid value: {json.dumps(ref)}: {exc}: specified "
-                          "clusterTrainingRuntime must be created before the TrainJob is created")
-        return None, (f"spec.runtimeRef: Invalid value: {json.dumps(ref)}: {exc}: specified trainingRuntime must "
-                      "be created before the TrainJob is created")
+            return None, (f"spec.RuntimeRef: Invalid value: {value}: {exc}: specified clusterTrainingRuntime must be "
+                          "created before the TrainJob is created")
+        return None, (f"spec.runtimeRef: Invalid value: {value}: {exc}: specified trainingRuntime must be created "
+                      "before the TrainJob is created")
 
 
 def admit(store: Store, namespace: str, trainjob: dict) -> None:
