@@ -38,6 +38,8 @@ COMBINATIONS = {
                 "--set", "cluster.gang_schedule_timeout_seconds=600"],
     "scheduler-plugins": ["--nnodes", "2", "--set", "cluster.gang_scheduler=scheduler-plugins"],
     "kueue": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.kueue_queue=team-a"],
+    "kueue-topology": ["--nnodes", "2", "--set", "cluster.kueue_queue=team-a",
+                       "--set", "cluster.topology_required=cloud.provider.com/topology-rack"],
     "numa-aligned": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.numa_aligned=true",
                      "--set", "cluster.cpu=32", "--set", "cluster.memory=256Gi", "--set", "cluster.shm_size=64Gi",
                      "--set", "cluster.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
@@ -280,6 +282,9 @@ def test_trainjob_topology_and_pod_settings(rendered):
     assert trainer_pod(rendered["trainjob-preferred"])["metadata"]["annotations"] == {
         "kueue.x-k8s.io/podset-preferred-topology": "cloud.provider.com/topology-block"}
     assert "annotations" not in rendered["kueue"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]
+    for replica in rendered["kueue-topology"]["spec"]["pytorchReplicaSpecs"].values():  # Kueue TAS for PyTorchJobs
+        assert replica["template"]["metadata"]["annotations"] == {
+            "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack"}
 
 
 def test_config_file_and_set_overrides(tmp_path):
