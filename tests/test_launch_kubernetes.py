@@ -156,6 +156,20 @@ def _prepared(tmp_path, demo_files, model_name: str):
 FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
 
 
+def train_2x2(cluster: Cluster, isolated_env, demo_files, tmp_path, model_name: str, run_id: str, settings: dict):
+    """The pipeline's train step of a 2 x 2 job on ``cluster`` with ``settings``, the ranks reaching MLflow through
+    the credentials Secret; (the prepared data of :func:`_prepared`, the model dir, the step's result)."""
+    from training.steps import train_step
+
+    prepared = _prepared(tmp_path, demo_files, model_name)
+    _credentials_secret(cluster, isolated_env.tracking_uri)
+    model_dir = tmp_path / "model"
+    result = train_step(train_path=prepared[1], schema_path=prepared[0], model_name=model_name, config=FAST,
+                        nnodes=2, nproc_per_node=2, backend="kubernetes", pipeline_run_id=run_id,
+                        model_dir=str(model_dir), cluster=settings)
+    return prepared, model_dir, result
+
+
 def register_candidate(tmp_path, prepared: tuple, model_dir: Path, run_id: str, model_name: str,
                        pipeline_run_id: str) -> str:
     """Evaluate a trained model on the holdout of ``prepared`` (:func:`_prepared`) and register it; its version."""
@@ -183,15 +197,8 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     import mlflow
     from kubernetes import client
 
-    from training.steps import train_step
-
-    prepared = _prepared(tmp_path, demo_files, "k8s-model")
-    schema, train, *_ = prepared
-    _credentials_secret(cluster, isolated_env.tracking_uri)
-    model_dir = tmp_path / "model"
-    result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST, nnodes=2,
-                        nproc_per_node=2, backend="kubernetes", pipeline_run_id="run-train-1",
-                        model_dir=str(model_dir), cluster=cluster.settings())
+    prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "k8s-model", "run-train-1",
+                                            cluster.settings())
 
     # the ranks formed one world of 2 pods x 2 processes through the operator's env, and each one's parameters
     # are in the model description rank 0 wrote

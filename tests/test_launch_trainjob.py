@@ -16,16 +16,13 @@ import yaml
 from fakes.kubernetes_cluster import Cluster
 from fakes.trainer_operator import JOBSET_NAME_LABEL, RESERVED_ENV, torch_env
 from polling import wait_for
-from test_launch_kubernetes import _credentials_secret, _prepared, kfloop_train_forever, register_candidate
+from test_launch_kubernetes import FAST, kfloop_train_forever, register_candidate, train_2x2
 
 from pipelines.cli.commands import main
 from training.config import TrainingConfig
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy
 from training.launch.local import LaunchError
 from training.launch.manifests import job_name_for, render, training_job_spec
-
-FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
-
 
 def _settings(cluster: Cluster, **overrides) -> dict:
     return {**cluster.settings(), "kind": "trainjob", **overrides}
@@ -62,15 +59,8 @@ def test_a_2x2_trainjob_trains_to_a_registered_candidate_with_the_trainer_env(cl
     import mlflow
     from kubernetes import client
 
-    from training.steps import train_step
-
-    prepared = _prepared(tmp_path, demo_files, "tj-model")
-    schema, train, *_ = prepared
-    _credentials_secret(cluster, isolated_env.tracking_uri)
-    model_dir = tmp_path / "model"
-    result = train_step(train_path=train, schema_path=schema, model_name="tj-model", config=FAST, nnodes=2,
-                        nproc_per_node=2, backend="kubernetes", pipeline_run_id="run-tj-1",
-                        model_dir=str(model_dir), cluster=_settings(cluster))
+    prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "tj-model", "run-tj-1",
+                                            _settings(cluster))
     description = json.loads((model_dir / "model.json").read_text())
     assert description["world_size"] == 4 and len(description["param_digests"]) == 4
 
