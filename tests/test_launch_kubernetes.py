@@ -163,6 +163,34 @@ def _prepared(tmp_path, demo_files, model_name: str):
 FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
 
 
+def train_2x2(cluster: Cluster, isolated_env, demo_files, tmp_path, model_name: str, run_id: str, settings: dict):
+    """The pipeline's train step of a 2 x 2 job on ``cluster`` with ``settings``, the ranks reaching MLflow through
+    the credentials Secret; (the prepared data of :func:`_prepared`, the model dir, the step's result)."""
+    from training.steps import train_step
+
+    prepared = _prepared(tmp_path, demo_files, model_name)
+    _credentials_secret(cluster, isolated_env.tracking_uri)
+    model_dir = tmp_path / "model"
+    result = train_step(train_path=prepared[1], schema_path=prepared[0], model_name=model_name, config=FAST,
+                        nnodes=2, nproc_per_node=2, backend="kubernetes", pipeline_run_id=run_id,
+                        model_dir=str(model_dir), cluster=settings)
+    return prepared, model_dir, result
+
+
+def register_candidate(tmp_path, prepared: tuple, model_dir: Path, run_id: str, model_name: str,
+                       pipeline_run_id: str) -> str:
+    """Evaluate a trained model on the holdout of ``prepared`` (:func:`_prepared`) and register it; its version."""
+    from training.steps import evaluate_step, register_step
+
+    schema, train, holdout, sha, md5 = prepared
+    report = str(tmp_path / "report.json")
+    evaluate_step(model_dir=str(model_dir), holdout_path=holdout, holdout_sha256=sha, model_name=model_name,
+                  policy={}, report_out=report)
+    return register_step(model_dir=str(model_dir), report_path=report, schema_path=schema, run_id=run_id,
+                         model_name=model_name, dataset_uri=train, data_md5=md5, holdout_sha256=sha,
+                         pipeline_run_id=pipeline_run_id, champion_version="", holdout_fraction=0.2, split_seed=42)
+
+
 def _credentials_secret(cluster, tracking_uri: str) -> None:
     """The Secret the ranks reach MLflow through, as in a cluster: never a value copied into the job."""
     from kubernetes import client
@@ -176,14 +204,8 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     import mlflow
     from kubernetes import client
 
-    from training.steps import evaluate_step, register_step, train_step
-
-    schema, train, holdout, sha, md5 = _prepared(tmp_path, demo_files, "k8s-model")
-    _credentials_secret(cluster, isolated_env.tracking_uri)
-    model_dir = tmp_path / "model"
-    result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST, nnodes=2,
-                        nproc_per_node=2, backend="kubernetes", pipeline_run_id="run-train-1",
-                        model_dir=str(model_dir), cluster=cluster.settings())
+    prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "k8s-model", "run-train-1",
+                                            cluster.settings())
 
     # the ranks formed one world of 2 pods x 2 processes through the operator's env, and each one's parameters
     # are in the model description rank 0 wrote
@@ -221,12 +243,7 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
         master_log.splitlines(keepends=True)[-2:])
     assert (isolated_env.workdir / "logs" / "run-train-1" / "master.log").read_text() == master_log  # the step's copy
 
-    report = str(tmp_path / "report.json")
-    evaluate_step(model_dir=str(model_dir), holdout_path=holdout, holdout_sha256=sha, model_name="k8s-model",
-                  policy={}, report_out=report)
-    version = register_step(model_dir=str(model_dir), report_path=report, schema_path=schema, run_id=result.run_id,
-                            model_name="k8s-model", dataset_uri=train, data_md5=md5, holdout_sha256=sha,
-                            pipeline_run_id="run-train-1", champion_version="", holdout_fraction=0.2, split_seed=42)
+    version = register_candidate(tmp_path, prepared, model_dir, result.run_id, "k8s-model", "run-train-1")
     registered = mlflow.MlflowClient().get_model_version("k8s-model", version)
     assert registered.run_id == result.run_id
 
@@ -339,18 +356,23 @@ def _launch_step(cluster: Cluster, args: dict, tmp_path: Path) -> subprocess.Pop
                             stderr=subprocess.STDOUT, env=os.environ.copy())
 
 
-def test_kfloop_train_on_kubernetes_deletes_its_job_when_cancelled(cluster, isolated_env, demo_files, tmp_path):
-    from kubernetes import client
-
+def kfloop_train_forever(settings: dict, demo_files, tmp_path: Path) -> subprocess.Popen:
+    """`kfloop train --backend kubernetes` of a 1 x 1 job that would train for a long time, with ``settings`` as
+    ``--set cluster.*``; its output goes to ``tmp_path/kfloop-train.log``."""
     schema, train, *_ = _prepared(tmp_path, demo_files, "k8s-cancel")
-    settings = cluster.settings()
     overrides = [f"cluster.{key}={value}" for key, value in settings.items() if key != "launcher"]
     overrides += [f"cluster.launcher.{key}={value}" for key, value in settings["launcher"].items()]
     log = (tmp_path / "kfloop-train.log").open("wb")
-    step = subprocess.Popen([str(Path(sys.executable).parent / "kfloop"), "train", "--data", train, "--schema", schema,
+    return subprocess.Popen([str(Path(sys.executable).parent / "kfloop"), "train", "--data", train, "--schema", schema,
                              "--backend", "kubernetes", "--nnodes", "1", "--nproc-per-node", "1",
                              "--set", "training.epochs=500", *[a for o in overrides for a in ("--set", o)]],
                             cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_kfloop_train_on_kubernetes_deletes_its_job_when_cancelled(cluster, isolated_env, demo_files, tmp_path):
+    from kubernetes import client
+
+    step = kfloop_train_forever(cluster.settings(), demo_files, tmp_path)
     core = client.CoreV1Api(cluster.api())
 
     def master_running() -> str:

@@ -38,6 +38,8 @@ COMBINATIONS = {
                 "--set", "cluster.gang_schedule_timeout_seconds=600"],
     "scheduler-plugins": ["--nnodes", "2", "--set", "cluster.gang_scheduler=scheduler-plugins"],
     "kueue": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.kueue_queue=team-a"],
+    "kueue-topology": ["--nnodes", "2", "--set", "cluster.kueue_queue=team-a",
+                       "--set", "cluster.topology_required=cloud.provider.com/topology-rack"],
     "numa-aligned": ["--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.numa_aligned=true",
                      "--set", "cluster.cpu=32", "--set", "cluster.memory=256Gi", "--set", "cluster.shm_size=64Gi",
                      "--set", "cluster.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
@@ -50,8 +52,25 @@ COMBINATIONS = {
     "trainjob": ["--kind", "trainjob", "--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.kueue_queue=team-a",
                  "--set", "cluster.secret_env={MLFLOW_TRACKING_TOKEN: mlflow/token}"],
     "trainjob-cpu": ["--kind", "trainjob", "--nnodes", "1", "--nproc-per-node", "2"],
+    "trainjob-1x1": ["--kind", "trainjob", "--nnodes", "1", "--nproc-per-node", "1"],
+    "trainjob-2x2": ["--set", "cluster.kind=trainjob", "--nnodes", "2", "--nproc-per-node", "2",
+                     "--set", "training.max_restarts=2", "--set", "cluster.active_deadline_seconds=7200"],
+    "trainjob-topology": ["--kind", "trainjob", "--nnodes", "4", "--gpus-per-node", "8",
+                          "--set", "cluster.kueue_queue=team-a",
+                          "--set", "cluster.topology_required=cloud.provider.com/topology-rack",
+                          "--set", "cluster.exclusive_topology=cloud.google.com/gke-nodepool",
+                          "--set", f"cluster.tolerations={TOLERATION}", "--set", "cluster.image_pull_secrets=[creds]",
+                          "--set", "cluster.service_account_name=trainer",
+                          "--set", "cluster.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
+                          "--set", "cluster.affinity={podAntiAffinity: {requiredDuringSchedulingIgnoredDuringExecution: "
+                                   "[{topologyKey: kubernetes.io/hostname}]}}"],
+    "trainjob-preferred": ["--kind", "trainjob", "--nnodes", "2", "--set", "cluster.kueue_queue=team-a",
+                           "--set", "cluster.topology_preferred=cloud.provider.com/topology-block",
+                           "--set", "cluster.trainjob_runtime=torch-team",
+                           "--set", "cluster.trainjob_runtime_kind=TrainingRuntime"],
 }
-PYTORCHJOBS = [name for name, argv in COMBINATIONS.items() if "trainjob" not in argv]
+TRAINJOBS = [name for name, argv in COMBINATIONS.items() if "trainjob" in " ".join(argv)]
+PYTORCHJOBS = [name for name in COMBINATIONS if name not in TRAINJOBS]
 
 
 def env_of(container: dict) -> dict[str, dict]:
@@ -206,16 +225,68 @@ def test_shm_and_shared_volume(rendered):
         assert command[command.index("--model-dir") + 1] == "/shared/kfloop-train/model"
 
 
+def trainer_pod(body: dict) -> dict:
+    """The pod template a TrainJob's runtimePatches entry sets on the runtime's trainer job."""
+    (patch,) = body["spec"]["runtimePatches"]
+    (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert job["name"] == "node"
+    return job["template"]["spec"]["template"]
+
+
 def test_trainjob_follows_the_trainer_crd(rendered):
     body = rendered["trainjob"]
     assert body["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and body["kind"] == "TrainJob"
     trainer = body["spec"]["trainer"]
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 8
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
-    assert trainer["command"][:3] == ["python", "-m", "torch.distributed.run"]
-    (override,) = body["spec"]["podSpecOverrides"]
-    assert override["targetJobs"] == [{"name": "node"}] and override["containers"][0]["name"] == "node"
-    assert body["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert trainer["command"] == ["python", "-m", "torch.distributed.run", "--rdzv-conf=timeout=60", "-m",
+                                  "training.train"]
+    assert trainer["args"][:2] == ["--data", "/shared/kfloop-train/data.parquet"]
+    assert body["spec"]["runtimeRef"] == {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
+                                          "kind": "ClusterTrainingRuntime"}
+    assert body["spec"]["suspend"] is True  # Kueue admits it by clearing suspend
+    assert rendered["trainjob-2x2"]["spec"]["activeDeadlineSeconds"] == 7200
+    assert "suspend" not in rendered["trainjob-2x2"]["spec"]
+    assert rendered["trainjob-preferred"]["spec"]["runtimeRef"]["kind"] == "TrainingRuntime"
+
+
+@pytest.mark.parametrize("name", TRAINJOBS)
+def test_trainjob_sets_none_of_the_names_trainer_reserves(rendered, name):
+    """Trainer's webhook rejects a TrainJob whose trainer.env sets a torchrun variable; runtimePatches may not set
+    the node container's env at all."""
+    env = {e["name"] for e in rendered[name]["spec"]["trainer"]["env"]}
+    assert not env & {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+    assert "env" not in trainer_pod(rendered[name])["spec"]["containers"][0]
+    assert ("PET_MAX_RESTARTS" in env) == (name == "trainjob-2x2")  # torchrun's restarts: no Trainer field for them
+
+
+@pytest.mark.parametrize("name", TRAINJOBS)
+def test_trainjob_pods_meet_the_restricted_profile_through_runtime_patches(rendered, name):
+    template = trainer_pod(rendered[name])
+    trainer = rendered[name]["spec"]["trainer"]
+    pod = {**template["spec"], "containers": [{**template["spec"]["containers"][0], "image": trainer["image"]}]}
+    assert restricted_violations(pod) == [], name
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "kfloop"
+
+
+def test_trainjob_topology_and_pod_settings(rendered):
+    body = rendered["trainjob-topology"]
+    template = trainer_pod(body)
+    assert template["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack"}
+    assert body["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["metadata"] == {
+        "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}}
+    spec = template["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "creds"}] and spec["serviceAccountName"] == "trainer"
+    assert spec["tolerations"][0]["key"] == "nvidia.com/gpu" and "podAntiAffinity" in spec["affinity"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {v["name"] for v in spec["volumes"]} == {"dshm", "tmp", "shared"}
+    assert trainer_pod(rendered["trainjob-preferred"])["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-preferred-topology": "cloud.provider.com/topology-block"}
+    assert "annotations" not in rendered["kueue"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]
+    for replica in rendered["kueue-topology"]["spec"]["pytorchReplicaSpecs"].values():  # Kueue TAS for PyTorchJobs
+        assert replica["template"]["metadata"]["annotations"] == {
+            "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack"}
 
 
 def test_config_file_and_set_overrides(tmp_path):
@@ -301,12 +372,24 @@ def test_spec_and_cluster_that_do_not_fit_say_the_fix(spec, cluster, fix):
         render_pytorchjob(JobSpec(**spec), ClusterConfig(**cluster))
 
 
-@pytest.mark.parametrize("cluster", [{"gang_scheduler": "volcano"}, {"affinity": {"nodeAffinity": {}}},
-                                     {"elastic_min_nodes": 2}, {"image_pull_secrets": ["creds"]},
-                                     {"active_deadline_seconds": 60}])
+@pytest.mark.parametrize("cluster", [{"gang_scheduler": "volcano"}, {"priority_class_name": "high"},
+                                     {"elastic_min_nodes": 2}, {"image_pull_policy": "Always"},
+                                     {"backoff_limit": 1}, {"scheduler_name": "volcano"}])
 def test_trainjob_refuses_what_only_its_runtime_can_carry(cluster):
-    with pytest.raises(ValueError, match="ClusterTrainingRuntime 'torch-distributed', or render kind pytorchjob"):
-        render_trainjob(JobSpec(nnodes=2), ClusterConfig(**cluster))
+    with pytest.raises(ValueError, match="ClusterTrainingRuntime 'torch-distributed', or use kind pytorchjob"):
+        render_trainjob(JobSpec(nnodes=2), ClusterConfig(kind="trainjob", **cluster))
+
+
+@pytest.mark.parametrize("cluster, fix", [
+    ({"kind": "mpijob"}, "use pytorchjob"),
+    ({"exclusive_topology": "rack"}, "set kind: trainjob"),
+    ({"topology_required": "rack"}, "set kueue_queue too"),
+    ({"kueue_queue": "q", "topology_required": "rack", "topology_preferred": "zone"}, "keep one"),
+    ({"trainjob_runtime_kind": "MPIRuntime"}, "use one of"),
+])
+def test_invalid_kind_and_topology_say_the_fix(cluster, fix):
+    with pytest.raises(ValueError, match=re.escape(fix)):
+        ClusterConfig.from_dict(cluster)
 
 
 def test_training_job_needs_the_shared_volume():

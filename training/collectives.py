@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", index) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if "RANK" in os.environ:
+    if "LOCAL_RANK" in os.environ:  # launched by torchrun (the operators' pod env sets no LOCAL_RANK)
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     else:
         dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)

@@ -100,7 +100,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _init_distributed(cfg: TrainingConfig) -> _Rank:
-    """Join the process group from torchrun's env (RANK, WORLD_SIZE, MASTER_ADDR/PORT), or a world of one."""
+    """Join the process group from the env torchrun gives each worker (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR/PORT), or a world of one without torchrun.
+
+    Both operators' pod env is torchrun's input, not ours: the Training Operator v1 sets ``PET_*`` plus its own
+    ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE``/``RANK`` (a node rank), Trainer v2.3 only ``PET_NNODES``,
+    ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``/``PORT``. torchrun reads the ``PET_*`` as its flags
+    and overrides the rest per worker, so only ``LOCAL_RANK`` (torchrun's alone) says a worker was launched by it."""
     torch.set_num_threads(cfg.threads_per_rank)
     index = pin_local_device()  # before CUDA initialises: a MIG device per local rank
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -117,7 +123,7 @@ def _init_distributed(cfg: TrainingConfig) -> _Rank:
         dist.init_process_group(backend, store=_attempt_store(timeout), rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]), device_id=device if cuda else None,
                                 timeout=timeout)
-    elif "RANK" in os.environ:
+    elif "LOCAL_RANK" in os.environ:
         dist.init_process_group(backend, init_method="env://", device_id=device if cuda else None, timeout=timeout)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)

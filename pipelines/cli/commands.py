@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_settings(serve)
 
     render = sub.add_parser("render-job", help="the training job's manifest as YAML (dry run)")
-    render.add_argument("--kind", choices=["pytorchjob", "trainjob"], default="pytorchjob")
+    render.add_argument("--kind", choices=["pytorchjob", "trainjob"],
+                        help="PyTorchJob (Training Operator v1.9) or TrainJob (Trainer v2.3); default: cluster.kind")
     render.add_argument("--nnodes", type=int)
     render.add_argument("--nproc-per-node", type=int, help="default: one per GPU (or MIG device) with GPUs")
     render.add_argument("--gpus-per-node", type=int)
@@ -336,11 +337,13 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     cluster_settings = dict(settings.get("cluster", {}))
     if args.gpus_per_node is not None:
         cluster_settings["gpus_per_node"] = args.gpus_per_node
+    if args.kind is not None:
+        cluster_settings["kind"] = args.kind
     cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
     shape = job_shape({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
                       nproc_per_node=args.nproc_per_node, backend="kubernetes")
     training = {**settings.get("training", {}), **shape}
-    body = job_manifest(TrainingConfig.from_dict(training), cluster, run_id=args.run_id, kind=args.kind)
+    body = job_manifest(TrainingConfig.from_dict(training), cluster, run_id=args.run_id)
     sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0
 

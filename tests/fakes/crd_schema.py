@@ -1,11 +1,13 @@
-"""Validate PyTorchJob / TrainJob bodies against the real CRD openAPIV3Schema in tests/fakes/specs/.
+"""Validate PyTorchJob / TrainJob / ClusterTrainingRuntime bodies against the real CRD openAPIV3Schema in
+tests/fakes/specs/.
 
 Mirrors what the Kubernetes API server does on create with strict field validation (kubectl's default since
 1.27): the CRD's structural schema is checked (types, required, enum, pattern, int-or-string) and every field the
 schema does not declare is reported as an unknown field, except below `x-kubernetes-preserve-unknown-fields`.
 `metadata` is checked against the ObjectMeta fields a client may set. Of the CEL rules
-(`x-kubernetes-validations`) the two CRDs carry, `self in [...]` becomes an enum; the others are
-`self == oldSelf` immutability rules, which only apply to updates and are not checked here.
+(`x-kubernetes-validations`) the CRDs carry, `self in [...]` becomes an enum; `self == oldSelf` immutability rules
+only apply to updates, and the rest (e.g. the TrainJob's RFC 1035 name of at most 63 characters, the runtimes'
+rules across fields) are not checked here.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import jsonschema
 import yaml
 
 SPECS = Path(__file__).resolve().parent / "specs"
-CRD_FILES = ("kubeflow.org_pytorchjobs.v1.9.0.yaml", "trainer.kubeflow.org_trainjobs.yaml")
+CRD_FILES = ("kubeflow.org_pytorchjobs.v1.9.0.yaml", "trainer.kubeflow.org_trainjobs.v2.3.0.yaml",
+             "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml")
 
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}

@@ -62,6 +62,18 @@ def quantity(value: Any) -> float:
     return float(m.group(1)) * _SUFFIX[m.group(2)]
 
 
+def field_value(pod: dict, path: str) -> str:
+    """The kubelet's downward API: the value of a ``fieldRef`` (``metadata.name``, ``metadata.labels['k']``,
+    ``metadata.annotations['k']``, ``spec.serviceAccountName``, ``status.podIP`` ...) of ``pod``; "" when unset."""
+    keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if keyed:
+        return pod["metadata"].get(keyed[1], {}).get(keyed[2], "")
+    value: Any = pod
+    for part in path.split("."):
+        value = value.get(part, "") if isinstance(value, dict) else ""
+    return str(value)
+
+
 def _terminate(run: _PodRun) -> None:
     """SIGTERM the pod's process group, SIGKILL it after STOP_GRACE_SECONDS, and reap it."""
     with run.lock:
@@ -428,6 +440,8 @@ class _JobController:
         for item in container.get("env", []):
             if "value" in item:
                 env[item["name"]] = local(str(item["value"]))
+            elif "fieldRef" in item.get("valueFrom", {}):
+                env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
             elif "secretKeyRef" in item.get("valueFrom", {}):
                 ref = item["valueFrom"]["secretKeyRef"]
                 try:

@@ -40,7 +40,8 @@ Created. Scheduling checks the pod's resources against one node's `capacity`: a 
 Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in ImagePullBackOff; a pod
 named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason given there
 (`OOMKilled`, or `Error` for a plain kill).
-TrainJobs are stored and validated but not run.
+TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
+JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
 """
 from __future__ import annotations
 
@@ -60,12 +61,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from fakes import pod_security, tls
+from fakes import pod_security, tls, trainer_operator
 from fakes.crd_schema import validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, _JobController, _PodRun,
                                 _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Authorizer, Identities, User
-from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, ApiError,
+from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, TRAINJOBS,
+                             ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sServer"]
@@ -188,6 +190,8 @@ class K8sServer:
         for name in dict.fromkeys(("default", "kube-system", namespace)):
             self.store.create(NAMESPACES, "", {"metadata": {"name": name,
                                                             "labels": {"kubernetes.io/metadata.name": name}}})
+        if operator:
+            trainer_operator.install_runtimes(self.store)
         self._runs: dict[tuple[str, str], _PodRun] = {}
         self._jobs: dict[tuple[str, str], _JobController] = {}
         self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
@@ -421,6 +425,8 @@ class K8sServer:
         _check_micro_times(resource, body)
         if resource is SECRETS:
             _encode_string_data(body)
+        if resource is TRAINJOBS:
+            return trainer_operator.create(self, namespace, body)
         obj = self.store.create(resource, namespace, body)
         if resource is PYTORCHJOBS and self.operator:
             controller = _JobController(self, namespace, obj)
@@ -497,6 +503,8 @@ class K8sServer:
                 controller.stop()
             for pod in self.store.list(PODS, namespace, f"{JOB_NAME_LABEL}={name}")[0]:
                 self.delete_pod(namespace, pod["metadata"]["name"])
+        elif resource is TRAINJOBS:
+            trainer_operator.deleted(self, namespace, name)
         elif resource is PODS:
             run = self._runs.pop((namespace, name), None)
             if run:

@@ -48,9 +48,12 @@ RESOURCES = (
     Resource(RBAC_GROUP, "v1", "clusterroles", "ClusterRole", namespaced=False),
     Resource(RBAC_GROUP, "v1", "rolebindings", "RoleBinding"),
     Resource(RBAC_GROUP, "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
+    Resource("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime",
+             namespaced=False, crd=True),
+    Resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"),
 )
 (PYTORCHJOBS, TRAINJOBS, PODS, EVENTS, SECRETS, LEASES, NAMESPACES, ROLES, CLUSTER_ROLES, ROLE_BINDINGS,
- CLUSTER_ROLE_BINDINGS) = RESOURCES
+ CLUSTER_ROLE_BINDINGS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES) = RESOURCES
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 

@@ -4,8 +4,8 @@ picks one by its backend config's type), then asked everything that differs betw
 * :class:`LocalConfig` -> :class:`LocalBackend`: this machine. Training as torchrun agents here, a file lock on
   ``champion`` and the retrain trigger's state in the workdir.
 * :class:`~training.launch.kubernetes.KubernetesSettings` (the ``cluster:`` section) -> :class:`KubernetesBackend`:
-  a Kubernetes cluster. Training as a PyTorchJob, a Lease on ``champion`` and the trigger's state on the registered
-  model in MLflow (it outlives the pods that decide).
+  a Kubernetes cluster. Training as a PyTorchJob or TrainJob (``cluster.kind``), a Lease on ``champion`` and the
+  trigger's state on the registered model in MLflow (it outlives the pods that decide).
 
 How a training run is started by the retrain trigger (kfp.local here, or the pinned version on the KFP server) is
 the one role domain code cannot hold: ``components/run_starters.py`` picks it by the same backend's type.
@@ -89,8 +89,8 @@ class KubernetesBackend(Backend):
 
     def launch(self, config: TrainingConfig, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path,
                log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
-        """A PyTorchJob named after ``run_name``; its checkpoints live in the job's folder on the shared volume,
-        not in ``checkpoint_dir``."""
+        """A PyTorchJob or TrainJob (``cluster.kind``) named after ``run_name``; its checkpoints live in the job's
+        folder on the shared volume, not in ``checkpoint_dir``."""
         return train_kubernetes(data, schema, model_dir=model_dir, config=config, cluster=self.config.cluster,
                                 policy=self.config.launcher, pipeline_run_id=run_name, log_dir=log_dir,
                                 mlflow_run_id=mlflow_run_id)

@@ -21,6 +21,10 @@ NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 ASYNC_ERROR_HANDLING = (1, 2, 3)
 """``TORCH_NCCL_ASYNC_ERROR_HANDLING`` modes that tear a hung NCCL job down; 0 would leave ranks hanging forever."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+JOB_KINDS = ("pytorchjob", "trainjob")
+"""``cluster.kind``: a PyTorchJob (Training Operator v1.9) or a TrainJob (Kubeflow Trainer v2.3)."""
+RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
+"""Kinds a TrainJob's ``runtimeRef`` may name: cluster-wide, or in the job's namespace."""
 CREDENTIAL_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
                    "MLFLOW_TRACKING_TOKEN", "MLFLOW_S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                    "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AZURE_STORAGE_CONNECTION_STRING")
@@ -38,6 +42,7 @@ _UNITS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 def quantity(value: str, what: str) -> float:
@@ -56,6 +61,10 @@ def quantity(value: str, what: str) -> float:
 class ClusterConfig:
     """Kubernetes settings of the training job; the job's size and command come from its JobSpec."""
 
+    kind: str = "pytorchjob"
+    """The Kubeflow job that runs training: ``pytorchjob`` (``kubeflow.org/v1``, the Training Operator v1.9, in
+    maintenance) or ``trainjob`` (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3 with JobSet). Pick the
+    operator your cluster runs; ``kfloop render-job --kind`` overrides it for a dry run."""
     namespace: str = "default"
     """Namespace of the job (and of the RBAC in deploy/rbac.yaml)."""
     image: str = DEFAULT_IMAGE
@@ -155,7 +164,17 @@ class ClusterConfig:
     scheduler_name: str = ""
     """Pod ``schedulerName``; defaults to the gang scheduler's (``volcano``, ``scheduler-plugins-scheduler``)."""
     kueue_queue: str = ""
-    """Kueue LocalQueue: sets the ``kueue.x-k8s.io/queue-name`` label, so Kueue admits the whole job at once."""
+    """Kueue LocalQueue: sets the ``kueue.x-k8s.io/queue-name`` label, so Kueue admits the whole job at once (a
+    TrainJob is also created suspended; Kueue resumes it on admission)."""
+    topology_required: str = ""
+    """Kueue Topology Aware Scheduling: the node label of the topology level (e.g. ``cloud.provider.com/topology-rack``)
+    all pods must share (``kueue.x-k8s.io/podset-required-topology`` on the pod template); needs ``kueue_queue``."""
+    topology_preferred: str = ""
+    """As :attr:`topology_required`, but Kueue may spread the pods wider when the level has no room
+    (``kueue.x-k8s.io/podset-preferred-topology``)."""
+    exclusive_topology: str = ""
+    """TrainJob only: JobSet exclusive placement, one job per domain of this node label (e.g.
+    ``cloud.google.com/gke-nodepool``; ``alpha.jobset.sigs.k8s.io/exclusive-topology`` on the JobSet)."""
     priority_class_name: str = ""
     """PriorityClass of the pods (and of the gang with a gang scheduler)."""
     tolerations: list[dict[str, Any]] = field(default_factory=list)
@@ -186,8 +205,10 @@ class ClusterConfig:
     run_as_user: int = RUN_AS_USER
     """Numeric UID (and GID, fsGroup) the containers run as; never 0."""
     trainjob_runtime: str = "torch-distributed"
-    """ClusterTrainingRuntime a TrainJob refers to. TrainJobs cannot set a pod securityContext,
-    affinity or scheduling policy: the runtime carries them."""
+    """The runtime a TrainJob refers to (``spec.runtimeRef.name``); Trainer installs ``torch-distributed``. It
+    carries what a TrainJob cannot set: image pull policy, priority, scheduler and gang policy, backoff and TTL."""
+    trainjob_runtime_kind: str = "ClusterTrainingRuntime"
+    """``ClusterTrainingRuntime`` (cluster-wide) or ``TrainingRuntime`` (one in :attr:`namespace`)."""
 
     def __post_init__(self) -> None:
         self.cpu, self.memory, self.shm_size = str(self.cpu), str(self.memory), str(self.shm_size)
@@ -210,6 +231,11 @@ class ClusterConfig:
                 raise ValueError(f"{name!r} is not a valid object name: use lowercase letters, digits, '-' and '.'")
         if not self.trainjob_runtime:
             raise ValueError("trainjob_runtime is empty: name the ClusterTrainingRuntime, e.g. 'torch-distributed'")
+        if self.kind not in JOB_KINDS:
+            raise ValueError(f"kind={self.kind!r}: use pytorchjob (Training Operator v1.9) or trainjob (Kubeflow "
+                             "Trainer v2.3), whichever operator the cluster runs")
+        if self.trainjob_runtime_kind not in RUNTIME_KINDS:
+            raise ValueError(f"trainjob_runtime_kind={self.trainjob_runtime_kind!r}: use one of {RUNTIME_KINDS}")
         if not isinstance(self.run_as_user, int) or self.run_as_user < 1:
             raise ValueError(f"run_as_user={self.run_as_user!r}: use a numeric non-root UID such as {RUN_AS_USER}")
 
@@ -307,6 +333,19 @@ class ClusterConfig:
             if self.gang_scheduler:
                 raise ValueError("kueue_queue and gang_scheduler both decide when the job may start (Kueue admits "
                                  "all its pods at once by quota): two queues for one job, keep one of them")
+        for name in ("topology_required", "topology_preferred", "exclusive_topology"):
+            value = getattr(self, name)
+            if value and not _LABEL_KEY.fullmatch(value):
+                raise ValueError(f"{name}={value!r}: give a node label key such as 'cloud.provider.com/topology-rack'")
+        if self.topology_required and self.topology_preferred:
+            raise ValueError("topology_required and topology_preferred are both set: Kueue takes one per pod set; "
+                             "keep one")
+        if (self.topology_required or self.topology_preferred) and not self.kueue_queue:
+            raise ValueError("topology_required/topology_preferred are read by Kueue's Topology Aware Scheduling: "
+                             "set kueue_queue too")
+        if self.exclusive_topology and self.kind != "trainjob":
+            raise ValueError("exclusive_topology is JobSet exclusive placement, which only a TrainJob has: set "
+                             "kind: trainjob, or use affinity for a PyTorchJob")
         if self.scheduler_name and not _DNS1123_SUBDOMAIN.fullmatch(self.scheduler_name):
             raise ValueError(f"scheduler_name={self.scheduler_name!r}: give a scheduler's name")
         for name, value in (("tolerations", self.tolerations), ("node_selector", self.node_selector),

@@ -1,5 +1,6 @@
-"""The Kubernetes rendering of a training launch: a Kubeflow PyTorchJob, created and followed with the
-`kubernetes` client (a kubeconfig, or the in-cluster service account).
+"""The Kubernetes rendering of a training launch: a Kubeflow PyTorchJob (Training Operator v1.9) or TrainJob
+(Trainer v2.3), as ``cluster.kind`` says, created and followed with the `kubernetes` client (a kubeconfig, or the
+in-cluster service account). :data:`JOB_KINDS` holds what differs between the two; the guarantees below hold for both.
 
 The job is named after the pipeline run (:func:`training.launch.manifests.job_name_for`), so a retried launch step that
 finds it already there (409 AlreadyExists) attaches to it instead of starting a second one. Inputs and the model
@@ -7,13 +8,14 @@ go through the shared volume (:func:`training.launch.manifests.job_dir`), mounte
 in the job's pods. The launcher follows the job's conditions with a watch resumed from the last resourceVersion
 (re-listing after 410 Gone), copies the master's log into the step's log, and ends with exactly one outcome:
 
-* Succeeded, and the model is on the shared volume: it is copied to the step's model dir;
+* Succeeded (a TrainJob: Complete), and the model is on the shared volume: it is copied to the step's model dir;
 * anything else raises one :class:`~training.launch.local.LaunchError` naming the pod, the cause and its last log
   lines: the job Failed; a pod stayed Unschedulable past ``unschedulable_timeout_seconds``; an image cannot be
   pulled or a container cannot be configured; the API refused a pod the operator creates (its FailedCreatePod
   event, e.g. a Pod Security violation, with the fix); a container was OOMKilled; the job restarted more than
-  ``restart_cap`` times (the operator retries exit codes >= 128 without applying backoffLimit); or the
-  launcher's ``timeout_seconds`` passed.
+  ``restart_cap`` times (the v1 operator retries exit codes >= 128 without applying backoffLimit); or the
+  launcher's ``timeout_seconds`` passed. A suspended TrainJob (Kueue has not admitted it yet) waits within that
+  timeout.
 
 Whenever the launcher gives up or is cancelled (SIGTERM, Ctrl-C), it deletes the job (its pods go with it), so no
 pod keeps holding GPUs; a job that ended on its own is left to ``cleanPodPolicy`` and ``ttlSecondsAfterFinished``.
@@ -41,13 +43,67 @@ from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
 from training.launch.cluster import ClusterConfig
 from training.launch.kube_client import api_client
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
-from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render_pytorchjob
+from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render
 from training.model import MODEL_FILE
 from training.progress import progress
 from training.settings import section_from_dict
 
-GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+
+
+@dataclass(frozen=True, slots=True)
+class JobKind:
+    """What the launcher needs to know about one kind of Kubeflow job and the pods its operator makes."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    job_label: str
+    """Pod label holding the job's name."""
+    master_labels: str
+    """Further labels (``k=v,...``) of the node-0 pod, whose log is the job's log."""
+    container: str
+    """The training container of every pod."""
+    succeeded: str
+    """The job's condition type of success."""
+    pod_name: str
+    """Regular expression of a pod's name after ``<job>-``; group ``index`` is its node rank, group ``worker`` (if
+    any) set when that index counts from 1."""
+    master: str
+    """Name of the node-0 pod before the operator made one (``{job}`` stands for the job's name)."""
+    replaces_failed_pods: bool
+    """Whether the operator replaces a failed pod without any job condition saying so (each one a restart)."""
+    retries: str
+    """Why the launcher caps restarts itself."""
+    pod_creator: str
+    """Name of the object whose controller creates the pods (``{job}``: the job's name): its events say when the
+    API refused a pod."""
+    failed_create: str
+    """Reason of that controller's event for a pod the API refused."""
+
+    def selector(self, job: str, master: bool = False) -> str:
+        """Label selector of the job's pods (only node 0's with ``master``)."""
+        return f"{self.job_label}={job}" + (f",{self.master_labels}" if master else "")
+
+
+JOB_KINDS = {
+    "PyTorchJob": JobKind(
+        kind="PyTorchJob", group="kubeflow.org", version="v1", plural="pytorchjobs",
+        job_label="training.kubeflow.org/job-name", master_labels="training.kubeflow.org/replica-type=master",
+        container="pytorch", succeeded="Succeeded", pod_name=r"(?:master|(?P<worker>worker))-(?P<index>\d+)",
+        master="{job}-master-0", replaces_failed_pods=False,
+        retries="the operator retries exit codes >= 128 without a limit",
+        pod_creator="{job}", failed_create="FailedCreatePod"),
+    "TrainJob": JobKind(
+        kind="TrainJob", group="trainer.kubeflow.org", version="v1alpha1", plural="trainjobs",
+        job_label="jobset.sigs.k8s.io/jobset-name", master_labels="batch.kubernetes.io/job-completion-index=0",
+        container="node", succeeded="Complete", pod_name=r"node-0-(?P<index>\d+)-[a-z0-9]+",
+        master="{job}-node-0-0", replaces_failed_pods=True,
+        retries="the runtime's Job restarts failed pods up to its backoffLimit, 6 by default",
+        pod_creator="{job}-node-0", failed_create="FailedCreate"),
+}
+"""A job body's ``kind`` -> its :class:`JobKind` (labels from Training Operator v1.9 and from JobSet v0.12 / the Job
+controller, which run a TrainJob's pods ``<job>-node-0-<index>-<suffix>``)."""
 _TORCHRUN_FAILURE = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+")
 """torchrun's log line that starts its report of a failed worker."""
 FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -121,12 +177,15 @@ class KubernetesSettings:
 # ------------------------------------------------------------------------------------------------ one job
 
 class _MasterLog(threading.Thread):
-    """Copies the master pod's log (every container start of it) to a file and to stderr with a ``[master]``
-    prefix; follows the pod across restarts by uid. A follow ends when the container does."""
+    """Copies the master pod's log (node 0, every container start of it) to a file and to stderr with a
+    ``[master]`` prefix; follows the pod across restarts and recreations by uid. A follow ends when the container
+    does."""
 
-    def __init__(self, core, namespace: str, pod: str, path: Path, stop: threading.Event, poll: float):
-        super().__init__(name=f"log-{pod}", daemon=True)
-        self.core, self.namespace, self.pod, self.path, self.stop, self.poll = core, namespace, pod, path, stop, poll
+    def __init__(self, core, namespace: str, job: str, kind: JobKind, path: Path, stop: threading.Event,
+                 poll: float):
+        super().__init__(name=f"log-{job}", daemon=True)
+        self.core, self.namespace, self.path, self.stop, self.poll = core, namespace, path, stop, poll
+        self.kind, self.selector = kind, kind.selector(job, master=True)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_bytes(b"")
 
@@ -135,24 +194,36 @@ class _MasterLog(threading.Thread):
         from urllib3.exceptions import HTTPError
 
         followed: set[str] = set()
-        while not self.stop.is_set():
+        while True:
+            last = self.stop.is_set()  # one more pass once stopped: a pod that ended before it was followed
             try:
-                pod = self.core.read_namespaced_pod(self.pod, self.namespace)
-                uid = pod.metadata.uid
-                if uid in followed or pod.status.phase == "Pending":
-                    self.stop.wait(self.poll)
+                pod = _newest(self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items)
+                if pod is not None and pod.metadata.uid not in followed and pod.status.phase != "Pending":
+                    stream = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace,
+                                                               container=self.kind.container, follow=not last,
+                                                               _preload_content=False)
+                    followed.add(pod.metadata.uid)
+                    with self.path.open("ab") as out:
+                        for line in stream:
+                            out.write(line)
+                            out.flush()
+                            sys.stderr.write("[master] " + line.decode(errors="replace"))
+                    stream.release_conn()
                     continue
-                stream = self.core.read_namespaced_pod_log(self.pod, self.namespace, container="pytorch",
-                                                           follow=True, _preload_content=False)
-                followed.add(uid)
-                with self.path.open("ab") as out:
-                    for line in stream:
-                        out.write(line)
-                        out.flush()
-                        sys.stderr.write("[master] " + line.decode(errors="replace"))
-                stream.release_conn()
             except (ApiException, HTTPError, OSError):
-                self.stop.wait(self.poll)
+                pass
+            if last:
+                return
+            self.stop.wait(self.poll)
+
+
+def _newest(pods: list) -> Any:
+    """The most recently created pod of ``pods`` (None when there is none)."""
+    def created(pod) -> tuple[float, str]:
+        stamp = pod.metadata.creation_timestamp
+        return (stamp.timestamp() if stamp else 0.0), pod.metadata.name
+
+    return max(pods, key=created, default=None)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -163,6 +234,10 @@ class _Seen:
     """Restarting transitions of the job."""
     restarting: bool = False
     """Whether the job's Restarting condition was True in the last state seen."""
+    failed_pods: set[str] = field(default_factory=set)
+    """Pods seen Failed, by uid: a TrainJob's Job replaces them (its restarts; no job condition says so)."""
+    suspended: bool = False
+    """Whether the job's Suspended condition was True in the last state seen."""
     container_restarts: int = 0
     """Most restarts of one container (restartPolicy OnFailure/Always restart in place)."""
     restarted_pod: str = ""
@@ -178,11 +253,11 @@ class _PodWatch(threading.Thread):
     after 410) and records what it sees: a watch sees every state, e.g. the OOMKilled status of a pod the operator
     deletes and recreates at once."""
 
-    def __init__(self, core, namespace: str, job: str, revision: str, seen: _Seen, stop: threading.Event,
+    def __init__(self, core, namespace: str, selector: str, revision: str, seen: _Seen, stop: threading.Event,
                  poll: float):
-        super().__init__(name=f"pods-{job}", daemon=True)
+        super().__init__(name=f"pods-{selector}", daemon=True)
         self.core, self.namespace, self.seen, self.stop, self.poll = core, namespace, seen, stop, poll
-        self.selector, self.revision = f"{JOB_NAME_LABEL}={job}", revision
+        self.selector, self.revision = selector, revision
 
     def run(self) -> None:
         from kubernetes import watch
@@ -222,6 +297,8 @@ class _PodWatch(threading.Thread):
             seen.unschedulable.pop(name, None)
         elif name not in seen.unschedulable:
             seen.unschedulable[name] = (time.monotonic(), unschedulable.message or "")
+        if pod.status.phase == "Failed":
+            seen.failed_pods.add(pod.metadata.uid)
         for status in pod.status.container_statuses or []:
             waiting = status.state.waiting if status.state else None
             if waiting and waiting.reason in FATAL_WAITING and seen.fatal is None:
@@ -238,7 +315,7 @@ class _PodWatch(threading.Thread):
 
 
 class JobRun:
-    """One PyTorchJob from creation (or attachment) to its outcome; see the module docstring."""
+    """One PyTorchJob or TrainJob from creation (or attachment) to its outcome; see the module docstring."""
 
     def __init__(self, api, body: dict[str, Any], *, policy: LaunchPolicy, log_path: Path, timeout: int,
                  artifact: Path | None = None):
@@ -249,7 +326,9 @@ class JobRun:
         self.body, self.policy, self.log_path, self.timeout = body, policy, Path(log_path), timeout
         self.artifact = artifact
         self.namespace, self.name = body["metadata"]["namespace"], body["metadata"]["name"]
-        self.master = f"{self.name}-master-0"
+        self.kind = JOB_KINDS[body["kind"]]
+        self.api_path = (self.kind.group, self.kind.version, self.namespace, self.kind.plural)
+        self.title = f"{self.kind.kind} {self.namespace}/{self.name}"
         self.seen = _Seen()
         self.ended = False
         """The job ended by itself (Failed, or Succeeded without the artifact): it stays for inspection."""
@@ -270,16 +349,16 @@ class JobRun:
         try:
             job = self._submit()
             poll = self.policy.poll_seconds
-            threads = [_MasterLog(self.core, self.namespace, self.master, self.log_path, stop, poll),
-                       _PodWatch(self.core, self.namespace, self.name, job["metadata"]["resourceVersion"], self.seen,
-                                 stop, poll)]
+            threads = [_MasterLog(self.core, self.namespace, self.name, self.kind, self.log_path, stop, poll),
+                       _PodWatch(self.core, self.namespace, self.kind.selector(self.name),
+                                 job["metadata"]["resourceVersion"], self.seen, stop, poll)]
             for thread in threads:
                 thread.start()
             job = self._follow(job)
             if self.artifact is not None and not self.artifact.is_file():
                 self.ended = True
                 raise self._error(f"Succeeded, but {self.artifact} is not on the shared volume: check that rank 0 "
-                                  "writes it and that every pod mounts the same volume", pod=self.master)
+                                  "writes it and that every pod mounts the same volume", pod=self.master())
             succeeded = True
         finally:
             stop.set()
@@ -295,15 +374,14 @@ class JobRun:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            job = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.body)
-            progress(f"kubernetes: created PyTorchJob {self.namespace}/{self.name}")
+            job = self.custom.create_namespaced_custom_object(*self.api_path, self.body)
+            progress(f"kubernetes: created {self.title}")
             return job
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
-        progress(f"kubernetes: PyTorchJob {self.namespace}/{self.name} already exists (a retried launch): "
-                 f"attaching to it")
+        job = self.custom.get_namespaced_custom_object(*self.api_path, self.name)
+        progress(f"kubernetes: {self.title} already exists (a retried launch): attaching to it")
         return job
 
     def _delete(self) -> None:
@@ -311,12 +389,12 @@ class JobRun:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name,
+            self.custom.delete_namespaced_custom_object(*self.api_path, self.name,
                                                         body=client.V1DeleteOptions(propagation_policy="Foreground"))
-            progress(f"kubernetes: deleted PyTorchJob {self.namespace}/{self.name}")
+            progress(f"kubernetes: deleted {self.title}")
         except ApiException as exc:
             if exc.status != 404:
-                progress(f"kubernetes: could not delete PyTorchJob {self.namespace}/{self.name}: {exc.reason}")
+                progress(f"kubernetes: could not delete {self.title}: {exc.reason}")
 
     def _follow(self, job: dict[str, Any]) -> dict[str, Any]:
         from kubernetes import watch
@@ -330,36 +408,41 @@ class JobRun:
             self._check_pods()
             self._check_pod_creation()
             if time.monotonic() > deadline:
-                raise self._error(f"not finished after the launcher's timeout of {self.timeout} s", pod=self.master)
+                raise self._error(f"not finished after the launcher's timeout of {self.timeout} s", pod=self.master())
             try:
                 for event in watch.Watch().stream(
-                        self.custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL,
+                        self.custom.list_namespaced_custom_object, *self.api_path,
                         field_selector=f"metadata.name={self.name}", resource_version=revision,
                         timeout_seconds=max(1, round(self.policy.poll_seconds))):
                     job = event["object"]
                     revision = job["metadata"]["resourceVersion"]
                     if event["type"] == "DELETED":
-                        raise self._error("the job was deleted by someone else", pod=self.master)
+                        raise self._error("the job was deleted by someone else", pod=self.master())
                     if self._judge(job):
                         return job
                     self._check_pods()
             except ApiException as exc:
                 if exc.status != 410:
                     raise
-                job = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+                job = self.custom.get_namespaced_custom_object(*self.api_path, self.name)
                 revision = job["metadata"]["resourceVersion"]
                 progress(f"kubernetes: watch expired (410 Gone); re-listed at resourceVersion {revision}")
 
     def _judge(self, job: dict[str, Any]) -> bool:
-        """True when Succeeded; raises when Failed or over the restart cap; counts restarts."""
+        """True when Succeeded (Complete); raises when Failed or over the restart cap; counts restarts."""
         conditions = {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
+        suspended = "Suspended" in conditions
+        if suspended and not self.seen.suspended:
+            progress(f"kubernetes: {self.title} is suspended until Kueue admits it (or spec.suspend is cleared): "
+                     f"{conditions['Suspended'].get('message', '')}")
+        self.seen.suspended = suspended
         restarting = "Restarting" in conditions
         if restarting and not self.seen.restarting:
             self.seen.restarts += 1
             progress(f"kubernetes: job restarting ({self.seen.restarts} of at most {self.policy.restart_cap}): "
                      f"{conditions['Restarting'].get('message', '')}")
         self.seen.restarting = restarting
-        if "Succeeded" in conditions:
+        if self.kind.succeeded in conditions:
             return True
         if "Failed" in conditions:
             failed = conditions["Failed"]
@@ -370,6 +453,8 @@ class JobRun:
 
     def _check_restarts(self, pod: str | None = None) -> None:
         total = self.seen.restarts + self.seen.container_restarts
+        if self.kind.replaces_failed_pods:
+            total += len(self.seen.failed_pods)
         if total > self.policy.restart_cap:
             # the pod watch can lag the job's conditions: let it catch up on the cause (e.g. OOMKilled) first
             deadline = time.monotonic() + 4 * self.policy.poll_seconds
@@ -383,7 +468,7 @@ class JobRun:
             elif pod is None:
                 pod, exit_code = self._last_exit() or (self._failed_pod(), None)
             raise self._error(f"restarted {total} times, over the launcher's cap of {self.policy.restart_cap} "
-                              "(the operator retries exit codes >= 128 without a limit)", pod=pod,
+                              f"({self.kind.retries})", pod=pod,
                               exit_code=exit_code)
 
     def _last_exit(self) -> tuple[str, int] | None:
@@ -395,13 +480,19 @@ class JobRun:
         exits = [m for m in exits if m]
         return (exits[-1].group(1), int(exits[-1].group(2))) if exits else None
 
+    def master(self) -> str:
+        """The name of the job's node-0 pod (the newest one, or the name it would have when there is none yet)."""
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.kind.selector(self.name, True)).items
+        newest = _newest(pods)
+        return self.kind.master.format(job=self.name) if newest is None else newest.metadata.name
+
     def _failed_pod(self) -> str:
         """The pod that failed last (else the master)."""
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=f"{JOB_NAME_LABEL}={self.name}").items
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.kind.selector(self.name)).items
         failed = [(s.state.terminated.finished_at or "", p.metadata.name) for p in pods
                   for s in (p.status.container_statuses or []) if s.state and s.state.terminated
                   and s.state.terminated.exit_code]
-        return max(failed)[1] if failed else self.master
+        return max(failed)[1] if failed else self.master()
 
     def _check_pods(self) -> None:
         """Raise for what the pod watch saw that waiting will not fix (see the module docstring)."""
@@ -418,13 +509,15 @@ class JobRun:
             self._check_restarts(pod=seen.restarted_pod)
 
     def _check_pod_creation(self) -> None:
-        """Raise when the API refused a pod the operator tried to create (its ``FailedCreatePod`` event on the job):
-        the operator retries forever and the job stays Created, so waiting cannot help."""
-        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={self.name}")
-        refused = [e.message or "" for e in events.items if e.reason == "FailedCreatePod"]
+        """Raise when the API refused a pod the operator tried to create (the creating controller's event: the
+        PyTorchJob's ``FailedCreatePod``, the TrainJob's Job's ``FailedCreate``): the controller retries forever
+        and the job stays unstarted, so waiting cannot help."""
+        creator = self.kind.pod_creator.format(job=self.name)
+        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={creator}")
+        refused = [e.message or "" for e in events.items if e.reason == self.kind.failed_create]
         if refused:
             raise self._error(f"the operator cannot create its pods: {refused[-1]}{_admission_hint(refused[-1])}",
-                              pod=self.master)
+                              pod=self.master())
 
     def _events(self, pod: str, reason: str) -> str:
         from kubernetes.client.exceptions import ApiException
@@ -440,10 +533,10 @@ class JobRun:
         """One LaunchError: the job, the cause, the exit code, and the last log lines of ``pod`` and the master."""
         from kubernetes.client.exceptions import ApiException
 
-        # the node from the pod's name, which the operator makes <job>-<master|worker>-<index>: a pod being
-        # recreated under restartPolicy ExitCode may already be gone
-        named = re.fullmatch(rf"{re.escape(self.name)}-(master|worker)-(\d+)", pod)
-        node, code = (int(named[2]) + (named[1] == "worker") if named else 0), exit_code
+        # the node from the pod's name (<job>-<master|worker>-<index>, <job>-node-0-<index>-<suffix>): a pod
+        # being recreated under restartPolicy ExitCode may already be gone
+        named = re.fullmatch(rf"{re.escape(self.name)}-{self.kind.pod_name}", pod)
+        node, code = (int(named["index"]) + bool(named.groupdict().get("worker")) if named else 0), exit_code
         try:
             found = self.core.read_namespaced_pod(pod, self.namespace)
             for status in found.status.container_statuses or []:
@@ -452,20 +545,21 @@ class JobRun:
                         code = state.terminated.exit_code
         except ApiException:
             pass
-        logs = "".join(f"\nlast log lines of {name}:\n{self._log_tail(name)}"
-                       for name in dict.fromkeys((pod, self.master)))
+        master = self.master()
+        logs = "".join(f"\nlast log lines of {name}:\n{self._log_tail(name, master)}"
+                       for name in dict.fromkeys((pod, master)))
         return LaunchError(node=node, rank=None, exit_code=1 if code is None else code, log=self.log_path,
-                           error=f"PyTorchJob {self.namespace}/{self.name}: {cause}{logs}")
+                           error=f"{self.title}: {cause}{logs}")
 
-    def _log_tail(self, pod: str) -> str:
+    def _log_tail(self, pod: str, master: str) -> str:
         """The pod's last output before torchrun's own failure report (which follows a failed worker's error),
         plus the report's first line; indented."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            text = self.core.read_namespaced_pod_log(pod, self.namespace, container="pytorch")
+            text = self.core.read_namespaced_pod_log(pod, self.namespace, container=self.kind.container)
         except ApiException:
-            text = self.log_path.read_text(errors="replace") if pod == self.master and self.log_path.is_file() else ""
+            text = self.log_path.read_text(errors="replace") if pod == master and self.log_path.is_file() else ""
         lines = [line for line in text.splitlines() if line.strip()]
         report = next((i for i, line in enumerate(lines) if _TORCHRUN_FAILURE.search(line)), None)
         if report is not None:
@@ -509,7 +603,7 @@ def preflight(config: TrainingConfig, cluster: ClusterConfig, policy: LaunchPoli
                    env={"OMP_NUM_THREADS": str(config.threads_per_rank)},
                    rdzv_timeout_seconds=config.rdzv_timeout_seconds)
     progress(f"kubernetes: preflight {spec.name}: all_reduce busbw floor {policy.preflight_min_busbw_gbps:g} GB/s")
-    JobRun(api or api_client(policy.kubeconfig), render_pytorchjob(spec, cluster), policy=policy,
+    JobRun(api or api_client(policy.kubeconfig), render(spec, cluster), policy=policy,
            log_path=Path(log_dir) / "preflight-master.log", timeout=policy.preflight_timeout_seconds).run()
     progress("kubernetes: preflight passed")
 
@@ -535,7 +629,8 @@ def _stage(source: str | Path, target: Path) -> None:
 def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | Path, config: TrainingConfig,
                      cluster: ClusterConfig, policy: LaunchPolicy, pipeline_run_id: str, log_dir: str | Path,
                      mlflow_run_id: str | None = None) -> TrainResult:
-    """Train with ``training.train`` as a PyTorchJob named after ``pipeline_run_id``; see the module docstring.
+    """Train with ``training.train`` as the job of ``cluster.kind`` named after ``pipeline_run_id``; see the
+    module docstring.
 
     Stages the data, schema and config in the job's folder on the shared volume (this process must see it at
     ``cluster.shared_mount_path``), runs the preflight when asked, follows the job, and copies the model to

@@ -1,9 +1,9 @@
 """A :class:`~training.launch.jobspec.JobSpec` plus a :class:`~training.launch.cluster.ClusterConfig` rendered as a Kubeflow job.
 
-Two renderings of the same spec the local launcher runs: a PyTorchJob (``kubeflow.org/v1``, Training Operator
-v1.9) and a TrainJob (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer; :data:`TRAINER_RELEASE` says which).
-Every node runs :meth:`JobSpec.command`; the operator injects the ``PET_*``/``MASTER_*`` variables torchrun reads, so
-the manifests never set them (the table of what the operator sets is in :mod:`training.launch.jobspec`).
+Two renderings of the same spec the local launcher runs, picked by ``cluster.kind``: a PyTorchJob
+(``kubeflow.org/v1``, Training Operator v1.9) and a TrainJob (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer
+v2.3.0). Every node runs :meth:`JobSpec.command`; the operator injects the ``PET_*``/``MASTER_*`` variables torchrun
+reads, so the manifests never set them (Trainer's webhook rejects a TrainJob whose ``trainer.env`` does).
 """
 from __future__ import annotations
 
@@ -19,14 +19,13 @@ from training.launch.jobspec import DEFAULT_JOB_NAME, MAX_NAME_LENGTH, PYTORCHJO
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
-TRAINER_RELEASE = "kubeflow/trainer main of spring 2025, before v2.0.0"
-"""The Trainer API :func:`render_trainjob` follows: the TrainJob CRD in tests/specs (``spec.runtimeRef``, ``trainer``,
-``datasetConfig``/``modelConfig``, ``podSpecOverrides`` with ``targetJobs``). kubeflow/trainer#2523 moved
-``datasetConfig``/``modelConfig`` under ``spec.initializer`` before the first release (v2.0.0), and later releases
-replaced ``podSpecOverrides`` (with ``podTemplateOverrides``, then ``runtimePatches``): compare your cluster's CRD
-(``kubectl explain trainjob.spec``) before submitting. The trainer fields used here exist in all of them."""
 TRAINER_NODE = "node"
-"""Name of the trainer's replicated job and container in Trainer's torch runtimes."""
+"""Name of the trainer's replicated job and container in Trainer's torch runtimes (``constants.Node``)."""
+RUNTIME_PATCH_MANAGER = "kfloop.dev/launcher"
+"""``runtimePatches[].manager`` of kfloop's patch: a domain-prefixed path, as Trainer's webhook requires."""
+KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 """The file in the job's folder holding the MLflow run the ranks log to (staged by the launcher)."""
 LABELS = {"app.kubernetes.io/name": "kfloop", "app.kubernetes.io/component": "training"}
@@ -78,20 +77,26 @@ def training_job_spec(config: TrainingConfig, cluster: ClusterConfig, *, name: s
 
 
 def job_manifest(config: TrainingConfig, cluster: ClusterConfig, *, run_id: str | None = None,
-                 kind: str = "pytorchjob", data_file: str = "data.parquet") -> dict[str, Any]:
-    """The one job builder: the manifest of pipeline run ``run_id``'s training job (named ``kfloop-train`` without
-    one), exactly what the launcher submits and ``kfloop render-job`` prints. The ranks reach MLflow and object
-    storage through ``cluster.credentials_secret`` (``secretKeyRef``); the MLflow run id is staged in the job's
-    folder, not written into the job.
+                 data_file: str = "data.parquet") -> dict[str, Any]:
+    """The one job builder: the manifest (of ``cluster.kind``) of pipeline run ``run_id``'s training job (named
+    ``kfloop-train`` without one), exactly what the launcher submits and ``kfloop render-job`` prints. The ranks
+    reach MLflow and object storage through ``cluster.credentials_secret`` (``secretKeyRef``); the MLflow run id is
+    staged in the job's folder, not written into the job.
 
     Raises:
-        ValueError: ``kind`` is unknown, or ``config`` and ``cluster`` do not fit together (the message says the fix).
+        ValueError: ``config`` and ``cluster`` do not fit together (the message says the fix).
     """
-    if kind not in JOB_KINDS:
-        raise ValueError(f"kind={kind!r}: use one of {sorted(JOB_KINDS)}")
     name = job_name_for(run_id) if run_id else DEFAULT_JOB_NAME
-    spec = training_job_spec(config, cluster, name=name, data_file=data_file)
-    return JOB_KINDS[kind](spec, cluster)
+    return render(training_job_spec(config, cluster, name=name, data_file=data_file), cluster)
+
+
+def render(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
+    """``spec`` as the job of ``cluster.kind``.
+
+    Raises:
+        ValueError: ``spec`` and ``cluster`` do not fit together (the message says the fix).
+    """
+    return JOB_KINDS[cluster.kind](spec, cluster)
 
 
 def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
@@ -122,7 +127,7 @@ def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
             "runPolicy": _run_policy(spec, cluster),
             "pytorchReplicaSpecs": {
                 rtype: {"replicas": n, "restartPolicy": "ExitCode",
-                        "template": {"metadata": {"labels": dict(LABELS)}, "spec": _pod_spec(spec, cluster)}}
+                        "template": {"metadata": _pod_metadata(cluster), "spec": _pod_spec(spec, cluster)}}
                 for rtype, n in replicas.items()
             },
         },
@@ -140,57 +145,68 @@ def render_pytorchjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
 
 
 def render_trainjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
-    """The TrainJob of ``spec`` on ``cluster`` (Trainer API: :data:`TRAINER_RELEASE`), running on the
-    ClusterTrainingRuntime ``cluster.trainjob_runtime`` (torch: container ``node``, master ``<name>-node-0-0``).
+    """The TrainJob of ``spec`` on ``cluster`` for Kubeflow Trainer v2.3.0, on the runtime ``cluster.trainjob_runtime``
+    (a ClusterTrainingRuntime, or a TrainingRuntime of the namespace): its torch plugin runs ``numNodes`` pods of
+    container ``node`` and sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR``
+    (``<name>-node-0-0.<name>``) and ``PET_MASTER_PORT`` (29500) itself.
 
-    The runtime holds what this TrainJob API cannot override: the pod securityContext (the restricted profile),
-    affinity, priority, gang scheduling, image pull secrets and run policy; setting those here is refused.
+    The pod settings (security contexts of the restricted profile, volumes, service account, pull secrets, node
+    selector, tolerations, affinity, labels, Kueue topology annotations) and the JobSet's exclusive placement go in
+    one ``runtimePatches`` entry; with ``cluster.kueue_queue`` the job is created suspended for Kueue to admit.
 
     Raises:
-        ValueError: ``spec`` and ``cluster`` do not fit together, or ``cluster`` sets an option a TrainJob cannot
+        ValueError: ``spec`` and ``cluster`` do not fit together, or ``cluster`` sets an option only the runtime can
             carry (the message says where to set it instead).
     """
     _check_fit(spec, cluster)
     defaults = ClusterConfig()
-    unsupported = [name for name in _PYTORCHJOB_ONLY if getattr(cluster, name) != getattr(defaults, name)]
+    unsupported = [name for name in _RUNTIME_ONLY if getattr(cluster, name) != getattr(defaults, name)]
     if unsupported:
         raise ValueError(f"a TrainJob cannot set {', '.join(unsupported)}: set them in the "
-                         f"ClusterTrainingRuntime '{cluster.trainjob_runtime}', or render kind pytorchjob")
-    volumes, mounts = _volumes(cluster)
-    override: dict[str, Any] = {
-        "targetJobs": [{"name": TRAINER_NODE}],
-        "volumes": volumes,
-        "containers": [{"name": TRAINER_NODE, "volumeMounts": mounts}],
-    }
-    for key, value in (("serviceAccountName", cluster.service_account_name), ("nodeSelector", cluster.node_selector),
-                       ("tolerations", cluster.tolerations)):
-        if value:
-            override[key] = value
-    return {
+                         f"{cluster.trainjob_runtime_kind} '{cluster.trainjob_runtime}', or use kind pytorchjob")
+    pod = _pod_spec(spec, cluster)
+    (container,) = pod.pop("containers")
+    settings = {key: pod[key] for key in _PATCHABLE_POD_FIELDS if key in pod}
+    settings["containers"] = [{"name": TRAINER_NODE, "securityContext": container["securityContext"],
+                               "volumeMounts": container["volumeMounts"]}]
+    runtime_template: dict[str, Any] = {"spec": {"replicatedJobs": [{"name": TRAINER_NODE, "template": {"spec": {
+        "template": {"metadata": _pod_metadata(cluster), "spec": settings}}}}]}}
+    if cluster.exclusive_topology:
+        runtime_template["metadata"] = {"annotations": {JOBSET_EXCLUSIVE_TOPOLOGY: cluster.exclusive_topology}}
+    launch, args = container["command"][:len(container["command"]) - len(spec.args)], spec.args
+    body: dict[str, Any] = {
         "apiVersion": TRAINJOB_API,
         "kind": "TrainJob",
         "metadata": _metadata(spec, cluster),
         "spec": {
             "runtimeRef": {"name": cluster.trainjob_runtime, "apiGroup": "trainer.kubeflow.org",
-                           "kind": "ClusterTrainingRuntime"},
+                           "kind": cluster.trainjob_runtime_kind},
             "trainer": {
                 "image": cluster.image,
-                "command": spec.command(),
-                "env": _env(spec, cluster),
+                "command": launch,
+                "args": list(args),
+                "env": container["env"],
                 "numNodes": spec.nnodes,
                 "numProcPerNode": spec.nproc_per_node,
-                "resourcesPerNode": _resources(cluster),
+                "resourcesPerNode": container["resources"],
             },
-            "labels": dict(LABELS),
-            "podSpecOverrides": [override],
+            "runtimePatches": [{"manager": RUNTIME_PATCH_MANAGER,
+                                "trainingRuntimeSpec": {"template": runtime_template}}],
         },
     }
+    if cluster.kueue_queue:
+        body["spec"]["suspend"] = True
+    if cluster.active_deadline_seconds:
+        body["spec"]["activeDeadlineSeconds"] = cluster.active_deadline_seconds
+    return body
 
 
-_PYTORCHJOB_ONLY = ("image_pull_secrets", "affinity", "priority_class_name", "gang_scheduler", "scheduler_name",
-                    "elastic_min_nodes", "clean_pod_policy", "ttl_seconds_after_finished", "active_deadline_seconds",
-                    "backoff_limit")
-"""ClusterConfig fields a TrainJob cannot carry (its runtime does)."""
+_RUNTIME_ONLY = ("image_pull_policy", "priority_class_name", "gang_scheduler", "scheduler_name", "elastic_min_nodes",
+                 "clean_pod_policy", "ttl_seconds_after_finished", "backoff_limit")
+"""ClusterConfig fields a TrainJob cannot carry (its runtime does: Trainer v2.3 has no field for them)."""
+_PATCHABLE_POD_FIELDS = ("securityContext", "serviceAccountName", "imagePullSecrets", "nodeSelector", "tolerations",
+                         "affinity", "volumes")
+"""Pod fields of :func:`_pod_spec` a TrainJob's ``runtimePatches`` may set (the v2.3.0 CRD's pod spec patch)."""
 
 
 def _check_fit(spec: JobSpec, cluster: ClusterConfig) -> None:
@@ -222,6 +238,16 @@ def _metadata(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     if cluster.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
     return {"name": spec.name, "namespace": cluster.namespace, "labels": labels}
+
+
+def _pod_metadata(cluster: ClusterConfig) -> dict[str, Any]:
+    """Labels of every pod, and Kueue's Topology Aware Scheduling annotation when asked for."""
+    metadata: dict[str, Any] = {"labels": dict(LABELS)}
+    for key, level in ((KUEUE_REQUIRED_TOPOLOGY, cluster.topology_required),
+                       (KUEUE_PREFERRED_TOPOLOGY, cluster.topology_preferred)):
+        if level:
+            metadata["annotations"] = {key: level}
+    return metadata
 
 
 def _run_policy(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
