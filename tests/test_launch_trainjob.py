@@ -197,7 +197,7 @@ def test_a_restricted_namespace_admits_kfloops_trainjob_pods_and_the_launcher_na
 
     client.CoreV1Api(cluster.api()).patch_namespace("default", {"metadata": {"labels": {
         ENFORCE_LABEL: "restricted"}}})
-    overrides = {"gpus_per_node": 1, "rdma_resource": "rdma/rdma_shared_device_a"} if rdma else {}
+    overrides = {"gpus_per_node": 2, "rdma_resource": "rdma/rdma_shared_device_a"} if rdma else {}
     run = JobRun(cluster.api(), _body(cluster, f"restricted-tj-{rdma}".lower(), ["true"], **overrides),
                  policy=_policy(cluster), log_path=tmp_path / "m.log", timeout=120)
     if not rdma:

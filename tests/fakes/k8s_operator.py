@@ -5,7 +5,6 @@ written from the operator's source; nothing here imports the code under test."""
 from __future__ import annotations
 
 import base64
-import copy
 import os
 import re
 import signal
@@ -122,13 +121,17 @@ class _JobController:
         spec = self.defaulted["spec"]
         self.replicas = spec["pytorchReplicaSpecs"]
         self.run_policy = spec["runPolicy"]
+        self._write_pod_files([self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
+                               for i in range(rspec.get("replicas", 1))])
+
+    def _write_pod_files(self, hostnames: list[str]) -> None:
+        """What every pod of the job sees in place of the cluster DNS: ``hosts`` (each line's names on loopback)
+        and ``bin/nslookup`` answering from it (the image's nslookup asks the cluster DNS)."""
         self.hosts = self.dir / "hosts"
-        pods = [self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
-                for i in range(rspec.get("replicas", 1))]
-        self.hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {p}\n" for p in pods))
+        self.hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {h}\n" for h in hostnames))
         self.bin = self.dir / "bin"
         self.bin.mkdir()
-        nslookup = self.bin / "nslookup"  # the image's nslookup asks the cluster DNS; here the pod's /etc/hosts
+        nslookup = self.bin / "nslookup"
         nslookup.write_text('#!/bin/sh\nexec getent hosts "$1"\n')
         nslookup.chmod(0o755)
 

@@ -296,9 +296,7 @@ class TrainJobController(_JobController):
         self.job_name, self.job_uid, self.jobset_uid = f"{self.name}-{NODE}-0", str(uuid.uuid4()), str(uuid.uuid4())
         self.failures = 0
         self.succeeded: set[int] = set()
-        self.hosts = self.dir / "hosts"
-        self.hosts.write_text("127.0.0.1 localhost\n" + "".join(
-            f"127.0.0.1 {self.job_name}-{i}.{self.name} {self.job_name}-{i}\n" for i in range(self.num_nodes)))
+        self._write_pod_files([f"{self.job_name}-{i}.{self.name} {self.job_name}-{i}" for i in range(self.num_nodes)])
 
     def start(self) -> None:
         threading.Thread(target=self._reconcile, name=f"trainjob-{self.name}", daemon=True).start()
