@@ -172,16 +172,18 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
     fired = store.load()["models"].get(model, {"fired": []})["fired"]
     same = [f for f in fired if f["data_hash"] == data_hash and f["window"] == window]
     if same:
-        return TriggerDecision(fire=False, outcome="duplicate", reason=f"duplicate: model {model!r} was already triggered for data "
-                               f"{data_hash} in window {window} at {utc_iso(same[-1]['at'])} (run "
-                               f"{same[-1]['run_id']})", **made)
+        return TriggerDecision(fire=False, outcome="duplicate",
+                               reason=f"duplicate: model {model!r} was already triggered for data {data_hash} in "
+                               f"window {window} at {utc_iso(same[-1]['at'])} (run {same[-1]['run_id']})", **made)
     if fired:
         last = max(fired, key=lambda f: f["at"])
         if now - last["at"] < policy.cooldown_seconds:
-            return TriggerDecision(fire=False, outcome="cooldown", reason=f"cooldown: model {model!r} was triggered at "
-                                   f"{utc_iso(last['at'])} (run {last['run_id']}); the next trigger may fire from "
+            return TriggerDecision(fire=False, outcome="cooldown",
+                                   reason=f"cooldown: model {model!r} was triggered at {utc_iso(last['at'])} (run "
+                                   f"{last['run_id']}); the next trigger may fire from "
                                    f"{utc_iso(last['at'] + policy.cooldown_seconds)}", **made)
-    return TriggerDecision(fire=True, outcome="fired", reason=f"new data {data_hash} for model {model!r} in window {window}", **made)
+    return TriggerDecision(fire=True, outcome="fired",
+                           reason=f"new data {data_hash} for model {model!r} in window {window}", **made)
 
 
 def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy,

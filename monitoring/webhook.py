@@ -59,10 +59,8 @@ class WebhookAuth:
 
     def check(self, headers: Mapping[str, str], body: bytes) -> str | None:
         """None when the request is authorised, else the reason."""
-        if self.token:
-            given = headers.get("Authorization", "")
-            if hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return None
+        if self._bearer(headers):
+            return None
         if self.hmac_secret:
             expected = "sha256=" + hmac.new(self.hmac_secret.encode(), body, hashlib.sha256).hexdigest()
             if hmac.compare_digest(headers.get(SIGNATURE_HEADER, "").encode(), expected.encode()):
@@ -73,15 +71,17 @@ class WebhookAuth:
 
     def check_metrics(self, headers: Mapping[str, str]) -> str | None:
         """None when the request may read ``/metrics``, else the reason."""
-        if self.open_metrics:
-            return None
-        if self.token and hmac.compare_digest(headers.get("Authorization", "").encode(),
-                                              f"Bearer {self.token}".encode()):
+        if self.open_metrics or self._bearer(headers):
             return None
         if not self.token:
             return (f"/metrics takes the bearer token: set {TOKEN_ENV}, or open /metrics for in-cluster scraping "
                     "(kfloop serve --open-metrics)")
         return "missing or invalid bearer token"
+
+    def _bearer(self, headers: Mapping[str, str]) -> bool:
+        """The request carries the configured bearer token."""
+        return bool(self.token) and hmac.compare_digest(headers.get("Authorization", "").encode(),
+                                                        f"Bearer {self.token}".encode())
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

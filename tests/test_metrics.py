@@ -60,7 +60,8 @@ def samples(text: str) -> dict[tuple[str, frozenset], float]:
 
 def drift_check(demo_files, batch: str):
     return drift_step(current_uri=str(demo_files[batch]), reference_uri=str(demo_files["train.parquet"]),
-                      schema_uri=str(REPO / "data" / "schema.yaml"), model_name=MODEL, policy={"include_predictions": False}, report_out="")
+                      schema_uri=str(REPO / "data" / "schema.yaml"), model_name=MODEL,
+                      policy={"include_predictions": False}, report_out="")
 
 
 @pytest.fixture
