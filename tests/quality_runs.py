@@ -6,15 +6,15 @@ from __future__ import annotations
 import mlflow
 
 from monitoring.records import QUALITY_EXPERIMENT_SUFFIX, QUALITY_RESULT_ARTIFACT
+from training.settings import load_environment
+from training.steps import ensure_experiment
 
 
 def record_quality_check(model_name: str, *, degraded: bool, value: float, baseline: float,
                          metric: str = "accuracy", champion_version: str | None = "1") -> str:
     """Record one check; returns its run id."""
     client = mlflow.MlflowClient()
-    experiment = client.get_experiment_by_name(model_name + QUALITY_EXPERIMENT_SUFFIX)
-    experiment_id = (experiment.experiment_id if experiment
-                     else client.create_experiment(model_name + QUALITY_EXPERIMENT_SUFFIX))
+    experiment_id = ensure_experiment(model_name + QUALITY_EXPERIMENT_SUFFIX, load_environment())
     run_id = client.create_run(experiment_id, tags={"kfloop.degraded": str(degraded).lower()}).info.run_id
     for key, number in (("quality_value", value), ("quality_baseline", baseline), ("degraded", float(degraded))):
         client.log_metric(run_id, key, number)

@@ -19,6 +19,7 @@ from monitoring.trigger import RunInFlight, TriggerPolicy, maybe_trigger
 from monitoring.trigger_registry import RegistryTriggerStore
 from monitoring.webhook import AlertWebhook, WebhookAuth
 from training.registry.versions import CHAMPION_ALIAS, ensure_registered_model
+from training.steps import ensure_experiment
 
 from conftest import REPO
 
@@ -71,7 +72,7 @@ def recorded(isolated_env, demo_files):
     client = mlflow.MlflowClient()
     for name in (MODEL, QUIET):
         ensure_registered_model(name)
-    run = client.create_run(client.create_experiment("candidates"))
+    run = client.create_run(ensure_experiment("candidates", isolated_env))
     version = client.create_model_version(MODEL, source=f"runs:/{run.info.run_id}/model", run_id=run.info.run_id)
     client.set_registered_model_alias(MODEL, CHAMPION_ALIAS, version.version)
     before = int(time.time())
