@@ -1,5 +1,6 @@
 """What monitoring leaves behind for people: every drift check of a model as an MLflow run (verdict, per-column
-scores, Evidently's HTML report), linked from the champion it checked; and the trigger's cooldown state."""
+scores, Evidently's HTML report), linked from the champion it checked; the quality checks' runs; and the trigger's
+cooldown state."""
 from __future__ import annotations
 
 import time
@@ -13,6 +14,9 @@ DRIFT_EXPERIMENT_SUFFIX = "-drift"
 """Drift checks of model ``M`` are runs of experiment ``M-drift``."""
 DRIFT_RESULT_ARTIFACT = "drift.json"
 DRIFT_REPORT_ARTIFACT = "drift_report.html"
+QUALITY_EXPERIMENT_SUFFIX = "-quality"
+"""Quality checks of model ``M`` (its champion scored on rows whose labels arrived) are runs of ``M-quality``."""
+QUALITY_RESULT_ARTIFACT = "quality.json"
 
 
 def record_drift_check(model_name: str, checked: Any, *, current_uri: str, report_path: str | None) -> str:
@@ -63,22 +67,38 @@ def drift_checks(model_name: str, *, limit: int = 200) -> list[dict[str, Any]]:
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
+    return [{"at": utc_iso(run.info.start_time / 1000), "run_id": run.info.run_id,
+             "drifted": result["drifted"], "share_drifted_columns": result["share_drifted_columns"],
+             "columns": result["columns"], "champion_version": result.get("champion_version"),
+             "data_md5": result.get("data_md5"), "current_uri": run.data.params.get("current_uri")}
+            for run, result in _checks(model_name + DRIFT_EXPERIMENT_SUFFIX, DRIFT_RESULT_ARTIFACT, limit)]
+
+
+def quality_checks(model_name: str, *, limit: int = 200) -> list[dict[str, Any]]:
+    """The recorded quality checks of ``model_name``, oldest first: ``at`` (UTC ISO), ``run_id``, ``degraded``,
+    ``metric``, ``value``, ``baseline``, ``ci_low``, ``ci_high``, ``rows``, ``reason``, ``champion_version``. Empty
+    when none was recorded.
+
+    Raises:
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    return [{"at": utc_iso(run.info.start_time / 1000), "run_id": run.info.run_id,
+             **{key: result.get(key) for key in ("degraded", "metric", "value", "baseline", "ci_low", "ci_high",
+                                                 "rows", "reason", "champion_version")}}
+            for run, result in _checks(model_name + QUALITY_EXPERIMENT_SUFFIX, QUALITY_RESULT_ARTIFACT, limit)]
+
+
+def _checks(experiment_name: str, artifact: str, limit: int) -> list[tuple[Any, dict[str, Any]]]:
+    """The last ``limit`` runs of ``experiment_name``, oldest first, each with its JSON ``artifact``."""
     import mlflow
 
     client = mlflow.MlflowClient()
-    experiment = client.get_experiment_by_name(model_name + DRIFT_EXPERIMENT_SUFFIX)
+    experiment = client.get_experiment_by_name(experiment_name)
     if experiment is None:
         return []
     runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"],
                               max_results=limit)
-    out = []
-    for run in reversed(runs):
-        result = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{DRIFT_RESULT_ARTIFACT}")
-        out.append({"at": utc_iso(run.info.start_time / 1000), "run_id": run.info.run_id,
-                    "drifted": result["drifted"], "share_drifted_columns": result["share_drifted_columns"],
-                    "columns": result["columns"], "champion_version": result.get("champion_version"),
-                    "data_md5": result.get("data_md5"), "current_uri": run.data.params.get("current_uri")})
-    return out
+    return [(run, mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/{artifact}")) for run in reversed(runs)]
 
 
 def trigger_status(store: Any, model_name: str, *, cooldown_seconds: float, now: float) -> dict[str, Any]:

@@ -19,6 +19,8 @@ from training.settings import section_from_dict
 HISTORY_LIMIT = 100
 """Fired triggers kept per model (oldest dropped first)."""
 STATE_VERSION = 1
+OUTCOMES = ("fired", "duplicate", "cooldown", "in_flight")
+"""What a decision came to; the state counts each per model (``counts``), for ``/metrics``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,6 +58,8 @@ class TriggerDecision:
     """True: start a run."""
     reason: str
     """Readable explanation (new data, duplicate, or cooldown with the time it ends)."""
+    outcome: str
+    """One of :data:`OUTCOMES`: ``fired``, or why not (``duplicate``, ``cooldown``, ``in_flight``)."""
     key: str
     """``<model>:<data_hash>:<window index>``: the dedupe key."""
     model: str
@@ -107,8 +111,9 @@ class TriggerStore:
         atomic_write_json(self.path, state)
 
     def load(self) -> dict[str, Any]:
-        """The state: ``{"version": 1, "models": {model: {"fired": [...], "last_check": {...} | None}}}``; empty
-        when the file does not exist yet.
+        """The state: ``{"version": 1, "models": {model: {"fired": [...], "last_check": {...} | None, "counts":
+        {outcome: n}}}}`` (``counts`` is absent in states written before it was kept); empty when the file does not
+        exist yet.
 
         Raises:
             TriggerStateError: the file is not valid JSON or not a trigger state.
@@ -126,7 +131,8 @@ class TriggerStore:
         return state
 
     def record(self, decision: TriggerDecision, now: float, run_id: str | None = None) -> None:
-        """Store ``decision`` as the model's last check and, when it fired, append it to the model's history.
+        """Store ``decision`` as the model's last check, count its outcome and, when it fired, append it to the
+        model's history.
 
         Raises:
             TriggerStateError: the existing file is unusable.
@@ -138,6 +144,8 @@ class TriggerStore:
             state = self.load()
             entry = state["models"].setdefault(decision.model, {"fired": [], "last_check": None})
             entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire, "reason": decision.reason}
+            counts = entry["counts"] = outcome_counts(entry)
+            counts[decision.outcome] = counts.get(decision.outcome, 0) + 1
             if decision.fire:
                 entry["fired"].append({"key": decision.key, "data_hash": decision.data_hash,
                                        "window": decision.window, "at": now, "run_id": run_id})
@@ -164,16 +172,18 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
     fired = store.load()["models"].get(model, {"fired": []})["fired"]
     same = [f for f in fired if f["data_hash"] == data_hash and f["window"] == window]
     if same:
-        return TriggerDecision(fire=False, reason=f"duplicate: model {model!r} was already triggered for data "
-                               f"{data_hash} in window {window} at {utc_iso(same[-1]['at'])} (run "
-                               f"{same[-1]['run_id']})", **made)
+        return TriggerDecision(fire=False, outcome="duplicate",
+                               reason=f"duplicate: model {model!r} was already triggered for data {data_hash} in "
+                               f"window {window} at {utc_iso(same[-1]['at'])} (run {same[-1]['run_id']})", **made)
     if fired:
         last = max(fired, key=lambda f: f["at"])
         if now - last["at"] < policy.cooldown_seconds:
-            return TriggerDecision(fire=False, reason=f"cooldown: model {model!r} was triggered at "
-                                   f"{utc_iso(last['at'])} (run {last['run_id']}); the next trigger may fire from "
+            return TriggerDecision(fire=False, outcome="cooldown",
+                                   reason=f"cooldown: model {model!r} was triggered at {utc_iso(last['at'])} (run "
+                                   f"{last['run_id']}); the next trigger may fire from "
                                    f"{utc_iso(last['at'] + policy.cooldown_seconds)}", **made)
-    return TriggerDecision(fire=True, reason=f"new data {data_hash} for model {model!r} in window {window}", **made)
+    return TriggerDecision(fire=True, outcome="fired",
+                           reason=f"new data {data_hash} for model {model!r} in window {window}", **made)
 
 
 def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy,
@@ -193,9 +203,16 @@ def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float
             try:
                 run_id = start()
             except RunInFlight as busy:
-                decision = dataclasses.replace(decision, fire=False, reason=f"in flight: {busy}")
+                decision = dataclasses.replace(decision, fire=False, outcome="in_flight",
+                                               reason=f"in flight: {busy}")
         store.record(decision, now, run_id=run_id)
     return dataclasses.replace(decision, run_id=run_id)
+
+
+def outcome_counts(entry: dict[str, Any]) -> dict[str, int]:
+    """How many decisions of one model's state ``entry`` came to each outcome; a state written before the counts
+    were kept starts from its fired history (capped at ``HISTORY_LIMIT``)."""
+    return dict(entry.get("counts") or {"fired": len(entry["fired"])})
 
 
 def utc_iso(at: float) -> str:
@@ -211,6 +228,10 @@ def _state_problem(state: Any) -> str | None:
     for model, entry in state["models"].items():
         if not isinstance(entry, dict) or not isinstance(entry.get("fired"), list) or "last_check" not in entry:
             return f'model {model!r}: expected {{"fired": [...], "last_check": ...}}'
+        counts = entry.get("counts", {})
+        if not isinstance(counts, dict) or any(k not in OUTCOMES or isinstance(n, bool) or not isinstance(n, int)
+                                               for k, n in counts.items()):
+            return f"model {model!r}: counts {counts!r} must map outcomes {list(OUTCOMES)} to integers"
         for item in entry["fired"]:
             if (not isinstance(item, dict) or not isinstance(item.get("data_hash"), str)
                     or not isinstance(item.get("window"), int) or not isinstance(item.get("at"), (int, float))):

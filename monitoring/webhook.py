@@ -1,7 +1,8 @@
 """The alert webhook: Prometheus Alertmanager (webhook payload version 4) or a plain ``{"model", "reason"}``
 POSTed to ``/alerts`` starts retraining through the same trigger decision as the drift pipeline (dedupe,
 cooldown, one run in flight). Bearer token or HMAC-SHA256 auth, a body size bound, 4xx with a reason, ``/healthz``,
-one JSON log line per event (never a credential). Knows nothing about KFP: the caller passes ``start``.
+``/metrics`` for Prometheus (the records, see :mod:`monitoring.metrics`), one JSON log line per event (never a
+credential). Knows nothing about KFP: the caller passes ``start``.
 """
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping, TextIO
 
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from monitoring.metrics import exposition
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.errors import KfloopError
 
@@ -27,12 +32,15 @@ MODEL_LABELS = ("model", "model_name")
 
 @dataclass(kw_only=True, slots=True)
 class WebhookAuth:
-    """Who may post alerts; at least one of the two must be set."""
+    """Who may post alerts (at least one of token and HMAC key must be set) and read ``/metrics``."""
 
     token: str = field(default="", repr=False)
     """Bearer token (``Authorization: Bearer <token>``), from ``KFLOOP_WEBHOOK_TOKEN``."""
     hmac_secret: str = field(default="", repr=False)
     """HMAC-SHA256 key of the ``X-Kfloop-Signature`` header, from ``KFLOOP_WEBHOOK_HMAC_SECRET``."""
+    open_metrics: bool = False
+    """``/metrics`` answers without auth (in-cluster scraping where a NetworkPolicy limits who reaches the port);
+    otherwise it takes the bearer token, as Prometheus sends it (``authorization: {credentials_file: ...}``)."""
 
     def __post_init__(self) -> None:
         if not self.token and not self.hmac_secret:
@@ -40,20 +48,19 @@ class WebhookAuth:
                              "key), e.g. from a Kubernetes Secret")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> WebhookAuth:
+    def from_env(cls, environ: Mapping[str, str], *, open_metrics: bool = False) -> WebhookAuth:
         """Read the token and HMAC key from ``environ`` (the only place they come from).
 
         Raises:
             ValueError: neither is set.
         """
-        return cls(token=environ.get(TOKEN_ENV, ""), hmac_secret=environ.get(HMAC_ENV, ""))
+        return cls(token=environ.get(TOKEN_ENV, ""), hmac_secret=environ.get(HMAC_ENV, ""),
+                   open_metrics=open_metrics)
 
     def check(self, headers: Mapping[str, str], body: bytes) -> str | None:
         """None when the request is authorised, else the reason."""
-        if self.token:
-            given = headers.get("Authorization", "")
-            if hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return None
+        if self._bearer(headers):
+            return None
         if self.hmac_secret:
             expected = "sha256=" + hmac.new(self.hmac_secret.encode(), body, hashlib.sha256).hexdigest()
             if hmac.compare_digest(headers.get(SIGNATURE_HEADER, "").encode(), expected.encode()):
@@ -61,6 +68,20 @@ class WebhookAuth:
         return "missing or invalid " + " / ".join(
             name for name, on in (("bearer token", self.token), (f"{SIGNATURE_HEADER} signature",
                                                                   self.hmac_secret)) if on)
+
+    def check_metrics(self, headers: Mapping[str, str]) -> str | None:
+        """None when the request may read ``/metrics``, else the reason."""
+        if self.open_metrics or self._bearer(headers):
+            return None
+        if not self.token:
+            return (f"/metrics takes the bearer token: set {TOKEN_ENV}, or open /metrics for in-cluster scraping "
+                    "(kfloop serve --open-metrics)")
+        return "missing or invalid bearer token"
+
+    def _bearer(self, headers: Mapping[str, str]) -> bool:
+        """The request carries the configured bearer token."""
+        return bool(self.token) and hmac.compare_digest(headers.get("Authorization", "").encode(),
+                                                        f"Bearer {self.token}".encode())
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -120,14 +141,15 @@ def parse_alerts(payload: Any) -> list[Alert]:
 
 class AlertWebhook:
     """The HTTP server. ``start(alert)`` starts a training run and returns its id (raising
-    :class:`monitoring.trigger.RunInFlight` when one is running); ``store_for(model)`` is the trigger state."""
+    :class:`monitoring.trigger.RunInFlight` when one is running); ``store_for(model)`` is the trigger state;
+    ``metrics`` (e.g. a :class:`monitoring.metrics.RecordsCollector`) answers ``/metrics`` (None: no ``/metrics``)."""
 
     def __init__(self, *, auth: WebhookAuth, policy: TriggerPolicy, start: Callable[[Alert], str],
-                 store_for: Callable[[str], TriggerStore], max_body_bytes: int = 64 * 1024,
-                 clock: Callable[[], float] = time.time, log: TextIO = sys.stderr):
+                 store_for: Callable[[str], TriggerStore], metrics: Collector | None = None,
+                 max_body_bytes: int = 64 * 1024, clock: Callable[[], float] = time.time, log: TextIO = sys.stderr):
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes={max_body_bytes}: use a positive byte count, e.g. 65536")
-        self.auth, self.policy, self.start, self.store_for = auth, policy, start, store_for
+        self.auth, self.policy, self.start, self.store_for, self.metrics = auth, policy, start, store_for, metrics
         self.max_body_bytes, self.clock, self.log = max_body_bytes, clock, log
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -136,10 +158,17 @@ class AlertWebhook:
         self.log.flush()
 
     def handle(self, method: str, path: str, headers: Mapping[str, str], read_body: Callable[[int], bytes]
-               ) -> tuple[HTTPStatus, dict[str, Any]]:
-        """Answer one request: status and JSON body."""
+               ) -> tuple[HTTPStatus, dict[str, Any] | bytes]:
+        """Answer one request: status and JSON body (bytes: the Prometheus text of ``/metrics``)."""
         if method == "GET" and path == "/healthz":
             return HTTPStatus.OK, {"status": "ok"}
+        if path == "/metrics" and self.metrics is not None:
+            if method != "GET":
+                return HTTPStatus.METHOD_NOT_ALLOWED, {"error": "GET /metrics"}
+            problem = self.auth.check_metrics(headers)
+            if problem:
+                return HTTPStatus.UNAUTHORIZED, {"error": problem}
+            return HTTPStatus.OK, exposition(self.metrics)
         if path != "/alerts":
             return HTTPStatus.NOT_FOUND, {"error": f"no such path {path}; POST alerts to /alerts"}
         if method != "POST":
@@ -183,9 +212,10 @@ class AlertWebhook:
                 if status >= 400:
                     webhook.emit("rejected", path=path, status=int(status), error=payload.get("error"),
                                  remote=self.client_address[0])
-                data = json.dumps(payload).encode()
+                text = isinstance(payload, bytes)
+                data = payload if text else json.dumps(payload).encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST if text else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 if status >= 400:
                     self.send_header("Connection", "close")

@@ -36,6 +36,24 @@ def isolated_env(tmp_path, monkeypatch):
     return env
 
 
+@pytest.fixture
+def kfp(isolated_env, monkeypatch, tmp_path):
+    """The KFP API test server holding this commit's pipelines; ``kfp.Client`` reaches it with its ``token``."""
+    from fakes.kfp_server import KfpApiServer
+
+    from components import kfp_client
+    from pipelines.kfp_server.runs import upload_pipelines
+
+    token = "kfp-token-for-webhook-tests"
+    monkeypatch.setenv(kfp_client.TOKEN_ENV, token)
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
+    monkeypatch.setenv("KFLOOP_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with KfpApiServer(token=token) as server:
+        upload_pipelines(server.url)
+        yield server
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """One real ``mlflow server`` process (SQLite, proxied artifacts) shared by the session; its URL in ``.url``."""

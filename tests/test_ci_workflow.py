@@ -133,3 +133,21 @@ def test_kind_job_runs_the_cluster_script_on_main_and_by_hand_and_keeps_its_logs
     assert upload["if"] == "failure()" and upload["with"]["path"] == "${{ runner.temp }}/kind-e2e"
     text = (REPO / "deploy" / "kind-e2e.sh").read_text()
     assert '> "${ARTIFACTS}/${JOB}.yaml"' in text and "diagnose" in text  # manifests and logs land there
+
+
+def test_ci_installs_the_system_binaries_the_tests_need_and_requires_them():
+    script = (REPO / ".ci" / "run").read_text()
+    install = re.search(r"^DEBIAN_FRONTEND=noninteractive apt-get install -y -qq (.+)$", script, re.M)
+    assert install and set(install.group(1).split()) == {"chromium", "prometheus", "prometheus-alertmanager"}
+    assert script.index("export KFLOOP_CI=1") < script.index("make test"), "a missing binary fails, not skips"
+    assert script.index("exit 101") < install.start(), "their services never start"
+
+
+@pytest.mark.parametrize("ci, outcome", [("1", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_system_binary_fails_under_ci_and_skips_elsewhere(monkeypatch, tmp_path, ci, outcome):
+    from binaries import CI_ENV, require_binary
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv(CI_ENV, ci)
+    with pytest.raises(outcome, match=r"no prometheus binary on PATH \(Debian: apt-get install prometheus\)"):
+        require_binary("prometheus", package="prometheus")

@@ -3,17 +3,12 @@ the screenshot shows them; and the page loads nothing from the network."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import numpy as np
-import pytest
+from binaries import require_binary
 
 from pipelines.operations.report import CHART_IDS, write_report
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (Debian: apt-get install "
-                                                              "chromium); the page is still checked without it")
 
 
 def _inputs() -> dict:
@@ -49,10 +44,10 @@ def test_empty_model_renders_placeholders(tmp_path):
     assert page.count("nothing recorded yet") == len(CHART_IDS) and "<svg" not in page
 
 
-@needs_chromium
 def test_chromium_renders_the_charts(tmp_path):
+    chromium = require_binary("chromium", "chromium-browser", package="chromium")
     path = write_report(tmp_path / "report.html", model_name="m", **_inputs())
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+    common = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=2000"]
     dom = subprocess.run([*common, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120,
                          check=True).stdout

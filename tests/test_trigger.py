@@ -11,11 +11,13 @@ from filelock import FileLock, Timeout
 
 from monitoring.trigger import (
     HISTORY_LIMIT,
+    RunInFlight,
     TriggerPolicy,
     TriggerStateError,
     TriggerStore,
     decide,
     maybe_trigger,
+    outcome_counts,
 )
 
 POLICY = TriggerPolicy(cooldown_seconds=3600, window_seconds=86400)
@@ -209,8 +211,6 @@ def test_invalid_decide_arguments(tmp_path):
 
 
 def test_a_run_in_flight_is_recorded_as_skipped_and_fires_later(tmp_path):
-    from monitoring.trigger import RunInFlight
-
     store = TriggerStore(tmp_path / "state.json")
 
     def busy() -> str:
@@ -221,3 +221,28 @@ def test_a_run_in_flight_is_recorded_as_skipped_and_fires_later(tmp_path):
 
     assert (skipped.fire, skipped.run_id) == (False, None) and "r-7 is RUNNING" in skipped.reason
     assert later.fire and [f["run_id"] for f in fired(store)] == ["run-1"]
+
+
+def test_each_decision_is_counted_by_outcome_and_old_states_count_from_their_history(tmp_path):
+    store = TriggerStore(tmp_path / "state.json")
+    fire(store, "md5-a", T0)
+    fire(store, "md5-a", T0 + 10)
+    fire(store, "md5-b", T0 + 20)
+
+    def busy() -> str:
+        raise RunInFlight("run r-9 is RUNNING")
+
+    maybe_trigger(store, model="churn", data_hash="md5-c", now=T0 + 4000, policy=POLICY, start=busy)
+    assert store.load()["models"]["churn"]["counts"] == {"fired": 1, "duplicate": 1, "cooldown": 1, "in_flight": 1}
+
+    state = store.load()
+    del state["models"]["churn"]["counts"]  # written before the counts were kept
+    store.path.write_text(json.dumps(state))
+    assert outcome_counts(store.load()["models"]["churn"]) == {"fired": 1}
+    fire(store, "md5-d", T0 + 8000)
+    assert store.load()["models"]["churn"]["counts"] == {"fired": 2}
+
+    state["models"]["churn"]["counts"] = {"fired": "2"}
+    store.path.write_text(json.dumps(state))
+    with pytest.raises(TriggerStateError, match="counts .* must map outcomes"):
+        store.load()

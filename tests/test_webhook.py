@@ -16,9 +16,8 @@ from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from monitoring.webhook import SIGNATURE_HEADER, AlertWebhook, WebhookAuth
 from components import kfp_client
-from pipelines.kfp_server.runs import alert_starter, upload_pipelines
+from pipelines.kfp_server.runs import alert_starter
 
-KFP_TOKEN = "kfp-token-for-webhook-tests"
 HOOK_TOKEN = "hook-token-5d2f"
 HMAC_KEY = "hmac-key-88e1"
 T0 = 86400 * 20_000 + 600.0
@@ -32,17 +31,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture
-def kfp(isolated_env, monkeypatch, tmp_path):
-    monkeypatch.setenv(kfp_client.TOKEN_ENV, KFP_TOKEN)
-    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
-    monkeypatch.setenv("KFLOOP_GIT_COMMIT", "a" * 40)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    with KfpApiServer(token=KFP_TOKEN) as server:
-        upload_pipelines(server.url)
-        yield server
 
 
 class Hook:
@@ -337,7 +325,7 @@ def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
     assert answer["decisions"][0]["run_id"] == run["run_id"] and refused.status == 401
     events = [json.loads(line) for line in seen if line.startswith("{")]
     assert [e["event"] for e in events] == ["listening", "trigger", "rejected"]
-    assert HOOK_TOKEN not in "".join(seen) and KFP_TOKEN not in "".join(seen)
+    assert HOOK_TOKEN not in "".join(seen) and kfp.token not in "".join(seen)
 
 
 def test_kfloop_serve_refuses_to_start_without_auth(monkeypatch, capsys, isolated_env):

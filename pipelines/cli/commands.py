@@ -87,13 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_service_account(sched)
     options.add_settings(sched)
 
-    serve = sub.add_parser("serve", help="alert webhook: Alertmanager or {model, reason} -> retrain")
+    serve = sub.add_parser("serve", help="alert webhook: Alertmanager or {model, reason} -> retrain; /metrics")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--bind", default="0.0.0.0", help="listen address (default: %(default)s)")
     serve.add_argument("--kfp-host", help="KFP API URL (default: the in-cluster service)")
     serve.add_argument("--version", help="training pipeline version to start (default: this git commit)")
     serve.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
     serve.add_argument("--max-body-bytes", type=int, default=65536)
+    serve.add_argument("--open-metrics", action="store_true",
+                       help="serve /metrics without the bearer token (in-cluster scraping behind a NetworkPolicy)")
     _add_service_account(serve)
     options.add_settings(serve)
 
@@ -299,6 +301,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
+    from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
     from monitoring.webhook import AlertWebhook, WebhookAuth
     from pipelines.kfp_server.runs import alert_starter
@@ -309,11 +312,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     activate(env)
     backend = backend_named("kubernetes")  # alerts start runs on the KFP server; their state lives in MLflow
     settings = options.settings(args)
-    webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ),
+
+    def store_for(model: str):
+        return backend.trigger_store(model, env.workdir)
+
+    webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ, open_metrics=args.open_metrics),
                            policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
                            start=alert_starter(settings, host=args.kfp_host, version=args.version,
                                                namespace=args.namespace, service_account=args.service_account),
-                           store_for=lambda model: backend.trigger_store(model, env.workdir), max_body_bytes=args.max_body_bytes)
+                           store_for=store_for, metrics=RecordsCollector(models=registered_models, store_for=store_for),
+                           max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)
     webhook.emit("listening", bind=args.bind, port=server.server_address[1])
     try:
