@@ -1,7 +1,5 @@
 """Monitoring steps: the drift check, the quality check and the retrain trigger."""
-from typing import NamedTuple
-
-from kfp.dsl import HTML, Artifact, Input, Metrics, Output
+from kfp.dsl import HTML, Artifact, Input, Metrics, Output, OutputPath
 
 from components.base import kfloop_component
 
@@ -29,18 +27,18 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
 
 @kfloop_component
 def check_quality(labelled_uri: str, labels_uri: str, id_column: str, retrain_uri: str, model_name: str,
-                  quality_policy: dict, report: Output[HTML], metrics: Output[Metrics], result: Output[Artifact]
-                  ) -> NamedTuple("QualityOutputs", degraded=bool, dataset_uri=str):
+                  quality_policy: dict, report: Output[HTML], metrics: Output[Metrics], result: Output[Artifact],
+                  dataset_uri: OutputPath(str)) -> bool:
     """The champion's quality on rows whose labels arrived, against its holdout metrics. Returns ``degraded``
-    (drives ``dsl.If``) and ``dataset_uri``, the data a retraining trains on (``retrain_uri``, else the labelled
+    (drives ``dsl.If``); ``dataset_uri`` is the data a retraining trains on (``retrain_uri``, else the labelled
     rows); ``result`` is the JSON verdict with the data's md5."""
-    from collections import namedtuple
+    from pathlib import Path
 
     from monitoring.steps import quality_step, retrain_data
     from training.fileio import atomic_write_json
     from training.settings import from_struct
 
-    dataset_uri = retrain_data(labelled_uri=labelled_uri, labels_uri=labels_uri, retrain_uri=retrain_uri)
+    retrain = retrain_data(labelled_uri=labelled_uri, labels_uri=labels_uri, retrain_uri=retrain_uri)
     checked = quality_step(labelled_uri=labelled_uri, labels_uri=labels_uri, id_column=id_column,
                            model_name=model_name, policy=from_struct(quality_policy), report_out=report.path)
     quality = checked.quality
@@ -49,7 +47,8 @@ def check_quality(labelled_uri: str, labels_uri: str, id_column: str, retrain_ur
     metrics.log_metric("rows", quality.rows)
     atomic_write_json(result.path, checked.to_dict())
     result.metadata["data_md5"] = checked.data_md5
-    return namedtuple("QualityOutputs", ["degraded", "dataset_uri"])(quality.degraded, dataset_uri)
+    Path(dataset_uri).write_text(retrain)
+    return quality.degraded
 
 
 @kfloop_component

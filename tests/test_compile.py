@@ -54,7 +54,7 @@ def test_branches_are_dsl_if_on_step_outputs(tmp_path):
     assert _conditions(training) == ["inputs.parameter_values['pipelinechannel--evaluate-vs-champion-Output'] == true"]
     assert _conditions(drift) == ["inputs.parameter_values['pipelinechannel--check-drift-Output'] == true"]
     quality = _stable(compile_pipeline("quality", tmp_path / "q.yaml"))
-    assert _conditions(quality) == ["inputs.parameter_values['pipelinechannel--check-quality-degraded'] == true"]
+    assert _conditions(quality) == ["inputs.parameter_values['pipelinechannel--check-quality-Output'] == true"]
     trigger = quality["root"]["dag"]["tasks"]["condition-1"]
     assert trigger["inputs"]["parameters"]["pipelinechannel--check-quality-dataset_uri"]["taskOutputParameter"] == {
         "outputParameterKey": "dataset_uri", "producerTask": "check-quality"}
