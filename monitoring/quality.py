@@ -26,6 +26,7 @@ from evidently import BinaryClassification, DataDefinition, Dataset, MulticlassC
 from evidently.presets import ClassificationPreset
 
 from data.validation import DataFileError
+from training.features import encode_target
 from training.fileio import atomic_write_text
 from training.gate import (LOWER_IS_BETTER, METRICS, Scored, bootstrap_interval, bootstrap_metric,
                            compute_metrics, json_ready, majority_baseline, slice_masks)
@@ -156,8 +157,6 @@ def check_quality(*, y_true: Any, proba: np.ndarray, classes: list, threshold: f
             missing from ``rows``, the metric undefined on the rows, or ``paired`` without the recorded trivial
             baseline.
     """
-    from training.features import encode_target
-
     if len(rows) < policy.min_rows:
         raise ValueError(f"{len(rows)} labelled rows, fewer than quality.min_rows={policy.min_rows}: too few for a "
                          "verdict; check a larger batch or lower min_rows")

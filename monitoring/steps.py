@@ -130,13 +130,14 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     schema = load_schema(champion_schema(model_name))
     target = schema_roles(schema).target
     rows, source = read_table_source(labelled_uri)
-    md5, where, unlabelled = source.md5, source.uri, 0
+    md5, where, labels_record, unlabelled = source.md5, source.uri, "", 0
     if labels_uri:
         labels, labels_source = read_table_source(labels_uri)
         rows, unlabelled = join_labels(rows, labels, id_column=id_column, target=target, data_uri=source.uri,
                                        labels_uri=labels_source.uri)
         md5 = hashlib.md5(f"{source.md5}:{labels_source.md5}".encode()).hexdigest()
         where = f"{source.uri} joined with {labels_source.uri} on '{id_column}'"
+        labels_record = labels_source.uri
     _require_valid(rows, schema, where)
     predictor = load_version_predictor(model_name, champion.version)
     rules = replace(rules, slice_columns=(list(predictor.transform.categorical) if rules.slice_columns is None
@@ -147,7 +148,7 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
                            baseline=_champion_baseline(champion, predictor, rules.primary_metric))
     progress(f"quality: {model_name} v{champion.version} on {where}: {result.reason}")
     checked = QualityStepResult(quality=result, champion_version=champion.version, data_md5=md5,
-                                labelled_uri=source.uri, labels_uri=labels_source.uri if labels_uri else "",
+                                labelled_uri=source.uri, labels_uri=labels_record,
                                 unlabelled_rows=unlabelled)
     with tempfile.TemporaryDirectory(prefix="kfloop-quality-") as tmp:
         report = write_quality_report(report_out or Path(tmp) / "quality_report.html", rows, target=target,
