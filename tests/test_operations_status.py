@@ -32,8 +32,8 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def demo(mlflow_server, tmp_path_factory):
     """Model ``operate-demo`` on the shared server: v1 (1 epoch) promoted, v2 (6 epochs) promoted over it, one
-    drift check of the drifted batch and one quality check of the stable batch recorded, one fired trigger. The code commit is pinned the way images pin it
-    (KFLOOP_GIT_COMMIT) to this checkout's HEAD."""
+    drift check of the drifted batch and one quality check of the stable batch recorded, one fired trigger. The code
+    commit is pinned the way images pin it (KFLOOP_GIT_COMMIT) to this checkout's HEAD."""
     from data.demo import DATA_DIR, ensure_demo_data
     from monitoring.steps import drift_step, quality_step, trigger_step
 

@@ -323,8 +323,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     action = "delete" if args.delete else "disable" if args.disable else "schedule"
     with contextlib.redirect_stdout(sys.stderr):
-        result = schedule_check(args.pipeline, options.settings(args), args.host, cron=args.cron, name=args.name, action=action,
-                                version=args.version, namespace=args.namespace,
+        result = schedule_check(args.pipeline, options.settings(args), args.host, cron=args.cron, name=args.name,
+                                action=action, version=args.version, namespace=args.namespace,
                                 service_account=args.service_account)
     options.print_json(result)
     return 0
