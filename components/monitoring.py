@@ -1,5 +1,5 @@
-"""Monitoring steps: the drift check and the retrain trigger."""
-from kfp.dsl import HTML, Artifact, Input, Metrics, Output
+"""Monitoring steps: the drift check, the quality check and the retrain trigger."""
+from kfp.dsl import HTML, Artifact, Input, Metrics, Output, OutputPath
 
 from components.base import kfloop_component
 
@@ -26,14 +26,40 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
 
 
 @kfloop_component
+def check_quality(labelled_uri: str, labels_uri: str, id_column: str, retrain_uri: str, model_name: str,
+                  quality_policy: dict, report: Output[HTML], metrics: Output[Metrics], result: Output[Artifact],
+                  dataset_uri: OutputPath(str)) -> bool:
+    """The champion's quality on rows whose labels arrived, against its holdout metrics. Returns ``degraded``
+    (drives ``dsl.If``); ``dataset_uri`` is the data a retraining trains on (``retrain_uri``, else the labelled
+    rows); ``result`` is the JSON verdict with the data's md5."""
+    from pathlib import Path
+
+    from monitoring.steps import quality_step, retrain_data
+    from training.fileio import atomic_write_json
+    from training.settings import from_struct
+
+    retrain = retrain_data(labelled_uri=labelled_uri, labels_uri=labels_uri, retrain_uri=retrain_uri)
+    checked = quality_step(labelled_uri=labelled_uri, labels_uri=labels_uri, id_column=id_column,
+                           model_name=model_name, policy=from_struct(quality_policy), report_out=report.path)
+    quality = checked.quality
+    metrics.log_metric("quality_value", quality.value)
+    metrics.log_metric("quality_baseline", quality.baseline)
+    metrics.log_metric("rows", quality.rows)
+    atomic_write_json(result.path, checked.to_dict())
+    result.metadata["data_md5"] = checked.data_md5
+    Path(dataset_uri).write_text(retrain)
+    return quality.degraded
+
+
+@kfloop_component
 def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Artifact], trigger_policy: dict,
                        training_params: dict, training_pipeline_version: dict) -> str:
-    """Start a training run on the drifted data unless the cooldown, the dedupe or a run in flight says no; returns
-    the run id, or '' when skipped. The step's backend (:func:`training.launch.backends.step_backend`) decides how:
-    on Kubernetes (a KFP step pod) the run is ``training_pipeline_version`` (pinned by ``kfloop run/schedule
-    --host``) on the KFP server and the trigger state lives on the registered model in MLflow; on this machine the
-    run is the training pipeline under kfp.local (its id the registered version) and the state a file in the
-    workdir."""
+    """Start a training run on ``dataset_uri`` after a drift or quality check (``drift_result``: its verdict, whose
+    ``data_md5`` the dedupe keys on) unless the cooldown, the dedupe or a run in flight says no; returns the run id,
+    or '' when skipped. The step's backend (:func:`training.launch.backends.step_backend`) decides how: on
+    Kubernetes (a KFP step pod) the run is ``training_pipeline_version`` (pinned by ``kfloop run/schedule --host``)
+    on the KFP server and the trigger state lives on the registered model in MLflow; on this machine the run is the
+    training pipeline under kfp.local (its id the registered version) and the state a file in the workdir."""
     from components.run_starters import run_starter
     from monitoring.steps import trigger_step
     from training.launch.backends import step_backend

@@ -1,7 +1,11 @@
-"""The drift pipeline's steps as plain functions. Each component calls one; each runs without KFP."""
+"""The drift and quality pipelines' steps as plain functions. Each component calls one; each runs without KFP."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import hashlib
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from data.storage import redact
@@ -71,6 +75,143 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
         record_drift_check(model_name, checked, current_uri=redact(current_uri), report_path=report_out or None)
     return checked
+
+
+@dataclass(kw_only=True, slots=True)
+class QualityStepResult:
+    """A quality check of the champion on one batch of labelled rows."""
+
+    quality: Any
+    """The :class:`monitoring.quality.QualityResult`."""
+    champion_version: str
+    data_md5: str
+    """md5 (DVC's hash) of the labelled file (with separate labels: of both files' md5s): the trigger dedupes on
+    it."""
+    labelled_uri: str
+    """The rows, credentials removed."""
+    labels_uri: str
+    """The labels joined to them, credentials removed; empty when the rows hold them."""
+    unlabelled_rows: int
+    """Rows of ``labelled_uri`` whose label has not arrived in ``labels_uri`` (left out)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``kfloop quality --json`` (the :class:`monitoring.quality.QualityResult` contract) plus champion,
+        data hash and where the rows came from."""
+        return {**self.quality.to_dict(), "champion_version": self.champion_version, "data_md5": self.data_md5,
+                "labelled_uri": self.labelled_uri, "labels_uri": self.labels_uri,
+                "unlabelled_rows": self.unlabelled_rows}
+
+
+@step_function
+def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_name: str, policy: dict[str, Any],
+                 report_out: str) -> QualityStepResult:
+    """Score the champion of ``model_name`` on rows whose labels arrived (``labelled_uri`` holds the schema's
+    features and target; or its features, with the labels in ``labels_uri`` joined on ``id_column``), compare
+    with its recorded holdout metrics, and record the check in MLflow with Evidently's report
+    (:func:`monitoring.records.record_quality_check`); the report is also written to ``report_out`` if given.
+
+    Raises:
+        ValueError: no champion, ``labels_uri`` without ``id_column``, or a check that cannot decide (too few
+            rows, undefined metric: see :func:`monitoring.quality.check_quality`).
+        data.validation.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
+            schema; nothing is recorded then.
+    """
+    from data.validation import load_schema, read_table_source, schema_roles
+    from monitoring.quality import QualityPolicy, check_quality, join_labels, write_quality_report
+    from monitoring.records import record_quality_check
+    from training.registry.versions import champion_schema, get_champion, load_version_predictor
+
+    rules = QualityPolicy.from_dict(policy)
+    if labels_uri and not id_column:
+        raise ValueError("labels_uri is set without id_column: name the id column both files share")
+    champion = get_champion(model_name)
+    if champion is None:
+        raise ValueError(f"model '{model_name}' has no champion to check; train and promote one first")
+    schema = load_schema(champion_schema(model_name))
+    target = schema_roles(schema).target
+    rows, source = read_table_source(labelled_uri)
+    md5, where, labels_record, unlabelled = source.md5, source.uri, "", 0
+    if labels_uri:
+        labels, labels_source = read_table_source(labels_uri)
+        rows, unlabelled = join_labels(rows, labels, id_column=id_column, target=target, data_uri=source.uri,
+                                       labels_uri=labels_source.uri)
+        md5 = hashlib.md5(f"{source.md5}:{labels_source.md5}".encode()).hexdigest()
+        where = f"{source.uri} joined with {labels_source.uri} on '{id_column}'"
+        labels_record = labels_source.uri
+    _require_valid(rows, schema, where)
+    predictor = load_version_predictor(model_name, champion.version)
+    rules = replace(rules, slice_columns=(list(predictor.transform.categorical) if rules.slice_columns is None
+                                          else rules.slice_columns))
+    proba = predictor.predict_proba(rows)
+    result = check_quality(y_true=rows[target].to_numpy(), proba=proba, classes=predictor.classes,
+                           threshold=predictor.threshold, rows=rows, policy=rules,
+                           baseline=_champion_baseline(champion, predictor, rules.primary_metric))
+    progress(f"quality: {model_name} v{champion.version} on {where}: {result.reason}")
+    checked = QualityStepResult(quality=result, champion_version=champion.version, data_md5=md5,
+                                labelled_uri=source.uri, labels_uri=labels_record,
+                                unlabelled_rows=unlabelled)
+    with tempfile.TemporaryDirectory(prefix="kfloop-quality-") as tmp:
+        report = write_quality_report(report_out or Path(tmp) / "quality_report.html", rows, target=target,
+                                      proba=proba, classes=predictor.classes, predicted=predictor.labels(proba),
+                                      result=result)
+        record_quality_check(model_name, checked, report_path=str(report))
+    return checked
+
+
+def retrain_data(*, labelled_uri: str, labels_uri: str, retrain_uri: str) -> str:
+    """The data a retraining after a degraded quality check trains on: ``retrain_uri``, else the labelled rows
+    (which hold the target unless the labels arrived separately).
+
+    Raises:
+        ValueError: labels in a separate file and no ``retrain_uri``: the rows alone lack the target.
+    """
+    if retrain_uri or not labels_uri:
+        return retrain_uri or labelled_uri
+    raise ValueError(f"labels_uri={redact(labels_uri)} is set, so {redact(labelled_uri)} holds no target to retrain "
+                     "on: set retrain_uri to the data a retraining trains on")
+
+
+def _require_valid(rows, schema, where: str) -> None:
+    """The labelled rows against the champion's schema, as validation checks training data (extra columns and
+    the table-level row-count checks aside: ``quality.min_rows`` decides how few rows are too few).
+
+    Raises:
+        data.validation.DataFileError: every failure, naming file, column, rule and values.
+    """
+    from data.validation import DataFileError, validate
+
+    relaxed = copy.deepcopy(schema)
+    relaxed.checks, relaxed.strict = [], False
+    report = validate(rows, relaxed)
+    if not report.ok:
+        raise DataFileError(where, "; ".join(f.describe() for f in report.failures))
+
+
+def _champion_baseline(champion: Any, predictor: Any, metric: str | None):
+    """What the champion's registration recorded for ``metric`` (default: the gate's primary metric): its
+    holdout value, the trivial baseline's, its training class shares and its holdout slices.
+
+    Raises:
+        ValueError: the champion recorded no holdout value of the metric.
+    """
+    import mlflow
+
+    from monitoring.quality import Baseline
+    from training.registry.versions import EVALUATION_ARTIFACT, holdout_metrics
+
+    client = mlflow.MlflowClient()
+    metric = metric or champion.record.primary_metric
+    recorded = holdout_metrics(client, champion.run_id) if champion.run_id else {}
+    if metric not in recorded:
+        raise ValueError(f"champion v{champion.version} recorded no holdout {metric!r} (it has {sorted(recorded)}); "
+                         "set quality.primary_metric to one of them")
+    decision = mlflow.artifacts.load_dict(f"runs:/{champion.run_id}/{EVALUATION_ARTIFACT}")
+    slices = ({(s["column"], s["value"]): s["challenger"] for s in decision.get("slices", [])
+               if s["challenger"] is not None} if decision.get("primary_metric") == metric else None)
+    counts = predictor.description.get("class_counts")
+    return Baseline(metric=metric, value=recorded[metric],
+                    trivial=holdout_metrics(client, champion.run_id, "baseline").get(metric),
+                    priors=None if counts is None else [c / sum(counts) for c in counts], slices=slices)
 
 
 def trigger_store(model_name: str):

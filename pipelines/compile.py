@@ -1,4 +1,4 @@
-"""Compile both pipelines to deterministic KFP IR YAML."""
+"""Compile the pipelines to deterministic KFP IR YAML."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,9 +10,10 @@ from kfp.dsl.graph_component import GraphComponent
 from pipelines import kubernetes_options
 from pipelines.drift import drift_pipeline
 from pipelines.kubernetes_options import KubernetesOptions
+from pipelines.quality import quality_pipeline
 from pipelines.training import training_pipeline
 
-PIPELINES = {"training": training_pipeline, "drift": drift_pipeline}
+PIPELINES = {"training": training_pipeline, "drift": drift_pipeline, "quality": quality_pipeline}
 
 
 def build_pipeline(name: str, options: KubernetesOptions | None = None) -> GraphComponent:
@@ -49,5 +50,5 @@ def compile_pipeline(name: str, path: Path, *, image: str | None = None,
 
 
 def compile_all(out: Path, *, image: str | None = None, options: KubernetesOptions | None = None) -> list[Path]:
-    """Write ``training.yaml`` and ``drift.yaml`` under ``out``."""
+    """Write ``<name>.yaml`` of every pipeline (training, drift, quality) under ``out``."""
     return [compile_pipeline(name, out / f"{name}.yaml", image=image, options=options) for name in PIPELINES]

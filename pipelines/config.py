@@ -7,6 +7,7 @@ from typing import Any
 
 from data.storage import holds_credentials, redact
 from monitoring.drift import DriftPolicy
+from monitoring.quality import QualityPolicy
 from monitoring.trigger import TriggerPolicy
 from training.config import JOB_SHAPE_KEYS, TrainingConfig
 from training.gate import PromotionPolicy
@@ -17,17 +18,19 @@ SECTIONS: dict[str, type] = {
     "training": TrainingConfig,
     "promotion": PromotionPolicy,
     "drift": DriftPolicy,
+    "quality": QualityPolicy,
     "trigger": TriggerPolicy,
     "cluster": KubernetesSettings,
 }
 """Config section -> the typed config that validates it (its pipeline parameter: ``SECTION_PARAMETERS``)."""
 
-SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "model_name",
+SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "model_name", "labelled_uri",
+               "labels_uri", "id_column", "retrain_uri",
                *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
-"""Parameters of either pipeline; one kfloop.yaml serves both, so each pipeline ignores the other's."""
+"""Parameters of some pipeline; one kfloop.yaml serves them all, so each pipeline ignores the others'."""
 
 TRAINING_KEYS = {"training", "promotion", "cluster", *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
-"""Settings the drift pipeline hands to the training runs it triggers."""
+"""Settings the drift and quality pipelines hand to the training runs they trigger."""
 
 
 def typed_config(section: str, values: dict[str, Any]) -> Any:
@@ -79,7 +82,7 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
     """Pick and validate the parameters ``pipeline`` declares from a settings dict.
 
     Top-level keys are pipeline parameters (``dataset_uri``, ``target``, ``nnodes``...); the sections
-    ``training``, ``promotion``, ``drift``, ``trigger``, ``cluster`` become dict parameters once their typed config
+    ``training``, ``promotion``, ``drift``, ``quality``, ``trigger``, ``cluster`` become dict parameters once their typed config
     accepts them. The job's shape may also be given in the ``training`` section; it becomes the top-level
     parameter either way.
 
@@ -105,7 +108,7 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
                 params[SECTION_PARAMETERS[key]] = value
         elif key in declared:
             params[key] = value
-    if "training_params" in declared:  # the drift pipeline's retrain runs get the training settings
+    if "training_params" in declared:  # the monitoring pipelines' retrain runs get the training settings
         params["training_params"] = {k: v for k, v in settings.items() if k in TRAINING_KEYS}
     with_credentials = [k for k, v in params.items() if isinstance(v, str) and holds_credentials(v)]
     if with_credentials:

@@ -22,6 +22,7 @@ SURFACE = {
     "demo": ["--json"],
     "drift": ["--config", "--current", "--json", "--model-name", "--reference", "--report", "--schema", "--set"],
     "infer-schema": ["--data", "--id-column", "--target", "--task"],
+    "quality": ["--config", "--data", "--id-column", "--json", "--labels", "--model", "--report", "--set"],
     "render-job": ["--config", "--gpus-per-node", "--kind", "--nnodes", "--nproc-per-node", "--run-id", "--set"],
     "run": ["--config", "--host", "--json", "--local", "--namespace", "--service-account", "--set", "--version",
             "--wait"],

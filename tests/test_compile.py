@@ -53,6 +53,11 @@ def test_branches_are_dsl_if_on_step_outputs(tmp_path):
     drift = _stable(compile_pipeline("drift", tmp_path / "d.yaml"))
     assert _conditions(training) == ["inputs.parameter_values['pipelinechannel--evaluate-vs-champion-Output'] == true"]
     assert _conditions(drift) == ["inputs.parameter_values['pipelinechannel--check-drift-Output'] == true"]
+    quality = _stable(compile_pipeline("quality", tmp_path / "q.yaml"))
+    assert _conditions(quality) == ["inputs.parameter_values['pipelinechannel--check-quality-Output'] == true"]
+    trigger = quality["root"]["dag"]["tasks"]["condition-1"]
+    assert trigger["inputs"]["parameters"]["pipelinechannel--check-quality-dataset_uri"]["taskOutputParameter"] == {
+        "outputParameterKey": "dataset_uri", "producerTask": "check-quality"}
 
 
 def _k8s_executors(path: Path) -> dict:
@@ -157,6 +162,7 @@ def test_steps_that_read_data_or_the_champion_compile_with_caching_off(tmp_path)
     assert _caching(training) == {"validate-data": False, "split-holdout": False, "launch-training": False,
                                   "evaluate-vs-champion": False, "register-candidate": False, "promote": False}
     assert _caching(drift) == {"check-drift": False, "trigger-retraining": False}
+    assert _caching(_stable(GOLDEN / "quality.yaml")) == {"check-quality": False, "trigger-retraining": False}
 
 
 def test_enable_caching_opts_in(tmp_path, capsys):

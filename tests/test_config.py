@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from monitoring.drift import DriftPolicy
+from monitoring.quality import QualityPolicy
 from monitoring.trigger import TriggerPolicy
+from pipelines.compile import PIPELINES
 from pipelines.config import SECTIONS, job_shape, pipeline_params
 from pipelines.drift import drift_pipeline
 from pipelines.training import training_pipeline
@@ -83,7 +85,7 @@ def test_gpu_nodes_run_one_process_per_device_in_the_dry_run_and_the_launch_alik
 
 def test_every_section_has_one_pipeline_parameter():
     assert set(SECTIONS) == set(SECTION_PARAMETERS)
-    declared = {*training_pipeline.component_spec.inputs, *drift_pipeline.component_spec.inputs}
+    declared = {name for pipeline in PIPELINES.values() for name in pipeline.component_spec.inputs}
     assert set(SECTION_PARAMETERS.values()) <= declared
 
 
@@ -92,6 +94,7 @@ def test_every_section_has_one_pipeline_parameter():
     (TrainingConfig, "training", {"hidden": [True, 8]}),
     (PromotionPolicy, "promotion", {"bootstrap_samples": True}),
     (DriftPolicy, "drift", {"min_rows": True}),
+    (QualityPolicy, "quality", {"max_drop": True}),
     (TriggerPolicy, "trigger", {"cooldown_seconds": True}),
     (ClusterConfig, "cluster", {"gpus_per_node": True}),
 ])
@@ -101,7 +104,8 @@ def test_every_section_refuses_true_as_a_number(cls, section, values):
 
 
 @pytest.mark.parametrize(("cls", "section"), [(TrainingConfig, "training"), (PromotionPolicy, "promotion"),
-                                              (DriftPolicy, "drift"), (TriggerPolicy, "trigger"),
+                                              (DriftPolicy, "drift"), (QualityPolicy, "quality"),
+                                              (TriggerPolicy, "trigger"),
                                               (ClusterConfig, "cluster")])
 def test_every_section_names_an_unknown_key_and_the_valid_ones(cls, section):
     with pytest.raises(ValueError, match=rf"unknown {section} key\(s\) \['nope'\]; valid keys are \["):

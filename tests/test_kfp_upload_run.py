@@ -48,15 +48,17 @@ def test_upload_twice_gives_one_version_per_pipeline(kfp, capsys):
     first = upload(kfp, capsys)
     second = upload(kfp, capsys)
 
-    assert [(u["pipeline"], u["created"]) for u in first] == [("training", True), ("drift", True)]
-    assert [(u["pipeline"], u["created"]) for u in second] == [("training", False), ("drift", False)]
+    assert [(u["pipeline"], u["created"]) for u in first] == [("training", True), ("drift", True), ("quality", True)]
+    assert [(u["pipeline"], u["created"]) for u in second] == [("training", False), ("drift", False),
+                                                               ("quality", False)]
     assert [u["pipeline_version_id"] for u in first] == [u["pipeline_version_id"] for u in second]
-    assert sorted(p["name"] for p in kfp.store.pipelines.values()) == ["kfloop-drift", "kfloop-training"]
+    assert sorted(p["name"] for p in kfp.store.pipelines.values()) == ["kfloop-drift", "kfloop-quality",
+                                                                         "kfloop-training"]
     commit_versions = versions_named(kfp, COMMIT)
-    assert len(commit_versions) == 2
+    assert len(commit_versions) == 3
     assert {v["pipeline_id"] for v in commit_versions} == {p["pipeline_id"] for p in kfp.store.pipelines.values()}
     uploads = [r for r in kfp.requests if r.path.endswith("/upload_version")]
-    assert len(uploads) == 2 and all(r.query["name"] == COMMIT for r in uploads)
+    assert len(uploads) == 3 and all(r.query["name"] == COMMIT for r in uploads)
 
 
 def test_upload_sets_code_source_url_from_the_remote_without_credentials(tmp_path):
@@ -290,6 +292,25 @@ def test_schedule_twice_gives_one_recurring_run_and_a_change_replaces_it(kfp, ca
     assert code == 0 and not kfp.store.recurring_runs
     code, _, err = cli(capsys, "schedule", "drift", "--host", kfp.url, "--delete")
     assert code == 1 and "no recurring run named 'kfloop-drift-check'" in err
+
+
+def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, capsys):
+    upload(kfp, capsys)
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *")[0] == 0
+    code, out, err = cli(capsys, "schedule", "quality", "--host", kfp.url, "--cron", "0 0 6 * * *", "--set",
+                         "labelled_uri=s3://bucket/labelled.parquet", "--set", "quality.max_drop=0.1")
+    assert code == 0, err
+    by_name = {r["display_name"]: r for r in kfp.store.recurring_runs.values()}
+    assert sorted(by_name) == ["kfloop-drift-check", "kfloop-quality-check"]
+    quality = by_name["kfloop-quality-check"]
+    (version,) = [v for v in versions_named(kfp, COMMIT) if v["pipeline_version_id"] ==
+                  quality["pipeline_version_reference"]["pipeline_version_id"]]
+    assert kfp.store.pipelines[version["pipeline_id"]]["name"] == "kfloop-quality"
+    params = quality["runtime_config"]["parameters"]
+    assert params["labelled_uri"] == "s3://bucket/labelled.parquet" and params["quality_policy"] == {"max_drop": 0.1}
+    assert params["training_pipeline_version"]["pipeline_name"] == "kfloop-training"
+    code, _, _ = cli(capsys, "schedule", "quality", "--host", kfp.url, "--delete")
+    assert code == 0 and [r["display_name"] for r in kfp.store.recurring_runs.values()] == ["kfloop-drift-check"]
 
 
 @pytest.mark.parametrize("cron, fix", [("*/15 * * * *", "use '0 */15 * * * *'"), ("0 0 * * *", "use '0 0 0 * * *'"),

@@ -25,8 +25,17 @@ def _inputs() -> dict:
                "plan": {"method": "chisquare", "score": 0.4, "threshold": 0.05, "drifted": False}}
     drift = [{"at": f"2026-11-0{d}T12:00:00+00:00", "drifted": s > 0.5, "share_drifted_columns": s,
               "columns": columns} for d, s in ((2, 0.1), (5, 0.3), (7, 0.7))]
+    slices = [{"column": "plan", "value": "basic", "rows": 400, "score": 0.31, "baseline": 0.78, "drop": 0.47,
+               "interval": [0.27, 0.35], "skipped": None},
+              {"column": "plan", "value": "premium", "rows": 12, "score": None, "baseline": 0.8, "drop": None,
+               "interval": None, "skipped": "12 rows < min_slice_rows 30"}]
+    quality = [{"at": f"2026-11-0{d}T13:00:00+00:00", "run_id": f"r{d}", "degraded": v < 0.7, "metric": "accuracy",
+                "value": v, "baseline": 0.78, "ci_low": v - 0.02, "ci_high": v + 0.02, "rows": 800,
+                "reason": f"{'degraded' if v < 0.7 else 'not degraded'}: accuracy {v} vs 0.78", "champion_version": "1",
+                "slices": slices} for d, v in ((3, 0.77), (6, 0.74), (8, 0.32))]
     status = {"champion": {"version": "1", "since": moves[-1]["at"]}}
-    return {"history": {"versions": versions, "champion_moves": moves}, "drift": drift, "status": status}
+    return {"history": {"versions": versions, "champion_moves": moves}, "drift": drift, "quality": quality,
+            "status": status}
 
 
 def test_page_is_self_contained_with_every_chart(tmp_path):
@@ -36,11 +45,14 @@ def test_page_is_self_contained_with_every_chart(tmp_path):
         start = page.index(f'id="{chart}"')
         assert "<svg" in page[start:page.index("</figure>", start)], chart
     assert "latency regression" in page and "alice" in page
+    last = page[page.index('id="last-quality-check"'):]
+    assert "DEGRADED" in last and "accuracy 0.32 vs 0.78" in last and "plan=basic" in last
+    assert "12 rows &lt; min_slice_rows 30" in last
 
 
 def test_empty_model_renders_placeholders(tmp_path):
     page = write_report(tmp_path / "r.html", model_name="m", history={"versions": [], "champion_moves": []},
-                        drift=[], status={"champion": None}).read_text()
+                        drift=[], quality=[], status={"champion": None}).read_text()
     assert page.count("nothing recorded yet") == len(CHART_IDS) and "<svg" not in page
 
 
@@ -54,6 +66,7 @@ def test_chromium_renders_the_charts(tmp_path):
     for chart in CHART_IDS:
         figure = re.search(rf'<figure class="chart" id="{chart}">(.*?)</figure>', dom, re.S)
         assert figure and figure.group(1).count("<path") >= 5, chart
+    assert "plan=basic" in dom[dom.index('id="last-quality-check"'):]
     shot = tmp_path / "shot.png"
     subprocess.run([*common, f"--screenshot={shot}", "--window-size=1200,1400", path.as_uri()],
                    capture_output=True, timeout=120, check=True)

@@ -32,10 +32,10 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def demo(mlflow_server, tmp_path_factory):
     """Model ``operate-demo`` on the shared server: v1 (1 epoch) promoted, v2 (6 epochs) promoted over it, one
-    drift check of the drifted batch recorded, one fired trigger. The code commit is pinned the way images pin it
-    (KFLOOP_GIT_COMMIT) to this checkout's HEAD."""
+    drift check of the drifted batch and one quality check of the stable batch recorded, one fired trigger. The code
+    commit is pinned the way images pin it (KFLOOP_GIT_COMMIT) to this checkout's HEAD."""
     from data.demo import DATA_DIR, ensure_demo_data
-    from monitoring.steps import drift_step, trigger_step
+    from monitoring.steps import drift_step, quality_step, trigger_step
 
     root = tmp_path_factory.mktemp("operate")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -54,7 +54,9 @@ def demo(mlflow_server, tmp_path_factory):
                              policy={}, report_out=str(root / "drift.html"))
         trigger_step(model_name=MODEL, data_md5=checked.data_md5, policy={"cooldown_seconds": 3600},
                      start=lambda: "manual-run-7")
-        yield {"root": root, "data": data, "head": head, "drift": checked}
+        quality = quality_step(labelled_uri=str(data.stable), labels_uri="", id_column="", model_name=MODEL,
+                               policy={"bootstrap_samples": 200}, report_out="")
+        yield {"root": root, "data": data, "head": head, "drift": checked, "quality": quality}
         mlflow.set_tracking_uri(None)
 
 
@@ -78,10 +80,17 @@ def test_status_shows_champion_drift_trigger_and_runs(demo, capsys):
     assert drift["drifted"] is True and drift["champion_version"] == "2"
     assert drift["drifted_columns"] == [c for c, v in demo["drift"].drift.columns.items() if v.drifted]
     assert s["trigger"]["in_cooldown"] is True and s["trigger"]["last_fired"]["run_id"] == "manual-run-7"
+    quality, checked = s["last_quality_check"], demo["quality"].quality
+    assert quality["champion_version"] == "2" and quality["rows"] == 2000 and quality["degraded"] is checked.degraded
+    assert quality["value"] == checked.value and quality["baseline"] == champion["metrics"][checked.metric]
+    assert champion["quality_report_uri"].endswith(f"{quality['run_id']}/artifacts/quality_report.html")
+    recorded = {(part["column"], part["value"]) for part in quality["slices"] if part["baseline"] is not None}
+    assert ("plan", "basic") in recorded, "v2's gate scored slices on the same metric: they are the baselines"
     assert [r["version"] for r in s["recent_runs"]] == ["2", "1"]
 
     code, out, _ = cli(capsys, "status", "--model", MODEL)
     assert code == 0 and "champion: v2 since" in out and "DRIFTED" in out and "in cooldown until" in out
+    assert f"last quality check: {quality['at']} " in out
 
 
 def test_history_lists_versions_and_when_each_was_champion(demo, capsys):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -156,7 +156,7 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: NaN becomes ``None`` (see :meth:`from_dict`)."""
-        return _json_ready(asdict(self))
+        return json_ready(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Decision":
@@ -339,7 +339,8 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     else:
         reason = "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"])
     return Decision(blessed=blessed, reason=reason, improvement=improvement, relative_improvement=relative,
-                    confidence=confidence, interval=_percentiles(gains), slices=slices, checks=checks, **common)
+                    confidence=confidence, interval=bootstrap_interval(gains), slices=slices, checks=checks,
+                    **common)
 
 
 def kfp_metrics(decision: Decision) -> dict[str, float]:
@@ -441,25 +442,32 @@ def _per_class(y: np.ndarray, chal: Scored, champ: Scored | None, classes: list)
 def _slices(y: np.ndarray, chal: Scored, champ: Scored, classes: list, holdout: pd.DataFrame,
             policy: PromotionPolicy, *, minority: int) -> list[dict[str, Any]]:
     metric, out = policy.primary_metric, []
-    for col in policy.slice_columns:
-        keys = holdout[col].astype("string").fillna("<null>").to_numpy(dtype=object)
-        for value in sorted(set(keys.tolist())):
-            mask = keys == value
-            rows = int(mask.sum())
-            a, b = chal.rows(mask), champ.rows(mask)
-            chal_value = compute_metrics(y[mask], a.proba, classes, a.threshold)[metric]
-            champ_value = compute_metrics(y[mask], b.proba, classes, b.threshold)[metric]
-            regression = (chal_value - champ_value) if metric in LOWER_IS_BETTER else (champ_value - chal_value)
-            skipped = (f"{rows} rows < min_slice_rows {policy.min_slice_rows}" if rows < policy.min_slice_rows
-                       else f"{metric} undefined on this slice" if not math.isfinite(regression) else None)
-            sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
-            deltas = sign * _bootstrap_improvements(y[mask], a, b, metric, policy)
-            out.append({"column": col, "value": None if value == "<null>" else value, "rows": rows,
-                        "challenger": chal_value, "champion": champ_value, "delta": chal_value - champ_value,
-                        "interval": _percentiles(deltas),
-                        "ok": skipped is not None or regression <= policy.max_slice_regression,
-                        "skipped": skipped, "minority": _minority(y[mask], a, b, classes, minority)})
+    for col, value, mask in slice_masks(holdout, policy.slice_columns):
+        rows = int(mask.sum())
+        a, b = chal.rows(mask), champ.rows(mask)
+        chal_value = compute_metrics(y[mask], a.proba, classes, a.threshold)[metric]
+        champ_value = compute_metrics(y[mask], b.proba, classes, b.threshold)[metric]
+        regression = (chal_value - champ_value) if metric in LOWER_IS_BETTER else (champ_value - chal_value)
+        skipped = (f"{rows} rows < min_slice_rows {policy.min_slice_rows}" if rows < policy.min_slice_rows
+                   else f"{metric} undefined on this slice" if not math.isfinite(regression) else None)
+        sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+        deltas = sign * _bootstrap_improvements(y[mask], a, b, metric, policy)
+        out.append({"column": col, "value": value, "rows": rows,
+                    "challenger": chal_value, "champion": champ_value, "delta": chal_value - champ_value,
+                    "interval": bootstrap_interval(deltas),
+                    "ok": skipped is not None or regression <= policy.max_slice_regression,
+                    "skipped": skipped, "minority": _minority(y[mask], a, b, classes, minority)})
     return out
+
+
+def slice_masks(frame: pd.DataFrame, columns: tuple[str, ...] | list[str]) -> Iterator[tuple[str, str | None,
+                                                                                              np.ndarray]]:
+    """``(column, value, row mask)`` for every value of each of ``columns`` (as text; null is ``None``), in
+    sorted order: the slices the gate and the quality check score on their own."""
+    for col in columns:
+        keys = frame[col].astype("string").fillna("<null>").to_numpy(dtype=object)
+        for value in sorted(set(keys.tolist())):
+            yield col, None if value == "<null>" else value, keys == value
 
 
 def _minority(y: np.ndarray, chal: Scored, champ: Scored, classes: list, k: int) -> dict[str, Any]:
@@ -491,24 +499,41 @@ def _bootstrap_improvements(y: np.ndarray, chal: Scored, champ: Scored, metric: 
                             policy: PromotionPolicy) -> np.ndarray:
     """The challenger's improvement over ``champ`` (positive is better) on each paired resample (the same rows
     for both models); NaN where the metric is undefined on a resample."""
-    rng = np.random.default_rng(policy.bootstrap_seed)
-    n, done, gains = len(y), 0, []
-    while done < policy.bootstrap_samples:
-        b = min(_BOOTSTRAP_CHUNK, policy.bootstrap_samples - done)
-        idx = rng.integers(0, n, size=(b, n))
-        counts = np.bincount((idx + n * np.arange(b)[:, None]).ravel(), minlength=b * n).reshape(b, n)
-        w = counts.astype(np.float64)
+    gains = []
+    for w in resample_weights(len(y), policy.bootstrap_samples, policy.bootstrap_seed):
         a = _resampled_metric(metric, w, y, chal.proba, chal.threshold)
         c = _resampled_metric(metric, w, y, champ.proba, champ.threshold)
         gains.append(c - a if metric in LOWER_IS_BETTER else a - c)
-        done += b
     return np.concatenate(gains)
 
 
-def _percentiles(values: np.ndarray) -> list[float] | None:
-    """[5th, 95th] percentile of the finite ``values``; ``None`` when there are none."""
+def resample_weights(n: int, samples: int, seed: int) -> Iterator[np.ndarray]:
+    """``samples`` bootstrap resamples of ``n`` rows, in chunks of row weights (resamples x rows: how often each
+    row was drawn); the same seed gives the same resamples, so models scored on them are paired."""
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < samples:
+        b = min(_BOOTSTRAP_CHUNK, samples - done)
+        idx = rng.integers(0, n, size=(b, n))
+        counts = np.bincount((idx + n * np.arange(b)[:, None]).ravel(), minlength=b * n).reshape(b, n)
+        yield counts.astype(np.float64)
+        done += b
+
+
+def bootstrap_metric(y_true_idx: np.ndarray, scored: Scored, metric: str, *, samples: int,
+                     seed: int) -> np.ndarray:
+    """``metric`` of one model on each of :func:`resample_weights`' resamples (NaN where undefined): with the
+    same ``seed``, resample for resample the rows the gate's paired bootstrap scores."""
+    return np.concatenate([_resampled_metric(metric, w, y_true_idx, scored.proba, scored.threshold)
+                           for w in resample_weights(len(y_true_idx), samples, seed)])
+
+
+def bootstrap_interval(values: np.ndarray, level: float = 0.9) -> list[float] | None:
+    """The central ``level`` interval (default: 5th and 95th percentile) of the finite ``values``; ``None`` when
+    there are none."""
     finite = values[np.isfinite(values)]
-    return [float(v) for v in np.percentile(finite, [5, 95])] if finite.size else None
+    tail = 50 * (1 - level)
+    return [float(v) for v in np.percentile(finite, [tail, 100 - tail])] if finite.size else None
 
 
 def _resampled_metric(metric: str, w: np.ndarray, y: np.ndarray, p: np.ndarray,
@@ -547,11 +572,12 @@ def _weighted_auc(w: np.ndarray, positive: np.ndarray, score: np.ndarray) -> np.
         return (p_w * (below + 0.5 * n_w)).sum(axis=1) / (p_w.sum(axis=1) * n_w.sum(axis=1))
 
 
-def _json_ready(obj: Any) -> Any:
+def json_ready(obj: Any) -> Any:
+    """``obj`` with numpy scalars as Python ones and NaN or infinite floats as ``None``, for JSON."""
     if isinstance(obj, dict):
-        return {k: _json_ready(v) for k, v in obj.items()}
+        return {k: json_ready(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_ready(v) for v in obj]
+        return [json_ready(v) for v in obj]
     if isinstance(obj, (bool, np.bool_)):
         return bool(obj)
     if isinstance(obj, (float, np.floating)):

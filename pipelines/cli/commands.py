@@ -55,8 +55,17 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--json", action="store_true")
     options.add_settings(drift)
 
+    quality = sub.add_parser("quality", help="the champion's quality on rows whose labels arrived")
+    quality.add_argument("--model", required=True, help="registered model whose champion is checked")
+    quality.add_argument("--data", required=True, help="rows with the schema's features and, unless --labels, target")
+    quality.add_argument("--labels", help="the labels, arrived separately: the id column and the target")
+    quality.add_argument("--id-column", help="column joining --labels to --data")
+    quality.add_argument("--report", help="also write Evidently's HTML report here")
+    quality.add_argument("--json", action="store_true")
+    options.add_settings(quality)
+
     run = sub.add_parser("run", help="run a pipeline")
-    run.add_argument("pipeline", choices=["training", "drift"])
+    run.add_argument("pipeline", choices=["training", "drift", "quality"])
     where = run.add_mutually_exclusive_group(required=True)
     where.add_argument("--local", action="store_true", help="kfp.local on this machine")
     where.add_argument("--host", help="Kubeflow Pipelines API URL")
@@ -66,21 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_service_account(run)
     options.add_settings(run)
 
-    comp = sub.add_parser("compile", help="KFP IR YAML for both pipelines")
+    comp = sub.add_parser("compile", help="KFP IR YAML for every pipeline")
     comp.add_argument("--out", default="pipelines/compiled")
     _add_compile_options(comp)
 
-    upload = sub.add_parser("upload", help="compile and upload both pipelines as the version of this git commit "
+    upload = sub.add_parser("upload", help="compile and upload every pipeline as the version of this git commit "
                                            "(idempotent)")
     _add_kfp_target(upload, host=True)
     _add_compile_options(upload)
     upload.add_argument("--json", action="store_true")
 
-    sched = sub.add_parser("schedule", help="recurring drift runs on the KFP server (same name replaces)")
-    sched.add_argument("pipeline", choices=["drift"])
+    sched = sub.add_parser("schedule", help="recurring drift or quality runs on the KFP server (same name replaces)")
+    sched.add_argument("pipeline", choices=["drift", "quality"])
     _add_kfp_target(sched, host=True)
     sched.add_argument("--cron", help="6 fields, seconds first, e.g. '0 0 * * * *' (hourly)")
-    sched.add_argument("--name", default="kfloop-drift-check", help="recurring run name (default: %(default)s)")
+    sched.add_argument("--name", help="recurring run name (default: kfloop-drift-check, kfloop-quality-check)")
     action = sched.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="disable the recurring run of that name")
     action.add_argument("--delete", action="store_true", help="delete the recurring run of that name")
@@ -235,6 +244,32 @@ def cmd_drift(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_quality(args: argparse.Namespace) -> int:
+    from monitoring.steps import quality_step
+    from training.settings import activate, load_environment
+
+    if args.id_column and not args.labels:
+        raise ValueError("--id-column joins --labels to --data: pass --labels FILE too, or drop --id-column")
+    activate(load_environment(args.workdir))
+    with options.stdout_for_json(args):
+        checked = quality_step(labelled_uri=args.data, labels_uri=args.labels or "", id_column=args.id_column or "",
+                               model_name=args.model, policy=options.settings(args).get("quality", {}),
+                               report_out=args.report or "")
+    if args.json:
+        options.print_json(checked.to_dict())
+        return 0
+    q = checked.quality
+    interval = "undefined" if q.ci_low is None else f"[{q.ci_low:.4f}, {q.ci_high:.4f}]"
+    print(f"degraded: {q.degraded} ({q.reason})")
+    print(f"  {q.metric} {q.value:.4f} (interval {interval}) vs holdout {q.baseline:.4f}: {q.rows} rows, champion "
+          f"v{checked.champion_version}" + (f", {checked.unlabelled_rows} rows without labels yet"
+                                            if checked.unlabelled_rows else ""))
+    for s in q.slices:
+        score = s["skipped"] or f"{s['score']:.4f}" + ("" if s["baseline"] is None else f" vs {s['baseline']:.4f}")
+        print(f"  slice {s['column']}={s['value']}: {s['rows']} rows, {score}")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.kfp_server.runs import RunFailed, run_remote
     from pipelines.local.runs import run_pipeline
@@ -287,12 +322,12 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    from pipelines.kfp_server.runs import schedule_drift
+    from pipelines.kfp_server.runs import schedule_check
 
     action = "delete" if args.delete else "disable" if args.disable else "schedule"
     with contextlib.redirect_stdout(sys.stderr):
-        result = schedule_drift(options.settings(args), args.host, cron=args.cron, name=args.name, action=action,
-                                version=args.version, namespace=args.namespace,
+        result = schedule_check(args.pipeline, options.settings(args), args.host, cron=args.cron, name=args.name,
+                                action=action, version=args.version, namespace=args.namespace,
                                 service_account=args.service_account)
     options.print_json(result)
     return 0
@@ -366,7 +401,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"demo": cmd_demo, "infer-schema": cmd_infer_schema, "validate": cmd_validate, "train": cmd_train,
-            "drift": cmd_drift, "run": cmd_run, "compile": cmd_compile, "upload": cmd_upload,
+            "drift": cmd_drift, "quality": cmd_quality, "run": cmd_run, "compile": cmd_compile, "upload": cmd_upload,
             "schedule": cmd_schedule, "serve": cmd_serve, "render-job": cmd_render_job, "bench": cmd_bench,
             **operate_cli.COMMANDS}
 

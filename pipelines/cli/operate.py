@@ -10,7 +10,7 @@ from training.settings import DEFAULT_MODEL_NAME
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add the operating subcommands to ``kfloop``'s subparsers."""
-    status = sub.add_parser("status", help="champion, last drift check, trigger cooldown, recent runs")
+    status = sub.add_parser("status", help="champion, last drift and quality checks, trigger cooldown, recent runs")
     _model(status)
     status.add_argument("--json", action="store_true")
     options.add_settings(status)
@@ -31,7 +31,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     reproduce.add_argument("--json", action="store_true")
     options.add_settings(reproduce)
 
-    report = sub.add_parser("report", help="one self-contained HTML page of the model's history and drift")
+    report = sub.add_parser("report", help="one self-contained HTML page of the model's history, drift and quality")
     _model(report)
     report.add_argument("--out", required=True, help="HTML file to write")
 
@@ -103,13 +103,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from monitoring.records import drift_checks
+    from monitoring.records import drift_checks, quality_checks
     from pipelines.operations.status import history, status
     from pipelines.operations.report import write_report
 
     env = _env(args)
     path = write_report(args.out, model_name=args.model, history=history(args.model, env=env),
-                        drift=drift_checks(args.model), status=status(args.model, env=env, trigger_policy={}))
+                        drift=drift_checks(args.model), quality=quality_checks(args.model),
+                        status=status(args.model, env=env, trigger_policy={}))
     print(path)
     return 0
 

@@ -15,12 +15,14 @@ from pipelines.config import TRAINING_KEYS, pipeline_params
 from pipelines.drift import PIPELINE_NAME as DRIFT_NAME
 from pipelines.kubernetes_options import KubernetesOptions
 from pipelines.local.runs import training_summary
+from pipelines.quality import PIPELINE_NAME as QUALITY_NAME
 from pipelines.training import PIPELINE_NAME as TRAINING_NAME
 from training.errors import KfloopError
 from training.settings import DEFAULT_MODEL_NAME, load_environment
 
-PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME}
-DEFAULT_SCHEDULE = "kfloop-drift-check"
+PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME, "quality": QUALITY_NAME}
+DEFAULT_SCHEDULES = {"drift": "kfloop-drift-check", "quality": "kfloop-quality-check"}
+"""The recurring run of each monitoring pipeline, by default."""
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 """A git commit SHA, full or abbreviated, as in a version name or an image tag."""
 
@@ -69,7 +71,7 @@ def step_image(version: str, explicit: str | None) -> str | None:
 
 def upload_pipelines(host: str | None, *, version: str | None = None, namespace: str | None = None,
                      image: str | None = None, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
-    """Compile both pipelines (``options`` as ``kfloop compile``; the image from :func:`step_image`) and upload them
+    """Compile every pipeline (``options`` as ``kfloop compile``; the image from :func:`step_image`) and upload them
     as version ``version`` (default: the commit), idempotently; ``code_source_url`` is set when the checkout is
     clean.
 
@@ -97,15 +99,15 @@ def upload_pipelines(host: str | None, *, version: str | None = None, namespace:
 
 def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: str,
                   namespace: str | None, service_account: str | None = None) -> dict[str, Any]:
-    """The pipeline's parameters; the drift pipeline also gets the training version of the same name pinned,
-    which its trigger step starts through the in-cluster KFP service as ``service_account``.
+    """The pipeline's parameters; a monitoring pipeline (drift, quality) also gets the training version of the same
+    name pinned, which its trigger step starts through the in-cluster KFP service as ``service_account``.
 
     Raises:
         ValueError: bad settings.
-        LookupError: (drift) the training pipeline has no version ``version``.
+        LookupError: (drift, quality) the training pipeline has no version ``version``.
     """
     params = pipeline_params(PIPELINES[name], settings)
-    if name == "drift":
+    if "training_pipeline_version" in PIPELINES[name].component_spec.inputs:
         training = kfp_client.find_version(client, TRAINING_NAME, version, namespace)
         params["training_pipeline_version"] = {
             "pipeline_name": TRAINING_NAME, "pipeline_id": training.pipeline_id,
@@ -160,16 +162,18 @@ def registered_result(model_name: str, run_id: str) -> dict[str, Any]:
     return training_summary(model_name, str(found[0].version)) if found else {}
 
 
-def schedule_drift(settings: dict[str, Any], host: str, *, cron: str | None, name: str = DEFAULT_SCHEDULE,
+def schedule_check(pipeline: str, settings: dict[str, Any], host: str, *, cron: str | None, name: str | None = None,
                    action: str = "schedule", version: str | None = None, namespace: str | None = None,
                    service_account: str | None = None) -> dict[str, Any]:
-    """Create or replace (``action="schedule"``), ``disable`` or ``delete`` the recurring drift run ``name``
-    (its runs, and the training runs they trigger, run as ``service_account``).
+    """Create or replace (``action="schedule"``), ``disable`` or ``delete`` the recurring run ``name`` (default:
+    :data:`DEFAULT_SCHEDULES`) of the monitoring ``pipeline`` (``drift`` or ``quality``); its runs, and the training
+    runs they trigger, run as ``service_account``.
 
     Raises:
         ValueError: a missing or non-6-field cron.
         LookupError: the version is not uploaded, or no recurring run ``name`` to disable/delete.
     """
+    name = name or DEFAULT_SCHEDULES[pipeline]
     client = kfp_client.connect(host, namespace=namespace)
     if action != "schedule":
         ids = kfp_client.set_schedule_enabled(client, name, enabled=False if action == "disable" else None,
@@ -179,8 +183,8 @@ def schedule_drift(settings: dict[str, Any], host: str, *, cron: str | None, nam
         raise ValueError("--cron is required to schedule, e.g. --cron '0 0 * * * *' (hourly; 6 fields)")
     kfp_client.check_cron(cron)
     name_ = version_name(version)
-    ref = kfp_client.find_version(client, DRIFT_NAME, name_, namespace)
-    params = remote_params("drift", settings, client, version=name_, namespace=namespace,
+    ref = kfp_client.find_version(client, PIPELINE_NAMES[pipeline], name_, namespace)
+    params = remote_params(pipeline, settings, client, version=name_, namespace=namespace,
                            service_account=service_account)
     rec_id, created = kfp_client.schedule(client, ref, params, name=name, cron=cron, namespace=namespace,
                                           service_account=service_account)

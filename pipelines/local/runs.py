@@ -18,7 +18,7 @@ from training.settings import DEFAULT_MODEL_NAME, Environment, load_environment
 
 def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = None,
                  env: Environment | None = None, quiet: bool = False) -> dict[str, Any]:
-    """Run the ``training`` or ``drift`` pipeline with kfp.local and return its summary.
+    """Run the ``training``, ``drift`` or ``quality`` pipeline with kfp.local and return its summary.
 
     Raises:
         ValueError: bad settings.
@@ -32,7 +32,7 @@ def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = N
     if name == "training":
         summary = training_summary(model_name, run.output)
     else:
-        summary = drift_summary(model_name, run.output, since=started)
+        summary = check_summary(model_name, run.output, since=started)
     return {**summary, "seconds": round(run.seconds, 2),
             "step_seconds": {step: round(t, 2) for step, t in run.step_seconds.items()}}
 
@@ -49,9 +49,10 @@ def training_summary(model_name: str, version: str) -> dict[str, Any]:
             "metrics": holdout_metrics(client, mv.run_id)}
 
 
-def drift_summary(model_name: str, drift_result: Any, *, since: float) -> dict[str, Any]:
-    """Verdict, per-column drift and what the trigger did (and the training run it started, if any)."""
-    result = json.loads(Path(drift_result.path).read_text())
+def check_summary(model_name: str, check_result: Any, *, since: float) -> dict[str, Any]:
+    """A drift or quality check's verdict (its JSON result) and what the trigger did (and the training run it
+    started, if any)."""
+    result = json.loads(Path(check_result.path).read_text())
     trigger = last_trigger(model_name, since=since)
     retrain = None
     if trigger is not None and trigger["run_id"]:  # a local run's id is the version it registered

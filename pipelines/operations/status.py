@@ -1,5 +1,5 @@
 """``kfloop status``, ``kfloop history`` and ``kfloop rollback``: what the loop did, read from MLflow (the registry,
-its recorded champion history, the drift checks) and the trigger's state; and undoing a promotion."""
+its recorded champion history, the drift and quality checks) and the trigger's state; and undoing a promotion."""
 from __future__ import annotations
 
 import getpass
@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from monitoring.records import drift_checks, trigger_status
+from monitoring.records import drift_checks, quality_checks, trigger_status
 from monitoring.trigger import TriggerPolicy, utc_iso
 from training.launch.backends import step_backend
 from training.registry.versions import champion_history, get_champion, holdout_metrics, list_versions, rollback
@@ -20,8 +20,8 @@ RECENT_RUNS = 5
 
 
 def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any]) -> dict[str, Any]:
-    """The champion (version, since, why, metrics, data hash, commit), the last drift check, the trigger's
-    cooldown state and the most recent training runs of ``model_name``.
+    """The champion (version, since, why, metrics, data hash, commit), the last drift check, the last quality
+    check, the trigger's cooldown state and the most recent training runs of ``model_name``.
 
     Raises:
         ValueError: ``model_name`` is not registered.
@@ -32,6 +32,7 @@ def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any])
     champion = get_champion(model_name, client=client)
     moves = [m for m in champion_history(model_name, client=client) if champion and m.version == champion.version]
     checks = drift_checks(model_name, limit=1)
+    quality = quality_checks(model_name, limit=1)
     policy = TriggerPolicy.from_dict(trigger_policy)
     return {
         "model_name": model_name, "tracking_uri": _without_credentials(env.tracking_uri),
@@ -42,11 +43,13 @@ def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any])
             "by": moves[-1].actor if moves else "",
             "metrics": holdout_metrics(client, champion.run_id) if champion.run_id else {},
             "data_md5": champion.record.data_md5, "git_commit": champion.record.git_commit,
-            "drift_report_uri": champion.record.drift_report_uri},
+            "drift_report_uri": champion.record.drift_report_uri,
+            "quality_report_uri": champion.record.quality_report_uri},
         "last_drift_check": ({k: checks[-1][k] for k in ("at", "drifted", "share_drifted_columns",
                                                           "champion_version", "data_md5", "run_id")}
                              | {"drifted_columns": [c for c, v in checks[-1]["columns"].items() if v["drifted"]]}
                              if checks else None),
+        "last_quality_check": quality[-1] if quality else None,
         "trigger": trigger_status(_trigger_store(model_name, env), model_name,
                                   cooldown_seconds=policy.cooldown_seconds, now=time.time()),
         "recent_runs": list_versions(model_name, client=client)[-RECENT_RUNS:][::-1],
@@ -100,6 +103,11 @@ def format_status(s: dict[str, Any]) -> str:
                  f"last drift check: {d['at']} {'DRIFTED' if d['drifted'] else 'no drift'} "
                  f"(share {d['share_drifted_columns']:.2f}; columns {', '.join(d['drifted_columns']) or 'none'}; "
                  f"champion v{d['champion_version']})")
+    q = s["last_quality_check"]
+    lines.append("last quality check: none" if q is None else
+                 f"last quality check: {q['at']} {'DEGRADED' if q['degraded'] else 'not degraded'} "
+                 f"({q['metric']} {q['value']:.4f} vs holdout {q['baseline']:.4f}, {q['rows']} rows; "
+                 f"champion v{q['champion_version']})")
     t = s["trigger"]
     fired = t["last_fired"]
     lines.append(f"trigger: {'in cooldown until ' + t['cooldown_until'] if t['in_cooldown'] else 'ready'}; last "

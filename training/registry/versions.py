@@ -45,6 +45,8 @@ LINEAGE_ARTIFACT = "lineage.json"
 WEIGHTS_TAG = "weights_sha256"
 DRIFT_REPORT_URI_TAG = "drift_report_uri"
 """Version tag of the champion's last drift report (set by monitoring's drift records)."""
+QUALITY_REPORT_URI_TAG = "quality_report_uri"
+"""Version tag of the champion's last quality report on labelled rows (set by monitoring's quality records)."""
 """Version tag (and ``kfloop.``-prefixed run tag) holding the sha256 of ``weights.safetensors``."""
 HISTORY_TAG_PREFIX = "champion_move."
 """Registered-model tags ``champion_move.000001``, ...: the champion history, one JSON :class:`ChampionMove`
@@ -145,6 +147,8 @@ class VersionRecord:
     promoted_at: str | None
     drift_report_uri: str | None
     """Evidently's report of the last drift check of this version as champion."""
+    quality_report_uri: str | None = None
+    """Evidently's report of the last quality check of this version as champion on labelled rows."""
 
     @classmethod
     def of(cls, mv: Any) -> "VersionRecord":
@@ -158,7 +162,8 @@ class VersionRecord:
                    split_seed=int(tags["split_seed"]) if "split_seed" in tags else None,
                    git_commit=tags.get("git_commit"), pipeline_run_id=tags.get("pipeline_run_id"),
                    weights_sha256=tags.get(WEIGHTS_TAG), previous_champion=_none(tags.get("previous_champion")),
-                   promoted_at=tags.get("promoted_at"), drift_report_uri=tags.get(DRIFT_REPORT_URI_TAG))
+                   promoted_at=tags.get("promoted_at"), drift_report_uri=tags.get(DRIFT_REPORT_URI_TAG),
+                   quality_report_uri=tags.get(QUALITY_REPORT_URI_TAG))
 
 
 @dataclass(kw_only=True, slots=True)

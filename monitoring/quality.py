@@ -1,0 +1,304 @@
+"""The champion's quality on rows whose labels arrived, against what it scored on its holdout.
+
+Pure numpy/pandas (Evidently only renders the report); nothing here touches MLflow or KFP. The rule, applied by
+:func:`check_quality`: the primary metric on the labelled rows (``value``) is compared with the champion's
+recorded holdout value (``baseline``); the drop is ``baseline - value`` in the metric's worse direction (the
+gate's :data:`training.gate.LOWER_IS_BETTER` decides which way that is). The champion is degraded when
+
+* the metric is beyond the policy's ``floor``, or
+* the drop exceeds ``max_drop`` and the bootstrap says so with confidence: ``percentile``: even the better end of
+  the central ``confidence`` interval of the value lies beyond ``baseline - max_drop``; ``paired``: on at least a
+  ``confidence`` share of paired resamples the champion's lead over the trivial baseline (the gate's majority
+  class with its training priors, scored on the same resampled rows) fell by more than ``max_drop`` from the lead
+  recorded on the holdout, so a mere change of the class balance does not read as degradation.
+"""
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import numpy as np
+import pandas as pd
+from evidently import BinaryClassification, DataDefinition, Dataset, MulticlassClassification, Report
+from evidently.presets import ClassificationPreset
+
+from data.validation import DataFileError
+from training.features import encode_target
+from training.fileio import atomic_write_text
+from training.gate import (LOWER_IS_BETTER, METRICS, Scored, bootstrap_interval, bootstrap_metric,
+                           compute_metrics, json_ready, majority_baseline, slice_masks)
+from training.settings import section_from_dict
+
+BOOTSTRAP_METHODS = ("percentile", "paired")
+PREDICTION_COLUMN = "prediction"
+"""Columns the Evidently report adds to the labelled rows: the champion's predicted class, ``proba_<class>``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class QualityPolicy:
+    """When the champion counts as degraded on labelled rows (see the module docstring for the rule)."""
+
+    primary_metric: str | None = None
+    """A metric of :data:`training.gate.METRICS`; ``None``: the one the gate promoted the champion on."""
+    max_drop: float = 0.05
+    """Largest drop below the holdout value (absolute, in the metric's worse direction) that is not degradation."""
+    floor: float | None = None
+    """Absolute bound the metric must clear on the labelled rows: a minimum, or for a lower-is-better metric a
+    maximum. ``None``: no bound."""
+    bootstrap: Literal["percentile", "paired"] = "percentile"
+    """How the drop is made confident: ``percentile`` interval of the value, or ``paired`` resamples of the
+    champion and the trivial baseline (see the module docstring)."""
+    confidence: float = 0.9
+    """``percentile``: the interval's coverage (0.9: 5th to 95th percentile); ``paired``: the share of resamples
+    on which the drop must exceed ``max_drop``."""
+    bootstrap_samples: int = 1000
+    """Bootstrap resamples of the labelled rows."""
+    bootstrap_seed: int = 0
+    """Seed of the resampling; the same seed gives the same verdict."""
+    min_rows: int = 50
+    """Fewest labelled rows for a verdict: on fewer the check fails (status unknown) instead of calling the
+    champion fine."""
+    slice_columns: tuple[str, ...] | None = None
+    """Categorical columns whose every value is scored on its own; ``None``: the champion's categorical features."""
+    min_slice_rows: int = 30
+    """Slices with fewer labelled rows get no value (reported as skipped)."""
+
+    def __post_init__(self) -> None:
+        if self.primary_metric is not None and self.primary_metric not in METRICS:
+            raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)}, or null for the "
+                             "metric the champion was promoted on")
+        if isinstance(self.max_drop, bool) or not (math.isfinite(self.max_drop) and self.max_drop >= 0):
+            raise ValueError(f"max_drop={self.max_drop!r}: use a finite number >= 0, e.g. 0.05")
+        if self.floor is not None and (isinstance(self.floor, bool) or not math.isfinite(self.floor)):
+            raise ValueError(f"floor={self.floor!r}: use a finite number, or null for no floor")
+        if self.bootstrap not in BOOTSTRAP_METHODS:
+            raise ValueError(f"bootstrap={self.bootstrap!r}: use one of {list(BOOTSTRAP_METHODS)}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence={self.confidence!r}: use a share in (0, 1), e.g. 0.9")
+        for name in ("bootstrap_samples", "min_rows", "min_slice_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: use an integer >= 1")
+        if isinstance(self.slice_columns, str):
+            raise ValueError(f"slice_columns={self.slice_columns!r}: use a list of column names, "
+                             f"e.g. [{self.slice_columns!r}]")
+        if self.slice_columns is not None:
+            self.slice_columns = tuple(self.slice_columns)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> QualityPolicy:
+        """Build from a ``kfloop.yaml`` section or a pipeline parameter.
+
+        Raises:
+            ValueError: an unknown key or an invalid value.
+        """
+        return section_from_dict(cls, data, "quality")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {**asdict(self), "slice_columns": None if self.slice_columns is None else list(self.slice_columns)}
+
+
+@dataclass(kw_only=True, slots=True)
+class Baseline:
+    """What the champion's registration recorded, to compare with."""
+
+    metric: str
+    """The metric compared (the policy's, else the one the gate decided on)."""
+    value: float
+    """The champion's value of ``metric`` on its holdout."""
+    trivial: float | None = None
+    """The trivial baseline's value on the same holdout (needed by ``paired``)."""
+    priors: list[float] | None = None
+    """The champion's training class shares: the trivial baseline's probabilities (needed by ``paired``)."""
+    slices: dict[tuple[str, str | None], float] | None = None
+    """The champion's holdout value per (slice column, value), when the gate scored slices on ``metric``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class QualityResult:
+    """The verdict of one quality check; :meth:`to_dict` is ``kfloop quality --json``."""
+
+    degraded: bool
+    metric: str
+    value: float
+    """The metric on the labelled rows."""
+    baseline: float
+    """The champion's holdout value."""
+    ci_low: float | None
+    """Lower end of the value's central ``confidence`` percentile interval (``None``: undefined on every
+    resample)."""
+    ci_high: float | None
+    rows: int
+    """Labelled rows scored."""
+    reason: str
+    """Why (not) degraded, with the numbers."""
+    confidence: float | None = None
+    """``paired``: the share of resamples on which the drop exceeded ``max_drop``."""
+    slices: list[dict[str, Any]]
+    """Per slice: column, value, rows, score, baseline (holdout, when recorded), drop, interval, skipped."""
+    policy: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form: NaN becomes ``None``."""
+        return json_ready(asdict(self))
+
+
+def check_quality(*, y_true: Any, proba: np.ndarray, classes: list, threshold: float | None, rows: pd.DataFrame,
+                  baseline: Baseline, policy: QualityPolicy) -> QualityResult:
+    """Score the champion (``proba``: rows x classes in ``classes`` order, its decision ``threshold``) on the
+    labelled ``rows`` (``y_true`` their labels) and apply ``policy`` against ``baseline``.
+
+    Raises:
+        ValueError: fewer rows than ``policy.min_rows``, a label the champion does not know, a slice column
+            missing from ``rows``, the metric undefined on the rows, or ``paired`` without the recorded trivial
+            baseline.
+    """
+    if len(rows) < policy.min_rows:
+        raise ValueError(f"{len(rows)} labelled rows, fewer than quality.min_rows={policy.min_rows}: too few for a "
+                         "verdict; check a larger batch or lower min_rows")
+    y = encode_target(pd.Series(np.asarray(y_true, dtype=object), name="target"), classes)
+    metric, champ = baseline.metric, Scored(np.asarray(proba, dtype=np.float64), threshold)
+    value = compute_metrics(y, champ.proba, classes, threshold)[metric]
+    if not math.isfinite(value):
+        raise ValueError(f"{metric} is undefined on these {len(y)} labelled rows (a class absent from them, or "
+                         "non-finite scores); choose another quality.primary_metric or check more rows")
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    limit = baseline.value - sign * policy.max_drop
+    drop = sign * (baseline.value - value)
+    values = bootstrap_metric(y, champ, metric, samples=policy.bootstrap_samples, seed=policy.bootstrap_seed)
+    interval = bootstrap_interval(values, policy.confidence)
+    ci_low, ci_high = interval if interval else (None, None)
+    head = (f"{metric} {value:.3f} on {len(y)} labelled rows vs {baseline.value:.3f} on the holdout "
+            f"(drop {drop:+.3f}, max_drop {policy.max_drop:.3f})")
+    share = None
+    if policy.bootstrap == "paired":
+        share = _paired_share(y, champ, metric, baseline, policy, classes)
+        confident = share >= policy.confidence
+        evidence = (f"the lead over the trivial baseline fell by more than {policy.max_drop:.3f} on "
+                    f"{share:.1%} of paired resamples ({'>=' if confident else '<'} {policy.confidence:.0%})")
+    else:
+        better_end = ci_low if sign < 0 else ci_high
+        confident = better_end is not None and sign * (limit - better_end) > 0
+        evidence = (f"{policy.confidence:.0%} interval [{ci_low:.3f}, {ci_high:.3f}] "
+                    f"{'lies wholly' if confident else 'does not lie wholly'} "
+                    f"{'above' if sign < 0 else 'below'} {limit:.3f}" if interval else "no defined resample")
+    dropped = drop > policy.max_drop and confident
+    below_floor = policy.floor is not None and sign * (policy.floor - value) > 0
+    reasons = []
+    if below_floor:
+        reasons.append(f"{metric} {value:.3f} {'>' if sign < 0 else '<'} {'ceiling' if sign < 0 else 'floor'} "
+                       f"{policy.floor:.3f}")
+    if dropped:
+        reasons.append(f"{head}; {evidence}")
+    if reasons:
+        reason = "degraded: " + "; ".join(reasons)
+    elif drop > policy.max_drop:
+        reason = f"not degraded: {head}, but not confidently: {evidence}"
+    else:
+        reason = f"not degraded: {head}"
+    return QualityResult(degraded=below_floor or dropped, metric=metric, value=value, baseline=baseline.value,
+                         ci_low=ci_low, ci_high=ci_high, rows=len(y), reason=reason, confidence=share,
+                         slices=_slices(y, champ, classes, rows, metric, baseline, policy),
+                         policy=policy.to_dict())
+
+
+def _paired_share(y: np.ndarray, champ: Scored, metric: str, baseline: Baseline, policy: QualityPolicy,
+                  classes: list) -> float:
+    """Share of paired resamples on which the champion's lead over the trivial baseline fell by more than
+    ``max_drop`` from its recorded lead on the holdout."""
+    if baseline.trivial is None or baseline.priors is None:
+        raise ValueError(f"bootstrap=paired needs the trivial baseline's holdout {metric} and the champion's "
+                         "training class shares, which this champion's registration did not record; use "
+                         "quality.bootstrap=percentile")
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    trivial = majority_baseline(np.asarray(baseline.priors), len(y))
+    resampled = [bootstrap_metric(y, scored, metric, samples=policy.bootstrap_samples, seed=policy.bootstrap_seed)
+                 for scored in (champ, trivial)]  # one seed: the same rows for both, resample for resample
+    lost = sign * (baseline.value - baseline.trivial) - sign * (resampled[0] - resampled[1])
+    return float(np.count_nonzero(lost > policy.max_drop)) / policy.bootstrap_samples
+
+
+def _slices(y: np.ndarray, champ: Scored, classes: list, rows: pd.DataFrame, metric: str, baseline: Baseline,
+            policy: QualityPolicy) -> list[dict[str, Any]]:
+    columns = policy.slice_columns or ()
+    missing = [c for c in columns if c not in rows.columns]
+    if missing:
+        raise ValueError(f"slice columns {missing} are not in the labelled rows; columns are {list(rows.columns)}")
+    sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
+    out = []
+    for col, value, mask in slice_masks(rows, columns):
+        n = int(mask.sum())
+        recorded = (baseline.slices or {}).get((col, value))
+        if n < policy.min_slice_rows:
+            out.append({"column": col, "value": value, "rows": n, "score": None, "baseline": recorded, "drop": None,
+                        "interval": None, "skipped": f"{n} rows < min_slice_rows {policy.min_slice_rows}"})
+            continue
+        part = champ.rows(mask)
+        score = compute_metrics(y[mask], part.proba, classes, part.threshold)[metric]
+        values = bootstrap_metric(y[mask], part, metric, samples=policy.bootstrap_samples,
+                                  seed=policy.bootstrap_seed)
+        out.append({"column": col, "value": value, "rows": n, "score": score, "baseline": recorded,
+                    "drop": None if recorded is None else sign * (recorded - score),
+                    "interval": bootstrap_interval(values, policy.confidence),
+                    "skipped": None if math.isfinite(score) else f"{metric} undefined on this slice"})
+    return out
+
+
+def join_labels(data: pd.DataFrame, labels: pd.DataFrame, *, id_column: str, target: str, data_uri: str,
+                labels_uri: str) -> tuple[pd.DataFrame, int]:
+    """The rows of ``data`` whose label arrived in ``labels`` (joined on ``id_column``), and how many rows of
+    ``data`` have none yet (they are left out).
+
+    Raises:
+        data.validation.DataFileError: a file lacks ``id_column`` (or ``labels`` the target), holds null or
+            duplicate ids, or ``labels`` holds ids that are not in ``data``; the message names file, column and
+            values.
+    """
+    for uri, frame, needed in ((data_uri, data, [id_column]), (labels_uri, labels, [id_column, target])):
+        missing = [c for c in needed if c not in frame.columns]
+        if missing:
+            raise DataFileError(uri, f"column(s) {missing} missing; its columns are {list(frame.columns)}")
+        ids = frame[id_column]
+        if ids.isna().any():
+            rows = frame.index[ids.isna()].tolist()[:5]
+            raise DataFileError(uri, f"column '{id_column}' has {int(ids.isna().sum())} null id(s), at rows {rows}")
+        repeated = ids[ids.duplicated()].unique().tolist()[:5]
+        if repeated:
+            raise DataFileError(uri, f"column '{id_column}' repeats ids {repeated}: each row needs its own id")
+    unknown = labels.loc[~labels[id_column].isin(data[id_column]), id_column].tolist()
+    if unknown:
+        raise DataFileError(labels_uri, f"{len(unknown)} label(s) for '{id_column}' values not in {data_uri}, "
+                                        f"e.g. {unknown[:5]}: join labels to the rows they belong to")
+    if target in data.columns:
+        data = data.drop(columns=[target])
+    joined = data.merge(labels[[id_column, target]], on=id_column, how="inner", validate="one_to_one")
+    return joined, len(data) - len(joined)
+
+
+def write_quality_report(path: str | Path, rows: pd.DataFrame, *, target: str, proba: np.ndarray, classes: list,
+                         predicted: np.ndarray, result: QualityResult) -> Path:
+    """Evidently's classification quality report of the champion on the labelled ``rows``, with the verdict on
+    top, written atomically to ``path``."""
+    frame = pd.DataFrame({target: rows[target].astype(str).to_numpy(),
+                          PREDICTION_COLUMN: pd.Series(predicted).astype(str).to_numpy()})
+    names = [str(c) for c in classes]
+    if len(classes) == 2:
+        frame[names[1]] = proba[:, 1]
+        task = BinaryClassification(target=target, prediction_labels=PREDICTION_COLUMN,
+                                    prediction_probas=names[1], pos_label=names[1])
+    else:
+        for j, name in enumerate(names):
+            frame[name] = proba[:, j]
+        task = MulticlassClassification(target=target, prediction_labels=PREDICTION_COLUMN, prediction_probas=names)
+    definition = DataDefinition(categorical_columns=[target, PREDICTION_COLUMN], classification=[task])
+    snapshot = Report([ClassificationPreset()]).run(Dataset.from_pandas(frame, data_definition=definition), None)
+    page = snapshot.get_html_str(as_iframe=False)
+    body = page.index(">", page.index("<body")) + 1
+    verdict = (f'<section id="kfloop-quality-verdict" style="font-family:sans-serif;margin:1em">'
+               f"<h2>{'DEGRADED' if result.degraded else 'Not degraded'}</h2><p>{html.escape(result.reason)}</p>"
+               "</section>")
+    return atomic_write_text(path, page[:body] + verdict + page[body:])

@@ -1,0 +1,146 @@
+"""The quality rule on its own (numpy in, verdict out): the champion's value on labelled rows against its holdout
+value, in the metric's direction, made confident by the percentile or the paired bootstrap; and the joining of
+labels that arrive separately."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from data.validation import DataFileError
+from monitoring.quality import Baseline, QualityPolicy, check_quality, join_labels
+from training.gate import compute_metrics
+
+CLASSES = [0, 1]
+FAST = {"bootstrap_samples": 300}
+
+
+def _batch(n: int, seed: int, *, share_positive: float = 0.4) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+    """Labels, a model's probabilities that get about 80% right, and a frame with one categorical column."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < share_positive).astype(int)
+    signal = np.where(y == 1, 0.75, 0.25) + rng.normal(0, 0.2, n)
+    p1 = np.clip(signal, 0.01, 0.99)
+    return y, np.column_stack([1 - p1, p1]), pd.DataFrame({"plan": rng.choice(["basic", "premium"], n)})
+
+
+def _holdout(metric: str) -> Baseline:
+    y, proba, _ = _batch(2000, seed=1)
+    recorded = compute_metrics(y, proba, CLASSES)
+    trivial = compute_metrics(y, np.tile([0.6, 0.4], (len(y), 1)), CLASSES)
+    return Baseline(metric=metric, value=recorded[metric], trivial=trivial[metric], priors=[0.6, 0.4])
+
+
+def _check(y, proba, frame, metric="accuracy", **policy):
+    return check_quality(y_true=y, proba=proba, classes=CLASSES, threshold=None, rows=frame,
+                         baseline=_holdout(metric), policy=QualityPolicy.from_dict({**FAST, **policy}))
+
+
+@pytest.mark.parametrize("bootstrap", ["percentile", "paired"])
+@pytest.mark.parametrize("metric", ["accuracy", "roc_auc", "log_loss"])
+def test_rows_like_the_holdout_are_fine_and_flipped_labels_are_degraded(metric, bootstrap):
+    y, proba, frame = _batch(800, seed=2)
+    fine = _check(y, proba, frame, metric, bootstrap=bootstrap)
+    assert not fine.degraded and fine.reason.startswith("not degraded:"), fine.reason
+    assert fine.rows == 800 and fine.metric == metric and fine.ci_low <= fine.value <= fine.ci_high
+    flipped = _check(1 - y, proba, frame, metric, bootstrap=bootstrap)
+    assert flipped.degraded and flipped.reason.startswith("degraded:"), flipped.reason
+    worse = flipped.value > flipped.baseline if metric == "log_loss" else flipped.value < flipped.baseline
+    assert worse, "log_loss is lower-is-better: the gate's direction decides which way a drop goes"
+    assert f"{metric} {flipped.value:.3f} on 800 labelled rows vs {flipped.baseline:.3f}" in flipped.reason
+    assert (flipped.confidence is not None) == (bootstrap == "paired")
+
+
+def test_a_drop_that_the_interval_does_not_confirm_is_not_degradation():
+    _, proba, frame = _batch(60, seed=3)
+    some_wrong = proba.argmax(axis=1)
+    some_wrong[:10] ^= 1  # exactly 50 of 60 right: about 7 points below the holdout
+    result = _check(some_wrong, proba, frame, max_drop=0.05)
+    assert result.baseline - result.value > 0.05
+    assert not result.degraded and "but not confidently" in result.reason
+    assert result.ci_high > result.baseline - 0.05, "the interval reaches the allowed drop"
+
+
+def test_the_paired_bootstrap_reads_a_change_of_class_balance_as_no_degradation():
+    y, proba, frame = _batch(3000, seed=4, share_positive=0.8)  # same model quality, the rare class now common
+    shifted = _check(y, proba, frame, "accuracy", bootstrap="paired", max_drop=0.02)
+    assert not shifted.degraded, shifted.reason
+    assert "lead over the trivial baseline" in shifted.reason or shifted.reason.startswith("not degraded")
+
+
+def test_floor_degrades_by_itself_in_the_metric_direction():
+    y, proba, frame = _batch(800, seed=5)
+    high_floor = _check(y, proba, frame, floor=0.95, max_drop=0.5)
+    assert high_floor.degraded and re.search(r"accuracy 0\.\d{3} < floor 0\.950", high_floor.reason)
+    ceiling = _check(y, proba, frame, "log_loss", floor=0.05, max_drop=5.0)
+    assert ceiling.degraded and "> ceiling 0.050" in ceiling.reason
+
+
+def test_slices_report_value_interval_and_skip_small_ones():
+    y, proba, frame = _batch(400, seed=6)
+    frame.loc[:19, "plan"] = "legacy"
+    baseline = _holdout("accuracy")
+    baseline.slices = {("plan", "basic"): 0.9}
+    result = check_quality(y_true=y, proba=proba, classes=CLASSES, threshold=None, rows=frame, baseline=baseline,
+                           policy=QualityPolicy(slice_columns=["plan"], **FAST))
+    by_value = {s["value"]: s for s in result.slices}
+    assert sorted(by_value) == ["basic", "legacy", "premium"]
+    mask = (frame["plan"] == "basic").to_numpy()
+    basic = by_value["basic"]
+    assert basic["rows"] == mask.sum() and basic["score"] == compute_metrics(y[mask], proba[mask], CLASSES)["accuracy"]
+    assert basic["drop"] == pytest.approx(0.9 - basic["score"]) and len(basic["interval"]) == 2
+    assert by_value["premium"]["baseline"] is None and by_value["premium"]["drop"] is None
+    assert by_value["legacy"]["skipped"] == "20 rows < min_slice_rows 30" and by_value["legacy"]["score"] is None
+    assert result.to_dict()["slices"] == result.slices
+
+
+def test_too_few_rows_is_no_verdict():
+    y, proba, frame = _batch(40, seed=7)
+    with pytest.raises(ValueError, match="40 labelled rows, fewer than quality.min_rows=50"):
+        _check(y, proba, frame)
+
+
+def test_paired_needs_the_recorded_trivial_baseline():
+    y, proba, frame = _batch(200, seed=8)
+    with pytest.raises(ValueError, match="use quality.bootstrap=percentile"):
+        check_quality(y_true=y, proba=proba, classes=CLASSES, threshold=None, rows=frame,
+                      baseline=Baseline(metric="accuracy", value=0.8),
+                      policy=QualityPolicy(bootstrap="paired", slice_columns=[], **FAST))
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"primary_metric": "precision"}, "primary_metric='precision': use one of"),
+    ({"max_drop": -0.1}, "max_drop=-0.1: use a finite number >= 0"),
+    ({"bootstrap": "bca"}, r"bootstrap='bca': use one of \['percentile', 'paired'\]"),
+    ({"confidence": 1.0}, r"confidence=1.0: use a share in \(0, 1\)"),
+    ({"min_rows": 0}, "min_rows=0: use an integer >= 1"),
+    ({"slice_columns": "plan"}, "use a list of column names"),
+    ({"max_dorp": 0.1}, r"unknown quality key\(s\) \['max_dorp'\]"),
+])
+def test_invalid_policy_states_the_fix(values, message):
+    with pytest.raises(ValueError, match=message):
+        QualityPolicy.from_dict(values)
+
+
+def test_labels_join_on_the_id_and_leave_unlabelled_rows_out():
+    data = pd.DataFrame({"id": [1, 2, 3, 4], "x": [0.1, 0.2, 0.3, 0.4], "y": [9, 9, 9, 9]})
+    labels = pd.DataFrame({"id": [3, 1], "y": [1, 0]})
+    joined, unlabelled = join_labels(data, labels, id_column="id", target="y", data_uri="rows.csv",
+                                     labels_uri="labels.csv")
+    assert unlabelled == 2 and joined.sort_values("id")[["id", "x", "y"]].values.tolist() == [[1, 0.1, 0], [3, 0.3, 1]]
+
+
+@pytest.mark.parametrize("data, labels, message", [
+    ({"key": [1]}, {"id": [1], "y": [0]}, r"rows\.csv: column\(s\) \['id'\] missing; its columns are \['key'\]"),
+    ({"id": [1]}, {"id": [1], "label": [0]}, r"labels\.csv: column\(s\) \['y'\] missing"),
+    ({"id": [1, None]}, {"id": [1], "y": [0]}, r"rows\.csv: column 'id' has 1 null id\(s\), at rows \[1\]"),
+    ({"id": [1, 2]}, {"id": [2, 2], "y": [0, 1]}, r"labels\.csv: column 'id' repeats ids \[2\]"),
+    ({"id": [1, 2]}, {"id": [2, 7], "y": [0, 1]},
+     r"labels\.csv: 1 label\(s\) for 'id' values not in rows\.csv, e\.g\. \[7\]"),
+])
+def test_labels_that_cannot_be_joined_name_file_column_and_values(data, labels, message):
+    with pytest.raises(DataFileError, match=message):
+        join_labels(pd.DataFrame(data), pd.DataFrame(labels), id_column="id", target="y", data_uri="rows.csv",
+                    labels_uri="labels.csv")
