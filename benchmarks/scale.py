@@ -112,7 +112,7 @@ def stage_drift(work: Path, profile: Path, current: Path) -> dict:
     with table_chunks(current, text_columns=CATEGORICAL) as (chunks, _):
         result = check_drift_profile(ReferenceProfile.read(profile), chunks, numeric=NUMERIC, categorical=CATEGORICAL,
                                      policy=DriftPolicy(), report_path=work / "drift.html",
-                                     predict=predictor.predict)
+                                     schema=load_schema(work / "schema.yaml"), predict=predictor.predict)
     return {"drifted": result.drifted, "columns": {n: c.to_dict() for n, c in result.columns.items()}}
 
 

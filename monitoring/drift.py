@@ -355,13 +355,25 @@ def check_drift_profile(profile: ReferenceProfile, chunks: Iterable[pd.DataFrame
 class _Side:
     """One column of one side of a check: its non-null values, or a sample of them, and its size."""
 
-    values: np.ndarray
-    """Non-null values (float64 or objects), or a seeded sample of them when ``present > len(values)``."""
+    values: np.ndarray | None
+    """Non-null values (float64 or objects), or a seeded sample of them (see ``std``); None when ``counts``."""
     rows: int
     present: int
     """Non-null rows."""
     std: float | None = None
     """Standard deviation of all non-null values, given when ``values`` is a sample."""
+    counts: pd.Series | None = None
+    """Category -> rows, instead of ``values`` (a category column counted, never expanded unless a stattest
+    needs the values)."""
+
+    def array(self) -> np.ndarray:
+        """The non-null values (expanded from ``counts`` when needed)."""
+        if self.values is not None:
+            return self.values
+        return np.repeat(self.counts.index.to_numpy(dtype=object), self.counts.to_numpy(dtype="int64"))
+
+    def value_counts(self) -> pd.Series:
+        return self.counts if self.counts is not None else pd.Series(self.values).value_counts()
 
     @property
     def sampled(self) -> bool:
@@ -379,6 +391,9 @@ class _Side:
 
     @classmethod
     def of_profile(cls, column: ColumnProfile) -> _Side:
+        if column.exact and column.kind == "categorical":
+            counts = pd.Series(column.counts, index=pd.Index(column.values, dtype=object), dtype="int64")
+            return cls(values=None, counts=counts, rows=column.rows, present=column.present)
         return cls(values=column.non_null(), rows=column.rows, present=column.present,
                    std=None if column.exact or column.kind != "numeric" else column.std)
 
@@ -418,10 +433,9 @@ class _StreamedBatch:
     def side(self, name: str) -> _Side:
         if name in self.numbers:
             values = np.concatenate(self.numbers.pop(name) or [np.empty(0)])
-        else:
-            counts = self.counts.pop(name)
-            values = np.repeat(counts.index.to_numpy(dtype=object), counts.to_numpy(dtype="int64"))
-        return _Side(values=values, rows=self.rows, present=self.present[name])
+            return _Side(values=values, rows=self.rows, present=self.present[name])
+        return _Side(values=None, counts=self.counts.pop(name).astype("int64"), rows=self.rows,
+                     present=self.present[name])
 
     def violations(self) -> dict[str, dict[str, float]]:
         return {name: {kind: total / self.rows for kind, total in kinds.items()}
@@ -500,9 +514,8 @@ def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
     if null is not None:
         return null
     numbers = kind == "numeric"
-    ref, cur = reference.values, current.values
     if numbers:
-        ref, cur = np.sort(ref), np.sort(cur)
+        ref, cur = np.sort(reference.array()), np.sort(current.array())
         ref_values = ref[np.r_[True, ref[1:] != ref[:-1]]]
         n_values = (len(ref_values) if len(ref_values) > 5
                     else len(np.union1d(ref_values, cur[np.r_[True, cur[1:] != cur[:-1]]])))
@@ -510,7 +523,7 @@ def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
         if reference.sampled:  # the full reference has more than ProfileSettings.exact_values (>= 1000) values
             n_values, binned = math.inf, True
     else:
-        ref_counts, cur_counts = pd.Series(ref).value_counts(), pd.Series(cur).value_counts()
+        ref_counts, cur_counts = reference.value_counts(), current.value_counts()
         n_values, binned = len(ref_counts.index.union(cur_counts.index)), False
     if method is None:
         method = _default_method(kind, reference.present, n_values)
@@ -524,9 +537,11 @@ def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
         if numbers:
             ref_counts, cur_counts = pd.Series(ref).value_counts(), pd.Series(cur).value_counts()
         keys = ref_counts.index.union(cur_counts.index)
-        score = float(distance.jensenshannon(ref_counts.reindex(keys, fill_value=0).to_numpy() / len(ref),
-                                             cur_counts.reindex(keys, fill_value=0).to_numpy() / len(cur)))
+        score = float(distance.jensenshannon(ref_counts.reindex(keys, fill_value=0).to_numpy() / ref_counts.sum(),
+                                             cur_counts.reindex(keys, fill_value=0).to_numpy() / cur_counts.sum()))
     else:
+        if not numbers:
+            ref, cur = reference.array(), current.array()
         result = stattest(pd.Series(ref), pd.Series(cur), column_type, threshold)
         return ColumnDrift(method=method, score=float(result.drift_score), threshold=float(result.actual_threshold),
                            drifted=bool(result.drifted))
@@ -609,7 +624,8 @@ def _sample(side: _Side, kind: str, rows: int, rng: np.random.Generator) -> np.n
     """A seeded sample of at most ``rows`` rows of one column, its share of missing values kept."""
     rows = min(rows, side.rows)
     present = round(rows * side.present / side.rows)
-    values = rng.choice(side.values, size=present, replace=present > len(side.values))
+    values = side.array()
+    values = rng.choice(values, size=present, replace=present > len(values))
     missing = np.full(rows - present, np.nan if kind == "numeric" else None,
                       dtype="float64" if kind == "numeric" else object)
     return rng.permutation(np.concatenate([values.astype(missing.dtype), missing]))
@@ -641,7 +657,7 @@ def _summary_page(sides: dict[str, tuple[_Side, _Side]], kinds: dict[str, str], 
 def _summary_text(side: _Side, kind: str) -> str:
     """``nulls 5.0%; mean 10, std 2, p5/p50/p95 6.7/10/13`` or ``nulls 0.0%; red 50.0%, green 30.0%``."""
     text = f"nulls {side.missing:.1%}"
-    if not len(side.values):
+    if not side.present:
         return text
     if kind == "numeric":
         p5, p50, p95 = np.quantile(side.values, [0.05, 0.5, 0.95])
@@ -649,7 +665,8 @@ def _summary_text(side: _Side, kind: str) -> str:
         sample = " (percentiles of a sample)" if side.sampled else ""
         return (f"{text}; mean {float(np.mean(side.values)):.4g}, std {std:.4g}, p5/p50/p95 "
                 f"{p5:.4g}/{p50:.4g}/{p95:.4g}{sample}")
-    top = pd.Series(side.values).value_counts(normalize=True).head(5)
+    counts = side.value_counts()
+    top = (counts / counts.sum()).sort_values(ascending=False, kind="stable").head(5)
     return f"{text}; " + ", ".join(f"{value} {share:.1%}" for value, share in top.items())
 def _violations_html(violations: dict[str, dict[str, float]], policy: DriftPolicy) -> str:
     """A table of the share of current rows outside the schema per column; empty when nothing was checked."""
