@@ -191,7 +191,8 @@ def test_registration_stores_the_profile_and_drift_reads_no_reference_file(tmp_p
     report = tmp_path / "evaluation.json"
     report.write_text(json.dumps(decision.to_dict()))
     client = mlflow.MlflowClient()
-    run_id = client.create_run(client.create_experiment("profiles")).info.run_id
+    experiment = client.create_experiment("profiles", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
     version = register_step(model_dir=str(model_dir), report_path=str(report), schema_path=str(schema),
                             run_id=run_id, model_name="profiled", dataset_uri=str(train),
                             data_md5=file_digest(train, "md5"), holdout_sha256="0" * 64, pipeline_run_id="p1",
