@@ -7,7 +7,7 @@ export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup demo test e2e chaos audit bench compile clean
+.PHONY: setup demo test e2e chaos audit bench bench-scale compile clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ bench:
 	$(BIN)/python benchmarks/drift.py
 	$(BIN)/python benchmarks/serving.py
 	$(BIN)/python benchmarks/summary.py
+
+# Data at scale (issue 17): validation, profile, drift, training input and Evidently on SCALE_ROWS x 20 columns, each
+# in its own capped process; long (the data alone is ~1 GiB at 10M rows), so not part of bench or test.
+SCALE_ROWS ?= 10000000
+bench-scale:
+	$(BIN)/python -m benchmarks.scale --rows $(SCALE_ROWS)
 
 compile:
 	$(BIN)/kfloop compile --out pipelines/compiled

@@ -1,14 +1,28 @@
 """Data drift of a current batch against a reference: a verdict per column (features and the champion's
 predictions) and one for the dataset, equal to Evidently's ``DataDriftPreset`` but computed without building its
-report (about 30x faster on 1M rows, see ``benchmarks/drift.py``); Evidently renders the HTML report."""
+report (about 30x faster on 1M rows, see ``benchmarks/drift.py``).
+
+The reference is a table (:func:`check_drift`) or the champion's stored profile (:func:`check_drift_profile`,
+:mod:`monitoring.profiles`), the current batch then streamed in chunks. Against a profile, columns kept exactly
+(categories, predictions of a class, whole numbers, any column with at most ``exact_values`` distinct values) give
+the full reference's verdicts exactly. A numeric column with more distinct values is kept as a seeded sample of
+``sample_size`` values with the exact size, mean and standard deviation: its Wasserstein score (Evidently's method
+for large numeric references) is the sample's distance over the exact standard deviation, which differs from the
+full reference's by the sampling error, a small multiple of ``1/sqrt(sample_size)`` (0.003 at the default 100k;
+0.007 the largest seen in ``benchmarks/scale.py`` at 1M rows), against a threshold of 0.1; a configured p-value test (``ks``, ...) on a sampled column runs
+Evidently's own function on the sample, so its p-value is that of the sample's size, not the full reference's.
+
+The HTML report (``DriftPolicy.report``) is by default a summary built from the verdicts and both sides' summaries;
+Evidently's report runs on a seeded sample, or on all rows only when asked for."""
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 import numpy as np
 import pandas as pd
@@ -21,8 +35,9 @@ from evidently.legacy.core import ColumnType
 from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
-from training.fileio import atomic_write_text
 from data.schema_rules import KINDS, RuleSet
+from monitoring.profiles import PREDICTION_COLUMN, ColumnProfile, ReferenceProfile, as_text, normalised_columns
+from training.fileio import atomic_write_text
 from training.settings import section_from_dict
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
@@ -32,8 +47,10 @@ DISTANCE_METHODS = frozenset({"ed", "hellinger", "jensenshannon", "kl_div", "psi
 """Evidently stattests whose score is a distance: higher means drift (drifted when score >= threshold)."""
 ALL_NULL_METHOD = "all_null"
 """Method reported for a column without a single non-null value in the reference or the current batch."""
-PREDICTION_COLUMN = "prediction"
-"""Column holding the champion's predicted class, added to both frames by the caller."""
+REPORT_KINDS = ("summary", "evidently_sample", "evidently_full")
+"""What the HTML report holds (:attr:`DriftPolicy.report`)."""
+REPORT_SEED = 0
+"""Seed of the rows Evidently's sampled report shows."""
 
 _COLUMN_TYPES = {"numeric": ColumnType.Numerical, "categorical": ColumnType.Categorical}
 _VALUE_DRIFT = "evidently:metric_v2:ValueDrift"
@@ -130,6 +147,14 @@ class DriftPolicy:
     """Share of the current rows outside the schema in one column (unseen category, out of range, unexpected
     null, wrong type) above which the batch counts as drifted by itself, whatever the stattests say; None turns
     the rule off."""
+    report: Literal["summary", "evidently_sample", "evidently_full"] = "summary"
+    """The HTML report: ``summary`` a page built from the verdicts and both sides' summaries (null shares, mean,
+    standard deviation, percentiles, top categories), fast at any size; ``evidently_sample`` Evidently's
+    ``DataDriftPreset`` report on a seeded sample of ``report_sample_rows`` rows of each side; ``evidently_full``
+    Evidently's report on every row, its verdicts checked against kfloop's (minutes and gigabytes at millions of
+    rows; needs the reference table, not a profile)."""
+    report_sample_rows: int = 20_000
+    """Rows of each side in Evidently's sampled report."""
 
     def __post_init__(self) -> None:
         share = self.drift_share
@@ -143,6 +168,11 @@ class DriftPolicy:
             raise ValueError(f"include_predictions={self.include_predictions!r}: use true or false")
         if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
             raise ValueError(f"min_rows={self.min_rows!r}: use an integer >= 1, e.g. 30")
+        if self.report not in REPORT_KINDS:
+            raise ValueError(f"report={self.report!r}: use one of {list(REPORT_KINDS)}")
+        rows = self.report_sample_rows
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < self.min_rows:
+            raise ValueError(f"report_sample_rows={rows!r}: use an integer >= min_rows ({self.min_rows}), e.g. 20000")
         share = self.max_schema_violation_share
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
                                   or not 0 <= share < 1):
@@ -243,32 +273,182 @@ class DriftResult:
 
 def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list[str], categorical: list[str],
                 policy: DriftPolicy, report_path: str | Path | None = None,
-                schema: pa.DataFrameSchema | None = None) -> DriftResult:
+                schema: pa.DataFrameSchema | None = None, prediction_kind: str = "categorical") -> DriftResult:
     """Compare ``current`` with ``reference`` column by column with Evidently's stattests.
 
     Each column gets the stattest Evidently's ``DataDriftPreset`` would pick (or the policy's) and the same
     threshold; :func:`column_drift` computes the score without building a report, so verdicts and scores equal
     Evidently's at a fraction of the time. Numeric columns are compared as numbers (bools as 0/1), categorical
-    ones and ``prediction`` as categories. Missing values are ignored; a column with no values at all in one frame
-    is reported with method ``all_null`` (drifted unless both frames lack values). When ``report_path`` is given,
-    Evidently renders its HTML report there, and its verdicts are checked against these. With a ``schema`` the
-    current rows are also checked against its row-level rules (:mod:`data.schema_rules`): per feature column
-    the share of rows outside it, which calls the batch drifted by itself above
-    ``policy.max_schema_violation_share``.
+    ones as categories, ``prediction`` as ``prediction_kind``. Missing values are ignored; a column with no values
+    at all in one frame is reported with method ``all_null`` (drifted unless both frames lack values). When
+    ``report_path`` is given, the HTML report of ``policy.report`` is written there (with ``evidently_full``,
+    Evidently's verdicts are checked against these). With a ``schema`` the current rows are also checked against
+    its row-level rules (:mod:`data.schema_rules`): per feature column the share of rows outside it, which calls
+    the batch drifted by itself above ``policy.max_schema_violation_share``.
 
     Raises:
         ValueError: a frame is empty or lacks a column, a column is listed twice, a method does not suit a
             column's kind, an override names a column that is not checked, or a numeric column holds non-numbers.
-        RuntimeError: Evidently's report disagrees with the computed verdicts (only when a report is written).
+        RuntimeError: Evidently's full report disagrees with the computed verdicts.
     """
-    kinds = _checked_columns(reference, current, numeric, categorical, policy)
-    ref = _normalised(reference, kinds, "reference")
-    cur = _normalised(current, kinds, "current")
-    columns = {name: column_drift(ref[name].to_numpy(), cur[name].to_numpy(), kind=kind,
-                                  method=policy.method_for(name), threshold=policy.threshold_for(name))
-               for name, kind in kinds.items()}
-    share = sum(col.drifted for col in columns.values()) / len(columns)
+    kinds = _checked_columns({"reference": list(reference.columns), "current": list(current.columns)}, numeric,
+                             categorical, policy, prediction_kind)
+    for label, frame in (("reference", reference), ("current", current)):
+        _check_rows(label, len(frame), policy)
+    ref = normalised_columns(reference, kinds, "reference")
+    cur = normalised_columns(current, kinds, "current")
+    sides = {name: (_Side.of(ref[name].to_numpy()), _Side.of(cur[name].to_numpy())) for name in kinds}
     violations = {} if schema is None else RuleSet(schema, [*numeric, *categorical]).shares(current)
+    reference_text = f"the reference table ({len(reference)} rows)"
+    return _decide(sides, kinds, policy, violations, report_path, reference_text, frames=(ref, cur))
+
+
+def check_drift_profile(profile: ReferenceProfile, chunks: Iterable[pd.DataFrame], *, numeric: list[str],
+                        categorical: list[str], policy: DriftPolicy, report_path: str | Path | None = None,
+                        schema: pa.DataFrameSchema | None = None,
+                        predict: Callable[[pd.DataFrame], np.ndarray] | None = None) -> DriftResult:
+    """:func:`check_drift` against a stored reference profile, the current batch given as ``chunks`` (read once;
+    memory holds the chunk, the current numeric values and category counts). With ``predict`` the champion's
+    predictions of each chunk are compared with the profile's ``prediction`` column. Verdicts equal
+    :func:`check_drift`'s on the profiled table for columns the profile keeps exactly, within the sampling error
+    for sampled ones (see the module's docstring).
+
+    Raises:
+        ValueError: as :func:`check_drift`; the profile lacks a checked column, or ``policy.report`` is
+            ``evidently_full`` with a ``report_path`` (that report needs the reference table).
+    """
+    if report_path is not None and policy.report == "evidently_full":
+        raise ValueError("report=evidently_full needs the reference table, and this check has only the champion's "
+                         "profile: use report=evidently_sample (Evidently on a seeded sample) or summary")
+    chunks = iter(chunks)
+    first = next(chunks, None)
+    if first is None:
+        raise ValueError("the current data has no rows; pass a non-empty batch")
+    predicting = predict is not None and policy.include_predictions
+    current_columns = [*first.columns, *([PREDICTION_COLUMN] if predicting else [])]
+    reference_columns = list(profile.columns) if policy.include_predictions else [
+        name for name in profile.columns if name != PREDICTION_COLUMN]
+    prediction = profile.columns.get(PREDICTION_COLUMN)
+    kinds = _checked_columns({"reference": reference_columns, "current": current_columns}, numeric, categorical,
+                             policy, prediction.kind if prediction else "categorical")
+    for name, kind in kinds.items():
+        if profile.columns[name].kind != kind:
+            raise ValueError(f"column {name!r} is {kind} in the schema but {profile.columns[name].kind} in the "
+                             "reference profile: profile the reference with this schema again")
+    _check_rows("reference", profile.rows, policy)
+    batch = _StreamedBatch(kinds, RuleSet(schema, [*numeric, *categorical]) if schema is not None else None)
+    for chunk in itertools.chain([first], chunks):
+        if predicting:
+            chunk = chunk.assign(**{PREDICTION_COLUMN: np.asarray(predict(chunk))})
+        batch.add(chunk)
+    _check_rows("current", batch.rows, policy)
+    sides = {name: (_Side.of_profile(profile.columns[name]), batch.side(name)) for name in kinds}
+    sampled = [name for name in kinds if not profile.columns[name].exact]
+    reference_text = (f"the champion's reference profile of {profile.source or 'its training data'} "
+                      f"({profile.rows} rows; " + (f"a seeded sample of {profile.settings.sample_size} values kept "
+                                                   f"of {', '.join(sampled)}, every other column exactly)"
+                                                   if sampled else "every column kept exactly)"))
+    return _decide(sides, kinds, policy, batch.violations(), report_path, reference_text)
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    """One column of one side of a check: its non-null values, or a sample of them, and its size."""
+
+    values: np.ndarray | None
+    """Non-null values (float64 or objects), or a seeded sample of them (see ``std``); None when ``counts``."""
+    rows: int
+    present: int
+    """Non-null rows."""
+    std: float | None = None
+    """Standard deviation of all non-null values, given when ``values`` is a sample."""
+    counts: pd.Series | None = None
+    """Category -> rows, instead of ``values`` (a category column counted, never expanded unless a stattest
+    needs the values)."""
+
+    def array(self) -> np.ndarray:
+        """The non-null values (expanded from ``counts`` when needed)."""
+        if self.values is not None:
+            return self.values
+        return np.repeat(self.counts.index.to_numpy(dtype=object), self.counts.to_numpy(dtype="int64"))
+
+    def value_counts(self) -> pd.Series:
+        return self.counts if self.counts is not None else pd.Series(self.values).value_counts()
+
+    @property
+    def sampled(self) -> bool:
+        return self.std is not None
+
+    @property
+    def missing(self) -> float:
+        return 1 - self.present / self.rows if self.rows else 1.0
+
+    @classmethod
+    def of(cls, column: np.ndarray) -> _Side:
+        """From a normalised column (NaN or None for missing)."""
+        values = column[~pd.isna(column)]
+        return cls(values=values, rows=len(column), present=len(values))
+
+    @classmethod
+    def of_profile(cls, column: ColumnProfile) -> _Side:
+        if column.exact and column.kind == "categorical":
+            counts = pd.Series(column.counts, index=pd.Index(column.values, dtype=object), dtype="int64")
+            return cls(values=None, counts=counts, rows=column.rows, present=column.present)
+        return cls(values=column.non_null(), rows=column.rows, present=column.present,
+                   std=None if column.exact or column.kind != "numeric" else column.std)
+
+
+class _StreamedBatch:
+    """The current batch read chunk by chunk: per column its non-null numbers (categories counted), and the
+    rows outside the schema."""
+
+    def __init__(self, kinds: dict[str, str], rules: RuleSet | None):
+        self.kinds, self.rules, self.rows = kinds, rules, 0
+        self.numbers: dict[str, list[np.ndarray]] = {n: [] for n, k in kinds.items() if k == "numeric"}
+        self.counts = {n: pd.Series(dtype="int64") for n, k in kinds.items() if k == "categorical"}
+        self.present = dict.fromkeys(kinds, 0)
+        self.outside: dict[str, dict[str, float]] = {}
+
+    def add(self, chunk: pd.DataFrame) -> None:
+        missing = [name for name in self.kinds if name not in chunk.columns]
+        if missing:
+            raise ValueError(f"the current data lacks feature columns {missing}; its columns are "
+                             f"{list(chunk.columns)}")
+        frame = normalised_columns(chunk, self.kinds, "current")
+        for name in self.kinds:
+            column = frame[name].to_numpy()
+            values = column[~pd.isna(column)]
+            self.present[name] += len(values)
+            if name in self.numbers:
+                self.numbers[name].append(values)
+            else:
+                self.counts[name] = self.counts[name].add(pd.Series(as_text(values)).value_counts(), fill_value=0)
+        if self.rules is not None:
+            for name, shares in self.rules.shares(chunk).items():
+                total = self.outside.setdefault(name, dict.fromkeys(shares, 0.0))
+                for kind, share in shares.items():
+                    total[kind] += share * len(chunk)
+        self.rows += len(chunk)
+
+    def side(self, name: str) -> _Side:
+        if name in self.numbers:
+            values = np.concatenate(self.numbers.pop(name) or [np.empty(0)])
+            return _Side(values=values, rows=self.rows, present=self.present[name])
+        return _Side(values=None, counts=self.counts.pop(name).astype("int64"), rows=self.rows,
+                     present=self.present[name])
+
+    def violations(self) -> dict[str, dict[str, float]]:
+        return {name: {kind: total / self.rows for kind, total in kinds.items()}
+                for name, kinds in self.outside.items()}
+
+
+def _decide(sides: dict[str, tuple[_Side, _Side]], kinds: dict[str, str], policy: DriftPolicy,
+            violations: dict[str, dict[str, float]], report_path: str | Path | None, reference_text: str,
+            frames: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> DriftResult:
+    """The verdicts, the dataset's verdict and its reason, and the report when asked for."""
+    columns = {name: _compare(*sides[name], kind=kind, method=policy.method_for(name),
+                              threshold=policy.threshold_for(name)) for name, kind in kinds.items()}
+    share = sum(col.drifted for col in columns.values()) / len(columns)
     limit = policy.max_schema_violation_share
     outside = {} if limit is None else {name: v for name, v in violations.items() if v["share"] > limit}
     drifted_names = [name for name, col in columns.items() if col.drifted]
@@ -280,7 +460,14 @@ def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list
     path = None
     if report_path is not None:
         path = Path(report_path)
-        _write_report(ref, cur, kinds, policy, columns, path, violations)
+        if policy.report == "evidently_full":
+            page = _evidently_full_page(*frames, kinds, policy, columns)
+        elif policy.report == "evidently_sample":
+            page = _evidently_sample_page(sides, kinds, policy, reference_text)
+        else:
+            page = _summary_page(sides, kinds, columns, reference_text)
+        body = page.index(">", page.index("<body")) + 1
+        atomic_write_text(path, page[:body] + _violations_html(violations, policy) + page[body:])
     return DriftResult(drifted=share >= policy.drift_share or bool(outside), share_drifted_columns=share,
                        columns=columns, report_path=path, schema_violations=violations, reason="; ".join(reasons))
 
@@ -292,7 +479,7 @@ def _violation_text(shares: dict[str, float]) -> str:
 
 
 def evidently_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list[str], categorical: list[str],
-                    policy: DriftPolicy) -> dict[str, ColumnDrift]:
+                    policy: DriftPolicy, prediction_kind: str = "categorical") -> dict[str, ColumnDrift]:
     """Per-column verdicts read from one Evidently ``DataDriftPreset`` report (slow: it renders every widget).
 
     The yardstick :func:`check_drift` is measured against (tests, ``benchmarks/drift.py``).
@@ -300,9 +487,12 @@ def evidently_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: 
     Raises:
         ValueError: as :func:`check_drift`.
     """
-    kinds = _checked_columns(reference, current, numeric, categorical, policy)
-    return _evidently_verdicts(_normalised(reference, kinds, "reference"), _normalised(current, kinds, "current"),
-                               kinds, policy)[0]
+    kinds = _checked_columns({"reference": list(reference.columns), "current": list(current.columns)}, numeric,
+                             categorical, policy, prediction_kind)
+    for label, frame in (("reference", reference), ("current", current)):
+        _check_rows(label, len(frame), policy)
+    return _evidently_verdicts(normalised_columns(reference, kinds, "reference"),
+                               normalised_columns(current, kinds, "current"), kinds, policy)[0]
 
 
 def column_drift(reference: np.ndarray, current: np.ndarray, *, kind: Literal["numeric", "categorical"],
@@ -314,42 +504,51 @@ def column_drift(reference: np.ndarray, current: np.ndarray, *, kind: Literal["n
 
     ``reference`` and ``current`` hold float64 with NaN (numeric) or objects with None (categorical) for missing.
     """
-    null = _all_null(reference, current)
+    return _compare(_Side.of(reference), _Side.of(current), kind=kind, method=method, threshold=threshold)
+
+
+def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
+             threshold: float | None) -> ColumnDrift:
+    """:func:`column_drift` of two sides; a sampled reference brings its exact size and standard deviation."""
+    null = _all_null(reference.missing, current.missing)
     if null is not None:
         return null
     numbers = kind == "numeric"
-    ref = reference[~np.isnan(reference)] if numbers else reference[pd.notna(reference)]
-    cur = current[~np.isnan(current)] if numbers else current[pd.notna(current)]
     if numbers:
-        ref, cur = np.sort(ref), np.sort(cur)
+        ref, cur = np.sort(reference.array()), np.sort(current.array())
         ref_values = ref[np.r_[True, ref[1:] != ref[:-1]]]
         n_values = (len(ref_values) if len(ref_values) > 5
                     else len(np.union1d(ref_values, cur[np.r_[True, cur[1:] != cur[:-1]]])))
         binned = len(ref_values) > 20  # Evidently bins numbers with more than 20 reference values (Sturges)
+        if reference.sampled:  # the full reference has more than ProfileSettings.exact_values (>= 1000) values
+            n_values, binned = math.inf, True
     else:
-        ref_counts, cur_counts = pd.Series(ref).value_counts(), pd.Series(cur).value_counts()
+        ref_counts, cur_counts = reference.value_counts(), current.value_counts()
         n_values, binned = len(ref_counts.index.union(cur_counts.index)), False
     if method is None:
-        method = _default_method(kind, len(ref), n_values)
+        method = _default_method(kind, reference.present, n_values)
     column_type = _COLUMN_TYPES[kind]
     stattest = _STATTESTS[method]  # Evidently's rule picks z and chisquare for numbers too, unregistered for them
     threshold = stattest.default_threshold if threshold is None else threshold
     if method == "wasserstein":
-        score = _wasserstein_normed(ref, cur)
+        std = reference.std if reference.sampled else float(np.std(ref))
+        score = _wasserstein_normed(ref, cur, std)
     elif method == "jensenshannon" and not binned:
         if numbers:
             ref_counts, cur_counts = pd.Series(ref).value_counts(), pd.Series(cur).value_counts()
         keys = ref_counts.index.union(cur_counts.index)
-        score = float(distance.jensenshannon(ref_counts.reindex(keys, fill_value=0).to_numpy() / len(ref),
-                                             cur_counts.reindex(keys, fill_value=0).to_numpy() / len(cur)))
+        score = float(distance.jensenshannon(ref_counts.reindex(keys, fill_value=0).to_numpy() / ref_counts.sum(),
+                                             cur_counts.reindex(keys, fill_value=0).to_numpy() / cur_counts.sum()))
     else:
+        if not numbers:
+            ref, cur = reference.array(), current.array()
         result = stattest(pd.Series(ref), pd.Series(cur), column_type, threshold)
         return ColumnDrift(method=method, score=float(result.drift_score), threshold=float(result.actual_threshold),
                            drifted=bool(result.drifted))
     return ColumnDrift(method=method, score=score, threshold=float(threshold), drifted=bool(score >= threshold))
 
 
-def _default_method(kind: str, reference_rows: int, n_values: int) -> str:
+def _default_method(kind: str, reference_rows: int, n_values: float) -> str:
     """Evidently's automatic stattest (``registry._get_default_stattest``) for a column with ``n_values`` distinct
     values in both frames together."""
     if reference_rows <= 1000:
@@ -359,7 +558,7 @@ def _default_method(kind: str, reference_rows: int, n_values: int) -> str:
     return "wasserstein" if kind == "numeric" and n_values > 5 else "jensenshannon"
 
 
-def _wasserstein_normed(ref_sorted: np.ndarray, cur_sorted: np.ndarray) -> float:
+def _wasserstein_normed(ref_sorted: np.ndarray, cur_sorted: np.ndarray, ref_std: float) -> float:
     """Evidently's wasserstein score: the first Wasserstein distance of the two samples (the area between their
     empirical CDFs, as scipy computes it) over the reference's standard deviation (at least 0.001)."""
     values = np.concatenate([ref_sorted, cur_sorted])
@@ -367,12 +566,11 @@ def _wasserstein_normed(ref_sorted: np.ndarray, cur_sorted: np.ndarray) -> float
     deltas = np.diff(values)
     ref_cdf = np.searchsorted(ref_sorted, values[:-1], "right") / len(ref_sorted)
     cur_cdf = np.searchsorted(cur_sorted, values[:-1], "right") / len(cur_sorted)
-    return float(np.sum(np.abs(ref_cdf - cur_cdf) * deltas)) / max(float(np.std(ref_sorted)), 0.001)
+    return float(np.sum(np.abs(ref_cdf - cur_cdf) * deltas)) / max(ref_std, 0.001)
 
 
-def _all_null(reference: np.ndarray, current: np.ndarray) -> ColumnDrift | None:
-    """The ``all_null`` verdict when a frame has no value in the column, else None."""
-    ref_missing, cur_missing = float(pd.isna(reference).mean()), float(pd.isna(current).mean())
+def _all_null(ref_missing: float, cur_missing: float) -> ColumnDrift | None:
+    """The ``all_null`` verdict when a side has no value in the column (given the shares missing), else None."""
     if ref_missing < 1 and cur_missing < 1:
         return None
     return ColumnDrift(method=ALL_NULL_METHOD, score=abs(cur_missing - ref_missing), threshold=None,
@@ -382,7 +580,8 @@ def _all_null(reference: np.ndarray, current: np.ndarray) -> ColumnDrift | None:
 def _evidently_verdicts(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str],
                         policy: DriftPolicy) -> tuple[dict[str, ColumnDrift], Snapshot | None]:
     """Verdicts from one Evidently report over the columns with values on both sides, and the report."""
-    columns = {name: null for name in kinds if (null := _all_null(ref[name].to_numpy(), cur[name].to_numpy()))}
+    columns = {name: null for name in kinds
+               if (null := _all_null(_Side.of(ref[name].to_numpy()).missing, _Side.of(cur[name].to_numpy()).missing))}
     compared = [name for name in kinds if name not in columns]
     snapshot = None
     if compared:
@@ -391,21 +590,84 @@ def _evidently_verdicts(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, s
     return {name: columns[name] for name in kinds}, snapshot
 
 
-def _write_report(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], policy: DriftPolicy,
-                  columns: dict[str, ColumnDrift], path: Path, violations: dict[str, dict[str, float]]) -> None:
-    """Evidently's HTML report at ``path``, after checking that its verdicts are ``columns``', with a table of the
-    schema violations (when there are any) on top."""
+def _evidently_full_page(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], policy: DriftPolicy,
+                         columns: dict[str, ColumnDrift]) -> str:
+    """Evidently's HTML report on every row, after checking that its verdicts are ``columns``'."""
     verdicts, snapshot = _evidently_verdicts(ref, cur, kinds, policy)
     differ = [name for name in kinds if not same_verdict(columns[name], verdicts[name])]
     if differ:
         raise RuntimeError(f"Evidently's report disagrees with kfloop's drift check on columns {differ}: "
                            f"{[verdicts[n] for n in differ]} vs {[columns[n] for n in differ]}; please report it")
+    return snapshot.get_html_str(as_iframe=False) if snapshot is not None else _no_comparison_html(columns)
+
+
+def _evidently_sample_page(sides: dict[str, tuple[_Side, _Side]], kinds: dict[str, str], policy: DriftPolicy,
+                           reference_text: str) -> str:
+    """Evidently's HTML report on a seeded sample of ``policy.report_sample_rows`` rows of each side, under a note
+    saying so (its verdicts are the sample's; the check's are on all rows)."""
+    rng = np.random.default_rng(REPORT_SEED)
+    ref = pd.DataFrame({name: _sample(sides[name][0], kind, policy.report_sample_rows, rng)
+                        for name, kind in kinds.items()})
+    cur = pd.DataFrame({name: _sample(sides[name][1], kind, policy.report_sample_rows, rng)
+                        for name, kind in kinds.items()})
+    columns, snapshot = _evidently_verdicts(ref, cur, kinds, policy)
     page = snapshot.get_html_str(as_iframe=False) if snapshot is not None else _no_comparison_html(columns)
-    body = page.index("<body")
-    body = page.index(">", body) + 1
-    atomic_write_text(path, page[:body] + _violations_html(violations, policy) + page[body:])
+    note = (f'<section id="kfloop-report-sample" style="font-family:sans-serif;margin:1em"><p><b>Evidently report '
+            f"on a seeded sample</b> of {len(ref)} reference and {len(cur)} current rows (seed {REPORT_SEED}; "
+            f"reference: {html.escape(reference_text)}). Its verdicts are the sample's; the drift check's verdicts "
+            f"are computed on every current row and may differ.</p></section>")
+    body = page.index(">", page.index("<body")) + 1
+    return page[:body] + note + page[body:]
 
 
+def _sample(side: _Side, kind: str, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """A seeded sample of at most ``rows`` rows of one column, its share of missing values kept."""
+    rows = min(rows, side.rows)
+    present = round(rows * side.present / side.rows)
+    values = side.array()
+    values = rng.choice(values, size=present, replace=present > len(values))
+    missing = np.full(rows - present, np.nan if kind == "numeric" else None,
+                      dtype="float64" if kind == "numeric" else object)
+    return rng.permutation(np.concatenate([values.astype(missing.dtype), missing]))
+
+
+def _summary_page(sides: dict[str, tuple[_Side, _Side]], kinds: dict[str, str], columns: dict[str, ColumnDrift],
+                  reference_text: str) -> str:
+    """kfloop's report: the verdict and both sides' summaries per column, built without Evidently's report."""
+    rows = []
+    for name, kind in kinds.items():
+        col = columns[name]
+        score = "" if math.isnan(col.score) else f"{col.score:.4g}"
+        cells = [name, kind, col.method, score, "" if col.threshold is None else f"{col.threshold:g}",
+                 "DRIFT" if col.drifted else "ok", *(_summary_text(side, kind) for side in sides[name])]
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("column", "kind", "method", "score", "threshold", "verdict",
+                                             "reference", "current"))
+    current_rows = next(iter(sides.values()))[1].rows
+    drifted = sum(col.drifted for col in columns.values())
+    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>Drift report</title></head><body "
+            "style=\"font-family:sans-serif;margin:1em\"><h1>Drift report</h1>"
+            f"<p>{drifted} of {len(columns)} columns drifted. Reference: {html.escape(reference_text)}. Current: "
+            f"{current_rows} rows. Built from the verdicts and both sides' summaries (not Evidently's report: set "
+            "the drift policy's <code>report</code> to <code>evidently_sample</code> for Evidently's report on a "
+            "seeded sample).</p>"
+            f"<table border=\"1\" cellpadding=\"4\"><tr>{head}</tr>{''.join(rows)}</table></body></html>\n")
+
+
+def _summary_text(side: _Side, kind: str) -> str:
+    """``nulls 5.0%; mean 10, std 2, p5/p50/p95 6.7/10/13`` or ``nulls 0.0%; red 50.0%, green 30.0%``."""
+    text = f"nulls {side.missing:.1%}"
+    if not side.present:
+        return text
+    if kind == "numeric":
+        p5, p50, p95 = np.quantile(side.values, [0.05, 0.5, 0.95])
+        std = side.std if side.sampled else float(np.std(side.values))
+        sample = " (percentiles of a sample)" if side.sampled else ""
+        return (f"{text}; mean {float(np.mean(side.values)):.4g}, std {std:.4g}, p5/p50/p95 "
+                f"{p5:.4g}/{p50:.4g}/{p95:.4g}{sample}")
+    counts = side.value_counts()
+    top = (counts / counts.sum()).sort_values(ascending=False, kind="stable").head(5)
+    return f"{text}; " + ", ".join(f"{value} {share:.1%}" for value, share in top.items())
 def _violations_html(violations: dict[str, dict[str, float]], policy: DriftPolicy) -> str:
     """A table of the share of current rows outside the schema per column; empty when nothing was checked."""
     if not violations:
@@ -422,6 +684,8 @@ def _violations_html(violations: dict[str, dict[str, float]], policy: DriftPolic
             f"<tr>{head}</tr>{rows}</table></section>")
 
 
+
+
 def same_verdict(a: ColumnDrift, b: ColumnDrift, *, rel: float = 1e-6) -> bool:
     """Same method, threshold and flag, and scores equal to ``rel`` (both NaN counts as equal)."""
     scores = (math.isnan(a.score) and math.isnan(b.score)) or math.isclose(a.score, b.score, rel_tol=rel,
@@ -429,9 +693,12 @@ def same_verdict(a: ColumnDrift, b: ColumnDrift, *, rel: float = 1e-6) -> bool:
     return (a.method, a.threshold, a.drifted) == (b.method, b.threshold, b.drifted) and scores
 
 
-def _checked_columns(reference: pd.DataFrame, current: pd.DataFrame, numeric: list[str], categorical: list[str],
-                     policy: DriftPolicy) -> dict[str, str]:
-    """Column name -> ``numeric`` | ``categorical``, in check order, after validating the inputs."""
+
+
+def _checked_columns(columns: dict[str, list[str]], numeric: list[str], categorical: list[str],
+                     policy: DriftPolicy, prediction_kind: str) -> dict[str, str]:
+    """Column name -> ``numeric`` | ``categorical``, in check order, after validating the columns each side
+    (``reference``, ``current``) has."""
     features = [*numeric, *categorical]
     repeated = sorted({c for c in features if features.count(c) > 1})
     if repeated:
@@ -439,25 +706,18 @@ def _checked_columns(reference: pd.DataFrame, current: pd.DataFrame, numeric: li
     if PREDICTION_COLUMN in features:
         raise ValueError(f"a feature is named {PREDICTION_COLUMN!r}, the name of the champion's prediction column; "
                          "rename the feature")
-    for label, frame in (("reference", reference), ("current", current)):
-        if frame.empty:
-            raise ValueError(f"the {label} data has no rows; pass a non-empty batch")
-        if len(frame) < policy.min_rows:
-            raise ValueError(f"the {label} data has {len(frame)} rows, fewer than min_rows={policy.min_rows}: too "
-                             "few for a drift verdict; check a larger batch or lower min_rows")
-        missing = [c for c in features if c not in frame.columns]
+    for label, names in columns.items():
+        missing = [c for c in features if c not in names]
         if missing:
-            raise ValueError(f"the {label} data lacks feature columns {missing}; its columns are "
-                             f"{list(frame.columns)}")
+            raise ValueError(f"the {label} data lacks feature columns {missing}; its columns are {names}")
     kinds = {c: "numeric" for c in numeric} | {c: "categorical" for c in categorical}
     if policy.include_predictions:
-        present = [label for label, frame in (("reference", reference), ("current", current))
-                   if PREDICTION_COLUMN in frame.columns]
+        present = [label for label, names in columns.items() if PREDICTION_COLUMN in names]
         if len(present) == 1:
             raise ValueError(f"only the {present[0]} data has a {PREDICTION_COLUMN!r} column; add the champion's "
                              "predictions to both frames or set include_predictions=False")
         if present:
-            kinds[PREDICTION_COLUMN] = "categorical"
+            kinds[PREDICTION_COLUMN] = prediction_kind
     if not kinds:
         raise ValueError("no columns to check; pass the schema's numeric and/or categorical feature columns")
     unknown = sorted(set(policy.column_overrides) - set(kinds))
@@ -472,22 +732,12 @@ def _checked_columns(reference: pd.DataFrame, current: pd.DataFrame, numeric: li
     return kinds
 
 
-def _normalised(frame: pd.DataFrame, kinds: dict[str, str], label: str) -> pd.DataFrame:
-    """Numeric columns as float64 with NaN for missing and non-finite values (Evidently cannot take bools);
-    categorical columns as objects with None for missing."""
-    out = {}
-    for name, kind in kinds.items():
-        series = frame[name]
-        if kind == "numeric":
-            try:
-                values = series.to_numpy(dtype="float64", na_value=np.nan)
-            except (TypeError, ValueError) as err:
-                raise ValueError(f"numeric column {name!r} in the {label} data holds non-numbers "
-                                 f"(e.g. {series.dropna().head(3).tolist()}): {err}") from err
-            out[name] = np.where(np.isfinite(values), values, np.nan)
-        else:
-            out[name] = series.astype(object).where(series.notna(), None).to_numpy()
-    return pd.DataFrame(out, index=pd.RangeIndex(len(frame)))
+def _check_rows(label: str, rows: int, policy: DriftPolicy) -> None:
+    if rows == 0:
+        raise ValueError(f"the {label} data has no rows; pass a non-empty batch")
+    if rows < policy.min_rows:
+        raise ValueError(f"the {label} data has {rows} rows, fewer than min_rows={policy.min_rows}: too "
+                         "few for a drift verdict; check a larger batch or lower min_rows")
 
 
 def _run_report(ref: pd.DataFrame, cur: pd.DataFrame, kinds: dict[str, str], policy: DriftPolicy) -> Snapshot:

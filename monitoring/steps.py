@@ -26,11 +26,14 @@ class DriftStepResult:
     reference_uri: str
     """The reference data, credentials removed."""
     champion_version: str | None
+    reference_profile: bool = False
+    """Whether the check compared with the champion's stored profile of ``reference_uri`` (not the file itself)."""
 
     def to_dict(self) -> dict[str, Any]:
         """``kfloop drift --json``: the DriftResult contract plus data hash and version, reference and champion."""
         return {**self.drift.to_dict(), "data_md5": self.data_md5, "data_version": self.data_version,
-                "reference_uri": self.reference_uri, "champion_version": self.champion_version}
+                "reference_uri": self.reference_uri, "reference_profile": self.reference_profile,
+                "champion_version": self.champion_version}
 
 
 @step_function
@@ -39,41 +42,58 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     """Evidently drift of the schema's features, and of the champion's predictions, current against reference,
     and the share of current rows outside the schema per feature.
 
-    Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used. With a
-    ``model_name`` the check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
+    Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used: its
+    stored reference profile when it has one (the current data is then read in chunks and the training data not
+    at all), else the training data itself (versions registered before profiles). With a ``model_name`` the
+    check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
 
     Raises:
         ValueError: no reference or schema given and no champion to take them from.
         data.validation.DataFileError: a data file is unusable.
     """
-    from monitoring.drift import DriftPolicy, check_drift
+    from data.chunks import table_chunks
+    from monitoring.drift import DriftPolicy, check_drift, check_drift_profile
+    from monitoring.profiles import prediction_kind
     from data.validation import load_schema, read_table, read_table_source, schema_roles
-    from training.registry.versions import champion_schema, get_champion, load_version_predictor
+    from training.registry.versions import champion_profile, champion_schema, get_champion, load_version_predictor
 
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None
+    profile = champion_profile(model_name) if champion is not None and not reference_uri else None
     reference_uri = reference_uri or ((champion.record.data_uri or "") if champion else "")
     schema_text = schema_uri or (champion_schema(model_name) if champion else None)
-    if not reference_uri or not schema_text:
+    if not (reference_uri or profile) or not schema_text:
         raise ValueError(f"model '{model_name}' has no champion to take the reference data and schema from; "
                          "pass reference_uri and schema_uri")
     schema = load_schema(schema_text)
     roles = schema_roles(schema)
-    reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
-    if champion is not None and rules.include_predictions:
-        predictor = load_version_predictor(model_name, champion.version)
-        reference["prediction"] = predictor.predict(reference).astype(str)
-        current["prediction"] = predictor.predict(current).astype(str)
-    result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical, policy=rules,
-                         report_path=report_out or None, schema=schema)
-    progress(f"drift: {redact(current_uri)} vs {redact(reference_uri)}: drifted={result.drifted} ({result.reason})")
+    kind = prediction_kind(roles.task)
+    predictor = (load_version_predictor(model_name, champion.version)
+                 if champion is not None and rules.include_predictions else None)
+    report_path = report_out or None
+    if profile is not None:
+        with table_chunks(current_uri, text_columns=roles.categorical) as (chunks, source):
+            result = check_drift_profile(profile, chunks, numeric=roles.numeric, categorical=roles.categorical,
+                                         policy=rules, report_path=report_path, schema=schema,
+                                         predict=predictor.predict if predictor is not None else None)
+    else:
+        reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
+        if predictor is not None:
+            for frame in (reference, current):
+                predictions = predictor.predict(frame)
+                frame["prediction"] = predictions.astype(str) if kind == "categorical" else predictions
+        result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical,
+                             policy=rules, report_path=report_path, schema=schema, prediction_kind=kind)
+    against = "the champion's reference profile of " if profile is not None else ""
+    progress(f"drift: {redact(current_uri)} vs {against}{redact(reference_uri)}: drifted={result.drifted} "
+             f"({result.reason})")
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
-                              reference_uri=redact(reference_uri),
+                              reference_uri=redact(reference_uri), reference_profile=profile is not None,
                               champion_version=champion.version if champion else None)
     if model_name:
         from monitoring.records import record_drift_check
 
-        record_drift_check(model_name, checked, current_uri=redact(current_uri), report_path=report_out or None)
+        record_drift_check(model_name, checked, current_uri=redact(current_uri), report_path=report_path)
     return checked
 
 

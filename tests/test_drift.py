@@ -23,6 +23,7 @@ from monitoring.drift import (
 NUMERIC = ["x", "items", "flag"]
 CATEGORICAL = ["color"]
 SMALL, LARGE = 600, 3000  # Evidently: <= 1000 reference rows -> p-value tests, more -> distances
+FULL_REPORT = DriftPolicy(report="evidently_full")
 
 
 def batch(n: int, seed: int, *, x_shift: float = 0.0, colors=(0.5, 0.3, 0.2), nulls: float = 0.05,
@@ -129,7 +130,7 @@ def test_prediction_column_is_checked_as_categorical():
 
 def test_report_html_and_json_contract(tmp_path):
     path = tmp_path / "reports" / "drift.html"
-    result = run(batch(SMALL, 1), batch(SMALL, 2, colors=(0.2, 0.3, 0.5)), report_path=path)
+    result = run(batch(SMALL, 1), batch(SMALL, 2, colors=(0.2, 0.3, 0.5)), FULL_REPORT, report_path=path)
 
     assert result.report_path == path
     text = path.read_text(encoding="utf-8")
@@ -152,7 +153,7 @@ def test_columns_without_values_are_reported_not_crashing(tmp_path):
     reference["color"] = None
     current["color"] = pd.Series([None] * len(current), dtype="string")
 
-    result = run(reference, current, report_path=tmp_path / "r.html")
+    result = run(reference, current, FULL_REPORT, report_path=tmp_path / "r.html")
 
     x, color = result.columns["x"], result.columns["color"]
     assert (x.method, x.drifted, x.threshold) == (ALL_NULL_METHOD, True, None)
@@ -167,7 +168,7 @@ def test_no_column_with_values_on_both_sides_still_writes_a_report(tmp_path):
     current = batch(SMALL, 2)
     current[[*NUMERIC, *CATEGORICAL]] = None
 
-    result = run(batch(SMALL, 1), current, report_path=tmp_path / "r.html")
+    result = run(batch(SMALL, 1), current, FULL_REPORT, report_path=tmp_path / "r.html")
 
     assert {col.method for col in result.columns.values()} == {ALL_NULL_METHOD}
     assert (result.drifted, result.share_drifted_columns) == (True, 1.0)

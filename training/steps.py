@@ -283,14 +283,19 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
 def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id: str, model_name: str,
                   dataset_uri: str, data_md5: str, holdout_sha256: str, pipeline_run_id: str,
                   champion_version: str, holdout_fraction: float, split_seed: int, data_version: str = "") -> str:
-    """Log the model into its training run and register it as a version with decision, reason and lineage (the
-    split's fraction and seed included, so ``kfloop reproduce`` splits the same way)."""
+    """Log the model into its training run and register it as a version with decision, reason, lineage (the
+    split's fraction and seed included, so ``kfloop reproduce`` splits the same way) and the reference profile of
+    its training data with its predictions on it (one streaming pass; drift checks compare with it)."""
+    from data.validation import load_schema
+    from monitoring.profiles import profile_table
     from training.config import TrainingConfig
     from training.model import Predictor
     from training.registry.versions import Lineage, log_candidate, register_candidate
 
     decision = json.loads(Path(report_path).read_text())
-    description = Predictor.load(model_dir).description
+    predictor = Predictor.load(model_dir)
+    description = predictor.description
+    profile = profile_table(dataset_uri, load_schema(Path(schema_path).read_text()), predict=predictor.predict)
     config = description["config"]
     lineage = Lineage(data_md5=data_md5, data_uri=record_uri(dataset_uri), data_version=data_version,
                       holdout_sha256=holdout_sha256,
@@ -299,7 +304,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       previous_champion=champion_version or None, training_config=config,
                       decision_threshold=description.get("decision_threshold"),
                       holdout_fraction=holdout_fraction, split_seed=split_seed)
-    model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage)
+    model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage, profile=profile)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
     progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")
     return version

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pandas as pd
 
+from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from monitoring.trigger import utc_iso
 from training.errors import KfloopError
 from training.fileio import file_digest
@@ -247,10 +248,12 @@ def ensure_registered_model(model_name: str, *, client: "mlflow.MlflowClient | N
             raise
 
 
-def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any], lineage: Lineage) -> str:
+def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any], lineage: Lineage,
+                  profile: ReferenceProfile | None = None) -> str:
     """Log the model directory as a pyfunc model into the existing run ``run_id``, with ``schema.yaml``,
-    ``evaluation.json`` (``decision``), ``lineage.json``, the gate's scalars as ``eval_*`` metrics, and the
-    weights' sha256 and lineage as ``kfloop.*`` run tags. Uses the tracking URI MLflow resolves
+    ``evaluation.json`` (``decision``), ``lineage.json``, the reference ``profile`` of its training data (as
+    ``reference_profile.json``, what drift checks of this version compare with), the gate's scalars as ``eval_*``
+    metrics, and the weights' sha256 and lineage as ``kfloop.*`` run tags. Uses the tracking URI MLflow resolves
     (``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``).
 
     Returns:
@@ -285,6 +288,8 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     client.log_text(run_id, lineage.schema_yaml, SCHEMA_ARTIFACT)
     client.log_dict(run_id, decision, EVALUATION_ARTIFACT)
     client.log_dict(run_id, lineage.to_dict(), LINEAGE_ARTIFACT)
+    if profile is not None:
+        client.log_text(run_id, profile.to_json(), PROFILE_ARTIFACT)
     now_ms = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(f"eval_{k}", v, now_ms, 0) for k, v in scalars.items()],
                      tags=[RunTag(f"kfloop.{k}", v) for k, v in {**lineage.tags(), WEIGHTS_TAG: weights_sha}.items()])
@@ -384,6 +389,24 @@ def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = N
     import mlflow
 
     return mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{SCHEMA_ARTIFACT}")
+
+
+def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> ReferenceProfile | None:
+    """The reference profile stored with the champion (:mod:`monitoring.profiles`), or ``None`` when there is no
+    champion or it was registered before kfloop stored profiles (drift checks then read its training data).
+
+    Raises:
+        ValueError: the stored profile is malformed or of another format version.
+    """
+    client = _client(client)
+    champion = get_champion(model_name, client=client)
+    if champion is None or champion.run_id is None:
+        return None
+    if PROFILE_ARTIFACT not in {a.path for a in client.list_artifacts(champion.run_id)}:
+        return None
+    import mlflow
+
+    return ReferenceProfile.from_json(mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{PROFILE_ARTIFACT}"))
 
 
 def download_model_dir(model_name: str, version: str, dst: str | Path, *,

@@ -1,0 +1,277 @@
+"""kfloop at scale: validation, building the reference profile, the drift check against it, one rank's training
+input, and Evidently's ``DataDriftPreset``, each in its own process with its peak RSS from the OS (``wait4``).
+
+    .venv/bin/python -m benchmarks.scale [--rows 10000000] [--workdir DIR] [--out benchmarks/results/scale.json]
+
+Generates a reference and a current Parquet file (row groups of 500k rows) of ``--rows`` rows x 20 columns (12
+numeric, 8 categorical, nulls; 7 columns drift in the current one, see ``benchmarks/drift.py``) and a label, trains
+a small classifier on 20k reference rows (the champion whose predictions are profiled and checked), then measures.
+Every child runs under a memory cap (``RLIMIT_AS``) and a time cap, so a failure is recorded, not the machine
+taken down. Evidently runs on a ladder of sizes (first rows of both files) up to ``--rows`` and stops at the first
+failure; its verdicts are compared with kfloop's (profile of the same rows, check of the same rows) at the largest
+size it finishes. Writes ``benchmarks/results/scale.json``.
+
+Goals (issue 17, 10M x 20 on this 2-core machine): drift <= 30 s and <= 2 GiB; validation <= 120 s and <= 3 GiB;
+training input <= 1.5 GiB per rank at 1M and 10M rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from benchmarks.drift import CATEGORICAL, NUMERIC, make_frame
+from data.validation import infer_schema, load_schema, schema_to_yaml, validate
+from data.chunks import table_chunks
+from monitoring.drift import DriftPolicy, check_drift_profile, evidently_drift
+from monitoring.profiles import ReferenceProfile, profile_table
+from training.features import FeatureTransform, encode_target, target_classes
+from training.fileio import atomic_write_json
+from training.model import MLP, Architecture, Predictor, save_model_dir
+
+TARGET = "label"
+GENERATE_ROWS = 500_000
+"""Rows generated (and written as one row group) at a time."""
+GIB = 1 << 30
+GOALS = {"drift_seconds": 30, "drift_peak_rss_gib": 2, "validate_seconds": 120, "validate_peak_rss_gib": 3,
+         "train_input_peak_rss_gib": 1.5}
+
+
+def generate(path: Path, rows: int, *, seed: int, drift: bool) -> None:
+    """``rows`` rows in row groups of :data:`GENERATE_ROWS`, a label that depends on two features."""
+    with pq.ParquetWriter(path.with_suffix(".tmp"), schema=_arrow_schema()) as writer:
+        for i, start in enumerate(range(0, rows, GENERATE_ROWS)):
+            frame = make_frame(min(GENERATE_ROWS, rows - start), seed * 10_000 + i, drift=drift)
+            score = frame["num_01"].to_numpy() + (frame["cat_01"] == "v3").to_numpy() * 1.5
+            frame[TARGET] = np.where(score > 3.2, "yes", "no")
+            writer.write_table(pa.Table.from_pandas(frame, schema=_arrow_schema(), preserve_index=False))
+    path.with_suffix(".tmp").replace(path)
+
+
+def _arrow_schema() -> pa.Schema:
+    return pa.schema([*(pa.field(c, pa.float64()) for c in NUMERIC), *(pa.field(c, pa.string()) for c in CATEGORICAL),
+                      pa.field(TARGET, pa.string())])
+
+
+def head(path: Path, rows: int, out: Path) -> Path:
+    """The first ``rows`` rows of ``path`` as their own Parquet file."""
+    if not out.exists():
+        with pq.ParquetWriter(out.with_suffix(".tmp"), schema=_arrow_schema()) as writer:
+            left = rows
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=min(GENERATE_ROWS, rows)):
+                writer.write_batch(batch.slice(0, left))
+                left -= min(left, batch.num_rows)
+                if left == 0:
+                    break
+        out.with_suffix(".tmp").replace(out)
+    return out
+
+
+def train_champion(reference: Path, out: Path) -> Path:
+    """A small MLP on the first 20k reference rows: the champion whose predictions are profiled."""
+    frame = next(pq.ParquetFile(reference).iter_batches(batch_size=20_000)).to_pandas()
+    torch.manual_seed(0)
+    transform = FeatureTransform.fit(frame, numeric=NUMERIC, categorical=CATEGORICAL)
+    classes = target_classes(frame[TARGET])
+    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=(16,))
+    model = MLP(arch)
+    x, y = torch.from_numpy(transform.transform(frame)), torch.from_numpy(encode_target(frame[TARGET], classes))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(100):
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    return save_model_dir(out, model=model, arch=arch, transform=transform, classes=classes, target=TARGET)
+
+
+# ------------------------------------------------------------------------------------- stages (one per process)
+
+def stage_profile(work: Path, reference: Path, out: Path) -> dict:
+    predictor = Predictor.load(work / "model")
+    profile = profile_table(reference, load_schema(work / "schema.yaml"), predict=predictor.predict)
+    profile.write(out)
+    return {"sampled_columns": sorted(n for n, c in profile.columns.items() if not c.exact)}
+
+
+def stage_drift(work: Path, profile: Path, current: Path) -> dict:
+    predictor = Predictor.load(work / "model")
+    with table_chunks(current, text_columns=CATEGORICAL) as (chunks, _):
+        result = check_drift_profile(ReferenceProfile.read(profile), chunks, numeric=NUMERIC, categorical=CATEGORICAL,
+                                     policy=DriftPolicy(), report_path=work / "drift.html",
+                                     schema=load_schema(work / "schema.yaml"), predict=predictor.predict)
+    return {"drifted": result.drifted, "columns": {n: c.to_dict() for n, c in result.columns.items()}}
+
+
+def stage_validate(work: Path, current: Path) -> dict:
+    report = validate(current, load_schema(work / "schema.yaml"))
+    return {"ok": report.ok, "failures": len(report.failures), "rows": report.n_rows}
+
+
+def stage_evidently(work: Path, reference: Path, current: Path) -> dict:
+    predictor = Predictor.load(work / "model")
+    frames = [pd.read_parquet(path) for path in (reference, current)]
+    for frame in frames:
+        frame["prediction"] = predictor.predict(frame).astype(str)
+    verdicts = evidently_drift(*frames, numeric=NUMERIC, categorical=CATEGORICAL, policy=DriftPolicy())
+    return {"columns": {n: c.to_dict() for n, c in verdicts.items()}}
+
+
+STAGES = {"profile": stage_profile, "drift": stage_drift, "validate": stage_validate, "evidently": stage_evidently}
+
+
+def measure(command: list[str], *, memory_gib: float, seconds: int) -> dict:
+    """Run ``command`` in its own process under the caps: wall seconds, its peak RSS (GiB) from ``wait4``, the
+    JSON line it printed last, or why it failed."""
+    cap = int(memory_gib * GIB)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        child = subprocess.Popen(command, stdout=out, stderr=err, text=True, preexec_fn=limit,
+                                 env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+        timer = threading.Timer(seconds, child.kill)
+        timer.start()
+        _, status, usage = os.wait4(child.pid, 0)
+        timer.cancel()
+        elapsed = time.perf_counter() - start
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    result = {"seconds": round(elapsed, 2), "peak_rss_gib": round(usage.ru_maxrss * 1024 / GIB, 3), "error": None}
+    if elapsed >= seconds:
+        result["error"] = f"killed at the time cap of {seconds} s"
+    elif child.returncode != 0:
+        last = (stderr.strip().splitlines() or ["no output"])[-1]
+        memory = "MemoryError" in stderr or "Cannot allocate memory" in stderr or child.returncode == -9
+        result["error"] = (f"out of memory under the cap of {memory_gib} GiB: " if memory else "") + \
+            f"exit {child.returncode}: {last[:300]}"
+    else:
+        result["output"] = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
+    return result
+
+
+def _stage(name: str, work: Path, *paths: Path) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.scale", "--stage", name, "--workdir", str(work), *map(str, paths)]
+
+
+def compare(ours: dict, theirs: dict) -> dict:
+    """Verdicts equal (method, threshold, drifted per column) and the largest score difference."""
+    differ = sorted(n for n in theirs if (ours[n]["method"], ours[n]["threshold"], ours[n]["drifted"])
+                    != (theirs[n]["method"], theirs[n]["threshold"], theirs[n]["drifted"]))
+    gaps = [abs(ours[n]["score"] - theirs[n]["score"]) for n in theirs
+            if ours[n]["score"] is not None and theirs[n]["score"] is not None]
+    return {"verdicts_equal": not differ, "differing_columns": differ, "max_score_difference": max(gaps, default=0.0)}
+
+
+def run(args: argparse.Namespace) -> int:
+    work, rows = args.workdir, args.rows
+    work.mkdir(parents=True, exist_ok=True)
+    caps = {"memory_gib": args.memory_cap_gib, "seconds": args.time_cap}
+    reference, current = work / f"reference-{rows}.parquet", work / f"current-{rows}.parquet"
+    start = time.perf_counter()
+    for path, seed, drift in ((reference, 1, False), (current, 2, True)):
+        if not path.exists():
+            generate(path, rows, seed=seed, drift=drift)
+    sample = next(pq.ParquetFile(reference).iter_batches(batch_size=100_000)).to_pandas()
+    (work / "schema.yaml").write_text(schema_to_yaml(infer_schema(sample, target=TARGET)))
+    train_champion(reference, work / "model")
+    print(f"data: 2 x {rows} rows x {len(NUMERIC) + len(CATEGORICAL)} columns in {time.perf_counter() - start:.0f} s")
+
+    profile = measure(_stage("profile", work, reference, work / "profile.json"), **caps)
+    drift = measure(_stage("drift", work, work / "profile.json", current), **caps)
+    validation = measure(_stage("validate", work, current), **caps)
+    train_input = {}
+    for size in sorted({min(1_000_000, rows), rows}):
+        path = reference if size == rows else head(reference, size, work / f"reference-head-{size}.parquet")
+        train_input[size] = measure([sys.executable, "-m", "benchmarks.train_input", str(path), "--rank", "0",
+                                     "--world-size", "2"], **caps)
+    ladder, finished = [], None
+    for size in [n for n in (100_000, 1_000_000, 10_000_000) if n <= rows]:
+        ref_n = reference if size == rows else head(reference, size, work / f"reference-head-{size}.parquet")
+        cur_n = current if size == rows else head(current, size, work / f"current-head-{size}.parquet")
+        step = measure(_stage("evidently", work, ref_n, cur_n), **caps)
+        ladder.append({"rows": size, **{k: step[k] for k in ("seconds", "peak_rss_gib", "error")}})
+        print(f"Evidently at {size} rows: {step['seconds']} s, {step['peak_rss_gib']} GiB, {step['error'] or 'ok'}")
+        if step["error"]:
+            break
+        finished = (size, ref_n, cur_n, step)
+    comparison = {"verdicts_equal": None}
+    if finished:
+        size, ref_n, cur_n, step = finished
+        ours = drift
+        if size != rows:
+            built = measure(_stage("profile", work, ref_n, work / f"profile-{size}.json"), **caps)
+            ours = built if built["error"] else measure(
+                _stage("drift", work, work / f"profile-{size}.json", cur_n), **caps)
+        comparison = ({"verdicts_equal": False, "error": ours["error"]} if ours.get("error")
+                      else compare(ours["output"]["columns"], step["output"]["columns"]))
+        comparison["compared_at_rows"] = size
+    largest = ladder[-1] if ladder else {"rows": None, "seconds": None, "peak_rss_gib": None, "error": "not run"}
+    result = {
+        "rows": rows, "columns": len(NUMERIC) + len(CATEGORICAL),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "memory_cap_gib": args.memory_cap_gib, "time_cap_s": args.time_cap,
+        "drift_seconds": drift["seconds"], "drift_peak_rss_gib": drift["peak_rss_gib"], "drift_error": drift["error"],
+        "validate_seconds": validation["seconds"], "validate_peak_rss_gib": validation["peak_rss_gib"],
+        "validate_error": validation["error"],
+        "profile_seconds": profile["seconds"], "profile_peak_rss_gib": profile["peak_rss_gib"],
+        "profile_error": profile["error"],
+        "train_input_peak_rss_gib": train_input[rows]["peak_rss_gib"],
+        "train_input": {str(n): {k: m[k] for k in ("seconds", "peak_rss_gib", "error")} for n, m in train_input.items()},
+        "evidently_rows": largest["rows"],
+        "evidently_seconds": None if largest["error"] else largest["seconds"],
+        "evidently_peak_rss_gib": largest["peak_rss_gib"], "evidently_error": largest["error"],
+        "evidently_ladder": ladder,
+        **comparison,
+        "goals": GOALS,
+    }
+    result["within_goals"] = {key: result[key] is not None and result[key] <= goal for key, goal in GOALS.items()}
+    print(f"{'measure':<28}{'seconds':>10}{'peak RSS GiB':>14}  result")
+    for label, m in (("build the profile", profile), ("drift vs profile", drift), ("validation", validation),
+                     *((f"train input rank 0 @ {n}", m) for n, m in train_input.items()),
+                     *((f"Evidently @ {step['rows']}", step) for step in ladder)):
+        print(f"{label:<28}{m['seconds']:>10.1f}{m['peak_rss_gib'] or 0:>14.2f}  {m['error'] or 'ok'}")
+    print(f"verdicts equal to Evidently's at {comparison.get('compared_at_rows')} rows: {comparison['verdicts_equal']}"
+          f" (largest score difference {comparison.get('max_score_difference')})")
+    atomic_write_json(args.out, result)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--workdir", type=Path, default=Path("benchmarks/results/scale-data"))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/scale.json"))
+    parser.add_argument("--memory-cap-gib", type=float, default=8.0,
+                        help="address-space cap of every measured process (RLIMIT_AS)")
+    parser.add_argument("--time-cap", type=int, default=600, help="seconds before a measured process is killed")
+    parser.add_argument("--stage", choices=sorted(STAGES), help=argparse.SUPPRESS)
+    parser.add_argument("paths", nargs="*", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.stage:
+        start = time.perf_counter()
+        output = STAGES[args.stage](args.workdir, *args.paths)
+        print(json.dumps({**output, "seconds": round(time.perf_counter() - start, 2)}))
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
