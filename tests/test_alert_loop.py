@@ -13,7 +13,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
 import yaml
 from binaries import require_binary
 from fakes.server_process import free_port, start_server, stop_group
