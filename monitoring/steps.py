@@ -40,10 +40,11 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
     Raises:
         ValueError: no reference or schema given and no champion to take them from.
-        data.validation.DataFileError: a data file is unusable.
+        data.tables.DataFileError: a data file is unusable.
     """
     from monitoring.drift import DriftPolicy, check_drift
-    from data.validation import load_schema, read_table, read_table_source, schema_roles
+    from data.tables import read_table, read_table_source
+    from data.validation import load_schema, schema_roles
     from training.registry.versions import champion_schema, get_champion, load_version_predictor
 
     rules = DriftPolicy.from_dict(policy)

@@ -37,7 +37,8 @@ from training import checkpoints
 from training.config import TrainingConfig
 from training.features import FeatureTransform, encode_target, target_classes
 from training.model import MLP, Architecture, save_model_dir
-from data.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
+from data.tables import read_table_source
+from data.validation import load_schema, schema_roles, schema_to_yaml
 from training.threshold import choose_threshold
 
 logger = logging.getLogger("kfloop.train")
