@@ -45,8 +45,10 @@ class ReadLimits:
     """File size in bytes (from the file system)."""
     max_rows: int = 20_000_000
     """Data rows: from the Parquet footer, or by reading at most ``max_rows + 1`` rows of a CSV."""
-    chunk_rows: int = 250_000
-    """Rows per chunk of a streamed read (:func:`iter_table`); memory grows with it, not with the file."""
+    chunk_rows: int = 100_000
+    """Rows per chunk of a streamed read (:func:`iter_table`, the training input); memory grows with it, not with
+    the file. Measured on 20 columns: 0.74 / 0.81 / 1.05 / 1.35 GiB peak for one training rank at 50k / 100k /
+    250k / 500k rows, with 100k as fast as larger chunks."""
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_rows", "chunk_rows"):
