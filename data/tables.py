@@ -132,7 +132,7 @@ def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.D
     if storage.is_remote(path):
         return read_table_source(path, limits=limits)[0]
     path = Path(path)
-    if _checked_format(path, limits) == "parquet":
+    if table_format(path, limits) == "parquet":
         try:
             return _parquet_file(path, limits).read().to_pandas()
         except (pyarrow.ArrowException, OSError) as exc:
@@ -150,7 +150,7 @@ def iter_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Iter
         DataFileError: see :func:`read_table`; a CSV row that cannot be parsed is found when its chunk is read.
     """
     path = Path(path)
-    if _checked_format(path, limits) == "csv":
+    if table_format(path, limits) == "csv":
         yield from _csv_chunks(path, limits, chunk_rows=limits.chunk_rows)
         return
     parquet = _parquet_file(path, limits)
@@ -165,8 +165,9 @@ def iter_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Iter
         raise DataFileError(path, f"unreadable Parquet file: {exc}") from exc
 
 
-def _checked_format(path: Path, limits: ReadLimits) -> str:
-    """``parquet`` or ``csv`` for a local file that exists, is not empty and is within ``limits.max_bytes``.
+def table_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
+    """``parquet`` (by its magic bytes) or ``csv`` for a local file that exists, is not empty and is within
+    ``limits.max_bytes``.
 
     Raises:
         DataFileError: the file is missing, not a file, empty, too large, or a broken or mislabelled Parquet file.

@@ -24,7 +24,7 @@ import pyarrow.dataset as ds
 import torch
 import torch.distributed as dist
 
-from data.tables import DEFAULT_LIMITS, ReadLimits, iter_table
+from data.tables import DEFAULT_LIMITS, ReadLimits, iter_table, table_format
 from data.validation import SchemaRoles
 from training.features import FeatureFit, FeatureTransform, encode_target, target_classes
 
@@ -53,10 +53,12 @@ class Fitted:
     """Training rows per class, in ``classes`` order."""
 
     def to_json(self) -> dict:
+        """JSON-ready form, as rank 0 broadcasts it."""
         return {"transform": self.transform.to_dict(), "classes": self.classes, "class_counts": self.class_counts}
 
     @classmethod
     def from_json(cls, d: dict) -> "Fitted":
+        """Inverse of :meth:`to_json`."""
         return cls(transform=FeatureTransform.from_dict(d["transform"]), classes=d["classes"],
                    class_counts=d["class_counts"])
 
@@ -67,7 +69,7 @@ class ShardedTable:
     def __init__(self, path: str | Path, *, val_fraction: float, seed: int, source: str,
                  limits: ReadLimits = DEFAULT_LIMITS):
         self.path, self.limits = Path(path), limits
-        self.parquet = _is_parquet(self.path)
+        self.parquet = table_format(self.path, limits) == "parquet"
         if self.parquet:
             fragments = list(ds.dataset(self.path, format="parquet").get_fragments())
             self.row_groups = [(group, group.row_groups[0].num_rows) for fragment in fragments
@@ -81,6 +83,7 @@ class ShardedTable:
 
     @property
     def train_rows(self) -> int:
+        """Rows outside the validation split."""
         return int(self.num_rows - self.is_val.sum())
 
     def shard(self, rank: int, world_size: int) -> tuple[int, int]:
@@ -126,11 +129,6 @@ class ShardedTable:
         """Rows ``[start, stop)`` in file order, chunk by chunk."""
         for piece in self.pieces(start, stop):
             yield from self.read(piece, columns)
-
-
-def _is_parquet(path: Path) -> bool:
-    with path.open("rb") as f:
-        return f.read(4) == b"PAR1"
 
 
 def _val_mask(n_rows: int, fraction: float, seed: int, source: str) -> np.ndarray:
@@ -206,6 +204,7 @@ class RankInput:
 
     @property
     def steps_per_epoch(self) -> int:
+        """Batches :meth:`batches` yields, the same on every rank."""
         return math.ceil(self.rows_per_epoch / self.batch_size)
 
     def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
