@@ -143,7 +143,7 @@ def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.D
 
 def iter_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[pd.DataFrame]:
     """The local file at ``path`` as frames of at most ``limits.chunk_rows`` rows, in file order, each indexed by
-    its rows' 0-based positions in the whole file. Parquet is read batch by batch within its row groups, CSV
+    its rows' 0-based positions in the whole file. Parquet is read row group by row group, batch by batch, CSV
     ``chunk_rows`` lines at a time, so memory holds one chunk (object storage: :func:`local_copy` first).
 
     Raises:
@@ -155,8 +155,10 @@ def iter_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Iter
         return
     parquet = _parquet_file(path, limits)
     offset = 0
-    try:
-        for batch in parquet.iter_batches(batch_size=limits.chunk_rows):
+    try:  # one row group at a time: over the whole file, iter_batches reads ahead (1.2 GiB for 10M x 21 columns)
+        batches = (batch for group in range(parquet.num_row_groups)
+                   for batch in parquet.iter_batches(batch_size=limits.chunk_rows, row_groups=[group]))
+        for batch in batches:
             frame = batch.to_pandas()
             frame.index = pd.RangeIndex(offset, offset + len(frame))
             offset += len(frame)
