@@ -1,43 +1,83 @@
-"""The training input of one rank, as ``training/train.py`` builds it: the whole table read, the features fitted and
-transformed, the rank's share of the rows; prints one JSON line (rows, rank_rows, seconds).
+"""One rank's training input over one epoch, without training: peak memory must not grow with the file.
 
-    .venv/bin/python -m benchmarks.train_input PATH --rank 0 --world-size 2 [--target label]
+    python -m benchmarks.train_input PATH --rank R --world-size W [--batch-size 256] [--target COLUMN]
+                                          [--schema FILE] [--chunk-rows N]
 
-Run in its own process, so its peak RSS (read by ``benchmarks/scale.py``) is the input pipeline's.
+Runs what ``training.train`` runs before and around the model on rank ``R`` of ``W``: the streaming fit pass (rank
+0's job; done here on every rank, so the figure is the busiest rank's), one epoch of batches of the rank's shard
+(summed, as a stand-in for training) and its validation rows. Prints one JSON line ``{rows, seconds,
+peak_rss_gib, ...}``; peak RSS is the process's high-water mark from ``resource.getrusage``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import time
 from pathlib import Path
 
-import pandas as pd
+import torch
+import torch.distributed as dist
 
-from data.validation import read_table_source
-from training.features import FeatureTransform, encode_target, target_classes
+from data.tables import DEFAULT_LIMITS, ReadLimits
+from data.validation import SchemaRoles, infer_schema, load_schema, schema_roles
+from training.inputs import RankInput, ShardedTable, fit_on_rank0
+
+KIB_PER_GIB = 1 << 20
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_input", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", type=Path, help="Parquet or CSV training data (local)")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--schema", help="kfloop schema YAML; default: inferred from the file's first chunk")
+    parser.add_argument("--target", default="target", help="target column when the schema is inferred")
+    parser.add_argument("--chunk-rows", type=int, default=DEFAULT_LIMITS.chunk_rows)
+    parser.add_argument("--val-fraction", type=float, default=0.15)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args(argv)
+    if not 0 <= args.rank < args.world_size:
+        parser.error(f"--rank {args.rank} is not in [0, --world-size {args.world_size})")
+    return args
+
+
+def _roles(args: argparse.Namespace, table: ShardedTable) -> SchemaRoles:
+    if args.schema:
+        return schema_roles(load_schema(args.schema))
+    first = next(table.chunks(0, min(table.num_rows, 10_000), columns=None))
+    return schema_roles(infer_schema(first, target=args.target, id_columns=[]))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("path", type=Path)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
-    parser.add_argument("--target", default="label")
-    args = parser.parse_args(argv)
-
-    start = time.perf_counter()
-    df, _ = read_table_source(args.path)
-    features = [c for c in df.columns if c != args.target]
-    numeric = [c for c in features if pd.api.types.is_numeric_dtype(df[c])]
-    categorical = [c for c in features if c not in numeric]
-    transform = FeatureTransform.fit(df, numeric=numeric, categorical=categorical)
-    shard = df.iloc[args.rank::args.world_size]
-    x = transform.transform(shard)
-    y = encode_target(shard[args.target], target_classes(df[args.target]))
-    print(json.dumps({"rows": len(df), "rank_rows": len(x), "labels": len(y),
-                      "seconds": round(time.perf_counter() - start, 2)}))
+    args = parse_args(argv)
+    started = time.perf_counter()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        table = ShardedTable(args.path, val_fraction=args.val_fraction, seed=args.seed, source=str(args.path),
+                             limits=ReadLimits(chunk_rows=args.chunk_rows))
+        roles = _roles(args, table)
+        fitted = fit_on_rank0(table, roles, torch.device("cpu"))
+        fit_seconds = time.perf_counter() - started
+        table.row_groups_read.clear()  # from here on: this rank's shard only
+        data = RankInput(table, fitted, roles.target, rank=args.rank, world_size=args.world_size, seed=args.seed,
+                         batch_size=args.batch_size, device=torch.device("cpu"))
+        rows = steps = 0
+        checksum = 0.0
+        for x, y in data.batches(epoch=0):
+            rows, steps, checksum = rows + len(y), steps + 1, checksum + float(x.sum())
+        val_rows = sum(len(y) for _, y in data.validation())
+    finally:
+        dist.destroy_process_group()
+    seconds = time.perf_counter() - started
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / KIB_PER_GIB
+    print(json.dumps({"rows": rows, "seconds": round(seconds, 3), "peak_rss_gib": round(peak, 3),
+                      "file_rows": table.num_rows, "rank": args.rank, "world_size": args.world_size, "steps": steps,
+                      "val_rows": val_rows, "fit_seconds": round(fit_seconds, 3),
+                      "row_groups_read": len(set(table.row_groups_read)), "chunk_rows": args.chunk_rows,
+                      "checksum": checksum}))
     return 0
 
 

@@ -13,7 +13,7 @@ import pyarrow
 import pyarrow.parquet as pq
 
 from data import storage
-from data.validation import DEFAULT_LIMITS, PARQUET_MAGIC, DataFileError, ReadLimits, TableSource
+from data.tables import DEFAULT_LIMITS, PARQUET_MAGIC, DataFileError, ReadLimits, TableSource
 from training.fileio import file_digest
 
 CHUNK_ROWS = 262_144
@@ -32,7 +32,7 @@ def table_chunks(uri: str | Path, *, columns: list[str] | None = None, text_colu
 
     Raises:
         DataFileError: the file is missing, empty, unreadable, or lacks one of ``columns``; storage errors as
-            :func:`data.validation.read_table_source`.
+            :func:`data.tables.read_table_source`.
     """
     if not storage.is_remote(uri):
         source = TableSource(uri=storage.record_uri(uri), md5=file_digest(uri, "md5"), version="")

@@ -1,4 +1,5 @@
-"""Data validation with pandera: read a data file, infer a schema from good data, validate and report every failure.
+"""Data validation with pandera: infer a schema from good data, validate a file chunk by chunk and report every
+failure.
 
 The schema is a pandera ``DataFrameSchema`` stored as YAML (:func:`schema_to_yaml`, :func:`load_schema`). It carries
 ``metadata: {kfloop: {target, task, id_columns}}``, which :func:`schema_roles` turns into the column roles that
@@ -7,22 +8,19 @@ they survive the YAML round trip: ``kfloop_min_rows`` and ``kfloop_min_classes``
 """
 from __future__ import annotations
 
+import copy
 import csv
 import io
 import math
-import tempfile
 import warnings
-from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
-import pyarrow
-import pyarrow.parquet as pq
 import yaml
 from pandera.errors import SchemaDefinitionError, SchemaErrors
 from pandera.extensions import register_check_method
@@ -30,17 +28,15 @@ from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
 from data import storage
-from training.errors import EXIT_DATA_FILE, KfloopError
-from training.fileio import file_digest
 from data.schema_rules import RuleSet
+from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, iter_table, local_copy
+from training.errors import KfloopError
 
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")
 MAX_EXAMPLES = 5
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 """Cell starts that spreadsheets read as a formula (CSV injection)."""
-PARQUET_MAGIC = b"PAR1"
-PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
 SCHEMA_MAX_BYTES = 16 << 20
 """The largest schema YAML read from object storage."""
 # Keys pandera's deserializer reads at the top level of a schema; it ignores any other key without a word.
@@ -69,35 +65,6 @@ for _check_fn, _stats in ((kfloop_min_rows, ["min_rows"]), (kfloop_min_classes, 
     if not hasattr(pa.Check, _check_fn.__name__):
         register_check_method(_check_fn, statistics=_stats, supported_types=pd.DataFrame)
 
-
-class DataFileError(KfloopError):
-    """A data or schema file that cannot be read as a table (missing, empty, truncated, wrong format, ...)."""
-
-    exit_code = EXIT_DATA_FILE
-
-    def __init__(self, path: str | Path, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ReadLimits:
-    """The most one data file may hold. Both are checked before the data is loaded, so memory stays bounded."""
-
-    max_bytes: int = 2 << 30
-    """File size in bytes (from the file system)."""
-    max_rows: int = 20_000_000
-    """Data rows: from the Parquet footer, or by reading at most ``max_rows + 1`` rows of a CSV."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_bytes", "max_rows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: use an integer >= 1")
-
-
-DEFAULT_LIMITS = ReadLimits()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -196,166 +163,6 @@ class ValidationError(KfloopError):
     def __init__(self, report: ValidationReport):
         self.report = report
         super().__init__(report.format())
-
-
-# ---------------------------------------------------------------------------------------------------- reading files
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TableSource:
-    """Where a table was read from, as lineage records it."""
-
-    uri: str
-    """The URI without credentials (:func:`data.storage.record_uri`)."""
-    md5: str
-    """md5 of the bytes read: the hash DVC records for the file."""
-    version: str
-    """The object store's version id or ETag; empty for a local file."""
-
-
-def read_table_source(uri: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> tuple[pd.DataFrame, TableSource]:
-    """:func:`read_table`, and what was read. An object in storage is streamed to a temp file (size checked first,
-    md5 computed on the way) that is removed afterwards; errors name the URI without credentials.
-
-    Raises:
-        DataFileError: see :func:`read_table`; and for object storage, not found, no credentials, access denied
-            or an unreachable endpoint.
-    """
-    if not storage.is_remote(uri):
-        df = read_table(uri, limits=limits)
-        return df, TableSource(uri=storage.record_uri(uri), md5=file_digest(uri, "md5"), version="")
-    try:
-        info = storage.stat(uri)
-        if info.size > limits.max_bytes:
-            raise _too_large(info.uri, info.size, limits)
-        with tempfile.TemporaryDirectory(prefix="kfloop-read-") as tmp:
-            local = Path(tmp) / (Path(urlsplit(str(uri)).path).name or "data")
-            copy = storage.download(uri, local, max_bytes=limits.max_bytes)
-            try:
-                df = read_table(local, limits=limits)
-            except DataFileError as exc:
-                raise DataFileError(info.uri, exc.problem) from None
-    except storage.StorageError as exc:
-        raise DataFileError(exc.uri, exc.problem) from exc
-    return df, TableSource(uri=copy.info.uri, md5=copy.md5, version=copy.info.version)
-
-
-def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.DataFrame:
-    """Read a Parquet or CSV file (Parquet by its magic bytes or extension, otherwise UTF-8 CSV) from a local or
-    mounted path or object storage (``s3://``, ``gs://``, ``az://``: :func:`read_table_source`).
-
-    CSV normalisation: a UTF-8 byte order mark is dropped, and ``\\n``, ``\\r\\n`` and ``\\r`` line ends (mixed too)
-    all end a row; a line end inside a quoted field stays part of the value.
-
-    Raises:
-        DataFileError: the file is missing, empty, larger than ``limits`` (checked before loading it), has a
-            header but no rows, is a truncated or non-Parquet ``.parquet`` file, is not UTF-8 (UTF-16 included) or
-            holds NUL bytes, has duplicate column names, or cannot be parsed.
-    """
-    if storage.is_remote(path):
-        return read_table_source(path, limits=limits)[0]
-    path = Path(path)
-    if not path.exists():
-        raise DataFileError(path, "file not found")
-    if not path.is_file():
-        raise DataFileError(path, "not a regular file: give a Parquet or CSV file")
-    size = path.stat().st_size
-    if size == 0:
-        raise DataFileError(path, "file is empty (0 bytes)")
-    if size > limits.max_bytes:
-        raise _too_large(path, size, limits)
-    with path.open("rb") as f:
-        head = f.read(len(PARQUET_MAGIC))
-        f.seek(max(size - len(PARQUET_MAGIC), 0))
-        tail = f.read()
-    if head == PARQUET_MAGIC:
-        if size < 3 * len(PARQUET_MAGIC) or tail != PARQUET_MAGIC:
-            raise DataFileError(path, "truncated Parquet file (the footer is missing): copy or write it again")
-        return _read_parquet(path, limits)
-    if path.suffix.lower() in PARQUET_SUFFIXES:
-        raise DataFileError(path, f"not a Parquet file (it does not start with {PARQUET_MAGIC!r}) despite its "
-                                  f"'{path.suffix}' extension")
-    return _read_csv(path, limits)
-
-
-def _too_large(path: str | Path, size: int, limits: ReadLimits) -> DataFileError:
-    return DataFileError(path, f"{size} bytes, over the limit of {limits.max_bytes}: split the data or raise "
-                               "ReadLimits.max_bytes")
-
-
-def _too_many_rows(path: Path, limits: ReadLimits) -> DataFileError:
-    return DataFileError(path, f"more than {limits.max_rows} data rows, over the limit: split the data or raise "
-                               "ReadLimits.max_rows")
-
-
-def _duplicates(names: list[str]) -> list[str]:
-    return [name for name, n in Counter(names).items() if n > 1]
-
-
-def _read_parquet(path: Path, limits: ReadLimits) -> pd.DataFrame:
-    try:
-        parquet = pq.ParquetFile(path)
-        duplicated = _duplicates(parquet.schema_arrow.names)
-        if duplicated:
-            raise DataFileError(path, f"duplicate column names {duplicated}: every column needs a unique name")
-        if parquet.metadata.num_rows == 0:
-            raise DataFileError(path, "no data rows (the Parquet file has columns but 0 rows)")
-        if parquet.metadata.num_rows > limits.max_rows:
-            raise _too_many_rows(path, limits)
-        return parquet.read().to_pandas()
-    except (pyarrow.ArrowException, OSError) as exc:
-        raise DataFileError(path, f"unreadable Parquet file: {exc}") from exc
-
-
-def _first_non_utf8_line(path: Path) -> str:
-    with path.open("rb") as f:
-        for number, line in enumerate(f, start=1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                return f"line {number} (byte {line[exc.start]:#04x} at position {exc.start + 1})"
-    raise AssertionError(f"{path} decoded as UTF-8 line by line but not as a whole")
-
-
-def _first_line_with_nul(path: Path) -> int | None:
-    """Number of the first line holding a NUL byte (the CSV parser would cut the value there), or None."""
-    with path.open("rb") as f:
-        for number, line in enumerate(f, start=1):
-            if b"\0" in line:
-                return number
-    return None
-
-
-def _read_csv(path: Path, limits: ReadLimits) -> pd.DataFrame:
-    not_utf8 = "not UTF-8 text: {} cannot be decoded; save the file as UTF-8"
-    with path.open("rb") as f:
-        first_line = f.readline()
-    if first_line.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise DataFileError(path, "UTF-16 text (it starts with a UTF-16 byte order mark); save the file as UTF-8")
-    nul_line = _first_line_with_nul(path)
-    if nul_line is not None:
-        raise DataFileError(path, f"NUL byte on line {nul_line}: not a text CSV file; remove the NUL bytes")
-    try:
-        header = first_line.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise DataFileError(path, not_utf8.format(_first_non_utf8_line(path))) from None
-    names = next(csv.reader([header]), [])
-    duplicated = _duplicates([name for name in names if name])
-    if duplicated:
-        raise DataFileError(path, f"duplicate column names {duplicated} in the header: every column needs a unique "
-                                  "name")
-    try:
-        df = pd.read_csv(path, encoding="utf-8-sig", low_memory=False, nrows=limits.max_rows + 1)
-    except UnicodeDecodeError:
-        raise DataFileError(path, not_utf8.format(_first_non_utf8_line(path))) from None
-    except pd.errors.EmptyDataError:
-        raise DataFileError(path, "no header line: the file holds no columns") from None
-    except pd.errors.ParserError as exc:
-        raise DataFileError(path, f"malformed CSV: {exc}") from exc
-    if df.empty:
-        raise DataFileError(path, "no data rows (header only)")
-    if len(df) > limits.max_rows:
-        raise _too_many_rows(path, limits)
-    return df
 
 
 # ------------------------------------------------------------------------------------------------- schema inference
@@ -627,16 +434,6 @@ def _rule_name(check: str) -> str:
         check, check)
 
 
-def _table_observation(schema: pa.DataFrameSchema, check_number: int, df: pd.DataFrame) -> list:
-    check = schema.checks[check_number]
-    if check.name == "kfloop_min_rows":
-        return [len(df)]
-    if check.name == "kfloop_min_classes":
-        column = check.statistics["column"]
-        return sorted({_python(v) for v in df[column].dropna().unique()}, key=repr)[:MAX_EXAMPLES]
-    return []
-
-
 _FAMILY = {"boolean": "number", "integer": "number", "floating": "number", "mixed-integer-float": "number",
            "decimal": "number", "empty": None}
 
@@ -665,35 +462,136 @@ def schema_diff(schema: pa.DataFrameSchema, df: pd.DataFrame) -> list[str]:
     return lines
 
 
-def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema | str | Path) -> ValidationReport:
-    """Validate a table (or a Parquet/CSV file) against ``schema`` (or a schema YAML file/text) in one lazy run.
+TABLE_CHECKS = ("kfloop_min_rows", "kfloop_min_classes")
+"""Table-level checks counted over the whole file while it is validated chunk by chunk."""
+
+
+def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema | str | Path, *,
+             limits: ReadLimits = DEFAULT_LIMITS) -> ValidationReport:
+    """Validate a table, or a Parquet/CSV file read chunk by chunk (``limits.chunk_rows`` rows at a time), against
+    ``schema`` (or a schema YAML file/text).
 
     Every failed rule is reported once with its failing-value count, up to five distinct example values and up to
-    five row labels: missing and extra columns, dtype coercion (plus, for a numeric column, its other checks on the
-    values that do parse), nulls, ranges, categories, duplicate ids and the table-level checks.
+    five row labels (a file's rows are numbered from 0 over the whole file): missing and extra columns, dtype
+    coercion (plus, for a numeric column, its other checks on the values that do parse), nulls, ranges, categories,
+    duplicate ids (also across chunks) and the table-level checks (over the whole file). The report does not depend
+    on the chunk size.
 
     Raises:
-        DataFileError: the data or schema file cannot be read (see :func:`read_table`, :func:`load_schema`).
+        DataFileError: the data or schema file cannot be read (see :func:`data.tables.read_table`,
+            :func:`load_schema`).
     """
     if not isinstance(schema, pa.DataFrameSchema):
         schema = load_schema(schema)
     if isinstance(df_or_path, pd.DataFrame):
-        df, source = df_or_path, "<dataframe>"
-    else:
-        df, source = read_table(df_or_path), storage.redact(df_or_path)
-    rules = RuleSet(schema, [name for name in schema.columns if name in df.columns])
-    failures = [_summarise(f.rule.column, f.rule.name, f.values, f.values.index.to_series(), None)
-                for f in rules.check(df)]
-    try:
-        with warnings.catch_warnings():  # pandera's own concat of failure cases; nothing the caller can act on
-            warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)
-            schema.validate(df, lazy=True)
-    except SchemaErrors as exc:
-        failures += _failures(exc.failure_cases, schema, df, rules)
-    order = {name: i for i, name in enumerate(schema.columns)}
-    failures.sort(key=lambda f: (f.column is None, order.get(f.column, len(order)), f.rule != "required"))
-    return ValidationReport(source=source, n_rows=len(df), failures=failures,
-                            schema_diff=schema_diff(schema, df) if failures else [])
+        return _StreamedValidation(schema).run(lambda: [df_or_path], "<dataframe>")
+    if storage.is_remote(df_or_path):
+        with local_copy(df_or_path, limits=limits) as (path, _):
+            return replace(validate(path, schema, limits=limits), source=storage.redact(df_or_path))
+    return _StreamedValidation(schema).run(lambda: iter_table(df_or_path, limits=limits), str(df_or_path))
+
+
+class _StreamedValidation:
+    """One validation of chunks of a table: per chunk the row-level rules and pandera's column checks; across
+    chunks duplicate keys (64-bit hashes of each unique column, 8 bytes a row), the row count and the classes."""
+
+    def __init__(self, schema: pa.DataFrameSchema):
+        self.schema = schema
+        self.chunk_schema = copy.deepcopy(schema)
+        self.chunk_schema.checks = [check for check in schema.checks if check.name not in TABLE_CHECKS]
+        for column in self.chunk_schema.columns.values():  # :class:`RuleSet` runs the column checks, faster
+            column.unique, column.checks = False, []
+        self.unique = [name for name, column in schema.columns.items() if column.unique]
+        self.classes = {check.statistics["column"]: set() for check in schema.checks
+                        if check.name == "kfloop_min_classes"}
+        self.columns: list[str] = []
+        self.found: dict[tuple[str | None, str], Failure] = {}
+        self.diff: dict[str, str] = {}
+
+    def run(self, chunks: Callable[[], Iterable[pd.DataFrame]], source: str) -> ValidationReport:
+        """Validate the chunks ``chunks()`` yields; a second pass collects duplicate keys, when there are any."""
+        rows, hashes, rules = 0, {name: [] for name in self.unique}, None
+        for chunk in chunks():
+            if rules is None:
+                self.columns = list(chunk.columns)
+                rules = RuleSet(self.schema, self.columns)
+            rows += len(chunk)
+            self._check(chunk, rules)
+            for name in hashes:
+                if name in chunk.columns:
+                    hashes[name].append(pd.util.hash_pandas_object(chunk[name], index=False).to_numpy())
+            for name, seen in self.classes.items():
+                if name in chunk.columns and len(seen) < MAX_CLASSES_KEPT:
+                    seen.update(_python(v) for v in chunk[name].dropna().unique())
+        self._duplicates(chunks, {name: _repeated(parts) for name, parts in hashes.items() if parts})
+        self._table_checks(rows)
+        order = {name: i for i, name in enumerate(self.schema.columns)}
+        rule_order = {(name, rule.name): i for name, column in (rules.columns.items() if rules else ())
+                      for i, rule in enumerate(column.rules)}
+        failures = sorted(self.found.values(), key=lambda f: (
+            f.column is None, order.get(f.column, len(order)), f.rule != "required",
+            rule_order.get((f.column, f.rule), len(rule_order)), f.column is None or f.rule))
+        return ValidationReport(source=source, n_rows=rows, failures=failures,
+                                schema_diff=list(self.diff.values()) if failures else [])
+
+    def _check(self, chunk: pd.DataFrame, rules: RuleSet) -> None:
+        for failed in rules.check(chunk):
+            self._add(_summarise(failed.rule.column, failed.rule.name, failed.values,
+                                 failed.values.index.to_series(), None))
+        try:
+            with warnings.catch_warnings():  # pandera's own concat of failure cases; nothing the caller can act on
+                warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)
+                self.chunk_schema.validate(chunk, lazy=True)
+        except SchemaErrors as exc:
+            for failure in _failures(exc.failure_cases, self.chunk_schema, chunk, rules):
+                self._add(failure)
+        for line in schema_diff(self.schema, chunk):
+            self.diff.setdefault(line.split(":")[0], line)
+
+    def _add(self, failure: Failure) -> None:
+        """Record ``failure`` of one chunk, merged with the same rule's failures in earlier chunks."""
+        key = (failure.column, failure.rule)
+        before = self.found.get(key)
+        if before is None:
+            self.found[key] = failure
+        elif failure.column is not None and failure.count:
+            examples = before.examples + [v for v in failure.examples if v not in before.examples]
+            self.found[key] = replace(before, count=before.count + failure.count,
+                                      examples=examples[:MAX_EXAMPLES],
+                                      rows=(before.rows + failure.rows)[:MAX_EXAMPLES])
+
+    def _duplicates(self, chunks: Callable[[], Iterable[pd.DataFrame]], repeated: dict[str, np.ndarray]) -> None:
+        """Report every row of a unique column whose value occurs more than once in the whole table."""
+        repeated = {name: hashes for name, hashes in repeated.items() if len(hashes)}
+        if not repeated:
+            return
+        for chunk in chunks():
+            for name, hashes in repeated.items():
+                values = chunk[name]
+                mask = np.isin(pd.util.hash_pandas_object(values, index=False).to_numpy(), hashes)
+                if mask.any():
+                    self._add(_summarise(name, "unique", values[mask], values.index[mask].to_series(), None))
+
+    def _table_checks(self, rows: int) -> None:
+        for check in self.schema.checks:
+            rule = _rule_name(str(check.error or check.name))
+            if check.name == "kfloop_min_rows" and rows < check.statistics["min_rows"]:
+                self._add(Failure(column=None, rule=rule, examples=[rows], count=1))
+            elif check.name == "kfloop_min_classes":
+                column, seen = check.statistics["column"], self.classes[check.statistics["column"]]
+                if column in self.columns and len(seen) < check.statistics["min_classes"]:
+                    self._add(Failure(column=None, rule=rule, examples=sorted(seen, key=repr)[:MAX_EXAMPLES],
+                                      count=1))
+
+
+MAX_CLASSES_KEPT = 1000
+"""Distinct values of a ``min_classes`` column kept while streaming: enough to decide any sensible minimum."""
+
+
+def _repeated(parts: list[np.ndarray]) -> np.ndarray:
+    """The hash values that occur more than once in ``parts``."""
+    hashes = np.sort(np.concatenate(parts))
+    return np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
 
 
 def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame, rules: RuleSet) -> list[Failure]:
@@ -721,8 +619,7 @@ def _failures(cases: pd.DataFrame, schema: pa.DataFrameSchema, df: pd.DataFrame,
             failures.extend(Failure(column=name, rule=rule, examples=[], count=0)
                             for name in dict.fromkeys(group["failure_case"]))
         elif context == "DataFrameSchema" and not pd.isna(group["check_number"].iloc[0]):
-            number = int(group["check_number"].iloc[0])
-            failures.append(Failure(column=None, rule=rule, examples=_table_observation(schema, number, df), count=1))
+            failures.append(Failure(column=None, rule=rule, examples=[], count=1))
         elif column in rules.columns and not pd.isna(group["check_number"].iloc[0]):
             continue  # a check pandera skipped or errored in after the column's dtype coercion failed
         else:

@@ -272,7 +272,7 @@ def profile_table(uri: str | Path, schema: pa.DataFrameSchema, *,
     columns and, with ``predict``, the predictions (of the kind the schema's task gives).
 
     Raises:
-        data.validation.DataFileError: the file is unusable or lacks a feature column.
+        data.tables.DataFileError: the file is unusable or lacks a feature column.
         ValueError: as :func:`build_profile`.
     """
     roles = schema_roles(schema)

@@ -25,7 +25,7 @@ import pandas as pd
 from evidently import BinaryClassification, DataDefinition, Dataset, MulticlassClassification, Report
 from evidently.presets import ClassificationPreset
 
-from data.validation import DataFileError
+from data.tables import DataFileError
 from training.features import encode_target
 from training.fileio import atomic_write_text
 from training.gate import (LOWER_IS_BETTER, METRICS, Scored, bootstrap_interval, bootstrap_metric,
@@ -254,7 +254,7 @@ def join_labels(data: pd.DataFrame, labels: pd.DataFrame, *, id_column: str, tar
     ``data`` have none yet (they are left out).
 
     Raises:
-        data.validation.DataFileError: a file lacks ``id_column`` (or ``labels`` the target), holds null or
+        data.tables.DataFileError: a file lacks ``id_column`` (or ``labels`` the target), holds null or
             duplicate ids, or ``labels`` holds ids that are not in ``data``; the message names file, column and
             values.
     """

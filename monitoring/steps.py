@@ -49,12 +49,13 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
     Raises:
         ValueError: no reference or schema given and no champion to take them from.
-        data.validation.DataFileError: a data file is unusable.
+        data.tables.DataFileError: a data file is unusable.
     """
     from data.chunks import table_chunks
+    from data.tables import read_table, read_table_source
+    from data.validation import load_schema, schema_roles
     from monitoring.drift import DriftPolicy, check_drift, check_drift_profile
     from monitoring.profiles import prediction_kind
-    from data.validation import load_schema, read_table, read_table_source, schema_roles
     from training.registry.versions import champion_profile, champion_schema, get_champion, load_version_predictor
 
     rules = DriftPolicy.from_dict(policy)
@@ -133,10 +134,11 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     Raises:
         ValueError: no champion, ``labels_uri`` without ``id_column``, or a check that cannot decide (too few
             rows, undefined metric: see :func:`monitoring.quality.check_quality`).
-        data.validation.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
+        data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
-    from data.validation import load_schema, read_table_source, schema_roles
+    from data.tables import read_table_source
+    from data.validation import load_schema, schema_roles
     from monitoring.quality import QualityPolicy, check_quality, join_labels, write_quality_report
     from monitoring.records import record_quality_check
     from training.registry.versions import champion_schema, get_champion, load_version_predictor
@@ -196,9 +198,10 @@ def _require_valid(rows, schema, where: str) -> None:
     the table-level row-count checks aside: ``quality.min_rows`` decides how few rows are too few).
 
     Raises:
-        data.validation.DataFileError: every failure, naming file, column, rule and values.
+        data.tables.DataFileError: every failure, naming file, column, rule and values.
     """
-    from data.validation import DataFileError, validate
+    from data.tables import DataFileError
+    from data.validation import validate
 
     relaxed = copy.deepcopy(schema)
     relaxed.checks, relaxed.strict = [], False

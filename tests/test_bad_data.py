@@ -16,7 +16,8 @@ import pytest
 from data.generate import generate
 from pipelines.cli.commands import main
 from training.errors import EXIT_FAILED
-from data.validation import DataFileError, ReadLimits, load_schema, read_table, schema_diff, validate
+from data.tables import DataFileError, ReadLimits, read_table
+from data.validation import load_schema, schema_diff, validate
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SCHEMA = REPO / "data" / "schema.yaml"
@@ -37,7 +38,7 @@ def _big_parquet(path: Path, rows: int) -> Path:
 _PEAK = """
 import resource, sys
 import pyarrow as pa
-from data.validation import DataFileError, ReadLimits, read_table
+from data.tables import DataFileError, ReadLimits, read_table
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
     read_table(sys.argv[1], limits=ReadLimits(max_rows=int(sys.argv[2])))

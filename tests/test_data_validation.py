@@ -12,14 +12,13 @@ import pytest
 import yaml
 
 from data.generate import generate
+from data.tables import DataFileError, read_table
 from data.validation import (
-    DataFileError,
     Failure,
     ValidationError,
     ValidationReport,
     infer_schema,
     load_schema,
-    read_table,
     schema_roles,
     schema_to_yaml,
     validate,

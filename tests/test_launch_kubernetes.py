@@ -22,7 +22,7 @@ from polling import wait_for
 from pipelines.cli.commands import main
 from training.config import TrainingConfig
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
-from data.validation import DataFileError
+from data.tables import DataFileError
 from training.launch.local import LaunchError
 from training.launch.manifests import job_name_for, render_pytorchjob, training_job_spec
 
@@ -262,7 +262,8 @@ def test_a_failing_job_fails_the_step_with_the_masters_last_log_lines(cluster, i
     import mlflow
 
     from training.steps import train_step
-    from data.validation import infer_schema, read_table, schema_to_yaml
+    from data.tables import read_table
+    from data.validation import infer_schema, schema_to_yaml
 
     regression = tmp_path / "regression.yaml"
     regression.write_text(schema_to_yaml(infer_schema(read_table(demo_files["train.parquet"]), target="churned",

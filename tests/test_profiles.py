@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from data.chunks import table_chunks
-from data.validation import infer_schema, read_table, schema_to_yaml
+from data.tables import read_table
+from data.validation import infer_schema, schema_to_yaml
 from monitoring.drift import DriftPolicy, check_drift, check_drift_profile, same_verdict
 from monitoring.profiles import PROFILE_ARTIFACT, ProfileSettings, ReferenceProfile, build_profile
 from monitoring.steps import drift_step

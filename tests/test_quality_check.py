@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data.validation import DataFileError
+from data.tables import DataFileError
 from monitoring.quality import Baseline, QualityPolicy, check_quality, join_labels
 from training.gate import compute_metrics
 

@@ -130,7 +130,7 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     from training.model import Predictor
     from training.model_files import WEIGHTS_FILE
     from training.registry.versions import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, VersionRecord, download_model_dir
-    from data.validation import read_table
+    from data.tables import read_table
 
     client = client or mlflow.MlflowClient()
     mv = client.get_model_version(model_name, str(version))

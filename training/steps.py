@@ -27,9 +27,9 @@ class ValidateResult:
     rows: int
 
 
-def resolve_schema(df, *, dataset_uri: str, schema_uri: str, target: str, model_name: str):
+def resolve_schema(read_data, *, dataset_uri: str, schema_uri: str, target: str, model_name: str):
     """The schema a training run validates against: ``schema_uri``, else the champion's recorded schema, else
-    (the very first run, no champion) one inferred from this data.
+    (the very first run, no champion) one inferred from this data, which ``read_data()`` reads whole.
 
     Raises:
         ValueError: no schema and no target to infer one, or a target that contradicts the schema.
@@ -42,7 +42,7 @@ def resolve_schema(df, *, dataset_uri: str, schema_uri: str, target: str, model_
     elif (recorded := champion_schema(model_name)) is not None:
         schema, source = load_schema(recorded), f"champion v{get_champion(model_name).version}"
     elif target:
-        schema, source = infer_schema(df, target=target), "inferred"
+        schema, source = infer_schema(read_data(), target=target), "inferred"
     else:
         raise ValueError(f"{dataset_uri}: model '{model_name}' has no champion schema to validate against; pass "
                          "schema_uri=FILE, or target=COLUMN to infer a schema on this first run")
@@ -59,30 +59,31 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
     """Validate the dataset before any GPU is spent and write the schema used.
 
     Raises:
-        data.validation.DataFileError: the file is unusable.
+        data.tables.DataFileError: the file is unusable.
         data.validation.ValidationError: every failed rule, in one report.
     """
-    from data.validation import ValidationError, read_table_source, schema_roles, schema_to_yaml, validate
+    from data.tables import local_copy, read_table
+    from data.validation import ValidationError, schema_roles, schema_to_yaml, validate
 
-    df, data = read_table_source(dataset_uri)
-    schema, source = resolve_schema(df, dataset_uri=data.uri, schema_uri=schema_uri, target=target,
-                                    model_name=model_name)
-    report = validate(df, schema)
+    with local_copy(dataset_uri) as (path, data):
+        schema, source = resolve_schema(lambda: read_table(path), dataset_uri=data.uri, schema_uri=schema_uri,
+                                        target=target, model_name=model_name)
+        report = validate(path, schema)
     report.source = data.uri
     if not report.ok:
         for line in [*report.format_diff().splitlines(), *report.format().splitlines()]:
             progress(f"validate: {line}")
         raise ValidationError(report)
     atomic_write_text(schema_out, schema_to_yaml(schema))
-    progress(f"validate: {data.uri}: {len(df)} rows valid against schema from {redact(source)}")
+    progress(f"validate: {data.uri}: {report.n_rows} rows valid against schema from {redact(source)}")
     return ValidateResult(data_md5=data.md5, data_version=data.version, target=schema_roles(schema).target,
-                          schema_source=redact(source), rows=len(df))
+                          schema_source=redact(source), rows=report.n_rows)
 
 
 def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, holdout_out: str) -> str:
     """Split off the holdout; returns its sha256, which pins the evaluation."""
     from data.holdout import split_holdout, write_parquet
-    from data.validation import read_table
+    from data.tables import read_table
 
     train, holdout = split_holdout(read_table(dataset_uri), fraction=fraction, seed=seed)
     write_parquet(train, train_out)
@@ -228,7 +229,7 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     from data.holdout import verify_pinned
     from training.model import Predictor
     from training.registry.versions import get_champion, load_version_predictor
-    from data.validation import read_table
+    from data.tables import read_table
 
     verify_pinned(holdout_path, holdout_sha256)
     holdout = read_table(holdout_path)
@@ -266,7 +267,7 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
         from training.features import encode_target
         from training.figures import log_evaluation_figures
         from training.model import Predictor
-        from data.validation import read_table
+        from data.tables import read_table
 
         challenger, holdout = Predictor.load(model_dir), read_table(holdout_path)
         log_evaluation_figures(run_id, y=encode_target(holdout[challenger.description["target"]], challenger.classes),

@@ -3,9 +3,9 @@
     torchrun ... -m training.train --data FILE --schema FILE --model-dir DIR --checkpoint-dir DIR --config FILE.json
                                    [--mlflow-run-id ID | --mlflow-run-id-file FILE]
 
-``python -m training.train ...`` without torchrun trains in a single process. Each rank reads the whole data file,
-carves the seeded validation part, fits the features on the rest and trains its DistributedSampler shard with DDP
-(gloo on CPU, NCCL on GPUs). After every epoch rank 0 writes a checkpoint and logs metrics; a restarted run resumes
+``python -m training.train ...`` without torchrun trains in a single process. Rank 0 fits the features on the
+training rows in one streaming pass and broadcasts them; each rank then reads only its shard of the file, chunk by
+chunk (:mod:`training.inputs`), and trains with DDP (gloo on CPU, NCCL on GPUs). After every epoch rank 0 writes a checkpoint and logs metrics; a restarted run resumes
 from the newest good checkpoint. At the end the ranks compare parameter digests and rank 0 writes the model dir.
 """
 from __future__ import annotations
@@ -20,25 +20,25 @@ import random
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data.distributed import DistributedSampler
 
 from data.storage import is_remote, redact
+from data.tables import local_copy
+from data.validation import load_schema, schema_roles, schema_to_yaml
 from training import checkpoints
 from training.config import TrainingConfig
 from training.devices import pin_local_device
-from training.features import FeatureTransform, encode_target, target_classes
+from training.inputs import RankInput, ShardedTable, fit_on_rank0
 from training.model import MLP, Architecture, save_model_dir
-from data.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
 from training.threshold import choose_threshold
 
 logger = logging.getLogger("kfloop.train")
@@ -142,29 +142,28 @@ def _attempt_store(timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"kfloop/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def _split(df: pd.DataFrame, cfg: TrainingConfig, source: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Seeded (train, validation) rows."""
-    n_val = round(len(df) * cfg.val_fraction)
-    if n_val < 1 or n_val >= len(df) - 1:
-        raise ValueError(f"{source}: {len(df)} rows are too few for val_fraction={cfg.val_fraction}; "
-                         "give more rows or change val_fraction")
-    order = np.random.default_rng(cfg.seed).permutation(len(df))
-    return df.iloc[np.sort(order[n_val:])], df.iloc[np.sort(order[:n_val])]
-
-
 def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     schema = load_schema(Path(args.schema) if not is_remote(args.schema) else args.schema)
     roles = schema_roles(schema)
     if roles.task != "classification":
         raise ValueError(f"{redact(args.schema)}: task is {roles.task!r}, but training.train trains classifiers; "
                          "set metadata.kfloop.task to 'classification'")
-    df, source = read_table_source(args.data)
-    train_df, val_df = _split(df, cfg, source.uri)
-    classes = target_classes(df[roles.target])
-    transform = FeatureTransform.fit(train_df, numeric=roles.numeric, categorical=roles.categorical)
-    x_train, y_train = _tensors(train_df, transform, roles.target, classes, me.device)
-    x_val, y_val = _tensors(val_df.iloc[me.rank::me.world_size], transform, roles.target, classes, me.device)
-    class_counts = np.bincount(encode_target(train_df[roles.target], classes), minlength=len(classes))
+    with local_copy(args.data) as (path, source):
+        table = ShardedTable(path, val_fraction=cfg.val_fraction, seed=cfg.seed, source=source.uri)
+        fitted = fit_on_rank0(table, roles, me.device)
+        data = RankInput(table, fitted, roles.target, rank=me.rank, world_size=me.world_size, seed=cfg.seed,
+                         batch_size=cfg.batch_size, device=me.device)
+        fingerprint = {"data_md5": source.md5,
+                       "schema_sha256": hashlib.sha256(schema_to_yaml(schema).encode("utf-8")).hexdigest(),
+                       **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
+        _train_model(args, cfg, me, data, fingerprint)
+
+
+def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data: RankInput,
+                 fingerprint: dict[str, Any]) -> None:
+    """Train on ``data`` from the newest good checkpoint on; rank 0 logs, checkpoints and writes the model dir."""
+    transform, classes = data.fitted.transform, data.fitted.classes
+    class_counts = np.array(data.fitted.class_counts)
     loss_weight = _class_weights(class_counts, cfg.class_weight, me.device)
 
     random.seed(cfg.seed)
@@ -174,31 +173,25 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     model = MLP(arch).to(me.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
-    fingerprint = {"data_md5": source.md5,
-                   "schema_sha256": hashlib.sha256(schema_to_yaml(schema).encode("utf-8")).hexdigest(),
-                   **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
     start_epoch, step = _resume(args.checkpoint_dir, me, cfg, fingerprint, model, optimizer, scheduler)
     ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
                                   bucket_cap_mb=cfg.bucket_cap_mb)
-    _settle_buckets(ddp, x_train[:1])
-    sampler = DistributedSampler(range(len(x_train)), num_replicas=me.world_size, rank=me.rank, shuffle=True,
-                                 seed=cfg.seed)
+    _settle_buckets(ddp, torch.zeros(1, arch.n_inputs, device=me.device))
 
     run_id = args.mlflow_run_id or (args.mlflow_run_id_file.read_text().strip()
                                     if args.mlflow_run_id_file and args.mlflow_run_id_file.is_file() else None)
     mlflow_log = _MlflowLog(run_id) if me.rank == 0 and run_id else None
     if mlflow_log:
-        mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": len(train_df),
-                           "val_rows": len(val_df), "n_inputs": arch.n_inputs})
+        mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": data.table.train_rows,
+                           "val_rows": data.table.num_rows - data.table.train_rows, "n_inputs": arch.n_inputs})
         mlflow_log.restarts(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     for epoch in range(start_epoch, cfg.epochs):
         started = time.perf_counter()
-        sampler.set_epoch(epoch)
-        train_loss, steps = _train_epoch(ddp, optimizer, list(sampler), x_train, y_train, cfg.batch_size, me.device,
-                                         bf16=cfg.bf16_autocast, weight=loss_weight)
+        train_loss, steps = _train_epoch(ddp, optimizer, data.batches(epoch), me.device, bf16=cfg.bf16_autocast,
+                                         weight=loss_weight)
         step += steps
         scheduler.step()
-        metrics = {"train_loss": train_loss, **_evaluate(model, x_val, y_val, me.device)}
+        metrics = {"train_loss": train_loss, **_evaluate(model, data.validation(), me.device)}
         rng_states = _all_gather_json(_rng_state(me.device), me.device)
         if me.rank == 0:
             if mlflow_log:  # before the checkpoint: a restart may log an epoch twice, never skip one
@@ -210,15 +203,14 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
             logger.info("epoch %d/%d step %d %s (%.2fs)", epoch + 1, cfg.epochs, step,
                         " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), time.perf_counter() - started)
 
-    final = _evaluate(model, x_val, y_val, me.device)
+    final = _evaluate(model, data.validation(), me.device)
     digests = _all_gather_json(param_digest(model), me.device)
     if me.rank == 0:
         assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
-        threshold = _decision_threshold(model, transform.transform(val_df),
-                                        encode_target(val_df[roles.target], classes), cfg.threshold_metric,
+        threshold = _decision_threshold(model, data.validation(whole_file=True), cfg.threshold_metric,
                                         len(classes))
         save_model_dir(args.model_dir, model=model, arch=arch, transform=transform, classes=classes,
-                       target=roles.target, extra={"config": cfg.to_dict(), "metrics": final,
+                       target=data.target, extra={"config": cfg.to_dict(), "metrics": final,
                                                    "world_size": me.world_size, "param_digests": digests,
                                                    "class_counts": class_counts.tolist(),
                                                    "decision_threshold": threshold})
@@ -233,54 +225,48 @@ def _class_weights(counts: np.ndarray, how: str, device: torch.device) -> torch.
     return torch.tensor(counts.sum() / (len(counts) * np.maximum(counts, 1)), dtype=torch.float32, device=device)
 
 
-def _decision_threshold(model: MLP, x_val: np.ndarray, y_val: np.ndarray, metric: str,
+def _decision_threshold(model: MLP, validation: Iterable[tuple[torch.Tensor, torch.Tensor]], metric: str,
                         n_classes: int) -> float | None:
     """The binary decision threshold maximising ``metric`` on the whole validation split (``None`` for
     multi-class targets, ``metric="none"``, or a validation split lacking a class)."""
     if n_classes != 2 or metric == "none":
         return None
     model.eval()
+    labels, scores = [], []
     with torch.no_grad():
-        proba = torch.softmax(model(torch.from_numpy(x_val).to(next(model.parameters()).device)).double(), dim=1)
-    threshold = choose_threshold(y_val, proba[:, 1].cpu().numpy(), metric)
+        for x, y in validation:
+            scores.append(torch.softmax(model(x).double(), dim=1)[:, 1].cpu().numpy())
+            labels.append(y.cpu().numpy())
+    threshold = choose_threshold(np.concatenate(labels), np.concatenate(scores), metric)
     if threshold is None:
         logger.warning("validation split lacks a class: no decision threshold chosen; predicting the most "
                        "probable class")
     return threshold
 
 
-def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, order: list[int],
-                 x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device, *,
+def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
+                 batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device, *,
                  bf16: bool = True, weight: torch.Tensor | None = None) -> tuple[float, int]:
-    """One pass over this rank's rows in sampler ``order``; returns (mean loss over all ranks, optimizer steps).
+    """One pass over this rank's ``batches``; returns (mean loss over all ranks, optimizer steps).
     ``weight``: per-class loss weights (``None``: every row alike).
 
     On CUDA with ``bf16`` the forward pass and loss run under bf16 autocast; on CPU everything stays float32.
     """
     ddp.train()
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    batches = torch.tensor(order, device=device).split(batch_size)
+    rows = steps = 0
     autocast = bf16 and device.type == "cuda"
-    for batch in batches:
+    for x, y in batches:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = F.cross_entropy(ddp(x[batch]), y[batch], weight=weight)
+            loss = F.cross_entropy(ddp(x), y, weight=weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        loss_sum += loss.detach().double() * len(batch)
-    totals = torch.stack([loss_sum, torch.tensor(float(len(order)), dtype=torch.float64, device=device)])
+        loss_sum += loss.detach().double() * len(y)
+        rows, steps = rows + len(y), steps + 1
+    totals = torch.stack([loss_sum, torch.tensor(float(rows), dtype=torch.float64, device=device)])
     dist.all_reduce(totals)
-    return float(totals[0] / totals[1]), len(batches)
-
-
-def _tensors(df: pd.DataFrame, transform: FeatureTransform, target: str, classes: list,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features and labels, resident on ``device`` for the whole run (copied once, from pinned memory on CUDA)."""
-    x = torch.from_numpy(transform.transform(df))
-    y = torch.from_numpy(encode_target(df[target], classes))
-    if device.type == "cuda":
-        x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
-    return x, y
+    return float(totals[0] / totals[1]), steps
 
 
 def _settle_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
@@ -386,14 +372,17 @@ def _all_gather_json(value: Any, device: torch.device) -> list[Any]:
     return [json.loads(bytes(g[:int(s)].cpu().numpy())) for g, s in zip(gathered, sizes)]
 
 
-def _evaluate(model: MLP, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, float]:
+def _evaluate(model: MLP, validation: Iterable[tuple[torch.Tensor, torch.Tensor]],
+              device: torch.device) -> dict[str, float]:
     """Validation loss and accuracy over all ranks' shards (sums all-reduced, so every rank gets the same)."""
     model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
     with torch.no_grad():
-        logits = model(x)
-        sums = torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                            (logits.argmax(dim=1) == y).sum().double(),
-                            torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+        for x, y in validation:
+            logits = model(x)
+            sums += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
+                                 (logits.argmax(dim=1) == y).sum().double(),
+                                 torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
     dist.all_reduce(sums)
     return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
 

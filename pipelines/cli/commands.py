@@ -184,7 +184,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_infer_schema(args: argparse.Namespace) -> int:
-    from data.validation import infer_schema, read_table, schema_to_yaml
+    from data.tables import read_table
+    from data.validation import infer_schema, schema_to_yaml
 
     schema = infer_schema(read_table(args.data), target=args.target, task=args.task, id_columns=args.id_columns)
     sys.stdout.write(schema_to_yaml(schema))

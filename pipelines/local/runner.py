@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from data.validation import DataFileError
+from data.tables import DataFileError
 from training.errors import KfloopError
 from training.progress import PREFIX as PROGRESS_PREFIX
 from training.settings import Environment, activate

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from data import storage
-from data.validation import DEFAULT_LIMITS, DataFileError
+from data.tables import DEFAULT_LIMITS, DataFileError
 from training.config import TrainingConfig
 from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
 from training.launch.cluster import ClusterConfig
