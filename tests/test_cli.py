@@ -14,8 +14,10 @@ from pipelines.cli.commands import build_parser, main
 from training.errors import EXIT_DATA_FILE, EXIT_FAILED
 
 REPO = Path(__file__).resolve().parents[1]
+GLOBAL = ["--debug", "--workdir"]
+"""Accepted before the command and after it, by every command."""
 SURFACE = {
-    "": ["--debug", "--workdir"],
+    "": GLOBAL,
     "bench": ["--max-bytes", "--nproc", "--out"],
     "compile": ["--config", "--credentials-secret", "--enable-caching", "--gpu-node-selector", "--gpu-toleration",
                 "--gpus", "--image", "--out", "--set", "--shared-mount-path", "--shared-volume-claim"],
@@ -46,10 +48,34 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help")
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def test_cli_surface_is_pinned():
     parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert {"": _flags(parser), **{name: _flags(p) for name, p in subparsers.items()}} == SURFACE
+    subparsers = _subparsers(parser)
+    assert all(set(GLOBAL) <= set(_flags(p)) for p in subparsers.values())
+    assert {"": _flags(parser), **{name: sorted(set(_flags(p)) - set(GLOBAL))
+                                   for name, p in subparsers.items()}} == SURFACE
+
+
+def test_global_flags_work_before_or_after_the_command():
+    parser = build_parser()
+    for argv in (["--workdir", "W", "--debug", "status"], ["status", "--workdir", "W", "--debug"],
+                 ["--debug", "status", "--workdir", "W"]):
+        args = parser.parse_args(argv)
+        assert (args.workdir, args.debug) == ("W", True), argv
+    args = parser.parse_args(["status"])
+    assert (args.workdir, args.debug) == (None, False)
+    assert parser.parse_args(["--workdir", "A", "demo", "--workdir", "B"]).workdir == "B"  # the nearer one wins
+
+
+def test_global_flag_after_the_command_reaches_the_command(tmp_path, capsys):
+    """``kfloop status --workdir W`` reads W's registry (a fresh one, which does not know the model)."""
+    code = main(["status", "--model", "nobody", "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert code == EXIT_FAILED and f"model 'nobody' is not registered in sqlite:///{tmp_path / 'w' / 'mlflow.db'}" in err
 
 
 def test_python_dash_m_pipelines_is_the_cli():

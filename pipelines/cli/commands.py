@@ -19,8 +19,7 @@ from training.errors import EXIT_FAILED, KfloopError
 def build_parser() -> argparse.ArgumentParser:
     """The full CLI surface (pinned by tests/test_cli.py)."""
     p = argparse.ArgumentParser(prog="kfloop", description="The continuous-training loop on Kubeflow.")
-    p.add_argument("--workdir", help="state root (default: $KFLOOP_HOME or ./.kfloop)")
-    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    options.add_global_flags(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="the whole loop locally on the demo data")
@@ -111,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-bytes", default="256M", help="largest size, e.g. 256M")
     bench.add_argument("--out", default="benchmarks/results/collectives.json")
     operate_cli.add_parsers(sub)
+    for command in sub.choices.values():
+        options.add_global_flags(command, on_subcommand=True)
     return p
 
 
