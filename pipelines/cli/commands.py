@@ -216,14 +216,16 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from training.settings import activate, load_environment
 
     activate(load_environment(args.workdir))
+    settings = options.settings(args)
     with options.stdout_for_json(args):
         result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
-                            model_name=args.model_name or "", policy=options.settings(args).get("drift", {}),
-                            report_out=args.report or "")
+                            model_name=args.model_name or "", policy=settings.get("drift", {}),
+                            report_out=args.report or "", target=settings.get("target", ""))
     if args.json:
         options.print_json(result.to_dict())
     else:
         drift = result.drift
+        print(f"schema: {result.schema_source}")
         print(f"drifted: {drift.drifted} ({drift.reason})")
         for name, col in drift.columns.items():
             outside = drift.schema_violations.get(name)
