@@ -75,7 +75,8 @@ def test_global_flag_after_the_command_reaches_the_command(tmp_path, capsys):
     """``kfloop status --workdir W`` reads W's registry (a fresh one, which does not know the model)."""
     code = main(["status", "--model", "nobody", "--workdir", str(tmp_path / "w")])
     err = capsys.readouterr().err
-    assert code == EXIT_FAILED and f"model 'nobody' is not registered in sqlite:///{tmp_path / 'w' / 'mlflow.db'}" in err
+    assert code == EXIT_FAILED
+    assert f"model 'nobody' is not registered in sqlite:///{tmp_path / 'w' / 'mlflow.db'}" in err
 
 
 def test_python_dash_m_pipelines_is_the_cli():

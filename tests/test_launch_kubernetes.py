@@ -212,8 +212,9 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     evaluate_step(model_dir=str(model_dir), holdout_path=holdout, holdout_sha256=sha, model_name="k8s-model",
                   policy={}, report_out=report)
     version = register_step(model_dir=str(model_dir), report_path=report, schema_path=schema, run_id=result.run_id,
-                            model_name="k8s-model", dataset_uri=train, data_md5=md5, holdout_sha256=sha,
-                            pipeline_run_id="run-train-1", champion_version="", holdout_fraction=0.2, split_seed=42)
+                            model_name="k8s-model", dataset_uri=str(demo_files["train.parquet"]), data_md5=md5,
+                            holdout_sha256=sha, pipeline_run_id="run-train-1", champion_version="",
+                            holdout_fraction=0.2, split_seed=42)
     registered = mlflow.MlflowClient().get_model_version("k8s-model", version)
     assert registered.run_id == result.run_id
 
