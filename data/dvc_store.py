@@ -113,9 +113,9 @@ def keep(source_uri: str, md5: str, *, config: DataStoreConfig, workdir: Path, r
     store of :func:`object_stores` has it, copy the file into the data store.
 
     Raises:
-        DataStoreError: the file is over ``config.max_bytes``, or its bytes no longer hash to ``md5`` (it changed
-            since the run validated it).
-        data.storage.StorageError: the file cannot be read, or the data store cannot be written.
+        DataStoreError: the file is over ``config.max_bytes``, its bytes no longer hash to ``md5`` (it changed
+            since the run validated it), or the data store cannot be written.
+        data.storage.StorageError: the file cannot be read.
     """
     url = config.url(workdir)
     with object_stores(repo_root, [url]) as stores:
@@ -136,6 +136,11 @@ def keep(source_uri: str, md5: str, *, config: DataStoreConfig, workdir: Path, r
                 raise DataStoreError(f"{redact(source_uri)}: its bytes now hash to md5 {copy.md5}, not the {md5} this "
                                      "run validated and trained on: the data changed during the run; run the "
                                      "pipeline again on data that stays put")
-            store.add(str(Path(tmp) / "data"), LocalFileSystem(), md5)
+            try:
+                store.add(str(Path(tmp) / "data"), LocalFileSystem(), md5)
+            except Exception as exc:  # each file system raises its own types
+                raise DataStoreError(f"{label}: cannot write the training data (md5 {md5}) there: "
+                                     f"{type(exc).__name__}: {exc}; check data_store.remote and the credentials in "
+                                     "the environment") from exc
         assert locate(md5, [(label, store)]) is not None, f"{label} does not show md5 {md5} after adding it"
         return Kept(md5=md5, location=label, data_store=redact(url), copied=True)

@@ -105,7 +105,6 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     schema, schema_source = _drift_schema(schema_uri, model_name=model_name, champion=champion, target=target,
                                           reference=reference, current=current, reference_uri=reference_uri)
     roles = schema_roles(schema)
-    reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
     if champion is not None and rules.include_predictions:
         predictor = load_version_predictor(model_name, champion.version)
         reference["prediction"] = predictor.predict(reference).astype(str)

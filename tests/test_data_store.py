@@ -84,6 +84,15 @@ def test_data_that_changed_since_validation_is_not_kept(own_data, tmp_path):
     assert not store.exists() or not [p for p in store.rglob("*") if p.is_file()]  # no partial object
 
 
+def test_a_data_store_that_cannot_be_written_is_named(own_data, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    store = tmp_path / "a-file" / "store"
+    with pytest.raises(DataStoreError, match=f"^data store {store}: cannot write the training data .*check "
+                                             "data_store.remote"):
+        keep(str(own_data), file_digest(own_data, "md5"), config=DataStoreConfig(remote=str(store)),
+             workdir=tmp_path / "w", repo_root=CODE_ROOT)
+
+
 def test_a_failure_to_keep_the_data_registers_nothing(isolated_env, own_data, tmp_path):
     from training.steps import register_step
 

@@ -18,6 +18,8 @@ from fakes.server_process import free_port, start_server, stop_group
 from pipelines.operations.demo_loop import format_summary
 from training.settings import CODE_ROOT
 
+pytestmark = pytest.mark.timeout(1800)  # the whole loop, then a retraining by `reproduce`, on a busy 2-core box
+
 
 def _checkout_state() -> dict[str, str | None]:
     """What a run must not change: git's view of the checkout (untracked files too) and the DVC config files."""

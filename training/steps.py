@@ -290,8 +290,9 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
     reproduce`` can fetch it whatever it was read from; nothing is logged or registered when that fails.
 
     Raises:
-        data.dvc_store.DataStoreError: the data is over ``data_store.max_bytes`` or changed during the run.
-        data.storage.StorageError: the data cannot be read or the data store cannot be written.
+        data.dvc_store.DataStoreError: the data is over ``data_store.max_bytes``, changed during the run, or
+            cannot be written to the data store.
+        data.storage.StorageError: the data cannot be read.
     """
     from data.dvc_store import DataStoreConfig, keep
     from training.config import TrainingConfig
