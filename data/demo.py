@@ -29,8 +29,8 @@ class DemoData:
 
 
 def ensure_demo_data(remote_dir: Path) -> DemoData:
-    """Reproduce the ``generate`` stage (a no-op when dvc.lock is up to date), point the repo's local config at a
-    DVC remote in ``remote_dir`` and push the outputs there.
+    """Reproduce the ``generate`` stage (a no-op when dvc.lock is up to date) and push the outputs to a DVC remote
+    in ``remote_dir``, named for this call only: the checkout's DVC config is left as it is.
 
     Raises:
         FileNotFoundError: this checkout is not a DVC repo (no ``.dvc/`` beside ``data/``).
@@ -44,10 +44,8 @@ def ensure_demo_data(remote_dir: Path) -> DemoData:
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     # DVC logs "stage didn't change" on stdout; keep stdout for the demo's own output (e.g. --json)
     logging.getLogger("dvc").setLevel(logging.WARNING)
-    with contextlib.redirect_stdout(sys.stderr), Repo(str(REPO_ROOT)) as repo:
-        with repo.config.edit("local") as conf:
-            conf["remote"][REMOTE_NAME] = {"url": str(remote_dir)}
-            conf["core"]["remote"] = REMOTE_NAME
+    remote = {"remote": {REMOTE_NAME: {"url": str(remote_dir.resolve())}}}
+    with contextlib.redirect_stdout(sys.stderr), Repo(str(REPO_ROOT), config=remote) as repo:
         repo.reproduce(str(DATA_DIR / "dvc.yaml"))
         repo.push(remote=REMOTE_NAME)
     md5 = {Path(o["path"]).name: o["md5"] for o in _lock_outs()}

@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import pandas as pd
+
 from data.storage import redact
 from training.progress import progress
 from training.settings import load_environment, step_function
@@ -25,48 +27,101 @@ class DriftStepResult:
     """The object store's version id or ETag of the current data; empty for a local file."""
     reference_uri: str
     """The reference data, credentials removed."""
+    schema_source: str
+    """Where the schema came from: its URI, ``champion vN``, or ``inferred from the reference (target 'COL')``."""
     champion_version: str | None
     reference_profile: bool = False
     """Whether the check compared with the champion's stored profile of ``reference_uri`` (not the file itself)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """``kfloop drift --json``: the DriftResult contract plus data hash and version, reference and champion."""
+        """``kfloop drift --json``: the DriftResult contract plus data hash and version, reference, schema source
+        and champion."""
         return {**self.drift.to_dict(), "data_md5": self.data_md5, "data_version": self.data_version,
                 "reference_uri": self.reference_uri, "reference_profile": self.reference_profile,
-                "champion_version": self.champion_version}
+                "schema_source": self.schema_source, "champion_version": self.champion_version}
+
+
+def _no_champion_data(model_name: str, champion: Any, what: str) -> str:
+    """Why the champion cannot supply ``what``: no model named, no champion, or nothing recorded."""
+    if not model_name:
+        return f"no --model-name (model_name) whose champion's {what} to use"
+    if champion is None:
+        return f"model '{model_name}' has no champion to take the {what} from"
+    return f"model '{model_name}' champion v{champion.version} records no {what}"
+
+
+def _drift_schema(schema_uri: str, *, model_name: str, champion: Any, target: str, reference: Callable[[], Any],
+                  current_columns: list[str], reference_uri: str):
+    """The schema of a drift check and where it came from: ``schema_uri``, else the champion's, else one inferred
+    from the reference (``reference()`` reads it).
+
+    Raises:
+        ValueError: nothing to infer the target from (the message says what to pass).
+    """
+    from data.validation import infer_schema, load_schema
+    from training.registry.versions import champion_schema
+
+    if schema_uri:
+        return load_schema(schema_uri), redact(schema_uri)
+    recorded = champion_schema(model_name) if champion is not None else None
+    if recorded is not None:
+        return load_schema(recorded), f"champion v{champion.version}"
+    reference = reference()
+    unlabelled = [c for c in reference.columns if c not in current_columns]
+    target = target or (unlabelled[0] if len(unlabelled) == 1 else "")
+    if not target:
+        raise ValueError(f"no schema: {_no_champion_data(model_name, champion, 'schema')}, and the target column "
+                         f"cannot be told from the data ({redact(reference_uri)} and the current data share "
+                         "every column); pass --schema FILE (schema_uri), or --set target=COLUMN to infer the "
+                         "schema from the reference")
+    if target not in reference.columns:
+        raise ValueError(f"target '{target}' is not a column of the reference {redact(reference_uri)}; columns: "
+                         f"{list(reference.columns)}")
+    task = "regression" if pd.api.types.is_float_dtype(reference[target]) else "classification"
+    source = f"inferred from the reference (target '{target}', {task})"
+    progress(f"drift: no schema given: {source}")
+    return infer_schema(reference, target=target, task=task), source
 
 
 @step_function
 def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, policy: dict[str, Any],
-               report_out: str) -> DriftStepResult:
+               report_out: str, target: str = "") -> DriftStepResult:
     """Evidently drift of the schema's features, and of the champion's predictions, current against reference,
     and the share of current rows outside the schema per feature.
 
     Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used: its
     stored reference profile when it has one (the current data is then read in chunks and the training data not
-    at all), else the training data itself (versions registered before profiles). With a ``model_name`` the
-    check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
+    at all), else the training data itself (versions registered before profiles). With a reference but neither a
+    schema nor a champion, the schema is inferred from the reference (its target: ``target``, else the one
+    reference column the current data lacks). With a ``model_name`` the check is recorded in MLflow
+    (:func:`monitoring.records.record_drift_check`).
 
     Raises:
-        ValueError: no reference or schema given and no champion to take them from.
+        ValueError: no reference data, or no schema and no target to infer one; the message names what is missing.
         data.tables.DataFileError: a data file is unusable.
     """
     from data.chunks import table_chunks
     from data.tables import read_table, read_table_source
-    from data.validation import load_schema, schema_roles
+    from data.validation import schema_roles
     from monitoring.drift import DriftPolicy, check_drift, check_drift_profile
     from monitoring.profiles import prediction_kind
-    from training.registry.versions import champion_profile, champion_schema, get_champion, load_version_predictor
+    from training.registry.versions import champion_profile, get_champion, load_version_predictor
 
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None
     profile = champion_profile(model_name) if champion is not None and not reference_uri else None
     reference_uri = reference_uri or ((champion.record.data_uri or "") if champion else "")
-    schema_text = schema_uri or (champion_schema(model_name) if champion else None)
-    if not (reference_uri or profile) or not schema_text:
-        raise ValueError(f"model '{model_name}' has no champion to take the reference data and schema from; "
-                         "pass reference_uri and schema_uri")
-    schema = load_schema(schema_text)
+    if not (reference_uri or profile):
+        raise ValueError(f"no reference data: {_no_champion_data(model_name, champion, 'training data')}; pass "
+                         "--reference FILE (reference_uri)")
+    if profile is None:
+        reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
+        columns, read_reference = list(current.columns), lambda: reference
+    else:
+        columns, read_reference = [], lambda: read_table(reference_uri)
+    schema, schema_source = _drift_schema(schema_uri, model_name=model_name, champion=champion, target=target,
+                                          reference=read_reference, current_columns=columns,
+                                          reference_uri=reference_uri)
     roles = schema_roles(schema)
     kind = prediction_kind(roles.task)
     predictor = (load_version_predictor(model_name, champion.version)
@@ -78,7 +133,6 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                                          policy=rules, report_path=report_path, schema=schema,
                                          predict=predictor.predict if predictor is not None else None)
     else:
-        reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
         if predictor is not None:
             for frame in (reference, current):
                 predictions = predictor.predict(frame)
@@ -90,6 +144,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
              f"({result.reason})")
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
                               reference_uri=redact(reference_uri), reference_profile=profile is not None,
+                              schema_source=schema_source,
                               champion_version=champion.version if champion else None)
     if model_name:
         from monitoring.records import record_drift_check

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from data.dvc_store import DataStoreConfig
 from data.storage import holds_credentials, redact
 from monitoring.drift import DriftPolicy
 from monitoring.quality import QualityPolicy
@@ -21,6 +22,7 @@ SECTIONS: dict[str, type] = {
     "quality": QualityPolicy,
     "trigger": TriggerPolicy,
     "cluster": KubernetesSettings,
+    "data_store": DataStoreConfig,
 }
 """Config section -> the typed config that validates it (its pipeline parameter: ``SECTION_PARAMETERS``)."""
 
@@ -29,7 +31,8 @@ SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "tar
                *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
 """Parameters of some pipeline; one kfloop.yaml serves them all, so each pipeline ignores the others'."""
 
-TRAINING_KEYS = {"training", "promotion", "cluster", *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
+TRAINING_KEYS = {"training", "promotion", "cluster", "data_store", *JOB_SHAPE_KEYS, "holdout_fraction",
+                 "seed"}
 """Settings the drift and quality pipelines hand to the training runs they trigger."""
 
 
@@ -82,9 +85,9 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
     """Pick and validate the parameters ``pipeline`` declares from a settings dict.
 
     Top-level keys are pipeline parameters (``dataset_uri``, ``target``, ``nnodes``...); the sections
-    ``training``, ``promotion``, ``drift``, ``quality``, ``trigger``, ``cluster`` become dict parameters once their typed config
-    accepts them. The job's shape may also be given in the ``training`` section; it becomes the top-level
-    parameter either way.
+    ``training``, ``promotion``, ``drift``, ``quality``, ``trigger``, ``cluster``, ``data_store`` become dict
+    parameters once their typed config accepts them. The job's shape may also be given in the ``training`` section;
+    it becomes the top-level parameter either way.
 
     Raises:
         ValueError: an unknown key, a missing required parameter, the job's shape set twice, a URI holding

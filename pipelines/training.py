@@ -27,6 +27,7 @@ def training_pipeline(
     training_config: dict = {},
     promotion_policy: dict = {},
     cluster_config: dict = {},
+    data_store_config: dict = {},
 ) -> str:
     validated = validate_data(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name)
     validated.set_display_name("validate data")
@@ -48,6 +49,7 @@ def training_pipeline(
                                     data_version=validated.outputs["data_version"],
                                     holdout_sha256=split.outputs["Output"],
                                     holdout_fraction=holdout_fraction, split_seed=seed,
+                                    data_store_config=data_store_config,
                                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     registered.set_display_name("register candidate")
     with dsl.If(gate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)

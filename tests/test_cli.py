@@ -14,8 +14,10 @@ from pipelines.cli.commands import build_parser, main
 from training.errors import EXIT_DATA_FILE, EXIT_FAILED
 
 REPO = Path(__file__).resolve().parents[1]
+GLOBAL = ["--debug", "--workdir"]
+"""Accepted before the command and after it, by every command."""
 SURFACE = {
-    "": ["--debug", "--workdir"],
+    "": GLOBAL,
     "bench": ["--max-bytes", "--nproc", "--out"],
     "compile": ["--config", "--credentials-secret", "--enable-caching", "--gpu-node-selector", "--gpu-toleration",
                 "--gpus", "--image", "--out", "--set", "--shared-mount-path", "--shared-volume-claim"],
@@ -47,10 +49,35 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
     return sorted(o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help")
 
 
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def test_cli_surface_is_pinned():
     parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert {"": _flags(parser), **{name: _flags(p) for name, p in subparsers.items()}} == SURFACE
+    subparsers = _subparsers(parser)
+    assert all(set(GLOBAL) <= set(_flags(p)) for p in subparsers.values())
+    assert {"": _flags(parser), **{name: sorted(set(_flags(p)) - set(GLOBAL))
+                                   for name, p in subparsers.items()}} == SURFACE
+
+
+def test_global_flags_work_before_or_after_the_command():
+    parser = build_parser()
+    for argv in (["--workdir", "W", "--debug", "status"], ["status", "--workdir", "W", "--debug"],
+                 ["--debug", "status", "--workdir", "W"]):
+        args = parser.parse_args(argv)
+        assert (args.workdir, args.debug) == ("W", True), argv
+    args = parser.parse_args(["status"])
+    assert (args.workdir, args.debug) == (None, False)
+    assert parser.parse_args(["--workdir", "A", "demo", "--workdir", "B"]).workdir == "B"  # the nearer one wins
+
+
+def test_global_flag_after_the_command_reaches_the_command(tmp_path, capsys):
+    """``kfloop status --workdir W`` reads W's registry (a fresh one, which does not know the model)."""
+    code = main(["status", "--model", "nobody", "--workdir", str(tmp_path / "w")])
+    err = capsys.readouterr().err
+    assert code == EXIT_FAILED
+    assert f"model 'nobody' is not registered in sqlite:///{tmp_path / 'w' / 'mlflow.db'}" in err
 
 
 def test_python_dash_m_pipelines_is_the_cli():
@@ -102,6 +129,56 @@ def test_train_two_nodes_of_two_ranks_ends_with_identical_parameters(tmp_path, d
     assert len(description["param_digests"]) == 4 and len(set(description["param_digests"])) == 1
 
 
+FEATURES = {"age", "tenure_months", "monthly_charges", "total_charges", "support_calls", "contract",
+            "payment_method", "region", "plan"}
+
+
+def test_drift_without_schema_infers_it_from_the_reference_and_says_so(tmp_path, demo_files, capsys):
+    """The current batch has no labels yet: the reference's one extra column is the target."""
+    current = tmp_path / "unlabelled.parquet"
+    pd.read_parquet(demo_files["batch_drifted.parquet"]).drop(columns=["churned"]).to_parquet(current)
+    code = main(["--workdir", str(tmp_path / "w"), "drift", "--reference", str(demo_files["train.parquet"]),
+                 "--current", str(current), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)
+    assert out["schema_source"] == "inferred from the reference (target 'churned', classification)"
+    assert "no schema given: inferred from the reference" in captured.err
+    assert set(out["columns"]) == FEATURES and out["drifted"] is True  # customer_id is an id, churned the target
+
+
+def test_drift_without_schema_names_what_is_missing(tmp_path, demo_files, capsys):
+    args = ["--workdir", str(tmp_path / "w"), "drift", "--reference", str(demo_files["train.parquet"]), "--current",
+            str(demo_files["batch_stable.parquet"])]
+    code = main(args)
+    err = capsys.readouterr().err.splitlines()[0]
+    assert code == EXIT_FAILED
+    assert err == (f"kfloop drift: error: no schema: no --model-name (model_name) whose champion's schema to use, "
+                   f"and the target column cannot be told from the data ({demo_files['train.parquet']} and the "
+                   "current data share every column); pass --schema FILE (schema_uri), or --set target=COLUMN to "
+                   "infer the schema from the reference")
+    assert "has no champion" not in err
+    code = main([*args, "--set", "target=churned"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("schema: inferred from the reference (target 'churned', classification)\n")
+    assert "drifted: False" in out
+    code = main([*args, "--set", "target=churn"])
+    assert code == EXIT_FAILED and "target 'churn' is not a column of the reference" in capsys.readouterr().err
+
+
+def test_drift_without_reference_names_what_is_missing(isolated_env, demo_files):
+    from monitoring.steps import drift_step
+
+    check = dict(current_uri=str(demo_files["batch_stable.parquet"]), reference_uri="", schema_uri="", policy={},
+                 report_out="")
+    with pytest.raises(ValueError, match=r"^no reference data: no --model-name \(model_name\) whose champion's "
+                                         r"training data to use; pass --reference FILE \(reference_uri\)$"):
+        drift_step(**check, model_name="")
+    with pytest.raises(ValueError, match=r"^no reference data: model 'ghost' has no champion to take the training "
+                                         r"data from; pass --reference FILE"):
+        drift_step(**check, model_name="ghost")
+
+
 def test_drift_json_contract(tmp_path, demo_files, capsys):
     report = tmp_path / "drift.html"
     code = main(["drift", "--reference", str(demo_files["train.parquet"]), "--current",
@@ -110,8 +187,7 @@ def test_drift_json_contract(tmp_path, demo_files, capsys):
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["drifted"] is True and out["share_drifted_columns"] >= 0.3
-    assert set(out["columns"]) == {"age", "tenure_months", "monthly_charges", "total_charges", "support_calls",
-                                   "contract", "payment_method", "region", "plan"}
+    assert set(out["columns"]) == FEATURES and out["schema_source"] == str(REPO / "data" / "schema.yaml")
     for col in out["columns"].values():
         assert set(col) == {"method", "score", "threshold", "drifted"}
     assert report.stat().st_size > 0 and out["report_path"] == str(report)

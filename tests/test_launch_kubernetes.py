@@ -148,7 +148,8 @@ def test_inputs_in_object_storage_are_staged_for_the_job(cluster, s3_bucket, dem
     assert result.world_size == 1 and (tmp_path / "model" / "model.json").is_file()
 
 def _prepared(tmp_path, demo_files, model_name: str):
-    """validate -> split, as the pipeline runs them; returns (schema path, train path, holdout path, sha, md5)."""
+    """validate -> split, as the pipeline runs them; returns (schema path, train path, holdout path, sha, md5 and
+    path of the validated file)."""
     from training.steps import split_step, validate_step
 
     schema = str(tmp_path / "schema.yaml")
@@ -157,7 +158,7 @@ def _prepared(tmp_path, demo_files, model_name: str):
     train, holdout = str(tmp_path / "train.parquet"), str(tmp_path / "holdout.parquet")
     sha = split_step(dataset_uri=str(demo_files["train.parquet"]), fraction=0.2, seed=42, train_out=train,
                      holdout_out=holdout)
-    return schema, train, holdout, sha, validated.data_md5
+    return schema, train, holdout, sha, validated.data_md5, str(demo_files["train.parquet"])
 
 
 FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
@@ -182,12 +183,12 @@ def register_candidate(tmp_path, prepared: tuple, model_dir: Path, run_id: str, 
     """Evaluate a trained model on the holdout of ``prepared`` (:func:`_prepared`) and register it; its version."""
     from training.steps import evaluate_step, register_step
 
-    schema, train, holdout, sha, md5 = prepared
+    schema, train, holdout, sha, md5, dataset = prepared
     report = str(tmp_path / "report.json")
     evaluate_step(model_dir=str(model_dir), holdout_path=holdout, holdout_sha256=sha, model_name=model_name,
                   policy={}, report_out=report)
     return register_step(model_dir=str(model_dir), report_path=report, schema_path=schema, run_id=run_id,
-                         model_name=model_name, dataset_uri=train, data_md5=md5, holdout_sha256=sha,
+                         model_name=model_name, dataset_uri=dataset, data_md5=md5, holdout_sha256=sha,
                          pipeline_run_id=pipeline_run_id, champion_version="", holdout_fraction=0.2, split_seed=42)
 
 

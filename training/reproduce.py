@@ -1,8 +1,9 @@
 """Rebuild a registered version from its lineage and prove it is the same model.
 
-The version's recorded data md5 is fetched from DVC (the repo's cache, else its remotes), split with the pipeline's
-holdout settings (checked against the recorded holdout sha256), and trained again on CPU with gloo with the
-recorded training config and seed, by the code of the recorded commit (the running checkout must be that commit).
+The version's recorded data md5 is fetched from DVC (the repo's cache, else its remotes, else the data store that
+registration kept it in: :mod:`data.dvc_store`), split with the pipeline's holdout settings (checked against the
+recorded holdout sha256), and trained again on CPU with gloo with the recorded training config and seed, by the
+code of the recorded commit (the running checkout must be that commit).
 Identical means: every recorded metric and the decision threshold equal, and the weights file byte for byte
 (sha256) and tensor by tensor.
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data.dvc_store import locate, object_stores
 from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
 from training.errors import KfloopError
 from training.fileio import file_digest
@@ -73,43 +76,41 @@ def check_code(recorded: str, current: str) -> None:
         raise ReproduceError(f"the version was trained by commit {recorded}, but {state} ({current}); {how}")
 
 
-def fetch_by_md5(md5: str, dst: Path, *, repo_root: Path) -> tuple[Path, str]:
-    """Copy the DVC object ``md5`` to ``dst``: from the repo's cache, else from each configured remote.
+def fetch_by_md5(md5: str, dst: Path, *, repo_root: Path, data_stores: Iterable[str] = ()) -> tuple[Path, str]:
+    """Copy the DVC object ``md5`` to ``dst``: from the repo's cache, else each of its remotes, else each data store
+    URL (:func:`data.dvc_store.object_stores`).
 
     Returns:
         ``(dst, source)``, ``source`` naming where it was found.
 
     Raises:
-        ReproduceError: not in the cache nor any remote (the message lists where it looked), or the copy does
-            not hash to ``md5``.
+        ReproduceError: in none of them (the message lists where it looked), or the copy does not hash to ``md5``.
     """
-    from dvc.repo import Repo
-
     dst.parent.mkdir(parents=True, exist_ok=True)
-    looked = []
-    with Repo(str(repo_root)) as repo:
-        stores = [("DVC cache", repo.cache.local)] + [(f"DVC remote '{name}'", repo.cloud.get_remote_odb(name))
-                                                       for name in repo.config["remote"]]
-        for label, odb in stores:
-            path = odb.oid_to_path(md5)
-            looked.append(f"{label} ({path})")
-            if odb.fs.exists(path):
-                odb.fs.get_file(path, str(dst))
-                break
-        else:
-            raise ReproduceError(f"data md5 {md5} is in none of: {'; '.join(looked)}. Push the training data "
-                                 "with `dvc push`, or configure the remote that holds it (`dvc remote add`)")
+    with object_stores(repo_root, data_stores) as stores:
+        found = locate(md5, stores)
+        if found is None:
+            looked = "; ".join(f"{label} ({odb.oid_to_path(md5)})" for label, odb in stores)
+            raise ReproduceError(f"data md5 {md5} is in none of: {looked}. Push the training data with `dvc push`, "
+                                 "configure the remote that holds it (`dvc remote add`), or name the data store the "
+                                 "version was registered with (--set data_store.remote=URL)")
+        label, odb = found
+        source = f"{label} ({odb.oid_to_path(md5)})"
+        odb.fs.get_file(odb.oid_to_path(md5), str(dst))
     actual = file_digest(dst, "md5")
     if actual != md5:
         dst.unlink()
-        raise ReproduceError(f"{looked[-1]} holds md5 {actual} under {md5}: the DVC store is corrupt")
-    return dst, looked[-1]
+        raise ReproduceError(f"{source} holds md5 {actual} under {md5}: the DVC store is corrupt")
+    return dst, source
 
 
 def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: str, repo_root: Path,
-              holdout_fraction: float | None = None, split_seed: int | None = None,
+              holdout_fraction: float | None = None, split_seed: int | None = None, data_store: str = "",
               client: Any = None) -> Reproduction:
     """Rebuild ``model_name`` ``version`` under ``workdir`` and compare it with the registered one.
+
+    The data is fetched by its md5 from the repo's DVC cache and remotes, the data store the lineage records, and
+    ``data_store`` (the one configured now).
 
     The split's fraction and seed are the ones the version's lineage records; ``holdout_fraction`` and
     ``split_seed`` (else the pipeline's defaults) only serve versions registered before they were recorded. The
@@ -139,7 +140,8 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     lineage = mlflow.artifacts.load_dict(f"runs:/{mv.run_id}/{LINEAGE_ARTIFACT}")
     root = Path(workdir) / "reproduce" / f"{model_name}-v{version}"
     shutil.rmtree(root, ignore_errors=True)
-    data, source = fetch_by_md5(record.data_md5, root / "data" / "dataset.parquet", repo_root=repo_root)
+    data, source = fetch_by_md5(record.data_md5, root / "data" / "dataset.parquet", repo_root=repo_root,
+                                data_stores=[lineage.get("data_store", ""), data_store])
     progress(f"reproduce: data md5 {record.data_md5} from {source}")
     holdout_fraction = record.holdout_fraction or holdout_fraction or DEFAULT_HOLDOUT_FRACTION
     split_seed = record.split_seed if record.split_seed is not None else (

@@ -283,16 +283,31 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
 @step_function
 def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id: str, model_name: str,
                   dataset_uri: str, data_md5: str, holdout_sha256: str, pipeline_run_id: str,
-                  champion_version: str, holdout_fraction: float, split_seed: int, data_version: str = "") -> str:
+                  champion_version: str, holdout_fraction: float, split_seed: int, data_version: str = "",
+                  data_store: dict[str, Any] | None = None) -> str:
     """Log the model into its training run and register it as a version with decision, reason, lineage (the
     split's fraction and seed included, so ``kfloop reproduce`` splits the same way) and the reference profile of
-    its training data with its predictions on it (one streaming pass; drift checks compare with it)."""
+    its training data with its predictions on it (one streaming pass; drift checks compare with it). First the
+    training data is kept where DVC finds it by its md5 (:func:`data.dvc_store.keep`, the ``data_store``
+    settings), so ``kfloop reproduce`` can fetch it whatever it was read from; nothing is logged or registered when
+    that fails.
+
+    Raises:
+        data.dvc_store.DataStoreError: the data is over ``data_store.max_bytes``, changed during the run, or
+            cannot be written to the data store.
+        data.storage.StorageError: the data cannot be read.
+    """
+    from data.dvc_store import DataStoreConfig, keep
     from data.validation import load_schema
     from monitoring.profiles import profile_table
     from training.config import TrainingConfig
     from training.model import Predictor
     from training.registry.versions import Lineage, log_candidate, register_candidate
+    from training.settings import CODE_ROOT
 
+    kept = keep(dataset_uri, data_md5, config=DataStoreConfig.from_dict(data_store),
+                workdir=load_environment().workdir, repo_root=CODE_ROOT)
+    progress(f"register: data md5 {data_md5} {'copied into' if kept.copied else 'already in'} {kept.location}")
     decision = json.loads(Path(report_path).read_text())
     predictor = Predictor.load(model_dir)
     description = predictor.description
@@ -304,7 +319,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
                       previous_champion=champion_version or None, training_config=config,
                       decision_threshold=description.get("decision_threshold"),
-                      holdout_fraction=holdout_fraction, split_seed=split_seed)
+                      holdout_fraction=holdout_fraction, split_seed=split_seed, data_store=kept.data_store)
     model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage, profile=profile)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
     progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")

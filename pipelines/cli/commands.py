@@ -19,8 +19,7 @@ from training.errors import EXIT_FAILED, KfloopError
 def build_parser() -> argparse.ArgumentParser:
     """The full CLI surface (pinned by tests/test_cli.py)."""
     p = argparse.ArgumentParser(prog="kfloop", description="The continuous-training loop on Kubeflow.")
-    p.add_argument("--workdir", help="state root (default: $KFLOOP_HOME or ./.kfloop)")
-    p.add_argument("--debug", action="store_true", help="show full tracebacks")
+    options.add_global_flags(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="the whole loop locally on the demo data")
@@ -123,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-bytes", default="256M", help="largest size, e.g. 256M")
     bench.add_argument("--out", default="benchmarks/results/collectives.json")
     operate_cli.add_parsers(sub)
+    for command in sub.choices.values():
+        options.add_global_flags(command, on_subcommand=True)
     return p
 
 
@@ -228,14 +229,16 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from training.settings import activate, load_environment
 
     activate(load_environment(args.workdir))
+    settings = options.settings(args)
     with options.stdout_for_json(args):
         result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
-                            model_name=args.model_name or "", policy=options.settings(args).get("drift", {}),
-                            report_out=args.report or "")
+                            model_name=args.model_name or "", policy=settings.get("drift", {}),
+                            report_out=args.report or "", target=settings.get("target", ""))
     if args.json:
         options.print_json(result.to_dict())
     else:
         drift = result.drift
+        print(f"schema: {result.schema_source}")
         print(f"drifted: {drift.drifted} ({drift.reason})")
         for name, col in drift.columns.items():
             outside = drift.schema_violations.get(name)

@@ -77,16 +77,18 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    from data.dvc_store import DataStoreConfig
     from training.progress import activity
     from training.reproduce import reproduce
     from training.settings import CODE_ROOT
 
     env = _env(args)
     configured = options.settings(args)
+    data_store = DataStoreConfig.from_dict(configured.get("data_store")).url(env.workdir)
     with options.stdout_for_json(args), activity(f"reproducing {args.model} v{args.version}", quiet=args.json):
         result = reproduce(args.model, args.version, workdir=env.workdir, current_commit=env.git_commit,
                            repo_root=CODE_ROOT, holdout_fraction=configured.get("holdout_fraction"),
-                           split_seed=configured.get("seed"))
+                           split_seed=configured.get("seed"), data_store=data_store)
     if args.json:
         options.print_json(result.to_dict())
     else:

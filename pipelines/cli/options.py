@@ -1,4 +1,5 @@
-"""What every ``kfloop`` command shares: the settings flags (``--config``, ``--set``) and the ``--json`` output."""
+"""What every ``kfloop`` command shares: the global flags (``--workdir``, ``--debug``), the settings flags
+(``--config``, ``--set``) and the ``--json`` output."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,15 @@ import sys
 from typing import Any
 
 from training.settings import load_config_file, merge, parse_overrides
+
+
+def add_global_flags(parser: argparse.ArgumentParser, *, on_subcommand: bool = False) -> None:
+    """``--workdir DIR`` and ``--debug``, on the main parser and again on every subcommand, so they work before or
+    after the command; on a subcommand they default to nothing (``argparse.SUPPRESS``), so a subcommand that does
+    not repeat them keeps the main parser's values."""
+    unset = {"default": argparse.SUPPRESS} if on_subcommand else {}
+    parser.add_argument("--workdir", help="state root (default: $KFLOOP_HOME or ./.kfloop)", **unset)
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks", **unset)
 
 
 def add_settings(parser: argparse.ArgumentParser) -> None:

@@ -1,6 +1,7 @@
 """``kfloop demo``: the whole loop on the demo data, from a clean demo workdir."""
 from __future__ import annotations
 
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import mlflow
 import pandas as pd
 
 from data.demo import DATA_DIR, ensure_demo_data
+from data.dvc_store import DEFAULT_STORE_DIR
 from pipelines.local.runs import run_pipeline
 from training.progress import progress
 from training.registry.versions import list_versions
@@ -31,7 +33,8 @@ def run_demo(workdir: Path) -> dict[str, Any]:
     """(a) first training, promoted; (b) stable batch: no drift, no retrain; (c) drifted batch: drift, retrain,
     gate, decision; then the champion loaded with ``mlflow.pyfunc`` predicts. Returns the summary.
 
-    The demo owns ``<workdir>/demo`` (MLflow DB, DVC remote, trigger state) and starts it afresh.
+    The demo owns ``<workdir>/demo`` (MLflow DB, the data store its DVC data is pushed to, trigger state) and
+    starts it afresh; ``next_commands`` are the commands that look at its results, as a user types them.
     """
     root = workdir / "demo"
     shutil.rmtree(root, ignore_errors=True)
@@ -39,7 +42,7 @@ def run_demo(workdir: Path) -> dict[str, Any]:
     activate(env)
     steps: dict[str, float] = {}
     start = time.monotonic()
-    data = _timed(steps, "data (dvc repro + push)", lambda: ensure_demo_data(root / "dvc-remote"))
+    data = _timed(steps, "data (dvc repro + push)", lambda: ensure_demo_data(root / DEFAULT_STORE_DIR))
     common = {"model_name": MODEL_NAME, "promotion": {"floor": 0.6}}
     first = _timed(steps, "(a) first training", lambda: run_pipeline(
         "training", {**common, "dataset_uri": str(data.train), "schema_uri": str(DATA_DIR / SCHEMA)}, env=env))
@@ -51,7 +54,19 @@ def run_demo(workdir: Path) -> dict[str, Any]:
     steps["total"] = round(time.monotonic() - start, 2)
     return {"model_name": MODEL_NAME, "workdir": str(root), "tracking_uri": env.tracking_uri, "data_md5": data.md5,
             "first_training": first, "stable_batch": stable, "drifted_batch": drifted,
-            "champion_prediction": prediction, "versions": _versions(), "seconds": steps}
+            "champion_prediction": prediction, "versions": _versions(), "seconds": steps,
+            "next_commands": next_commands(root, env.tracking_uri)}
+
+
+def next_commands(workdir: Path, tracking_uri: str) -> list[str]:
+    """Status, history, report, reproduce and the MLflow UI of the demo's state in ``workdir``, as shell commands
+    that work from any directory."""
+    kfloop = f"kfloop --workdir {shlex.quote(str(workdir))}"
+    ui = (f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri)} --port 5000"
+          if tracking_uri.startswith("sqlite:") else f"open {tracking_uri} (the MLflow server the demo used)")
+    return [f"{kfloop} status --model {MODEL_NAME}", f"{kfloop} history --model {MODEL_NAME}",
+            f"{kfloop} report --model {MODEL_NAME} --out {shlex.quote(str(workdir / 'report.html'))}",
+            f"{kfloop} reproduce {MODEL_NAME} 1", ui]
 
 
 def _predict_with_champion(path) -> dict[str, Any]:
@@ -83,5 +98,7 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"{label}: drifted={d['drifted']} share={d['share_drifted_columns']:.2f} ({what})")
     pred = s["champion_prediction"]
     lines += [f"champion {pred['model_uri']} predicts {pred['predictions']} for {pred['rows']} rows", "",
-              "time per step (s): " + ", ".join(f"{k} {v}" for k, v in s["seconds"].items())]
+              "time per step (s): " + ", ".join(f"{k} {v}" for k, v in s["seconds"].items()), "",
+              "next: status, history, report, reproduce v1 and the MLflow UI (http://127.0.0.1:5000):",
+              *(f"  {command}" for command in s["next_commands"])]
     return "\n".join(lines)

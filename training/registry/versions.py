@@ -98,6 +98,9 @@ class Lineage:
     """Share of the data held out by the split (``None`` on versions registered before it was recorded)."""
     split_seed: int | None = None
     """Seed of the split (``None`` on versions registered before it was recorded)."""
+    data_store: str = ""
+    """The DVC remote registration kept the training data in (:mod:`data.dvc_store`); empty when the repo's DVC
+    cache or one of its remotes holds it."""
 
     def __post_init__(self) -> None:
         for name, length in (("data_md5", 32), ("holdout_sha256", 64)):
@@ -122,7 +125,8 @@ class Lineage:
                 "pipeline_run_id": self.pipeline_run_id, "seed": str(self.seed),
                 "previous_champion": self.previous_champion or "none",
                 **({} if self.holdout_fraction is None else {"holdout_fraction": str(self.holdout_fraction)}),
-                **({} if self.split_seed is None else {"split_seed": str(self.split_seed)})}
+                **({} if self.split_seed is None else {"split_seed": str(self.split_seed)}),
+                **({"data_store": self.data_store[:MAX_TAG_CHARS]} if self.data_store else {})}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
