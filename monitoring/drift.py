@@ -33,7 +33,8 @@ DISTANCE_METHODS = frozenset({"ed", "hellinger", "jensenshannon", "kl_div", "psi
 ALL_NULL_METHOD = "all_null"
 """Method reported for a column without a single non-null value in the reference or the current batch."""
 PREDICTION_COLUMN = "prediction"
-"""Column holding the champion's predicted class, added to both frames by the caller."""
+"""Column holding the champion's predictions, added to both frames by the caller: predicted classes as strings
+(checked as categories) or, for regression, predicted values as numbers (checked as numbers)."""
 
 _COLUMN_TYPES = {"numeric": ColumnType.Numerical, "categorical": ColumnType.Categorical}
 _VALUE_DRIFT = "evidently:metric_v2:ValueDrift"
@@ -249,7 +250,7 @@ def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list
     Each column gets the stattest Evidently's ``DataDriftPreset`` would pick (or the policy's) and the same
     threshold; :func:`column_drift` computes the score without building a report, so verdicts and scores equal
     Evidently's at a fraction of the time. Numeric columns are compared as numbers (bools as 0/1), categorical
-    ones and ``prediction`` as categories. Missing values are ignored; a column with no values at all in one frame
+    ones and ``prediction`` as categories (as numbers when both frames hold float predictions: regression). Missing values are ignored; a column with no values at all in one frame
     is reported with method ``all_null`` (drifted unless both frames lack values). When ``report_path`` is given,
     Evidently renders its HTML report there, and its verdicts are checked against these. With a ``schema`` the
     current rows are also checked against its row-level rules (:mod:`data.schema_rules`): per feature column
@@ -457,7 +458,8 @@ def _checked_columns(reference: pd.DataFrame, current: pd.DataFrame, numeric: li
             raise ValueError(f"only the {present[0]} data has a {PREDICTION_COLUMN!r} column; add the champion's "
                              "predictions to both frames or set include_predictions=False")
         if present:
-            kinds[PREDICTION_COLUMN] = "categorical"
+            numeric_predictions = all(pd.api.types.is_float_dtype(f[PREDICTION_COLUMN]) for f in (reference, current))
+            kinds[PREDICTION_COLUMN] = "numeric" if numeric_predictions else "categorical"
     if not kinds:
         raise ValueError("no columns to check; pass the schema's numeric and/or categorical feature columns")
     unknown = sorted(set(policy.column_overrides) - set(kinds))

@@ -58,8 +58,9 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
     if champion is not None and rules.include_predictions:
         predictor = load_version_predictor(model_name, champion.version)
-        reference["prediction"] = predictor.predict(reference).astype(str)
-        current["prediction"] = predictor.predict(current).astype(str)
+        for frame in (reference, current):  # classes as categories, regression values as numbers
+            predicted = predictor.predict(frame)
+            frame["prediction"] = predicted if predictor.task == "regression" else predicted.astype(str)
     result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical, policy=rules,
                          report_path=report_out or None, schema=schema)
     progress(f"drift: {redact(current_uri)} vs {redact(reference_uri)}: drifted={result.drifted} ({result.reason})")

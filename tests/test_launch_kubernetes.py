@@ -126,7 +126,7 @@ def test_inputs_in_object_storage_are_staged_for_the_job(cluster, s3_bucket, dem
     s3.upload_file(str(demo_files["train.parquet"]), s3_bucket, "in/train.parquet")
     s3.upload_file(str(REPO / "data" / "schema.yaml"), s3_bucket, "in/schema.yaml")
     settings = KubernetesSettings.from_dict(cluster.settings())
-    config = TrainingConfig.from_dict({**FAST, "nnodes": 1, "nproc_per_node": 1, "backend": "kubernetes"})
+    config = TrainingConfig.from_dict({**FAST, "model": FAST_MODEL, "nnodes": 1, "nproc_per_node": 1, "backend": "kubernetes"})
     common = dict(model_dir=tmp_path / "model", config=config, cluster=settings.cluster, policy=settings.launcher,
                   log_dir=tmp_path / "logs")
     with pytest.raises(DataFileError, match=f"s3://{s3_bucket}/in/missing.parquet: not found"):
@@ -153,7 +153,8 @@ def _prepared(tmp_path, demo_files, model_name: str):
     return schema, train, holdout, sha, validated.data_md5
 
 
-FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
+FAST = {"epochs": 2, "batch_size": 512}
+FAST_MODEL = {"params": {"hidden": [16]}}
 
 
 def _credentials_secret(cluster, tracking_uri: str) -> None:
@@ -174,7 +175,7 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     schema, train, holdout, sha, md5 = _prepared(tmp_path, demo_files, "k8s-model")
     _credentials_secret(cluster, isolated_env.tracking_uri)
     model_dir = tmp_path / "model"
-    result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST, nnodes=2,
+    result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST, model=FAST_MODEL, nnodes=2,
                         nproc_per_node=2, backend="kubernetes", pipeline_run_id="run-train-1",
                         model_dir=str(model_dir), cluster=cluster.settings())
 
@@ -221,7 +222,7 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     (posted,) = [raw for method, path, raw in cluster.server.received
                  if method == "POST" and path.endswith("/pytorchjobs")]
     config = tmp_path / "kfloop.yaml"
-    config.write_text(yaml.safe_dump({"training": {**FAST, "nnodes": 2, "nproc_per_node": 2},
+    config.write_text(yaml.safe_dump({"training": {**FAST, "nnodes": 2, "nproc_per_node": 2}, "model": FAST_MODEL,
                                       "cluster": cluster.settings()}))
     capsys.readouterr()
     assert main(["render-job", "--run-id", "run-train-1", "--config", str(config)]) == 0
@@ -239,7 +240,7 @@ def test_a_failing_job_fails_the_step_with_the_masters_last_log_lines(cluster, i
                                                       task="regression", id_columns=["customer_id"])))
     with pytest.raises(LaunchError) as failed:
         train_step(train_path=str(demo_files["train.parquet"]), schema_path=str(regression), model_name="k8s-fail",
-                   config=FAST, nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-fail",
+                   config=FAST, model=FAST_MODEL, nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-fail",
                    model_dir=str(tmp_path / "model"), cluster=cluster.settings())
     message = str(failed.value)
     name = job_name_for("run-fail")
@@ -365,7 +366,7 @@ def test_a_retried_launch_step_attaches_to_the_job_its_killed_attempt_created(cl
 
     schema, train, *_ = _prepared(tmp_path, demo_files, "k8s-retry")
     _credentials_secret(cluster, isolated_env.tracking_uri)
-    args = dict(train_path=train, schema_path=schema, model_name="k8s-retry", config={**FAST, "epochs": 1},
+    args = dict(train_path=train, schema_path=schema, model_name="k8s-retry", config={**FAST, "epochs": 1}, model=FAST_MODEL,
                 nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-retry",
                 model_dir=str(tmp_path / "model"), cluster=cluster.settings())
     step = _launch_step(cluster, args, tmp_path)

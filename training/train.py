@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -32,19 +32,24 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data.distributed import DistributedSampler
 
-from data.storage import is_remote, redact
+from data.storage import is_remote
 from training import checkpoints
 from training.config import TrainingConfig
 from training.features import FeatureTransform, encode_target, target_classes
-from training.model import MLP, Architecture, save_model_dir
+from training.model import save_model_dir
+from training.model_code import ModelCode
 from data.validation import load_schema, read_table_source, schema_roles, schema_to_yaml
 from training.threshold import choose_threshold
 
 logger = logging.getLogger("kfloop.train")
 
-RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "hidden", "dropout", "seed", "val_fraction",
-               "class_weight")
-"""Config fields a checkpoint must agree on to be resumed (``epochs`` may grow; the world size may change)."""
+RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "seed", "val_fraction", "class_weight",
+               "regression_loss", "huber_delta")
+"""Config fields a checkpoint must agree on to be resumed (``epochs`` may grow; the world size may change), besides
+the model module's sha256, builder and params."""
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss(outputs [batch, n_outputs], targets) -> mean loss``; targets are class indices (int64) for
+classification, standardised values (float32) for regression."""
 RESTARTS_TAG = "kfloop.restarts"
 """MLflow run tag: worker-group restarts torchrun made (``TORCHELASTIC_RESTART_COUNT`` of the last attempt)."""
 
@@ -83,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     """Train on this rank; see the module docstring.
 
     Raises:
-        ValueError: invalid config, schema task other than classification, too few rows, or checkpoints in
-            ``--checkpoint-dir`` from a different run.
+        ValueError: invalid config, too few rows, or checkpoints in ``--checkpoint-dir`` from a different run.
+        ModelCodeError: the model module cannot be found, imported or built.
         DataFileError: the data or schema file cannot be read.
     """
     args = parse_args(argv)
@@ -147,27 +152,29 @@ def _split(df: pd.DataFrame, cfg: TrainingConfig, source: str) -> tuple[pd.DataF
 def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     schema = load_schema(Path(args.schema) if not is_remote(args.schema) else args.schema)
     roles = schema_roles(schema)
-    if roles.task != "classification":
-        raise ValueError(f"{redact(args.schema)}: task is {roles.task!r}, but training.train trains classifiers; "
-                         "set metadata.kfloop.task to 'classification'")
+    regression = roles.task == "regression"
+    code = ModelCode.load(cfg.model)
     df, source = read_table_source(args.data)
     train_df, val_df = _split(df, cfg, source.uri)
-    classes = target_classes(df[roles.target])
+    target = _Target.fit(train_df[roles.target], df[roles.target], roles.task)
     transform = FeatureTransform.fit(train_df, numeric=roles.numeric, categorical=roles.categorical)
-    x_train, y_train = _tensors(train_df, transform, roles.target, classes, me.device)
-    x_val, y_val = _tensors(val_df.iloc[me.rank::me.world_size], transform, roles.target, classes, me.device)
-    class_counts = np.bincount(encode_target(train_df[roles.target], classes), minlength=len(classes))
-    loss_weight = _class_weights(class_counts, cfg.class_weight, me.device)
+    x_train, y_train = _tensors(train_df, transform, roles.target, target, me.device)
+    x_val, y_val = _tensors(val_df.iloc[me.rank::me.world_size], transform, roles.target, target, me.device)
+    class_counts = None if regression else np.bincount(encode_target(train_df[roles.target], target.classes),
+                                                       minlength=len(target.classes))
+    loss_fn = code.loss or _task_loss(cfg, roles.task, None if regression else
+                                      _class_weights(class_counts, cfg.class_weight, me.device))
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=cfg.hidden, dropout=cfg.dropout)
-    model = MLP(arch).to(me.device)
+    n_inputs, n_outputs = transform.n_outputs, 1 if regression else len(target.classes)
+    model = code.build(n_inputs, n_outputs).to(me.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
     fingerprint = {"data_md5": source.md5,
                    "schema_sha256": hashlib.sha256(schema_to_yaml(schema).encode("utf-8")).hexdigest(),
+                   "model_sha256": code.sha256, "model_builder": cfg.model.builder, "model_params": cfg.model.params,
                    **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
     start_epoch, step = _resume(args.checkpoint_dir, me, cfg, fingerprint, model, optimizer, scheduler)
     ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
@@ -181,16 +188,17 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     mlflow_log = _MlflowLog(run_id) if me.rank == 0 and run_id else None
     if mlflow_log:
         mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": len(train_df),
-                           "val_rows": len(val_df), "n_inputs": arch.n_inputs})
+                           "val_rows": len(val_df), "n_inputs": n_inputs, "n_outputs": n_outputs,
+                           "model_sha256": code.sha256})
         mlflow_log.restarts(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     for epoch in range(start_epoch, cfg.epochs):
         started = time.perf_counter()
         sampler.set_epoch(epoch)
         train_loss, steps = _train_epoch(ddp, optimizer, list(sampler), x_train, y_train, cfg.batch_size, me.device,
-                                         bf16=cfg.bf16_autocast, weight=loss_weight)
+                                         bf16=cfg.bf16_autocast, loss_fn=loss_fn)
         step += steps
         scheduler.step()
-        metrics = {"train_loss": train_loss, **_evaluate(model, x_val, y_val, me.device)}
+        metrics = {"train_loss": train_loss, **_evaluate(model, x_val, y_val, me.device, loss_fn, target)}
         rng_states = _all_gather_json(_rng_state(me.device), me.device)
         if me.rank == 0:
             if mlflow_log:  # before the checkpoint: a restart may log an epoch twice, never skip one
@@ -202,19 +210,22 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
             logger.info("epoch %d/%d step %d %s (%.2fs)", epoch + 1, cfg.epochs, step,
                         " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), time.perf_counter() - started)
 
-    final = _evaluate(model, x_val, y_val, me.device)
+    final = _evaluate(model, x_val, y_val, me.device, loss_fn, target)
     digests = _all_gather_json(param_digest(model), me.device)
     if me.rank == 0:
         assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
-        threshold = _decision_threshold(model, transform.transform(val_df),
-                                        encode_target(val_df[roles.target], classes), cfg.threshold_metric,
-                                        len(classes))
-        save_model_dir(args.model_dir, model=model, arch=arch, transform=transform, classes=classes,
-                       target=roles.target, extra={"config": cfg.to_dict(), "metrics": final,
-                                                   "world_size": me.world_size, "param_digests": digests,
-                                                   "class_counts": class_counts.tolist(),
-                                                   "decision_threshold": threshold})
-        logger.info("wrote %s: %s (decision threshold %s)", args.model_dir, final, threshold)
+        if regression:
+            by_task = {"target_scale": {"mean": target.mean, "std": target.std}}
+        else:
+            by_task = {"class_counts": class_counts.tolist(), "decision_threshold": _decision_threshold(
+                model, transform.transform(val_df), encode_target(val_df[roles.target], target.classes),
+                cfg.threshold_metric, len(target.classes))}
+        save_model_dir(args.model_dir, model=model, code=code, n_inputs=n_inputs, n_outputs=n_outputs,
+                       transform=transform, classes=target.classes, target=roles.target, task=roles.task,
+                       extra={"config": cfg.to_dict(), "metrics": final, "world_size": me.world_size,
+                              "param_digests": digests, **by_task})
+        logger.info("wrote %s: %s (%s)", args.model_dir, final,
+                    {k: v for k, v in by_task.items() if k != "class_counts"})
 
 
 def _class_weights(counts: np.ndarray, how: str, device: torch.device) -> torch.Tensor | None:
@@ -225,7 +236,7 @@ def _class_weights(counts: np.ndarray, how: str, device: torch.device) -> torch.
     return torch.tensor(counts.sum() / (len(counts) * np.maximum(counts, 1)), dtype=torch.float32, device=device)
 
 
-def _decision_threshold(model: MLP, x_val: np.ndarray, y_val: np.ndarray, metric: str,
+def _decision_threshold(model: torch.nn.Module, x_val: np.ndarray, y_val: np.ndarray, metric: str,
                         n_classes: int) -> float | None:
     """The binary decision threshold maximising ``metric`` on the whole validation split (``None`` for
     multi-class targets, ``metric="none"``, or a validation split lacking a class)."""
@@ -243,9 +254,8 @@ def _decision_threshold(model: MLP, x_val: np.ndarray, y_val: np.ndarray, metric
 
 def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer, order: list[int],
                  x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device, *,
-                 bf16: bool = True, weight: torch.Tensor | None = None) -> tuple[float, int]:
+                 bf16: bool = True, loss_fn: LossFn) -> tuple[float, int]:
     """One pass over this rank's rows in sampler ``order``; returns (mean loss over all ranks, optimizer steps).
-    ``weight``: per-class loss weights (``None``: every row alike).
 
     On CUDA with ``bf16`` the forward pass and loss run under bf16 autocast; on CPU everything stays float32.
     """
@@ -255,7 +265,7 @@ def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
     autocast = bf16 and device.type == "cuda"
     for batch in batches:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = F.cross_entropy(ddp(x[batch]), y[batch], weight=weight)
+            loss = loss_fn(ddp(x[batch]), y[batch])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -265,11 +275,56 @@ def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
     return float(totals[0] / totals[1]), len(batches)
 
 
-def _tensors(df: pd.DataFrame, transform: FeatureTransform, target: str, classes: list,
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """How the target becomes training tensors: class indices, or values standardised with the training split's
+    mean and standard deviation (so the module sees unit scale whatever the target's units)."""
+
+    classes: list
+    """Sorted labels (classification); empty for regression."""
+    mean: float = 0.0
+    std: float = 1.0
+
+    @classmethod
+    def fit(cls, train: pd.Series, every: pd.Series, task: str) -> "_Target":
+        """Classes from all rows, or the scale from the training rows.
+
+        Raises:
+            ValueError: classification with fewer than two classes or null labels; regression with null or
+                non-numeric targets.
+        """
+        if task == "classification":
+            return cls(classes=target_classes(every))
+        values = pd.to_numeric(every, errors="coerce")
+        if values.isna().any():
+            raise ValueError(f"target '{every.name}' has {int(values.isna().sum())} null or non-numeric value(s); "
+                             "a regression target must be numbers")
+        scale = pd.to_numeric(train).astype("float64")
+        std = float(scale.std(ddof=0))
+        return cls(classes=[], mean=float(scale.mean()), std=std if std > 0 else 1.0)
+
+    def encode(self, labels: pd.Series) -> np.ndarray:
+        """Class indices (int64) or standardised values (float32)."""
+        if self.classes:
+            return encode_target(labels, self.classes)
+        return ((pd.to_numeric(labels).to_numpy(dtype="float64") - self.mean) / self.std).astype(np.float32)
+
+
+def _task_loss(cfg: TrainingConfig, task: str, weight: torch.Tensor | None) -> LossFn:
+    """kfloop's loss for the task: cross entropy (``weight``: per-class weights), or ``cfg.regression_loss`` on
+    the single output."""
+    if task == "classification":
+        return lambda out, y: F.cross_entropy(out, y, weight=weight)
+    if cfg.regression_loss == "huber":
+        return lambda out, y: F.huber_loss(out[:, 0], y, delta=cfg.huber_delta)
+    return lambda out, y: F.mse_loss(out[:, 0], y)
+
+
+def _tensors(df: pd.DataFrame, transform: FeatureTransform, column: str, target: _Target,
              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features and labels, resident on ``device`` for the whole run (copied once, from pinned memory on CUDA)."""
+    """Features and targets, resident on ``device`` for the whole run (copied once, from pinned memory on CUDA)."""
     x = torch.from_numpy(transform.transform(df))
-    y = torch.from_numpy(encode_target(df[target], classes))
+    y = torch.from_numpy(target.encode(df[column]))
     if device.type == "cuda":
         x, y = x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x, y
@@ -288,14 +343,14 @@ def _settle_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
     ddp.module.zero_grad(set_to_none=True)
 
 
-def _resume(directory: Path, me: _Rank, cfg: TrainingConfig, fingerprint: dict[str, Any], model: MLP,
+def _resume(directory: Path, me: _Rank, cfg: TrainingConfig, fingerprint: dict[str, Any], model: torch.nn.Module,
             optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int]:
     """Load the checkpoint rank 0 picks (the same on every rank); return (completed epochs, step).
 
     Without a checkpoint each rank seeds its own RNG stream from the config seed and its rank.
 
     Raises:
-        ValueError: the checkpoint belongs to a different run (data, schema or a field of RESUME_KEYS), or has
+        ValueError: the checkpoint belongs to a different run (data, schema, model or a field of RESUME_KEYS), or has
             trained more epochs than ``cfg.epochs``.
         checkpoints.CheckpointError: checkpoints exist but none verifies, or the newest one is from another torch
             minor version.
@@ -378,19 +433,23 @@ def _all_gather_json(value: Any, device: torch.device) -> list[Any]:
     return [json.loads(bytes(g[:int(s)].cpu().numpy())) for g, s in zip(gathered, sizes)]
 
 
-def _evaluate(model: MLP, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> dict[str, float]:
-    """Validation loss and accuracy over all ranks' shards (sums all-reduced, so every rank gets the same)."""
+def _evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, loss_fn: LossFn,
+              target: _Target) -> dict[str, float]:
+    """Validation loss and accuracy (classification) or RMSE in the target's units (regression) over all ranks'
+    shards (sums all-reduced, so every rank gets the same)."""
     model.eval()
     with torch.no_grad():
-        logits = model(x)
-        sums = torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                            (logits.argmax(dim=1) == y).sum().double(),
+        out = model(x)
+        hits = ((out.argmax(dim=1) == y).sum() if target.classes else ((out[:, 0] - y) ** 2).sum()).double()
+        sums = torch.stack([loss_fn(out, y).double() * len(y), hits,
                             torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
     dist.all_reduce(sums)
-    return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
+    if target.classes:
+        return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
+    return {"val_loss": float(sums[0] / sums[2]), "val_rmse": float((sums[1] / sums[2]).sqrt()) * target.std}
 
 
-def param_digest(model: MLP) -> str:
+def param_digest(model: torch.nn.Module) -> str:
     """sha256 over every parameter and buffer (name, dtype, shape, bytes)."""
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
