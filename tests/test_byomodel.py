@@ -94,7 +94,7 @@ def test_own_module_is_registered_promoted_and_serves_from_raw_rows_in_a_fresh_p
     champion = client.get_model_version_by_alias(MODEL, "champion")
     source = (own_model["team"] / "mixer.py").read_bytes()
     tags = champion.tags
-    assert champion.version == "1" and tags["decision"] == "promote"
+    assert str(champion.version) == "1" and tags["decision"] == "promote"
     assert tags["model_module"] == str(own_model["team"] / "mixer.py")
     import hashlib
 

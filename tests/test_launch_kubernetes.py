@@ -26,6 +26,7 @@ from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy,
 from data.validation import DataFileError
 from training.launch.local import LaunchError
 from training.launch.manifests import job_name_for
+from training.model_code import source_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -175,14 +176,21 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     schema, train, holdout, sha, md5 = _prepared(tmp_path, demo_files, "k8s-model")
     _credentials_secret(cluster, isolated_env.tracking_uri)
     model_dir = tmp_path / "model"
-    result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST, model=FAST_MODEL, nnodes=2,
-                        nproc_per_node=2, backend="kubernetes", pipeline_run_id="run-train-1",
-                        model_dir=str(model_dir), cluster=cluster.settings())
+    team_module = tmp_path / "team" / "net.py"  # the team's own module file, outside the image: staged
+    team_module.parent.mkdir()
+    team_module.write_bytes(source_file("training.mlp").read_bytes())
+    result = train_step(train_path=train, schema_path=schema, model_name="k8s-model", config=FAST,
+                        model={**FAST_MODEL, "module": str(team_module)}, nnodes=2, nproc_per_node=2,
+                        backend="kubernetes", pipeline_run_id="run-train-1", model_dir=str(model_dir),
+                        cluster=cluster.settings())
 
     # the ranks formed one world of 2 pods x 2 processes through the operator's env, and each one's parameters
     # are in the model description rank 0 wrote
     description = json.loads((model_dir / "model.json").read_text())
     assert description["world_size"] == 4 and len(description["param_digests"]) == 4
+    staged = Path(description["model"]["module"])  # the pods imported the copy on the shared volume
+    assert staged.name == "model_module.py" and staged.parent.name == job_name_for("run-train-1")
+    assert staged.read_bytes() == team_module.read_bytes() == (model_dir / "model_module.py").read_bytes()
     assert mlflow.MlflowClient().get_run(result.run_id).data.params["world_size"] == "4"
 
     name = job_name_for("run-train-1")

@@ -11,6 +11,7 @@ import pytest
 import torch
 from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
 
+from monitoring.drift import DriftPolicy, check_drift
 from pipelines.cli.commands import build_parser
 from pipelines.cli.options import settings
 from pipelines.config import pipeline_params
@@ -142,3 +143,12 @@ def test_the_gate_on_a_regression_target_minds_that_lower_error_is_better():
     with pytest.raises(ValueError, match="'accuracy' is a classification metric; this is a regression target"):
         evaluate(y_true=y, challenger_proba=good[:, None], champion_proba=None, classes=[], holdout=holdout,
                  policy=PromotionPolicy(primary_metric="accuracy"))
+
+
+def test_a_regression_champions_predictions_drift_as_numbers():
+    rng = np.random.default_rng(2)
+    reference = pd.DataFrame({"x": rng.normal(size=400), "prediction": rng.normal(100, 10, 400)})
+    shifted = pd.DataFrame({"x": rng.normal(size=400), "prediction": rng.normal(130, 10, 400)})
+    result = check_drift(reference, shifted, numeric=["x"], categorical=[], policy=DriftPolicy())
+    assert result.columns["prediction"].drifted and not result.columns["x"].drifted
+    assert result.columns["prediction"].method == result.columns["x"].method  # a numeric test, as for features

@@ -4,8 +4,9 @@
                                    [--mlflow-run-id ID | --mlflow-run-id-file FILE]
 
 ``python -m training.train ...`` without torchrun trains in a single process. Each rank reads the whole data file,
-carves the seeded validation part, fits the features on the rest and trains its DistributedSampler shard with DDP
-(gloo on CPU, NCCL on GPUs). After every epoch rank 0 writes a checkpoint and logs metrics; a restarted run resumes
+carves the seeded validation part, fits the features on the rest, builds the model plug-in's network
+(:class:`training.config.ModelSpec`: logits per class, or one standardised value for regression) and trains its
+DistributedSampler shard with DDP (gloo on CPU, NCCL on GPUs). After every epoch rank 0 writes a checkpoint and logs metrics; a restarted run resumes
 from the newest good checkpoint. At the end the ranks compare parameter digests and rank 0 writes the model dir.
 """
 from __future__ import annotations
