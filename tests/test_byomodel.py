@@ -4,6 +4,7 @@ process, is refused when its logged copy is tampered with, and reproduces exactl
 multi-class classification) run end to end."""
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import mlflow
 import pandas as pd
 import pytest
 
+from monitoring.steps import drift_step
 from pipelines.cli.commands import main
 from training.model_files import MODULE_FILE
 from training.settings import CODE_ROOT as REPO_ROOT
@@ -96,8 +98,6 @@ def test_own_module_is_registered_promoted_and_serves_from_raw_rows_in_a_fresh_p
     tags = champion.tags
     assert str(champion.version) == "1" and tags["decision"] == "promote"
     assert tags["model_module"] == str(own_model["team"] / "mixer.py")
-    import hashlib
-
     assert tags["model_module_sha256"] == hashlib.sha256(source).hexdigest()
     lineage = mlflow.artifacts.load_dict(f"runs:/{champion.run_id}/lineage.json")
     assert lineage["training_config"]["model"] == {"module": str(own_model["team"] / "mixer.py"),
@@ -158,6 +158,12 @@ def test_example_trains_through_the_pipeline_and_serves(example, tmp_path, isola
         assert {"rmse", "mae", "r2"} <= set(summary["metrics"]) and summary["metrics"]["r2"] > 0.2
         assert summary["metrics"]["rmse"] < client.get_run(version.run_id).data.metrics["eval_baseline_rmse"]
         assert "figures/residuals.png" in figures
+        shifted = tmp_path / "heavier.csv"  # a heavier population: higher predicted progression
+        frame.assign(bmi=frame["bmi"] + 8).to_csv(shifted, index=False)
+        checked = drift_step(current_uri=str(shifted), reference_uri="", schema_uri="",
+                             model_name=summary["model_name"], policy={}, report_out="").drift
+        assert checked.columns["prediction"].drifted and checked.columns["bmi"].drifted
+        assert checked.columns["prediction"].method == checked.columns["bmi"].method  # numbers, not categories
     else:
         out = model.predict(frame.drop(columns=["cultivar"]))
         assert sorted(c for c in out.columns if c.startswith("proba_")) == [

@@ -243,18 +243,18 @@ def test_a_failing_job_fails_the_step_with_the_masters_last_log_lines(cluster, i
     from training.steps import train_step
     from data.validation import infer_schema, read_table, schema_to_yaml
 
-    regression = tmp_path / "regression.yaml"
-    regression.write_text(schema_to_yaml(infer_schema(read_table(demo_files["train.parquet"]), target="churned",
-                                                      task="regression", id_columns=["customer_id"])))
-    with pytest.raises(LaunchError) as failed:
-        train_step(train_path=str(demo_files["train.parquet"]), schema_path=str(regression), model_name="k8s-fail",
-                   config=FAST, model=FAST_MODEL, nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-fail",
-                   model_dir=str(tmp_path / "model"), cluster=cluster.settings())
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(schema_to_yaml(infer_schema(read_table(demo_files["train.parquet"]), target="churned",
+                                                  id_columns=["customer_id"])))
+    with pytest.raises(LaunchError) as failed:  # a model the builder refuses fails every rank
+        train_step(train_path=str(demo_files["train.parquet"]), schema_path=str(schema), model_name="k8s-fail",
+                   config=FAST, model={"params": {"hidden": [0]}}, nnodes=1, nproc_per_node=1, backend="kubernetes",
+                   pipeline_run_id="run-fail", model_dir=str(tmp_path / "model"), cluster=cluster.settings())
     message = str(failed.value)
     name = job_name_for("run-fail")
     assert f"PyTorchJob default/{name}: PyTorchJobFailed" in message
     assert f"last log lines of {name}-master-0" in message
-    assert "but training.train trains classifiers" in message  # the rank's own error, from the master's log
+    assert "model.params.hidden=[0]: give one or more layer widths" in message  # the rank's own error, from its log
     runs = mlflow.search_runs(experiment_names=["k8s-fail"], output_format="list")
     assert [r.info.status for r in runs] == ["FAILED"]
     assert not (tmp_path / "model").exists()

@@ -1,8 +1,9 @@
 """The MLflow pyfunc face of a kfloop model directory, logged as models-from-code (nothing pickled).
 
 MLflow executes this file when the model is logged and again when it is loaded (``mlflow.pyfunc.load_model``);
-``training.registry.versions.log_candidate`` passes its path as ``python_model``, the model directory as the
-``model_dir`` artifact and the version's schema as the ``schema`` artifact. Do not import this module from other
+``training.registry.versions.log_candidate`` passes its path as ``python_model``, the model directory (the model
+module's source included) as the ``model_dir`` artifact, that source's sha256 in the ``model_config`` and the
+version's schema as the ``schema`` artifact. Do not import this module from other
 code: importing it registers the model object.
 """
 from __future__ import annotations
