@@ -46,10 +46,12 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from training.config import TrainingConfig
-    from training.model import MLP, Architecture
+    import torch.nn.functional as F
+
+    from training.mlp import build
     from training.train import _init_distributed, _train_epoch
 
-    cfg = TrainingConfig(threads_per_rank=args.threads, hidden=tuple(args.hidden), batch_size=args.batch,
+    cfg = TrainingConfig(threads_per_rank=args.threads, batch_size=args.batch,
                          bucket_cap_mb=args.bucket_cap_mb, device="auto")
     me = _init_distributed(cfg)
     cuda = me.device.type == "cuda"
@@ -60,13 +62,13 @@ def worker(args: argparse.Namespace) -> None:
     h2d_gbps = _h2d_gbps(torch, me.device) if cuda else None
     x, y = ((x_host.pin_memory().to(me.device, non_blocking=True), y_host.pin_memory().to(me.device, non_blocking=True))
             if cuda else (x_host, y_host))
-    model = MLP(Architecture(n_inputs=args.inputs, n_classes=2, hidden=cfg.hidden, dropout=0.0)).to(me.device)
+    model = build(args.inputs, 2, hidden=args.hidden).to(me.device)
     ddp = DistributedDataParallel(model, device_ids=[me.device.index] if cuda else None,
                                   bucket_cap_mb=cfg.bucket_cap_mb)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     order = list(range(rows))
     epoch = functools.partial(_train_epoch, ddp, optimizer, order, x, y, args.batch, me.device,
-                              bf16=cfg.bf16_autocast)
+                              bf16=cfg.bf16_autocast, loss_fn=F.cross_entropy)
     epoch()  # warm-up: allocator, DDP buckets, autocast caches
     sampler = _NvmlSampler(me.device.index) if cuda else None
     dist.barrier()

@@ -29,7 +29,10 @@ import torch
 from data.generate import write_demo
 from training.features import FeatureTransform, target_classes
 from training.fileio import atomic_write_json
-from training.model import MLP, Architecture, Predictor, save_model_dir
+from training.model_files import MODULE_SHA256_KEY
+from training.config import ModelSpec
+from training.model import Predictor, save_model_dir
+from training.model_code import ModelCode
 from training.registry.versions import PYFUNC_MODEL_FILE, _input_example, _signature
 from data.validation import load_schema, schema_roles
 
@@ -43,12 +46,14 @@ def serving_model(root: Path, train: pd.DataFrame) -> mlflow.pyfunc.PyFuncModel:
     torch.manual_seed(0)
     transform = FeatureTransform.fit(train, numeric=roles.numeric, categorical=roles.categorical)
     classes = target_classes(train[roles.target])
-    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=(64, 32))
-    model_dir = save_model_dir(root / "model_dir", model=MLP(arch), arch=arch, transform=transform,
+    code = ModelCode.load(ModelSpec(params={"hidden": [64, 32]}))
+    model_dir = save_model_dir(root / "model_dir", model=code.build(transform.n_outputs, len(classes)), code=code,
+                               n_inputs=transform.n_outputs, n_outputs=len(classes), transform=transform,
                                classes=classes, target=roles.target)
     predictor = Predictor.load(model_dir)
     mlflow.pyfunc.save_model(root / "pyfunc", python_model=str(PYFUNC_MODEL_FILE),
                              artifacts={"model_dir": str(model_dir), "schema": str(SCHEMA_FILE)},
+                             model_config={MODULE_SHA256_KEY: code.sha256},
                              signature=_signature(predictor), input_example=_input_example(predictor))
     return mlflow.pyfunc.load_model(str(root / "pyfunc"))
 

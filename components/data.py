@@ -8,14 +8,14 @@ from components.base import kfloop_component
 
 @kfloop_component
 def validate_data(dataset_uri: str, schema_uri: str, target: str, model_name: str,
-                  schema: Output[Artifact]) -> NamedTuple("ValidateOutputs", [("data_md5", str), ("data_version", str),
+                  schema: Output[Artifact], task: str = "") -> NamedTuple("ValidateOutputs", [("data_md5", str), ("data_version", str),
                                                                 ("target", str)]):
-    """Validate the dataset (schema_uri, else the champion's schema, else inferred on the very first run);
-    fails the run listing every failure."""
+    """Validate the dataset (schema_uri, else the champion's schema, else inferred on the very first run, for
+    ``task``: classification unless given); fails the run listing every failure."""
     from training.steps import validate_step
 
     result = validate_step(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name,
-                           schema_out=schema.path)
+                           schema_out=schema.path, task=task)
     schema.metadata.update({"source": result.schema_source, "rows": result.rows})
     return result.data_md5, result.data_version, result.target
 

@@ -10,13 +10,14 @@ from data.storage import holds_credentials, redact
 from monitoring.drift import DriftPolicy
 from monitoring.quality import QualityPolicy
 from monitoring.trigger import TriggerPolicy
-from training.config import JOB_SHAPE_KEYS, TrainingConfig
+from training.config import JOB_SHAPE_KEYS, ModelSpec, TrainingConfig
 from training.gate import PromotionPolicy
 from training.launch.kubernetes import KubernetesSettings
 from training.settings import SECTION_PARAMETERS
 
 SECTIONS: dict[str, type] = {
     "training": TrainingConfig,
+    "model": ModelSpec,
     "promotion": PromotionPolicy,
     "drift": DriftPolicy,
     "quality": QualityPolicy,
@@ -26,12 +27,12 @@ SECTIONS: dict[str, type] = {
 }
 """Config section -> the typed config that validates it (its pipeline parameter: ``SECTION_PARAMETERS``)."""
 
-SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "model_name", "labelled_uri",
-               "labels_uri", "id_column", "retrain_uri",
+SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "task", "model_name",
+               "labelled_uri", "labels_uri", "id_column", "retrain_uri",
                *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
 """Parameters of some pipeline; one kfloop.yaml serves them all, so each pipeline ignores the others'."""
 
-TRAINING_KEYS = {"training", "promotion", "cluster", "data_store", *JOB_SHAPE_KEYS, "holdout_fraction",
+TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", *JOB_SHAPE_KEYS, "holdout_fraction",
                  "seed"}
 """Settings the drift and quality pipelines hand to the training runs they trigger."""
 
@@ -68,6 +69,20 @@ def job_shape(settings: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     return shape
 
 
+def training_settings(settings: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """What :class:`TrainingConfig` is built from: the ``training`` section, the job's shape (:func:`job_shape`,
+    ``overrides`` as there) and the top-level ``model`` section.
+
+    Raises:
+        ValueError: ``training.model`` is set (the model is its own section), or the shape is set twice.
+    """
+    training = settings.get("training") or {}
+    if "model" in training:
+        raise ValueError("training.model: the model plug-in is its own top-level section; set model.module, "
+                         "model.builder and model.params (e.g. --set model.params.hidden=[32])")
+    return {**training, **job_shape(settings, **overrides), "model": settings.get("model") or {}}
+
+
 def resolved(settings: dict[str, Any]) -> dict[str, Any]:
     """``settings`` with the job's shape in one place: the top-level keys (the pipeline parameters), out of the
     ``training`` section.
@@ -102,7 +117,7 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
         if key in settings and not isinstance(settings[key], dict):
             raise ValueError(f"'{key}' must be a mapping of settings, e.g. --set {key}.FIELD=VALUE")
     settings = resolved(settings)
-    TrainingConfig.from_dict({**settings.get("training", {}), **job_shape(settings)})
+    TrainingConfig.from_dict(training_settings(settings))
     params: dict[str, Any] = {}
     for key, value in settings.items():
         if key in SECTIONS:

@@ -18,6 +18,7 @@ def training_pipeline(
     dataset_uri: str,
     schema_uri: str = "",
     target: str = "",
+    task: str = "",
     model_name: str = DEFAULT_MODEL_NAME,
     nnodes: int = 1,
     nproc_per_node: int = 2,
@@ -25,18 +26,21 @@ def training_pipeline(
     holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION,
     seed: int = DEFAULT_SPLIT_SEED,
     training_config: dict = {},
+    model_config: dict = {},
     promotion_policy: dict = {},
     cluster_config: dict = {},
     data_store_config: dict = {},
 ) -> str:
-    validated = validate_data(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name)
+    validated = validate_data(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name,
+                              task=task)
     validated.set_display_name("validate data")
     split = split_holdout(dataset_uri=dataset_uri, holdout_fraction=holdout_fraction, seed=seed)
     split.after(validated).set_display_name("split holdout")
     trained = launch_training(train_data=split.outputs["train_data"], schema=validated.outputs["schema"],
                               model_name=model_name, training_config=training_config, nnodes=nnodes,
                               nproc_per_node=nproc_per_node, backend=backend,
-                              pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, cluster_config=cluster_config)
+                              pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, cluster_config=cluster_config,
+                              model_config=model_config)
     trained.set_display_name("train (DDP)")
     gate = evaluate_vs_champion(model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
                                 holdout_sha256=split.outputs["Output"], model_name=model_name,

@@ -11,7 +11,7 @@ from pipelines.compile import PIPELINES
 from pipelines.config import SECTIONS, job_shape, pipeline_params
 from pipelines.drift import drift_pipeline
 from pipelines.training import training_pipeline
-from training.config import TrainingConfig
+from training.config import ModelSpec, TrainingConfig
 from training.gate import PromotionPolicy
 from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
@@ -91,7 +91,7 @@ def test_every_section_has_one_pipeline_parameter():
 
 @pytest.mark.parametrize(("cls", "section", "values"), [
     (TrainingConfig, "training", {"epochs": True}),
-    (TrainingConfig, "training", {"hidden": [True, 8]}),
+    (ModelSpec, "model", {"module": True}),
     (PromotionPolicy, "promotion", {"bootstrap_samples": True}),
     (DriftPolicy, "drift", {"min_rows": True}),
     (QualityPolicy, "quality", {"max_drop": True}),

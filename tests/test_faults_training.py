@@ -30,7 +30,8 @@ from training.train import RESTARTS_TAG
 
 pytestmark = pytest.mark.chaos
 
-TINY = TrainingConfig(epochs=6, batch_size=64, hidden=(16,), dropout=0.1, nnodes=1, nproc_per_node=2)
+TINY = TrainingConfig(epochs=6, batch_size=64, model={"params": {"hidden": [16], "dropout": 0.1}}, nnodes=1,
+                      nproc_per_node=2)
 DEADLINE_S = 240
 
 

@@ -25,6 +25,7 @@ from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy,
 from data.tables import DataFileError
 from training.launch.local import LaunchError
 from training.launch.manifests import job_name_for, render_pytorchjob, training_job_spec
+from training.model_code import source_file
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -133,7 +134,7 @@ def test_inputs_in_object_storage_are_staged_for_the_job(cluster, s3_bucket, dem
     s3.upload_file(str(demo_files["train.parquet"]), s3_bucket, "in/train.parquet")
     s3.upload_file(str(REPO / "data" / "schema.yaml"), s3_bucket, "in/schema.yaml")
     settings = KubernetesSettings.from_dict(cluster.settings())
-    config = TrainingConfig.from_dict({**FAST, "nnodes": 1, "nproc_per_node": 1, "backend": "kubernetes"})
+    config = TrainingConfig.from_dict({**FAST, "model": FAST_MODEL, "nnodes": 1, "nproc_per_node": 1, "backend": "kubernetes"})
     common = dict(model_dir=tmp_path / "model", config=config, cluster=settings.cluster, policy=settings.launcher,
                   log_dir=tmp_path / "logs")
     with pytest.raises(DataFileError, match=f"s3://{s3_bucket}/in/missing.parquet: not found"):
@@ -161,19 +162,22 @@ def _prepared(tmp_path, demo_files, model_name: str):
     return schema, train, holdout, sha, validated.data_md5, str(demo_files["train.parquet"])
 
 
-FAST = {"epochs": 2, "batch_size": 512, "hidden": [16]}
+FAST = {"epochs": 2, "batch_size": 512}
+FAST_MODEL = {"params": {"hidden": [16]}}
 
 
-def train_2x2(cluster: Cluster, isolated_env, demo_files, tmp_path, model_name: str, run_id: str, settings: dict):
-    """The pipeline's train step of a 2 x 2 job on ``cluster`` with ``settings``, the ranks reaching MLflow through
-    the credentials Secret; (the prepared data of :func:`_prepared`, the model dir, the step's result)."""
+def train_2x2(cluster: Cluster, isolated_env, demo_files, tmp_path, model_name: str, run_id: str, settings: dict,
+              model: dict = FAST_MODEL):
+    """The pipeline's train step of a 2 x 2 job of ``model`` on ``cluster`` with ``settings``, the ranks reaching
+    MLflow through the credentials Secret; (the prepared data of :func:`_prepared`, the model dir, the step's
+    result)."""
     from training.steps import train_step
 
     prepared = _prepared(tmp_path, demo_files, model_name)
     _credentials_secret(cluster, isolated_env.tracking_uri)
     model_dir = tmp_path / "model"
     result = train_step(train_path=prepared[1], schema_path=prepared[0], model_name=model_name, config=FAST,
-                        nnodes=2, nproc_per_node=2, backend="kubernetes", pipeline_run_id=run_id,
+                        model=model, nnodes=2, nproc_per_node=2, backend="kubernetes", pipeline_run_id=run_id,
                         model_dir=str(model_dir), cluster=settings)
     return prepared, model_dir, result
 
@@ -205,13 +209,19 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     import mlflow
     from kubernetes import client
 
+    team_module = tmp_path / "team" / "net.py"  # the team's own module file, outside the image: staged
+    team_module.parent.mkdir()
+    team_module.write_bytes(source_file("training.mlp").read_bytes())
     prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "k8s-model", "run-train-1",
-                                            cluster.settings())
+                                            cluster.settings(), model={**FAST_MODEL, "module": str(team_module)})
 
     # the ranks formed one world of 2 pods x 2 processes through the operator's env, and each one's parameters
     # are in the model description rank 0 wrote
     description = json.loads((model_dir / "model.json").read_text())
     assert description["world_size"] == 4 and len(description["param_digests"]) == 4
+    staged = Path(description["model"]["module"])  # the pods imported the copy on the shared volume
+    assert staged.name == "model_module.py" and staged.parent.name == job_name_for("run-train-1")
+    assert staged.read_bytes() == team_module.read_bytes() == (model_dir / "model_module.py").read_bytes()
     assert mlflow.MlflowClient().get_run(result.run_id).data.params["world_size"] == "4"
 
     name = job_name_for("run-train-1")
@@ -252,7 +262,7 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     (posted,) = [raw for method, path, raw in cluster.server.received
                  if method == "POST" and path.endswith("/pytorchjobs")]
     config = tmp_path / "kfloop.yaml"
-    config.write_text(yaml.safe_dump({"training": {**FAST, "nnodes": 2, "nproc_per_node": 2},
+    config.write_text(yaml.safe_dump({"training": {**FAST, "nnodes": 2, "nproc_per_node": 2}, "model": FAST_MODEL,
                                       "cluster": cluster.settings()}))
     capsys.readouterr()
     assert main(["render-job", "--run-id", "run-train-1", "--config", str(config)]) == 0
@@ -266,18 +276,18 @@ def test_a_failing_job_fails_the_step_with_the_masters_last_log_lines(cluster, i
     from data.tables import read_table
     from data.validation import infer_schema, schema_to_yaml
 
-    regression = tmp_path / "regression.yaml"
-    regression.write_text(schema_to_yaml(infer_schema(read_table(demo_files["train.parquet"]), target="churned",
-                                                      task="regression", id_columns=["customer_id"])))
-    with pytest.raises(LaunchError) as failed:
-        train_step(train_path=str(demo_files["train.parquet"]), schema_path=str(regression), model_name="k8s-fail",
-                   config=FAST, nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-fail",
-                   model_dir=str(tmp_path / "model"), cluster=cluster.settings())
+    schema = tmp_path / "schema.yaml"
+    schema.write_text(schema_to_yaml(infer_schema(read_table(demo_files["train.parquet"]), target="churned",
+                                                  id_columns=["customer_id"])))
+    with pytest.raises(LaunchError) as failed:  # a model the builder refuses fails every rank
+        train_step(train_path=str(demo_files["train.parquet"]), schema_path=str(schema), model_name="k8s-fail",
+                   config=FAST, model={"params": {"hidden": [0]}}, nnodes=1, nproc_per_node=1, backend="kubernetes",
+                   pipeline_run_id="run-fail", model_dir=str(tmp_path / "model"), cluster=cluster.settings())
     message = str(failed.value)
     name = job_name_for("run-fail")
     assert f"PyTorchJob default/{name}: PyTorchJobFailed" in message
     assert f"last log lines of {name}-master-0" in message
-    assert "but training.train trains classifiers" in message  # the rank's own error, from the master's log
+    assert "model.params.hidden=[0]: give one or more layer widths" in message  # the rank's own error, from its log
     runs = mlflow.search_runs(experiment_names=["k8s-fail"], output_format="list")
     assert [r.info.status for r in runs] == ["FAILED"]
     assert not (tmp_path / "model").exists()
@@ -402,7 +412,7 @@ def test_a_retried_launch_step_attaches_to_the_job_its_killed_attempt_created(cl
 
     schema, train, *_ = _prepared(tmp_path, demo_files, "k8s-retry")
     _credentials_secret(cluster, isolated_env.tracking_uri)
-    args = dict(train_path=train, schema_path=schema, model_name="k8s-retry", config={**FAST, "epochs": 1},
+    args = dict(train_path=train, schema_path=schema, model_name="k8s-retry", config={**FAST, "epochs": 1}, model=FAST_MODEL,
                 nnodes=1, nproc_per_node=1, backend="kubernetes", pipeline_run_id="run-retry",
                 model_dir=str(tmp_path / "model"), cluster=cluster.settings())
     step = _launch_step(cluster, args, tmp_path)

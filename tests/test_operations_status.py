@@ -16,7 +16,7 @@ from training.fileio import file_digest
 from training.settings import CODE_ROOT as REPO_ROOT
 
 MODEL = "operate-demo"
-TINY = ["--set", "training.hidden=[8]", "--set", "training.nproc_per_node=2", "--set", "training.batch_size=256",
+TINY = ["--set", "model.params.hidden=[8]", "--set", "training.nproc_per_node=2", "--set", "training.batch_size=256",
         "--set", "training.learning_rate=0.02",  # one epoch must already beat the majority class to be promoted
         "--set", "promotion.required_confidence=0.5", "--set", "promotion.bootstrap_samples=200",
         "--set", "promotion.max_slice_regression=0.3"]

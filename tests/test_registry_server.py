@@ -15,7 +15,9 @@ import torch
 from test_registry_versions import TARGET, Env, build_model, make_frame
 
 from fakes.mlflow_server import Fault, FaultProxy
-from training.model import Architecture, Predictor, save_model_dir
+from training.config import ModelSpec
+from training.model import Predictor, save_model_dir
+from training.model_code import ModelCode
 from training.registry.versions import (
     RegistryUnavailableError,
     WeightsMismatchError,
@@ -117,8 +119,9 @@ def _nan_model(model_dir: Path, like: Path) -> Path:
     with torch.no_grad():
         for p in predictor.model.parameters():
             p.fill_(float("nan"))
-    arch = Architecture(n_inputs=predictor.transform.n_outputs, n_classes=len(predictor.classes), hidden=(8,))
-    return save_model_dir(model_dir, model=predictor.model, arch=arch, transform=predictor.transform,
+    n_inputs, n_outputs = predictor.transform.n_outputs, len(predictor.classes)
+    return save_model_dir(model_dir, model=predictor.model, code=ModelCode.load(ModelSpec(params={"hidden": [8]})),
+                          n_inputs=n_inputs, n_outputs=n_outputs, transform=predictor.transform,
                           classes=predictor.classes, target=TARGET)
 
 

@@ -18,15 +18,20 @@ from filelock import FileLock, Timeout
 
 from training.features import FeatureTransform, encode_target, target_classes
 from training.fileio import file_digest
+from training.config import ModelSpec
 from training.gate import Decision, PromotionPolicy, evaluate
-from training.model import MLP, WEIGHTS_FILE, Architecture, Predictor, save_model_dir
+from training.model import WEIGHTS_FILE, Predictor, save_model_dir
+from training.model_code import ModelCode, ModelCodeError
+from training.model_files import MODULE_FILE
 from training.registry.versions import (
+    MODULE_TAG,
     ChampionInfo,
     Lineage,
     WeightsMismatchError,
     champion_schema,
     download_model_dir,
     get_champion,
+    load_version_predictor,
     log_candidate,
     promote,
     register_candidate,
@@ -97,8 +102,8 @@ def build_model(model_dir: Path, train: pd.DataFrame, *, steps: int) -> Path:
     torch.manual_seed(0)
     transform = FeatureTransform.fit(train, numeric=NUMERIC, categorical=CATEGORICAL)
     classes = target_classes(train[TARGET])
-    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=(8,))
-    model = MLP(arch)
+    code = ModelCode.load(ModelSpec(params={"hidden": [8]}))
+    model = code.build(transform.n_outputs, len(classes))
     x = torch.from_numpy(transform.transform(train))
     y = torch.from_numpy(encode_target(train[TARGET], classes))
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
@@ -106,7 +111,8 @@ def build_model(model_dir: Path, train: pd.DataFrame, *, steps: int) -> Path:
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
-    return save_model_dir(model_dir, model=model, arch=arch, transform=transform, classes=classes, target=TARGET)
+    return save_model_dir(model_dir, model=model, code=code, n_inputs=transform.n_outputs, n_outputs=len(classes),
+                          transform=transform, classes=classes, target=TARGET)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +184,7 @@ def test_nothing_is_registered_when_registration_cannot_proceed(env):
 
     run_id = env.run()
     decision = env.decide(env.good, None).to_dict()
-    with pytest.raises(ValueError, match=f"run {run_id} has no kfloop.weights_sha256 tag"):
+    with pytest.raises(ValueError, match=f"run {run_id} has no kfloop.weights_sha256 or kfloop.model_module_sha256 tag"):
         register_candidate("reg-refused", run_id=run_id, model_uri="models:/m-0", decision=decision,
                            lineage=env.lineage())
     with pytest.raises(ValueError, match="not a training.gate.Decision.to_dict"):
@@ -300,6 +306,22 @@ def test_download_verifies_the_weights_sha256(env, tmp_path):
     untagged = env.client.create_model_version(name, source=env.client.get_model_version(name, v1).source)
     with pytest.raises(ValueError, match="has no weights_sha256 tag; refusing"):
         download_model_dir(name, untagged.version, tmp_path / "untagged")
+
+
+def test_a_tampered_model_module_is_never_imported(env, tmp_path):
+    name = "reg-module"
+    v1, _, _ = env.candidate(name, env.good)
+    recorded = env.client.get_model_version(name, v1).tags[MODULE_TAG]
+    assert recorded == file_digest(env.good / MODULE_FILE)
+    stored = Path(env.client.get_model_version_download_uri(name, v1)) / "artifacts" / env.good.name / MODULE_FILE
+    marker = tmp_path / "imported"
+    stored.write_text(stored.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
+    with pytest.raises(ModelCodeError, match=f"{name} v{v1}: model_module.py has sha256 .* but the registry "
+                                             f"recorded {recorded}"):
+        load_version_predictor(name, v1)
+    with pytest.raises(ModelCodeError, match=f"model module has sha256 .* but {recorded} was recorded"):
+        mlflow.pyfunc.load_model(f"models:/{name}/{v1}")
+    assert not marker.exists()  # refused before a line of it ran
 
 
 def test_lineage_rejects_malformed_hashes():

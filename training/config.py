@@ -1,7 +1,9 @@
 """The training configuration: one typed object shared by the launcher, ``train.py`` and the pipeline parameters."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import keyword
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from training.settings import section_from_dict
@@ -10,14 +12,70 @@ from training.threshold import THRESHOLD_METRICS
 BACKENDS = ("local", "kubernetes")
 DEVICES = ("auto", "cpu", "cuda")
 CLASS_WEIGHTS = ("none", "balanced")
+REGRESSION_LOSSES = ("mse", "huber")
 JOB_SHAPE_KEYS = ("nnodes", "nproc_per_node", "backend")
 """The job's shape: settable in ``kfloop.yaml`` at the top level or in ``training:``, carried as the training
 pipeline's own parameters (never inside ``training_config``)."""
 
 
+BUILTIN_MODEL = "training.mlp"
+"""The default model module: kfloop's MLP (``params``: ``hidden``, a list of widths, and ``dropout``)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelSpec:
+    """The model plug-in (``model:`` in ``kfloop.yaml``): a module whose builder makes the ``torch.nn.Module``
+    kfloop trains, called as ``build(n_inputs, n_outputs, **params)``; it maps the preprocessed float features
+    ``[batch, n_inputs]`` to ``[batch, n_outputs]`` (logits per class, or one value for regression). An optional
+    ``loss(outputs, targets) -> Tensor`` in the same module replaces kfloop's loss."""
+
+    module: str = BUILTIN_MODEL
+    """A Python file (``path/to/model.py``; relative to the directory kfloop runs in) or an importable dotted
+    module (``my_team.models.tabular``). One self-contained file: it is copied into every version it trains and
+    imported from that copy, after its sha256 is checked, wherever the version is loaded."""
+    builder: str = "build"
+    """Name of the builder function in the module."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the builder (``--set model.params.hidden=[128,64]``)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.module, str) or not self.module.strip():
+            raise ValueError(f"model.module={self.module!r}: name a Python file (model.py) or a dotted module")
+        if not isinstance(self.builder, str) or not self.builder.isidentifier() or keyword.iskeyword(self.builder):
+            raise ValueError(f"model.builder={self.builder!r}: give the name of a function in the module, e.g. build")
+        if not isinstance(self.params, dict) or not all(isinstance(k, str) and k.isidentifier() for k in self.params):
+            raise ValueError(f"model.params={self.params!r}: use a mapping of keyword arguments of the builder, "
+                             "e.g. --set model.params.width=64")
+
+    @property
+    def is_file(self) -> bool:
+        """Whether ``module`` names a file rather than a dotted module."""
+        return self.module.endswith(".py") or "/" in self.module
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "ModelSpec":
+        """Build from the ``model`` section; missing keys take their defaults.
+
+        Raises:
+            ValueError: an unknown key or an invalid value.
+        """
+        return section_from_dict(cls, d, "model")
+
+
+def with_module_path(settings: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``settings`` with a relative ``model.module`` file path made absolute against ``base`` (the folder of the
+    ``kfloop.yaml`` that names it, or the working directory for ``--set``), so every step finds the same file."""
+    model = settings.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("module"), str) or not model["module"].strip():
+        return settings
+    if not ModelSpec(module=model["module"]).is_file:
+        return settings
+    return {**settings, "model": {**model, "module": str((base / Path(model["module"]).expanduser()).resolve())}}
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainingConfig:
-    """How to train the classifier and on how many processes."""
+    """How to train the model and on how many processes."""
 
     epochs: int = 8
     """Passes over the training part of the data. Raising it and re-running with the same checkpoint dir resumes."""
@@ -30,10 +88,13 @@ class TrainingConfig:
     so a run extended by resuming follows the same schedule as one started with more epochs."""
     weight_decay: float = 1e-4
     """AdamW decoupled weight decay."""
-    hidden: tuple[int, ...] = (64, 32)
-    """Widths of the MLP's hidden layers."""
-    dropout: float = 0.0
-    """Dropout after each hidden layer; 0 disables it."""
+    model: ModelSpec = field(default_factory=ModelSpec)
+    """The model module (set as the top-level ``model:`` section; the training pipeline's ``model_config``)."""
+    regression_loss: str = "mse"
+    """Regression targets (standardised for training): ``mse``, or ``huber`` (quadratic within ``huber_delta``
+    standard deviations of the target, linear beyond: robust to outliers). A module's own ``loss`` wins."""
+    huber_delta: float = 1.0
+    """Where the Huber loss turns linear, in standard deviations of the target."""
     class_weight: str = "none"
     """``balanced`` weighs each class's loss by ``rows / (classes * rows of the class)``, counted on the
     training split (rare classes count more); ``none`` weighs every row alike."""
@@ -72,7 +133,8 @@ class TrainingConfig:
     stalled or lost rank ends the job after this long instead of hanging it."""
 
     def __post_init__(self) -> None:
-        self.hidden = tuple(self.hidden)
+        if isinstance(self.model, dict):
+            self.model = ModelSpec.from_dict(self.model)
         positive_ints = ("epochs", "batch_size", "nnodes", "nproc_per_node", "threads_per_rank", "rdzv_timeout_seconds",
                          "collective_timeout_seconds")
         for name in positive_ints:
@@ -94,10 +156,10 @@ class TrainingConfig:
             raise ValueError(f"lr_gamma={self.lr_gamma!r}: use a factor in (0, 1]; 1 keeps the rate constant")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay={self.weight_decay!r}: use a number >= 0")
-        if not self.hidden or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.hidden):
-            raise ValueError(f"hidden={self.hidden!r}: give one or more layer widths >= 1, e.g. (64, 32)")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout={self.dropout!r}: use a probability in [0, 1)")
+        if self.regression_loss not in REGRESSION_LOSSES:
+            raise ValueError(f"regression_loss={self.regression_loss!r}: use one of {REGRESSION_LOSSES}")
+        if not self.huber_delta > 0:
+            raise ValueError(f"huber_delta={self.huber_delta!r}: use a positive number of standard deviations")
         if not 0 < self.val_fraction <= 0.5:
             raise ValueError(f"val_fraction={self.val_fraction!r}: use a share in (0, 0.5], e.g. 0.15")
         if self.backend not in BACKENDS:
@@ -119,8 +181,8 @@ class TrainingConfig:
         return self.nnodes * self.nproc_per_node
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``hidden`` as a list); :meth:`from_dict` reads it back."""
-        return {**asdict(self), "hidden": list(self.hidden)}
+        """JSON-ready form (``model`` as a mapping); :meth:`from_dict` reads it back."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainingConfig":

@@ -1,15 +1,17 @@
 """Pictures of a candidate, logged to its MLflow run by the evaluation step (never inside the DDP ranks):
 training curves, confusion matrix, ROC and PR curves (binary) or per-class metrics (multi-class) on the holdout,
-and the gate's comparison with the champion per slice with its bootstrap interval."""
+or, for regression, residuals and predicted against actual values; and the gate's comparison with the champion
+per slice with its bootstrap interval."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
 
+from training.gate import LOWER_IS_BETTER
 from training.threshold import predicted_index
 
-CURVE_METRICS = ("train_loss", "val_loss", "val_accuracy")
+CURVE_METRICS = ("train_loss", "val_loss", "val_accuracy", "val_rmse")
 """Per-epoch metrics ``training.train`` logs; plotted against the epoch."""
 
 
@@ -24,13 +26,14 @@ def pyplot():
 
 
 def training_curves(history: dict[str, list[tuple[int, float]]]):
-    """Loss and accuracy per epoch from ``{metric: [(epoch, value), ...]}``."""
+    """Loss and the validation metric (accuracy, or RMSE for regression) per epoch from
+    ``{metric: [(epoch, value), ...]}``."""
     plt = pyplot()
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.4))
     for name, points in sorted(history.items()):
-        ax = acc_ax if "accuracy" in name else loss_ax
+        ax = loss_ax if name.endswith("_loss") else acc_ax
         ax.plot(*zip(*sorted(points)), marker="o", label=name)
-    for ax, title in ((loss_ax, "loss"), (acc_ax, "validation accuracy")):
+    for ax, title in ((loss_ax, "loss"), (acc_ax, "validation metric")):
         ax.set(title=title, xlabel="epoch")
         ax.legend()
         ax.grid(alpha=0.3)
@@ -95,12 +98,27 @@ def per_class_metrics(y: np.ndarray, proba: np.ndarray, classes: list):
     return fig
 
 
+def residuals(y: np.ndarray, predicted: np.ndarray):
+    """Regression: predicted against actual values (the diagonal is perfect) and residuals against predictions."""
+    plt = pyplot()
+    fig, (fit_ax, res_ax) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fit_ax.scatter(y, predicted, s=8, alpha=0.5)
+    low, high = float(min(y.min(), predicted.min())), float(max(y.max(), predicted.max()))
+    fit_ax.plot([low, high], [low, high], color="grey", ls="--")
+    fit_ax.set(xlabel="actual", ylabel="predicted", title="predicted vs actual (holdout)")
+    res_ax.scatter(predicted, y - predicted, s=8, alpha=0.5)
+    res_ax.axhline(0, color="grey", ls="--")
+    res_ax.set(xlabel="predicted", ylabel="actual - predicted", title="residuals (holdout)")
+    fig.tight_layout()
+    return fig
+
+
 def gate_comparison(decision: dict[str, Any]):
     """Challenger minus champion on the primary metric, overall and per slice, with the 5-95% paired
     bootstrap interval; red where a slice failed the gate. ``decision`` is a Decision's ``to_dict()``."""
     plt = pyplot()
     metric = decision["primary_metric"]
-    rows = [("overall", decision["improvement"] if metric != "log_loss" else -decision["improvement"],
+    rows = [("overall", decision["improvement"] if metric not in LOWER_IS_BETTER else -decision["improvement"],
              _raw(decision.get("interval"), metric), True)]
     rows += [(f"{s['column']}={s['value']} (n={s['rows']})", s["delta"], s.get("interval"), s["ok"])
              for s in decision["slices"]]
@@ -120,7 +138,7 @@ def gate_comparison(decision: dict[str, Any]):
 
 def _raw(interval: list[float] | None, metric: str) -> list[float] | None:
     """An improvement interval (positive is better) as raw challenger-minus-champion."""
-    if interval is None or metric != "log_loss":
+    if interval is None or metric not in LOWER_IS_BETTER:
         return interval
     return sorted(-v for v in interval)
 
@@ -128,7 +146,8 @@ def _raw(interval: list[float] | None, metric: str) -> list[float] | None:
 def log_evaluation_figures(run_id: str, *, y: np.ndarray, proba: np.ndarray, classes: list,
                            decision: dict[str, Any], threshold: float | None = None) -> list[str]:
     """Log the candidate's pictures to MLflow run ``run_id`` under ``figures/``; returns the artifact paths.
-    ``threshold``: the candidate's decision threshold (binary), applied in the confusion matrix.
+    ``threshold``: the candidate's decision threshold (binary), applied in the confusion matrix. Regression
+    (``classes`` empty): ``y`` holds the true values and ``proba`` the predicted ones (one column).
 
     Raises:
         mlflow.exceptions.MlflowException: MLflow refused a call.
@@ -138,9 +157,12 @@ def log_evaluation_figures(run_id: str, *, y: np.ndarray, proba: np.ndarray, cla
     plt = pyplot()
     client = mlflow.MlflowClient()
     history = {m: [(h.step, h.value) for h in client.get_metric_history(run_id, m)] for m in CURVE_METRICS}
-    figures = {"figures/confusion_matrix.png": confusion_matrix(y, proba, classes, threshold),
-               ("figures/roc_pr.png" if len(classes) == 2 else "figures/per_class.png"):
-                   (roc_pr_curves if len(classes) == 2 else per_class_metrics)(y, proba, classes)}
+    if not classes:
+        figures = {"figures/residuals.png": residuals(y, proba[:, 0])}
+    else:
+        figures = {"figures/confusion_matrix.png": confusion_matrix(y, proba, classes, threshold),
+                   ("figures/roc_pr.png" if len(classes) == 2 else "figures/per_class.png"):
+                       (roc_pr_curves if len(classes) == 2 else per_class_metrics)(y, proba, classes)}
     if any(history.values()):
         figures["figures/training_curves.png"] = training_curves({k: v for k, v in history.items() if v})
     if decision.get("champion_metrics") is not None and decision.get("improvement") is not None:

@@ -28,12 +28,15 @@ from training.settings import section_from_dict
 from training.threshold import predicted_index
 
 METRICS = ("accuracy", "f1_macro", "roc_auc", "log_loss")
-"""Metrics the gate computes; all but ``log_loss`` are higher-is-better."""
-LOWER_IS_BETTER = frozenset({"log_loss"})
+"""Metrics the gate computes for classification; all but ``log_loss`` are higher-is-better."""
+REGRESSION_METRICS = ("rmse", "mae", "r2")
+"""Metrics the gate computes for regression, in the target's units; ``r2`` is higher-is-better."""
+LOWER_IS_BETTER = frozenset({"log_loss", "rmse", "mae"})
 RARE_MINORITY_SHARE = 0.2
 """A binary target whose smaller class holds less than this share of the training rows is imbalanced: the
 default primary metric is then ROC AUC, which a constant answer cannot game."""
-BASELINES = {"majority_class": "the majority class, with the training class shares as probabilities"}
+BASELINES = {"majority_class": "the majority class, with the training class shares as probabilities",
+             "training_mean": "the training split's mean target, predicted for every row"}
 """The trivial model every candidate must beat, by kind."""
 _BOOTSTRAP_CHUNK = 100
 """Resamples drawn and scored at once (bounds memory at chunk x rows)."""
@@ -44,11 +47,12 @@ class PromotionPolicy:
     """When a challenger may replace the champion (see the module docstring for the rule)."""
 
     primary_metric: str | None = None
-    """One of ``accuracy``, ``f1_macro``, ``roc_auc`` (higher is better) or ``log_loss`` (lower is better);
-    ``None``: chosen from the target (:func:`default_primary_metric`), and the decision says why."""
+    """Classification: ``accuracy``, ``f1_macro``, ``roc_auc`` (higher is better) or ``log_loss`` (lower is
+    better); regression: ``rmse``, ``mae`` (lower is better) or ``r2``. ``None``: chosen from the target
+    (:func:`default_primary_metric`; ``rmse`` for regression), and the decision says why."""
     floor: float | None = None
-    """Absolute bound the primary metric must clear for any promotion: a minimum, or for ``log_loss`` a
-    maximum. ``None``: no bound."""
+    """Absolute bound the primary metric must clear for any promotion: a minimum, or for a lower-is-better
+    metric (``log_loss``, ``rmse``, ``mae``) a maximum. ``None``: no bound."""
     min_improvement: float = 0.0
     """Absolute gain over the champion the challenger must reach, in the metric's better direction. A gain of
     exactly 0 (a tie) never promotes."""
@@ -68,14 +72,17 @@ class PromotionPolicy:
     """Share of resamples on which the challenger must strictly beat the champion on the primary metric."""
 
     def __post_init__(self) -> None:
-        if self.primary_metric is not None and self.primary_metric not in METRICS:
-            raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)}")
+        if self.primary_metric is not None and self.primary_metric not in (*METRICS, *REGRESSION_METRICS):
+            raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)} (classification) "
+                             f"or {list(REGRESSION_METRICS)} (regression)")
         if self.floor is not None:
             if not math.isfinite(self.floor):
                 raise ValueError(f"floor={self.floor}: use a finite number, or null for no floor")
             if self.primary_metric in LOWER_IS_BETTER and self.floor < 0:
                 raise ValueError(f"floor={self.floor}: {self.primary_metric} is >= 0; use a maximum >= 0 or null")
-            if self.primary_metric not in LOWER_IS_BETTER and not 0 <= self.floor <= 1:
+            if self.primary_metric == "r2" and self.floor > 1:
+                raise ValueError(f"floor={self.floor}: r2 is at most 1; use a minimum <= 1 or null")
+            if self.primary_metric not in (*LOWER_IS_BETTER, "r2") and not 0 <= self.floor <= 1:
                 raise ValueError(f"floor={self.floor}: {self.primary_metric or 'the default metric'} lies in "
                                  "[0, 1]; use a value in that range or null")
         for name in ("min_improvement", "min_relative_improvement", "max_slice_regression"):
@@ -215,11 +222,16 @@ def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list,
     A metric that is undefined on these rows (ROC AUC when a class is absent from ``y_true_idx``, or every
     metric when ``proba`` holds non-finite values) is NaN.
 
+    Regression (``classes`` empty): ``y_true_idx`` holds the true values and ``proba`` the predicted ones (one
+    column); see :func:`regression_metrics`.
+
     Raises:
         ValueError: shapes disagree or a label index is out of range.
     """
     from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score  # 1 s import: only when scoring
 
+    if not classes:
+        return regression_metrics(np.asarray(y_true_idx, dtype=np.float64), np.asarray(proba, dtype=np.float64)[:, 0])
     y, p = _check_inputs(y_true_idx, proba, classes)
     if not np.isfinite(p).all():
         return {m: math.nan for m in METRICS}
@@ -233,6 +245,21 @@ def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list,
         out["roc_auc"] = float(roc_auc_score(y, p[:, 1]) if len(classes) == 2 else
                                roc_auc_score(y, p, multi_class="ovr", average="macro", labels=labels))
     return out
+
+
+def regression_metrics(y: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    """RMSE, MAE (the target's units) and R² of ``predicted`` against ``y``; all NaN when a prediction is not
+    finite, R² NaN when ``y`` is constant.
+
+    Raises:
+        ValueError: no rows, or lengths differ.
+    """
+    if len(y) == 0 or len(y) != len(predicted):
+        raise ValueError(f"{len(y)} true values and {len(predicted)} predictions: pass the same, non-empty rows")
+    if not np.isfinite(predicted).all():
+        return {m: math.nan for m in REGRESSION_METRICS}
+    w = np.ones((1, len(y)))
+    return {m: float(_resampled_metric(m, w, y, predicted[:, None])[0]) for m in REGRESSION_METRICS}
 
 
 def class_figures(y_true_idx: np.ndarray, predicted: np.ndarray, n_classes: int) -> dict[str, np.ndarray]:
@@ -263,11 +290,14 @@ def align_proba(proba: np.ndarray, proba_classes: list, classes: list) -> np.nda
 
 def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.ndarray | None, classes: list,
              holdout: pd.DataFrame, policy: PromotionPolicy, train_priors: np.ndarray | None = None,
-             challenger_threshold: float | None = None, champion_threshold: float | None = None) -> Decision:
+             challenger_threshold: float | None = None, champion_threshold: float | None = None,
+             train_mean: float | None = None) -> Decision:
     """Apply ``policy`` to the challenger (and the champion, if any) scored on the same holdout rows.
 
     ``y_true`` holds the holdout's labels (values of ``classes``); both probability matrices have their
     columns in ``classes`` order (see :func:`align_proba`); ``holdout`` supplies the slice columns.
+    Regression: ``classes`` is empty, ``y_true`` holds the true values, the "probability matrices" one column of
+    predicted values, and the baseline predicts ``train_mean`` (``None``: the holdout's own mean).
     ``train_priors`` are the class shares of the challenger's training split (the baseline's probabilities and
     what the default metric is chosen from); ``None`` takes the holdout's own shares, a baseline at least as
     strong. The thresholds are the models' decision thresholds (binary; ``None``: most probable class).
@@ -275,25 +305,38 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     Raises:
         ValueError: a label is not in ``classes``, shapes disagree, or a slice column is not in ``holdout``.
     """
-    y = encode_target(pd.Series(np.asarray(y_true, dtype=object), name="y_true"), classes)
+    regression = not classes
+    y = (np.asarray(y_true, dtype=np.float64) if regression else
+         encode_target(pd.Series(np.asarray(y_true, dtype=object), name="y_true"), classes))
     if len(holdout) != len(y):
         raise ValueError(f"holdout has {len(holdout)} rows but y_true has {len(y)}; pass the same rows")
     missing = [c for c in policy.slice_columns if c not in holdout.columns]
     if missing:
         raise ValueError(f"slice columns {missing} are not in the holdout; columns are {list(holdout.columns)}")
-    priors = (np.bincount(y, minlength=len(classes)) / len(y) if train_priors is None else
-              np.asarray(train_priors, dtype=np.float64))
-    if priors.shape != (len(classes),):
-        raise ValueError(f"train_priors has {priors.size} shares; expected one per class of {classes}")
+    if regression:
+        priors = np.ones(0)
+        mean = float(np.mean(y)) if train_mean is None else float(train_mean)
+        if policy.primary_metric in METRICS:
+            raise ValueError(f"primary_metric={policy.primary_metric!r} is a classification metric; this is a "
+                             f"regression target: use one of {list(REGRESSION_METRICS)}")
+    else:
+        priors = (np.bincount(y, minlength=len(classes)) / len(y) if train_priors is None else
+                  np.asarray(train_priors, dtype=np.float64))
+        if priors.shape != (len(classes),):
+            raise ValueError(f"train_priors has {priors.size} shares; expected one per class of {classes}")
+        if policy.primary_metric in REGRESSION_METRICS:
+            raise ValueError(f"primary_metric={policy.primary_metric!r} is a regression metric; this is a "
+                             f"classification target: use one of {list(METRICS)}")
     if policy.primary_metric is None:
-        metric, why = default_primary_metric(priors)
+        metric, why = (("rmse", "default for a regression target: root mean squared error, in the target's units")
+                       if regression else default_primary_metric(priors))
         policy = replace(policy, primary_metric=metric)
     else:
         metric, why = policy.primary_metric, "set in promotion.primary_metric"
     chal_s = Scored(np.asarray(challenger_proba, dtype=np.float64), challenger_threshold)
     champ_s = None if champion_proba is None else Scored(np.asarray(champion_proba, dtype=np.float64),
                                                          champion_threshold)
-    base_s = majority_baseline(priors, len(y))
+    base_s = Scored(np.full((len(y), 1), mean)) if regression else majority_baseline(priors, len(y))
     chal = compute_metrics(y, chal_s.proba, classes, chal_s.threshold)
     champ = None if champ_s is None else compute_metrics(y, champ_s.proba, classes, champ_s.threshold)
     base = compute_metrics(y, base_s.proba, classes)
@@ -319,7 +362,8 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     improvement = sign * (chal[metric] - champ[metric])
     relative = improvement / abs(champ[metric]) if champ[metric] != 0 else (math.inf if improvement > 0 else 0.0)
-    slices = _slices(y, chal_s, champ_s, classes, holdout, policy, minority=int(np.argmin(priors)))
+    slices = _slices(y, chal_s, champ_s, classes, holdout, policy,
+                     minority=None if regression else int(np.argmin(priors)))
     gains = _bootstrap_improvements(y, chal_s, champ_s, metric, policy)
     confidence = float(np.count_nonzero(gains > 0)) / policy.bootstrap_samples
     checks = [defined, floor, beats_baseline,
@@ -414,11 +458,14 @@ def _baseline(y: np.ndarray, chal: Scored, base: Scored, chal_value: float, base
     improvement = (base_value - chal_value) if metric in LOWER_IS_BETTER else (chal_value - base_value)
     confidence = float(np.count_nonzero(_bootstrap_improvements(y, chal, base, metric, policy) > 0)
                        ) / policy.bootstrap_samples
-    majority = classes[int(np.argmax(priors))]
-    record = {"kind": "majority_class", "description": BASELINES["majority_class"], "predicts": majority,
+    if classes:
+        kind, predicts, how = "majority_class", classes[int(np.argmax(priors))], "training priors"
+    else:
+        kind, predicts, how = "training_mean", float(base.proba[0, 0]), "the training mean"
+    record = {"kind": kind, "description": BASELINES[kind], "predicts": predicts,
               "priors": [float(v) for v in priors], "improvement": improvement, "confidence": confidence}
     passed = bool(improvement > 0 and confidence >= policy.required_confidence)
-    head = f"{metric} {chal_value:.3f} vs baseline {base_value:.3f} (always {majority!r}, training priors)"
+    head = f"{metric} {chal_value:.3f} vs baseline {base_value:.3f} (always {predicts!r}, {how})"
     detail = (f"{head}: beaten with confidence {confidence:.3f} >= {policy.required_confidence}" if passed else
               f"{head}: not beaten ({improvement:+.3f}, confidence {confidence:.3f} "
               f"{'>=' if confidence >= policy.required_confidence else '<'} {policy.required_confidence})")
@@ -426,7 +473,11 @@ def _baseline(y: np.ndarray, chal: Scored, base: Scored, chal_value: float, base
 
 
 def _per_class(y: np.ndarray, chal: Scored, champ: Scored | None, classes: list) -> list[dict[str, Any]]:
-    """Precision, recall and F1 per class of the challenger (and the champion), with the class's support."""
+    """Precision, recall and F1 per class of the challenger (and the champion), with the class's support (none
+    for regression)."""
+    if not classes:
+        return []
+
     def figures(s: Scored | None) -> list[dict[str, float]] | None:
         if s is None or not np.isfinite(s.proba).all():
             return None
@@ -440,7 +491,9 @@ def _per_class(y: np.ndarray, chal: Scored, champ: Scored | None, classes: list)
 
 
 def _slices(y: np.ndarray, chal: Scored, champ: Scored, classes: list, holdout: pd.DataFrame,
-            policy: PromotionPolicy, *, minority: int) -> list[dict[str, Any]]:
+            policy: PromotionPolicy, *, minority: int | None) -> list[dict[str, Any]]:
+    """Each value of each slice column scored for both models (regression: on the per-row errors, so
+    ``minority`` is ``None``)."""
     metric, out = policy.primary_metric, []
     for col, value, mask in slice_masks(holdout, policy.slice_columns):
         rows = int(mask.sum())
@@ -456,7 +509,7 @@ def _slices(y: np.ndarray, chal: Scored, champ: Scored, classes: list, holdout: 
                     "challenger": chal_value, "champion": champ_value, "delta": chal_value - champ_value,
                     "interval": bootstrap_interval(deltas),
                     "ok": skipped is not None or regression <= policy.max_slice_regression,
-                    "skipped": skipped, "minority": _minority(y[mask], a, b, classes, minority)})
+                    "skipped": skipped, "minority": None if minority is None else _minority(y[mask], a, b, classes, minority)})
     return out
 
 
@@ -538,7 +591,18 @@ def bootstrap_interval(values: np.ndarray, level: float = 0.9) -> list[float] | 
 
 def _resampled_metric(metric: str, w: np.ndarray, y: np.ndarray, p: np.ndarray,
                       threshold: float | None = None) -> np.ndarray:
-    """``metric`` on each resample, given row weights ``w`` (resamples x rows: how often each row was drawn)."""
+    """``metric`` on each resample, given row weights ``w`` (resamples x rows: how often each row was drawn).
+    Regression metrics read the predicted values from ``p[:, 0]`` and the true values from ``y``."""
+    if metric in REGRESSION_METRICS:
+        errors, total = p[:, 0] - y, w.sum(axis=1)
+        squared = w @ errors ** 2
+        if metric == "rmse":
+            return np.sqrt(squared / total)
+        if metric == "mae":
+            return w @ np.abs(errors) / total
+        spread = (w * (y[None, :] - (w @ y / total)[:, None]) ** 2).sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(spread > 0, 1 - squared / spread, np.nan)
     n_classes = p.shape[1]
     if metric == "accuracy":
         return w @ (predicted_index(p, threshold) == y).astype(np.float64) / w.sum(axis=1)

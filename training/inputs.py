@@ -3,8 +3,8 @@
 The file's rows are numbered 0..N-1. The seeded validation split marks rows (the same rows the whole-file split
 took: a permutation of N). Rank ``r`` of ``W`` owns rows ``[N*r/W, N*(r+1)/W)`` and reads only the Parquet row
 groups that overlap them (through ``pyarrow.dataset``; a CSV is parsed chunk by chunk and the other rows are
-dropped). The feature transform, the classes and the class counts are fitted in one streaming pass on rank 0 and
-broadcast to every rank as JSON. Each epoch a rank visits its row groups and rows in an order seeded by (seed,
+dropped). The feature transform and the target's encoding (classes and class counts, or a regression target's
+mean and standard deviation) are fitted in one streaming pass on rank 0 and broadcast to every rank as JSON. Each epoch a rank visits its row groups and rows in an order seeded by (seed,
 epoch, rank) and yields batches; every rank yields ``ceil(train rows / W)`` rows an epoch, as
 ``DistributedSampler`` does (a short shard starts over, a long one stops early), so all ranks take the same number
 of steps. Memory holds the split (one byte a row), one chunk and one batch, not the file.
@@ -44,22 +44,45 @@ class _Piece:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TargetEncoding:
+    """How the target becomes training tensors: class indices, or values standardised with the training rows'
+    mean and standard deviation (so the model module sees unit scale whatever the target's units)."""
+
+    classes: list
+    """Sorted labels (classification); empty for regression."""
+    mean: float = 0.0
+    std: float = 1.0
+
+    def encode(self, labels: pd.Series) -> np.ndarray:
+        """Class indices (int64) or standardised values (float32)."""
+        if self.classes:
+            return encode_target(labels, self.classes)
+        return ((pd.to_numeric(labels).to_numpy(dtype="float64") - self.mean) / self.std).astype(np.float32)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Fitted:
     """What rank 0's pass over the training rows found, the same on every rank."""
 
     transform: FeatureTransform
-    classes: list
+    target: TargetEncoding
     class_counts: list[int]
-    """Training rows per class, in ``classes`` order."""
+    """Training rows per class, in ``classes`` order (empty for regression)."""
+
+    @property
+    def classes(self) -> list:
+        """The target's sorted labels; empty for regression."""
+        return self.target.classes
 
     def to_json(self) -> dict:
         """JSON-ready form, as rank 0 broadcasts it."""
-        return {"transform": self.transform.to_dict(), "classes": self.classes, "class_counts": self.class_counts}
+        return {"transform": self.transform.to_dict(), "class_counts": self.class_counts,
+                "target": {"classes": self.target.classes, "mean": self.target.mean, "std": self.target.std}}
 
     @classmethod
     def from_json(cls, d: dict) -> "Fitted":
         """Inverse of :meth:`to_json`."""
-        return cls(transform=FeatureTransform.from_dict(d["transform"]), classes=d["classes"],
+        return cls(transform=FeatureTransform.from_dict(d["transform"]), target=TargetEncoding(**d["target"]),
                    class_counts=d["class_counts"])
 
 
@@ -147,8 +170,9 @@ def _val_mask(n_rows: int, fraction: float, seed: int, source: str) -> np.ndarra
 
 
 def fit_on_rank0(table: ShardedTable, roles: SchemaRoles, device: torch.device) -> Fitted:
-    """Rank 0 fits the transform on the training rows and counts classes over all rows in one pass; every rank
-    gets the result (or rank 0's error, raised as ValueError on every rank)."""
+    """Rank 0 fits the transform on the training rows and the target's encoding (classes over all rows and
+    training rows per class; or a regression target's training mean and standard deviation) in one pass; every
+    rank gets the result (or rank 0's error, raised as ValueError on every rank)."""
     message: dict | None = None
     if dist.get_rank() == 0:
         try:
@@ -163,20 +187,36 @@ def fit_on_rank0(table: ShardedTable, roles: SchemaRoles, device: torch.device) 
 
 def _fit(table: ShardedTable, roles: SchemaRoles) -> Fitted:
     fit = FeatureFit(numeric=roles.numeric, categorical=roles.categorical)
+    regression = roles.task == "regression"
     labels: set = set()
     counts: Counter = Counter()
     nulls = 0
+    moments = np.zeros(3)  # regression: training rows, sum, sum of squares (float64)
     for chunk in table.chunks(0, table.num_rows, [*roles.numeric, *roles.categorical, roles.target]):
-        target = chunk[roles.target]
+        target = pd.to_numeric(chunk[roles.target], errors="coerce") if regression else chunk[roles.target]
         nulls += int(target.isna().sum())
-        labels.update(target.dropna().unique().tolist())
-        train = chunk[~table.is_val[chunk.index.to_numpy()]]
-        counts.update(train[roles.target].tolist())
-        fit.update(train)
+        is_train = ~table.is_val[chunk.index.to_numpy()]
+        if regression:
+            values = target[is_train].to_numpy(dtype="float64")
+            moments += (len(values), np.nansum(values), np.nansum(values ** 2))
+        else:
+            labels.update(target.dropna().unique().tolist())
+            counts.update(target[is_train].tolist())
+        fit.update(chunk[is_train])
+    if nulls and regression:
+        raise ValueError(f"target '{roles.target}' has {nulls} null or non-numeric value(s); a regression target "
+                         "must be numbers")
     if nulls:
         raise ValueError(f"target '{roles.target}' has {nulls} null label(s); drop or fill them")
+    if regression:
+        rows, total, squares = moments
+        mean = total / rows
+        std = float(np.sqrt(max(squares / rows - mean ** 2, 0.0)))
+        return Fitted(transform=fit.result(), target=TargetEncoding(classes=[], mean=float(mean),
+                                                                    std=std if std > 0 else 1.0), class_counts=[])
     classes = target_classes(pd.Series(sorted(labels), name=roles.target))
-    return Fitted(transform=fit.result(), classes=classes, class_counts=[counts[c] for c in classes])
+    return Fitted(transform=fit.result(), target=TargetEncoding(classes=classes),
+                  class_counts=[counts[c] for c in classes])
 
 
 def broadcast_json(value, device: torch.device):
@@ -208,7 +248,7 @@ class RankInput:
         return math.ceil(self.rows_per_epoch / self.batch_size)
 
     def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This epoch's ``steps_per_epoch`` batches of (features, class indices) on the device."""
+        """This epoch's ``steps_per_epoch`` batches of (features, encoded targets) on the device."""
         rng = np.random.default_rng([self.seed, epoch, self.rank])
         pieces = self.table.pieces(self.start, self.stop)
         left, pending = self.rows_per_epoch, []
@@ -249,7 +289,7 @@ class RankInput:
                 yield self._tensors(*self._encoded(val))
 
     def _encoded(self, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        return self.fitted.transform.transform(rows), encode_target(rows[self.target], self.fitted.classes)
+        return self.fitted.transform.transform(rows), self.fitted.target.encode(rows[self.target])
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)

@@ -6,3 +6,8 @@ FEATURES_FILE = "features.json"
 """The fitted :class:`training.features.FeatureTransform`."""
 MODEL_FILE = "model.json"
 """Architecture, classes, target, config and metrics; written last, so its presence means complete."""
+MODULE_FILE = "model_module.py"
+"""A copy of the model plug-in's module, imported from there (after its sha256 is checked) wherever the model loads."""
+MODULE_SHA256_KEY = "model_module_sha256"
+"""Where the sha256 of that copy is recorded: the version's tag, the run's ``kfloop.``-prefixed tag and the
+logged pyfunc's ``model_config``."""

@@ -1,8 +1,9 @@
 """The MLflow pyfunc face of a kfloop model directory, logged as models-from-code (nothing pickled).
 
 MLflow executes this file when the model is logged and again when it is loaded (``mlflow.pyfunc.load_model``);
-``training.registry.versions.log_candidate`` passes its path as ``python_model``, the model directory as the
-``model_dir`` artifact and the version's schema as the ``schema`` artifact. Do not import this module from other
+``training.registry.versions.log_candidate`` passes its path as ``python_model``, the model directory (the model
+module's source included) as the ``model_dir`` artifact, that source's sha256 in the ``model_config`` and the
+version's schema as the ``schema`` artifact. Do not import this module from other
 code: importing it registers the model object.
 """
 from __future__ import annotations
@@ -14,6 +15,9 @@ import pandas as pd
 
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, RuleSet, apply_violation_mode
 from data.validation import load_schema
+from training.model import Predictor
+from training.model_code import ModelCodeError
+from training.model_files import MODULE_SHA256_KEY
 
 MODEL_DIR_ARTIFACT = "model_dir"
 """Key of the kfloop model directory in the logged model's ``artifacts``."""
@@ -26,10 +30,17 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
     """Scores raw feature rows with :class:`training.model.Predictor` (the training preprocessing included)."""
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
-        """Load the model directory MLflow copied with the model (weights are safetensors, preprocessing JSON)."""
-        from training.model import Predictor
+        """Load the model directory MLflow copied with the model (weights are safetensors, preprocessing JSON); its
+        model module is imported only if its sha256 is the one logged in the ``model_config``.
 
-        self.predictor = Predictor.load(context.artifacts[MODEL_DIR_ARTIFACT])
+        Raises:
+            training.model_code.ModelCodeError: the logged module copy was modified.
+        """
+        recorded = (context.model_config or {}).get(MODULE_SHA256_KEY)
+        if not recorded:
+            raise ModelCodeError(f"this model was logged without {MODULE_SHA256_KEY} in its model_config; its code "
+                                 "cannot be verified, so it is not imported: log it with kfloop's log_candidate()")
+        self.predictor = Predictor.load(context.artifacts[MODEL_DIR_ARTIFACT], module_sha256=recorded)
         schema = context.artifacts.get(SCHEMA_ARTIFACT)
         features = [*self.predictor.transform.numeric, *self.predictor.transform.categorical]
         self.schema_rules = RuleSet(load_schema(Path(schema)), features) if schema else None
@@ -37,17 +48,20 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
     def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input: pd.DataFrame,
                 params: dict | None = None) -> pd.DataFrame:
         """``prediction`` (the model's decision threshold applied, else the most probable class) and
-        ``proba_<class>`` per class, one row per input row, plus ``schema_violations`` (see
+        ``proba_<class>`` per class, or for regression the numeric ``prediction`` alone, one row per input row, plus ``schema_violations`` (see
         :mod:`data.schema_rules`) as ``params["on_schema_violation"]`` asks: ``flag`` (default),
         ``error`` or ``ignore``.
 
         Nulls and categories unseen in training are handled by the model's preprocessing; extra columns are
         ignored.
         """
-        proba = self.predictor.predict_proba(model_input)
-        classes = self.predictor.classes
-        out = pd.DataFrame({f"proba_{c}": proba[:, j] for j, c in enumerate(classes)}, index=model_input.index)
-        out.insert(0, "prediction", self.predictor.labels(proba))
+        if self.predictor.task == "regression":
+            out = pd.DataFrame({"prediction": self.predictor.predict_values(model_input)}, index=model_input.index)
+        else:
+            proba = self.predictor.predict_proba(model_input)
+            out = pd.DataFrame({f"proba_{c}": proba[:, j] for j, c in enumerate(self.predictor.classes)},
+                               index=model_input.index)
+            out.insert(0, "prediction", self.predictor.labels(proba))
         if self.schema_rules is None:
             return out
         mode = (params or {}).get(ON_VIOLATION_PARAM, ON_VIOLATION_MODES[0])

@@ -3,7 +3,8 @@
 The version's recorded data md5 is fetched from DVC (the repo's cache, else its remotes, else the data store that
 registration kept it in: :mod:`data.dvc_store`), split with the pipeline's holdout settings (checked against the
 recorded holdout sha256), and trained again on CPU with gloo with the recorded training config and seed, by the
-code of the recorded commit (the running checkout must be that commit).
+code of the recorded commit (the running checkout must be that commit) and the model module logged with the
+version (its sha256 checked against the registry's).
 Identical means: every recorded metric and the decision threshold equal, and the weights file byte for byte
 (sha256) and tensor by tensor.
 """
@@ -124,12 +125,11 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     from safetensors.torch import load_file
 
     from training.config import TrainingConfig
-    from training.features import encode_target
     from training.gate import compute_metrics
     from data.holdout import split_holdout, write_parquet
     from training.launch.local import train_local
     from training.model import Predictor
-    from training.model_files import WEIGHTS_FILE
+    from training.model_files import MODULE_FILE, WEIGHTS_FILE
     from training.registry.versions import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, VersionRecord, download_model_dir
     from data.tables import read_table
 
@@ -155,17 +155,19 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
                              "pipeline run's --set holdout_fraction=... --set seed=...")
     schema = root / "schema.yaml"
     schema.write_text(mlflow.artifacts.load_text(f"runs:/{mv.run_id}/{SCHEMA_ARTIFACT}"))
-    config = TrainingConfig.from_dict({**lineage["training_config"], "device": "cpu", "backend": "local"})
+    registered = download_model_dir(model_name, str(version), root / "registered", client=client)
+    recorded = lineage["training_config"]  # the model module: the version's verified copy, whatever the path was
+    config = TrainingConfig.from_dict({**recorded, "device": "cpu", "backend": "local",
+                                       "model": {**recorded["model"], "module": str(registered / MODULE_FILE)}})
     progress(f"reproduce: retraining on CPU, {config.nnodes} node(s) x {config.nproc_per_node} rank(s), "
              f"seed {config.seed}")
     rebuilt = train_local(root / "data" / "train.parquet", schema, model_dir=root / "model",
                           checkpoint_dir=root / "checkpoints", config=config, log_dir=root / "logs")
-    registered = download_model_dir(model_name, str(version), root / "registered", client=client)
 
-    ours, theirs = Predictor.load(rebuilt.model_dir), Predictor.load(registered)
+    ours = Predictor.load(rebuilt.model_dir)
+    theirs = Predictor.load(registered, module_sha256=record.model_module_sha256)
     holdout = read_table(root / "data" / "holdout.parquet")  # as the evaluation step reads it
-    y = encode_target(holdout[ours.description["target"]], ours.classes)
-    holdout_now = compute_metrics(y, ours.predict_proba(holdout), ours.classes, ours.threshold)
+    holdout_now = compute_metrics(*ours.scored(holdout), ours.classes, ours.threshold)
     recorded_run = client.get_run(mv.run_id).data.metrics
     metrics = {f"holdout_{k}": {"recorded": recorded_run.get(f"eval_challenger_{k}", math.nan), "reproduced": v}
                for k, v in holdout_now.items()}

@@ -27,12 +27,13 @@ class ValidateResult:
     rows: int
 
 
-def resolve_schema(read_data, *, dataset_uri: str, schema_uri: str, target: str, model_name: str):
+def resolve_schema(read_data, *, dataset_uri: str, schema_uri: str, target: str, model_name: str, task: str = ""):
     """The schema a training run validates against: ``schema_uri``, else the champion's recorded schema, else
-    (the very first run, no champion) one inferred from this data, which ``read_data()`` reads whole.
+    (the very first run, no champion) one inferred for ``task`` (default classification) from this data, which
+    ``read_data()`` reads whole.
 
     Raises:
-        ValueError: no schema and no target to infer one, or a target that contradicts the schema.
+        ValueError: no schema and no target to infer one, or a target or task that contradicts the schema.
     """
     from training.registry.versions import champion_schema, get_champion
     from data.validation import infer_schema, load_schema, schema_roles
@@ -42,7 +43,7 @@ def resolve_schema(read_data, *, dataset_uri: str, schema_uri: str, target: str,
     elif (recorded := champion_schema(model_name)) is not None:
         schema, source = load_schema(recorded), f"champion v{get_champion(model_name).version}"
     elif target:
-        schema, source = infer_schema(read_data(), target=target), "inferred"
+        schema, source = infer_schema(read_data(), target=target, task=task or "classification"), "inferred"
     else:
         raise ValueError(f"{dataset_uri}: model '{model_name}' has no champion schema to validate against; pass "
                          "schema_uri=FILE, or target=COLUMN to infer a schema on this first run")
@@ -50,12 +51,15 @@ def resolve_schema(read_data, *, dataset_uri: str, schema_uri: str, target: str,
     if target and target != roles.target:
         raise ValueError(f"target '{target}' differs from the schema's target '{roles.target}' ({source}); "
                          f"use another model_name for a different prediction task")
+    if task and task != roles.task:
+        raise ValueError(f"task '{task}' differs from the schema's task '{roles.task}' ({source}); use another "
+                         "model_name for a different prediction task, or set metadata.kfloop.task in the schema")
     return schema, source
 
 
 @step_function
 def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name: str,
-                  schema_out: str) -> ValidateResult:
+                  schema_out: str, task: str = "") -> ValidateResult:
     """Validate the dataset before any GPU is spent and write the schema used.
 
     Raises:
@@ -67,7 +71,7 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
 
     with local_copy(dataset_uri) as (path, data):
         schema, source = resolve_schema(lambda: read_table(path), dataset_uri=data.uri, schema_uri=schema_uri,
-                                        target=target, model_name=model_name)
+                                        target=target, model_name=model_name, task=task)
         report = validate(path, schema)
     report.source = data.uri
     if not report.ok:
@@ -141,9 +145,10 @@ def _unfinished_run(client, experiment_id: str, pipeline_run_id: str) -> str | N
 @step_function
 def train_step(*, train_path: str, schema_path: str, model_name: str, config: dict[str, Any], nnodes: int,
                nproc_per_node: int, backend: str, pipeline_run_id: str, model_dir: str,
-               cluster: dict[str, Any] | None = None) -> TrainStepResult:
+               cluster: dict[str, Any] | None = None, model: dict[str, Any] | None = None) -> TrainStepResult:
     """Train in one MLflow run (rank 0 logs params and per-epoch metrics); on error the launch's logs and error
-    files become the run's ``training-failure`` artifacts and the run is marked FAILED. ``backend=kubernetes``
+    files become the run's ``training-failure`` artifacts and the run is marked FAILED. ``model`` is the model
+    plug-in (:class:`training.config.ModelSpec`; default the built-in MLP). ``backend=kubernetes``
     runs a PyTorchJob on ``cluster`` (training/launch/kubernetes.py); a retry of the step reuses the run it left.
 
     Raises:
@@ -152,7 +157,7 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
     """
     import mlflow
 
-    cfg = _training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend)
+    cfg = _training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend, model=model or {})
     launcher = backend_named(cfg.backend, cluster)
     env = load_environment()
     client = mlflow.MlflowClient()
@@ -218,7 +223,8 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     """Score challenger and ``champion`` (default: the current one) on the pinned holdout and decide.
 
     The baseline's priors are the challenger's training-split class shares (``class_counts`` in its
-    ``model.json``). Returns ``(decision, champion_info)``.
+    ``model.json``); for regression the baseline predicts its training mean and the models are scored on their
+    predicted values. Returns ``(decision, champion_info)``.
 
     Raises:
         ValueError: the holdout is not the pinned one, or the models disagree on the classes.
@@ -238,6 +244,13 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     schema_categorical = challenger.transform.categorical
     rules = PromotionPolicy.from_dict({"slice_columns": list(schema_categorical), **policy})
     champion = champion if champion is not None else get_champion(model_name)
+    if challenger.task == "regression":
+        incumbent = None if champion is None else load_version_predictor(model_name, champion.version)
+        decision = evaluate(y_true=holdout[target].to_numpy(), challenger_proba=_values(challenger, holdout),
+                            champion_proba=None if incumbent is None else _values(incumbent, holdout), classes=[],
+                            holdout=holdout, policy=rules,
+                            train_mean=challenger.description["target_scale"]["mean"])
+        return decision, champion
     champion_proba = champion_threshold = None
     if champion is not None:
         incumbent = load_version_predictor(model_name, champion.version)
@@ -249,6 +262,18 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
                         train_priors=None if counts is None else np.asarray(counts) / sum(counts),
                         challenger_threshold=challenger.threshold, champion_threshold=champion_threshold)
     return decision, champion
+
+
+def _values(predictor, rows):
+    """A regression model's predictions as the gate's one-column matrix.
+
+    Raises:
+        ValueError: the model is a classifier (a champion of another task).
+    """
+    if predictor.task != "regression":
+        raise ValueError("the champion is a classifier and the challenger a regression model; use another "
+                         "model_name for a different prediction task")
+    return predictor.predict_values(rows)[:, None]
 
 
 @step_function
@@ -264,15 +289,14 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
     version = champion.version if champion is not None else ""
     atomic_write_json(report_out, decision.to_dict())
     if run_id:
-        from training.features import encode_target
         from training.figures import log_evaluation_figures
         from training.model import Predictor
         from data.tables import read_table
 
-        challenger, holdout = Predictor.load(model_dir), read_table(holdout_path)
-        log_evaluation_figures(run_id, y=encode_target(holdout[challenger.description["target"]], challenger.classes),
-                               proba=challenger.predict_proba(holdout), classes=challenger.classes,
-                               decision=decision.to_dict(), threshold=challenger.threshold)
+        challenger = Predictor.load(model_dir)
+        y, scored = challenger.scored(read_table(holdout_path))
+        log_evaluation_figures(run_id, y=y, proba=scored, classes=challenger.classes, decision=decision.to_dict(),
+                               threshold=challenger.threshold)
     progress(f"evaluate: {'blessed' if decision.blessed else 'not blessed'}: {decision.reason}")
     return EvaluateResult(blessed=decision.blessed, champion_version=version, reason=decision.reason,
                           kfp_metrics=kfp_metrics(decision))
@@ -319,7 +343,9 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
                       previous_champion=champion_version or None, training_config=config,
                       decision_threshold=description.get("decision_threshold"),
-                      holdout_fraction=holdout_fraction, split_seed=split_seed, data_store=kept.data_store)
+                      holdout_fraction=holdout_fraction, split_seed=split_seed, data_store=kept.data_store,
+                      model_module=description["model"]["module"],
+                      model_module_sha256=description["model"]["sha256"])
     model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage, profile=profile)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
     progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")

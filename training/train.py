@@ -3,9 +3,11 @@
     torchrun ... -m training.train --data FILE --schema FILE --model-dir DIR --checkpoint-dir DIR --config FILE.json
                                    [--mlflow-run-id ID | --mlflow-run-id-file FILE]
 
-``python -m training.train ...`` without torchrun trains in a single process. Rank 0 fits the features on the
-training rows in one streaming pass and broadcasts them; each rank then reads only its shard of the file, chunk by
-chunk (:mod:`training.inputs`), and trains with DDP (gloo on CPU, NCCL on GPUs). After every epoch rank 0 writes a checkpoint and logs metrics; a restarted run resumes
+``python -m training.train ...`` without torchrun trains in a single process. Rank 0 fits the features and the
+target's encoding on the training rows in one streaming pass and broadcasts them; each rank then reads only its
+shard of the file, chunk by chunk (:mod:`training.inputs`), builds the model plug-in's network
+(:class:`training.config.ModelSpec`: logits per class, or one standardised value for regression) and trains with
+DDP (gloo on CPU, NCCL on GPUs). After every epoch rank 0 writes a checkpoint and logs metrics; a restarted run resumes
 from the newest good checkpoint. At the end the ranks compare parameter digests and rank 0 writes the model dir.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -31,21 +33,26 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from data.storage import is_remote, redact
+from data.storage import is_remote
 from data.tables import local_copy
 from data.validation import load_schema, schema_roles, schema_to_yaml
 from training import checkpoints
 from training.config import TrainingConfig
 from training.devices import pin_local_device
-from training.inputs import RankInput, ShardedTable, fit_on_rank0
-from training.model import MLP, Architecture, save_model_dir
+from training.inputs import RankInput, ShardedTable, TargetEncoding, fit_on_rank0
+from training.model import save_model_dir
+from training.model_code import ModelCode
 from training.threshold import choose_threshold
 
 logger = logging.getLogger("kfloop.train")
 
-RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "hidden", "dropout", "seed", "val_fraction",
-               "class_weight")
-"""Config fields a checkpoint must agree on to be resumed (``epochs`` may grow; the world size may change)."""
+RESUME_KEYS = ("batch_size", "learning_rate", "lr_gamma", "weight_decay", "seed", "val_fraction", "class_weight",
+               "regression_loss", "huber_delta")
+"""Config fields a checkpoint must agree on to be resumed (``epochs`` may grow; the world size may change), besides
+the model module's sha256, builder and params."""
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``loss(outputs [batch, n_outputs], targets) -> mean loss``; targets are class indices (int64) for
+classification, standardised values (float32) for regression."""
 RESTARTS_TAG = "kfloop.restarts"
 """MLflow run tag: worker-group restarts torchrun made (``TORCHELASTIC_RESTART_COUNT`` of the last attempt)."""
 
@@ -84,8 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     """Train on this rank; see the module docstring.
 
     Raises:
-        ValueError: invalid config, schema task other than classification, too few rows, or checkpoints in
-            ``--checkpoint-dir`` from a different run.
+        ValueError: invalid config, too few rows, or checkpoints in ``--checkpoint-dir`` from a different run.
+        ModelCodeError: the model module cannot be found, imported or built.
         DataFileError: the data or schema file cannot be read.
     """
     args = parse_args(argv)
@@ -145,9 +152,7 @@ def _attempt_store(timeout: timedelta) -> dist.Store:
 def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
     schema = load_schema(Path(args.schema) if not is_remote(args.schema) else args.schema)
     roles = schema_roles(schema)
-    if roles.task != "classification":
-        raise ValueError(f"{redact(args.schema)}: task is {roles.task!r}, but training.train trains classifiers; "
-                         "set metadata.kfloop.task to 'classification'")
+    code = ModelCode.load(cfg.model)
     with local_copy(args.data) as (path, source):
         table = ShardedTable(path, val_fraction=cfg.val_fraction, seed=cfg.seed, source=source.uri)
         fitted = fit_on_rank0(table, roles, me.device)
@@ -155,43 +160,49 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
                          batch_size=cfg.batch_size, device=me.device)
         fingerprint = {"data_md5": source.md5,
                        "schema_sha256": hashlib.sha256(schema_to_yaml(schema).encode("utf-8")).hexdigest(),
+                       "model_sha256": code.sha256, "model_builder": cfg.model.builder,
+                       "model_params": cfg.model.params,
                        **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
-        _train_model(args, cfg, me, data, fingerprint)
+        _train_model(args, cfg, me, data, code, roles.task, fingerprint)
 
 
-def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data: RankInput,
-                 fingerprint: dict[str, Any]) -> None:
-    """Train on ``data`` from the newest good checkpoint on; rank 0 logs, checkpoints and writes the model dir."""
-    transform, classes = data.fitted.transform, data.fitted.classes
+def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data: RankInput, code: ModelCode,
+                 task: str, fingerprint: dict[str, Any]) -> None:
+    """Train ``code``'s network on ``data`` from the newest good checkpoint on; rank 0 logs, checkpoints and writes
+    the model dir."""
+    transform, target = data.fitted.transform, data.fitted.target
+    regression = task == "regression"
     class_counts = np.array(data.fitted.class_counts)
-    loss_weight = _class_weights(class_counts, cfg.class_weight, me.device)
+    loss_fn = code.loss or _task_loss(cfg, task, None if regression else
+                                      _class_weights(class_counts, cfg.class_weight, me.device))
 
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=cfg.hidden, dropout=cfg.dropout)
-    model = MLP(arch).to(me.device)
+    n_inputs, n_outputs = transform.n_outputs, 1 if regression else len(target.classes)
+    model = code.build(n_inputs, n_outputs).to(me.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
     start_epoch, step = _resume(args.checkpoint_dir, me, cfg, fingerprint, model, optimizer, scheduler)
     ddp = DistributedDataParallel(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
                                   bucket_cap_mb=cfg.bucket_cap_mb)
-    _settle_buckets(ddp, torch.zeros(1, arch.n_inputs, device=me.device))
+    _settle_buckets(ddp, torch.zeros(1, n_inputs, device=me.device))
 
     run_id = args.mlflow_run_id or (args.mlflow_run_id_file.read_text().strip()
                                     if args.mlflow_run_id_file and args.mlflow_run_id_file.is_file() else None)
     mlflow_log = _MlflowLog(run_id) if me.rank == 0 and run_id else None
     if mlflow_log:
         mlflow_log.params({**cfg.to_dict(), "world_size": me.world_size, "train_rows": data.table.train_rows,
-                           "val_rows": data.table.num_rows - data.table.train_rows, "n_inputs": arch.n_inputs})
+                           "val_rows": data.table.num_rows - data.table.train_rows, "n_inputs": n_inputs,
+                           "n_outputs": n_outputs, "model_sha256": code.sha256})
         mlflow_log.restarts(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     for epoch in range(start_epoch, cfg.epochs):
         started = time.perf_counter()
         train_loss, steps = _train_epoch(ddp, optimizer, data.batches(epoch), me.device, bf16=cfg.bf16_autocast,
-                                         weight=loss_weight)
+                                         loss_fn=loss_fn)
         step += steps
         scheduler.step()
-        metrics = {"train_loss": train_loss, **_evaluate(model, data.validation(), me.device)}
+        metrics = {"train_loss": train_loss, **_evaluate(model, data.validation(), me.device, loss_fn, target)}
         rng_states = _all_gather_json(_rng_state(me.device), me.device)
         if me.rank == 0:
             if mlflow_log:  # before the checkpoint: a restart may log an epoch twice, never skip one
@@ -203,18 +214,21 @@ def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data:
             logger.info("epoch %d/%d step %d %s (%.2fs)", epoch + 1, cfg.epochs, step,
                         " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), time.perf_counter() - started)
 
-    final = _evaluate(model, data.validation(), me.device)
+    final = _evaluate(model, data.validation(), me.device, loss_fn, target)
     digests = _all_gather_json(param_digest(model), me.device)
     if me.rank == 0:
         assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
-        threshold = _decision_threshold(model, data.validation(whole_file=True), cfg.threshold_metric,
-                                        len(classes))
-        save_model_dir(args.model_dir, model=model, arch=arch, transform=transform, classes=classes,
-                       target=data.target, extra={"config": cfg.to_dict(), "metrics": final,
-                                                   "world_size": me.world_size, "param_digests": digests,
-                                                   "class_counts": class_counts.tolist(),
-                                                   "decision_threshold": threshold})
-        logger.info("wrote %s: %s (decision threshold %s)", args.model_dir, final, threshold)
+        if regression:
+            by_task = {"target_scale": {"mean": target.mean, "std": target.std}}
+        else:
+            by_task = {"class_counts": class_counts.tolist(), "decision_threshold": _decision_threshold(
+                model, data.validation(whole_file=True), cfg.threshold_metric, len(target.classes))}
+        save_model_dir(args.model_dir, model=model, code=code, n_inputs=n_inputs, n_outputs=n_outputs,
+                       transform=transform, classes=target.classes, target=data.target, task=task,
+                       extra={"config": cfg.to_dict(), "metrics": final, "world_size": me.world_size,
+                              "param_digests": digests, **by_task})
+        logger.info("wrote %s: %s (%s)", args.model_dir, final,
+                    {k: v for k, v in by_task.items() if k != "class_counts"})
 
 
 def _class_weights(counts: np.ndarray, how: str, device: torch.device) -> torch.Tensor | None:
@@ -225,7 +239,7 @@ def _class_weights(counts: np.ndarray, how: str, device: torch.device) -> torch.
     return torch.tensor(counts.sum() / (len(counts) * np.maximum(counts, 1)), dtype=torch.float32, device=device)
 
 
-def _decision_threshold(model: MLP, validation: Iterable[tuple[torch.Tensor, torch.Tensor]], metric: str,
+def _decision_threshold(model: torch.nn.Module, validation: Iterable[tuple[torch.Tensor, torch.Tensor]], metric: str,
                         n_classes: int) -> float | None:
     """The binary decision threshold maximising ``metric`` on the whole validation split (``None`` for
     multi-class targets, ``metric="none"``, or a validation split lacking a class)."""
@@ -246,9 +260,8 @@ def _decision_threshold(model: MLP, validation: Iterable[tuple[torch.Tensor, tor
 
 def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
                  batches: Iterable[tuple[torch.Tensor, torch.Tensor]], device: torch.device, *,
-                 bf16: bool = True, weight: torch.Tensor | None = None) -> tuple[float, int]:
+                 bf16: bool = True, loss_fn: LossFn) -> tuple[float, int]:
     """One pass over this rank's ``batches``; returns (mean loss over all ranks, optimizer steps).
-    ``weight``: per-class loss weights (``None``: every row alike).
 
     On CUDA with ``bf16`` the forward pass and loss run under bf16 autocast; on CPU everything stays float32.
     """
@@ -258,7 +271,7 @@ def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
     autocast = bf16 and device.type == "cuda"
     for x, y in batches:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = F.cross_entropy(ddp(x), y, weight=weight)
+            loss = loss_fn(ddp(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -268,6 +281,16 @@ def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,
     dist.all_reduce(totals)
     return float(totals[0] / totals[1]), steps
 
+
+
+def _task_loss(cfg: TrainingConfig, task: str, weight: torch.Tensor | None) -> LossFn:
+    """kfloop's loss for the task: cross entropy (``weight``: per-class weights), or ``cfg.regression_loss`` on
+    the single output."""
+    if task == "classification":
+        return lambda out, y: F.cross_entropy(out, y, weight=weight)
+    if cfg.regression_loss == "huber":
+        return lambda out, y: F.huber_loss(out[:, 0], y, delta=cfg.huber_delta)
+    return lambda out, y: F.mse_loss(out[:, 0], y)
 
 def _settle_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
     """Run DDP's first backward on a zero loss, before any optimizer step.
@@ -282,7 +305,7 @@ def _settle_buckets(ddp: DistributedDataParallel, x: torch.Tensor) -> None:
     ddp.module.zero_grad(set_to_none=True)
 
 
-def _resume(directory: Path, me: _Rank, cfg: TrainingConfig, fingerprint: dict[str, Any], model: MLP,
+def _resume(directory: Path, me: _Rank, cfg: TrainingConfig, fingerprint: dict[str, Any], model: torch.nn.Module,
             optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int]:
     """Load the checkpoint rank 0 picks (the same on every rank); return (completed epochs, step).
 
@@ -372,22 +395,25 @@ def _all_gather_json(value: Any, device: torch.device) -> list[Any]:
     return [json.loads(bytes(g[:int(s)].cpu().numpy())) for g, s in zip(gathered, sizes)]
 
 
-def _evaluate(model: MLP, validation: Iterable[tuple[torch.Tensor, torch.Tensor]],
-              device: torch.device) -> dict[str, float]:
-    """Validation loss and accuracy over all ranks' shards (sums all-reduced, so every rank gets the same)."""
+def _evaluate(model: torch.nn.Module, validation: Iterable[tuple[torch.Tensor, torch.Tensor]],
+              device: torch.device, loss_fn: LossFn, target: TargetEncoding) -> dict[str, float]:
+    """Validation loss and accuracy (classification) or RMSE in the target's units (regression) over all ranks'
+    shards (sums all-reduced, so every rank gets the same)."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)
     with torch.no_grad():
         for x, y in validation:
-            logits = model(x)
-            sums += torch.stack([F.cross_entropy(logits, y, reduction="sum").double(),
-                                 (logits.argmax(dim=1) == y).sum().double(),
+            out = model(x)
+            hits = (out.argmax(dim=1) == y).sum() if target.classes else ((out[:, 0] - y) ** 2).sum()
+            sums += torch.stack([loss_fn(out, y).double() * len(y), hits.double(),
                                  torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
     dist.all_reduce(sums)
-    return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
+    if target.classes:
+        return {"val_loss": float(sums[0] / sums[2]), "val_accuracy": float(sums[1] / sums[2])}
+    return {"val_loss": float(sums[0] / sums[2]), "val_rmse": float((sums[1] / sums[2]).sqrt()) * target.std}
 
 
-def param_digest(model: MLP) -> str:
+def param_digest(model: torch.nn.Module) -> str:
     """sha256 over every parameter and buffer (name, dtype, shape, bytes)."""
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):

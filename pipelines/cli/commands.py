@@ -209,14 +209,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from pipelines.config import job_shape
+    from pipelines.config import training_settings
     from training.config import JOB_SHAPE_KEYS
     from training.settings import load_environment
     from training.steps import train_only
 
     settings = options.settings(args)
-    training = {**settings.get("training", {}),
-                **job_shape(settings, **{key: getattr(args, key) for key in JOB_SHAPE_KEYS})}
+    training = training_settings(settings, **{key: getattr(args, key) for key in JOB_SHAPE_KEYS})
     result = train_only(data=args.data, schema=args.schema, training=training, env=load_environment(args.workdir),
                         model_dir=args.model_dir, cluster=settings.get("cluster"))
     print(f"model: {result.model_dir}")
@@ -375,7 +374,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_render_job(args: argparse.Namespace) -> int:
     import yaml
 
-    from pipelines.config import job_shape
+    from pipelines.config import training_settings
     from training.config import TrainingConfig
     from training.launch.kubernetes import KubernetesSettings
     from training.launch.manifests import job_manifest
@@ -387,9 +386,8 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     if args.kind is not None:
         cluster_settings["kind"] = args.kind
     cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
-    shape = job_shape({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
-                      nproc_per_node=args.nproc_per_node, backend="kubernetes")
-    training = {**settings.get("training", {}), **shape}
+    training = training_settings({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
+                                 nproc_per_node=args.nproc_per_node, backend="kubernetes")
     body = job_manifest(TrainingConfig.from_dict(training), cluster, run_id=args.run_id)
     sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0

@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
+from training.config import with_module_path
 from training.settings import load_config_file, merge, parse_overrides
 
 
@@ -33,7 +35,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         ValueError: the file is not a YAML mapping, or an override is not ``key=value``.
     """
-    return merge(load_config_file(args.config), parse_overrides(args.overrides))
+    config_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
+    return merge(with_module_path(load_config_file(args.config), config_dir),
+                 with_module_path(parse_overrides(args.overrides), Path.cwd()))
 
 
 def stdout_for_json(args: argparse.Namespace):

@@ -203,7 +203,7 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
     """
     client = kfp_client.connect(host, namespace=namespace)
     ref = kfp_client.find_version(client, TRAINING_NAME, version_name(version), namespace)
-    base = {k: v for k, v in settings.items() if k in TRAINING_KEYS or k in ("schema_uri", "target")}
+    base = {k: v for k, v in settings.items() if k in TRAINING_KEYS or k in ("schema_uri", "target", "task")}
 
     def start(alert: Any) -> str:
         dataset_uri = alert.dataset_uri or settings.get("dataset_uri")

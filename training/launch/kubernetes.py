@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from training.launch.cluster import ClusterConfig
 from training.launch.kube_client import api_client
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render
-from training.model import MODEL_FILE
+from training.model_files import MODEL_FILE, MODULE_FILE
 from training.progress import progress
 from training.settings import section_from_dict
 
@@ -632,7 +632,7 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     """Train with ``training.train`` as the job of ``cluster.kind`` named after ``pipeline_run_id``; see the
     module docstring.
 
-    Stages the data, schema and config in the job's folder on the shared volume (this process must see it at
+    Stages the data, schema, config and a model module given as a file in the job's folder on the shared volume (this process must see it at
     ``cluster.shared_mount_path``), runs the preflight when asked, follows the job, and copies the model to
     ``model_dir``. The ranks log into ``mlflow_run_id`` on the tracking server of ``cluster.credentials_secret``
     (a ``secretKeyRef``, never a copied value).
@@ -649,6 +649,9 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):
         _stage(source, root / target)
+    if config.model.is_file:  # a dotted module comes with the image (FROM the kfloop image, plus the team's code)
+        _stage(config.model.module, root / MODULE_FILE)
+        config = replace(config, model=replace(config.model, module=str(root / MODULE_FILE)))
     atomic_write_json(root / "config.json", config.to_dict())
     if mlflow_run_id:
         atomic_write_text(root / MLFLOW_RUN_ID_FILE, mlflow_run_id)

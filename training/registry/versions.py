@@ -28,7 +28,7 @@ from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from monitoring.trigger import utc_iso
 from training.errors import KfloopError
 from training.fileio import file_digest
-from training.model_files import FEATURES_FILE, MODEL_FILE, WEIGHTS_FILE
+from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
 
 if TYPE_CHECKING:
@@ -44,6 +44,9 @@ SCHEMA_ARTIFACT = "schema.yaml"
 EVALUATION_ARTIFACT = "evaluation.json"
 LINEAGE_ARTIFACT = "lineage.json"
 WEIGHTS_TAG = "weights_sha256"
+MODULE_TAG = MODULE_SHA256_KEY
+"""Version tag (and ``kfloop.``-prefixed run tag, and the pyfunc's ``model_config`` key) holding the sha256 of the
+model module's copy (``model_module.py``): every load checks it before importing the module."""
 DRIFT_REPORT_URI_TAG = "drift_report_uri"
 """Version tag of the champion's last drift report (set by monitoring's drift records)."""
 QUALITY_REPORT_URI_TAG = "quality_report_uri"
@@ -101,6 +104,11 @@ class Lineage:
     data_store: str = ""
     """The DVC remote registration kept the training data in (:mod:`data.dvc_store`); empty when the repo's DVC
     cache or one of its remotes holds it."""
+    model_module: str = ""
+    """The model plug-in's module as configured (a file path or a dotted name); its source is logged with the
+    version (``model_dir/model_module.py``)."""
+    model_module_sha256: str = ""
+    """sha256 of that source, checked before every import of the version's module."""
 
     def __post_init__(self) -> None:
         for name, length in (("data_md5", 32), ("holdout_sha256", 64)):
@@ -126,7 +134,8 @@ class Lineage:
                 "previous_champion": self.previous_champion or "none",
                 **({} if self.holdout_fraction is None else {"holdout_fraction": str(self.holdout_fraction)}),
                 **({} if self.split_seed is None else {"split_seed": str(self.split_seed)}),
-                **({"data_store": self.data_store[:MAX_TAG_CHARS]} if self.data_store else {})}
+                **({"data_store": self.data_store[:MAX_TAG_CHARS]} if self.data_store else {}),
+                **({"model_module": self.model_module[:MAX_TAG_CHARS]} if self.model_module else {})}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -154,6 +163,8 @@ class VersionRecord:
     """Evidently's report of the last drift check of this version as champion."""
     quality_report_uri: str | None = None
     """Evidently's report of the last quality check of this version as champion on labelled rows."""
+    model_module_sha256: str | None = None
+    """sha256 of the model module's logged source."""
 
     @classmethod
     def of(cls, mv: Any) -> "VersionRecord":
@@ -168,7 +179,8 @@ class VersionRecord:
                    git_commit=tags.get("git_commit"), pipeline_run_id=tags.get("pipeline_run_id"),
                    weights_sha256=tags.get(WEIGHTS_TAG), previous_champion=_none(tags.get("previous_champion")),
                    promoted_at=tags.get("promoted_at"), drift_report_uri=tags.get(DRIFT_REPORT_URI_TAG),
-                   quality_report_uri=tags.get(QUALITY_REPORT_URI_TAG))
+                   quality_report_uri=tags.get(QUALITY_REPORT_URI_TAG),
+                   model_module_sha256=tags.get(MODULE_TAG))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -254,7 +266,8 @@ def ensure_registered_model(model_name: str, *, client: "mlflow.MlflowClient | N
 
 def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any], lineage: Lineage,
                   profile: ReferenceProfile | None = None) -> str:
-    """Log the model directory as a pyfunc model into the existing run ``run_id``, with ``schema.yaml``,
+    """Log the model directory (the model module's source included) as a pyfunc model into the existing run
+    ``run_id``, the module's sha256 in its ``model_config`` (checked at load), with ``schema.yaml``,
     ``evaluation.json`` (``decision``), ``lineage.json``, the reference ``profile`` of its training data (as
     ``reference_profile.json``, what drift checks of this version compare with), the gate's scalars as ``eval_*``
     metrics, and the weights' sha256 and lineage as ``kfloop.*`` run tags. Uses the tracking URI MLflow resolves
@@ -278,6 +291,10 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     predictor = Predictor.load(model_dir)
     scalars = kfp_metrics(_decision(decision))
     weights_sha = file_digest(model_dir / WEIGHTS_FILE)
+    module_sha = predictor.description["model"]["sha256"]
+    if lineage.model_module_sha256 and lineage.model_module_sha256 != module_sha:
+        raise ValueError(f"lineage.model_module_sha256={lineage.model_module_sha256} differs from {model_dir}'s "
+                         f"module sha256 {module_sha}: record the lineage of this model directory")
     client = mlflow.MlflowClient()
     active = mlflow.active_run()
     with (nullcontext() if active is not None and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)),\
@@ -287,6 +304,7 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
         info = mlflow.pyfunc.log_model(
             name=MODEL_ARTIFACT, python_model=str(PYFUNC_MODEL_FILE),
             artifacts={"model_dir": str(model_dir), "schema": str(schema_file)},
+            model_config={MODULE_TAG: module_sha},
             pip_requirements=[f"{d}=={dist_version(d).split('+')[0]}" for d in SERVING_REQUIREMENTS],
             input_example=_input_example(predictor), signature=_signature(predictor))
     client.log_text(run_id, lineage.schema_yaml, SCHEMA_ARTIFACT)
@@ -296,7 +314,8 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
         client.log_text(run_id, profile.to_json(), PROFILE_ARTIFACT)
     now_ms = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(f"eval_{k}", v, now_ms, 0) for k, v in scalars.items()],
-                     tags=[RunTag(f"kfloop.{k}", v) for k, v in {**lineage.tags(), WEIGHTS_TAG: weights_sha}.items()])
+                     tags=[RunTag(f"kfloop.{k}", v) for k, v in {**lineage.tags(), WEIGHTS_TAG: weights_sha,
+                                                                 MODULE_TAG: module_sha}.items()])
     return info.model_uri
 
 
@@ -322,12 +341,13 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
         return str(min(int(mv.version) for mv in existing))
     run = client.get_run(run_id)
     weights_sha = run.data.tags.get(f"kfloop.{WEIGHTS_TAG}")
-    if not weights_sha:
-        raise ValueError(f"run {run_id} has no kfloop.{WEIGHTS_TAG} tag: log the model with log_candidate() "
-                         "before registering it")
+    module_sha = run.data.tags.get(f"kfloop.{MODULE_TAG}")
+    if not weights_sha or not module_sha:
+        raise ValueError(f"run {run_id} has no kfloop.{WEIGHTS_TAG} or kfloop.{MODULE_TAG} tag: log the model "
+                         "with log_candidate() before registering it")
     tags = {"decision": "promote" if gate.blessed else "reject", "reason": _truncate(gate.reason),
             "primary_metric": gate.primary_metric,
-            **lineage.tags(), WEIGHTS_TAG: weights_sha,
+            **lineage.tags(), WEIGHTS_TAG: weights_sha, MODULE_TAG: module_sha,
             "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}
     ensure_registered_model(model_name, client=client)
     model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
@@ -415,8 +435,8 @@ def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = 
 
 def download_model_dir(model_name: str, version: str, dst: str | Path, *,
                        client: "mlflow.MlflowClient | None" = None) -> Path:
-    """Download version ``version``'s kfloop model directory (weights, features, description) under ``dst``,
-    for :meth:`training.model.Predictor.load`; no model code is run.
+    """Download version ``version``'s kfloop model directory (weights, features, model module, description) under
+    ``dst``, for :meth:`training.model.Predictor.load` with the version's :data:`MODULE_TAG`; no code is run.
 
     Returns:
         The downloaded model directory.
@@ -424,12 +444,16 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
     Raises:
         ValueError: the version has no weights sha256 tag (not registered by kfloop).
         WeightsMismatchError: the downloaded weights do not match the tag; the download is removed.
+        ModelCodeError: the downloaded model module does not match the version's or the run's sha256 tag; the
+            download is removed.
         ForeignModelError: the MLmodel points at code other than kfloop's pyfunc model, or the version's run did
             not record its weights; nothing is downloaded but the MLmodel.
         FileNotFoundError: the logged model holds no complete model directory.
     """
     import mlflow
     from mlflow.models import Model
+
+    from training.model_code import ModelCodeError
 
     client = _client(client)
     mv = client.get_model_version(model_name, str(version))
@@ -460,7 +484,7 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
                                 "artifact (log it with log_candidate())")
     local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/{artifacts['model_dir']['path']}",
                                                      dst_path=str(dst), tracking_uri=client.tracking_uri))
-    missing = [f for f in (WEIGHTS_FILE, FEATURES_FILE, MODEL_FILE) if not (local / f).is_file()]
+    missing = [f for f in (WEIGHTS_FILE, FEATURES_FILE, MODULE_FILE, MODEL_FILE) if not (local / f).is_file()]
     if missing:
         raise FileNotFoundError(f"{model_name} v{version}: downloaded model directory {local} lacks {missing}")
     actual = file_digest(local / WEIGHTS_FILE)
@@ -469,6 +493,13 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
         raise WeightsMismatchError(f"{model_name} v{version}: {WEIGHTS_FILE} has sha256 {actual} but the "
                                    f"registry recorded {expected}; the artifact at {root} was modified after "
                                    "registration. Re-register the model from its run instead of loading it.")
+    module_sha, recorded = file_digest(local / MODULE_FILE), mv.tags.get(MODULE_TAG)
+    if module_sha != recorded or run_sha is None or \
+            client.get_run(mv.run_id).data.tags.get(f"kfloop.{MODULE_TAG}") != recorded:
+        shutil.rmtree(local)
+        raise ModelCodeError(f"{model_name} v{version}: {MODULE_FILE} has sha256 {module_sha} but the registry "
+                             f"recorded {recorded}; the model code at {root} was modified after registration, so "
+                             "it is not imported. Re-register the model from its run instead of loading it.")
     return local
 
 
@@ -478,13 +509,16 @@ def load_version_predictor(model_name: str, version: str) -> "Predictor":
 
     Raises:
         WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
+        ModelCodeError: the downloaded model module is not the one recorded at registration.
     """
     import tempfile
 
     from training.model import Predictor
 
+    client = _client(None)
     with tempfile.TemporaryDirectory() as tmp:
-        return Predictor.load(download_model_dir(model_name, version, Path(tmp)))
+        local = download_model_dir(model_name, version, Path(tmp), client=client)
+        return Predictor.load(local, module_sha256=client.get_model_version(model_name, str(version)).tags[MODULE_TAG])
 
 
 def promote(model_name: str, version: str, *, compared_against: str | None,
@@ -754,7 +788,8 @@ def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
     from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
     t = predictor.transform
-    label_type = {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])]
+    label_type = ("double" if predictor.task == "regression" else
+                  {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])])
     return ModelSignature(
         inputs=Schema([ColSpec(AnyType(), c) for c in [*t.numeric, *t.categorical]]),
         outputs=Schema([ColSpec(label_type, "prediction"),
