@@ -41,7 +41,9 @@ from monitoring.drift import DriftPolicy, check_drift_profile, evidently_drift
 from monitoring.profiles import ReferenceProfile, profile_table
 from training.features import FeatureTransform, encode_target, target_classes
 from training.fileio import atomic_write_json
-from training.model import MLP, Architecture, Predictor, save_model_dir
+from training.config import ModelSpec
+from training.model import Predictor, save_model_dir
+from training.model_code import ModelCode
 
 TARGET = "label"
 GENERATE_ROWS = 500_000
@@ -87,15 +89,16 @@ def train_champion(reference: Path, out: Path) -> Path:
     torch.manual_seed(0)
     transform = FeatureTransform.fit(frame, numeric=NUMERIC, categorical=CATEGORICAL)
     classes = target_classes(frame[TARGET])
-    arch = Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=(16,))
-    model = MLP(arch)
+    code = ModelCode.load(ModelSpec(params={"hidden": [16]}))
+    model = code.build(transform.n_outputs, len(classes))
     x, y = torch.from_numpy(transform.transform(frame)), torch.from_numpy(encode_target(frame[TARGET], classes))
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
     for _ in range(100):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
-    return save_model_dir(out, model=model, arch=arch, transform=transform, classes=classes, target=TARGET)
+    return save_model_dir(out, model=model, code=code, n_inputs=transform.n_outputs, n_outputs=len(classes),
+                          transform=transform, classes=classes, target=TARGET)
 
 
 # ------------------------------------------------------------------------------------- stages (one per process)

@@ -23,7 +23,8 @@ from data.validation import infer_schema, load_schema, schema_roles
 from training.config import TrainingConfig
 from training.features import FeatureFit, FeatureTransform, encode_target
 from training.inputs import RankInput, ShardedTable, fit_on_rank0
-from training.model import MLP, MODEL_FILE, Architecture
+from training.model_code import ModelCode
+from training.model_files import MODEL_FILE
 from test_training import make_frame
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,8 +180,7 @@ def _whole_file_training(frame: pd.DataFrame, roles, cfg: TrainingConfig) -> dic
     classes = sorted(frame[roles.target].unique().tolist())
     x, y = torch.from_numpy(transform.transform(train)), torch.from_numpy(encode_target(train[roles.target], classes))
     torch.manual_seed(cfg.seed)
-    model = MLP(Architecture(n_inputs=transform.n_outputs, n_classes=len(classes), hidden=cfg.hidden,
-                             dropout=cfg.dropout))
+    model = ModelCode.load(cfg.model).build(transform.n_outputs, len(classes))
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=cfg.lr_gamma)
     for epoch in range(cfg.epochs):
