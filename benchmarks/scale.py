@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     for size in sorted({min(1_000_000, rows), rows}):
         path = reference if size == rows else head(reference, size, work / f"reference-head-{size}.parquet")
         train_input[size] = measure([sys.executable, "-m", "benchmarks.train_input", str(path), "--rank", "0",
-                                     "--world-size", "2"], **caps)
+                                     "--world-size", "2", "--target", TARGET], **caps)
     ladder, finished = [], None
     for size in [n for n in (100_000, 1_000_000, 10_000_000) if n <= rows]:
         ref_n = reference if size == rows else head(reference, size, work / f"reference-head-{size}.parquet")

@@ -68,7 +68,7 @@ def own_model(tmp_path_factory):
         mp.setenv("KFLOOP_HOME", str(workdir))
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir / 'mlflow.db'}")
         mp.setenv("KFLOOP_GIT_COMMIT", head)
-        mlflow.set_tracking_uri(f"sqlite:///{workdir / 'mlflow.db'}")
+        mlflow.set_tracking_uri(None)  # MLflow reads MLFLOW_TRACKING_URI, which the later tests' fixtures set
         data = ensure_demo_data(root / "dvc-remote")
         config = team / "kfloop.yaml"  # the module path is relative to this file
         config.write_text("model: {module: mixer.py, builder: make, params: {rank: 4}}\n"
@@ -79,7 +79,6 @@ def own_model(tmp_path_factory):
                      "--set", f"model_name={MODEL}", "--set", "model.params.rank=3"])
         assert code == 0
         yield {"root": root, "team": team, "data": data, "workdir": workdir}
-        mlflow.set_tracking_uri(None)
 
 
 def _predict_in_fresh_process(uri: str, rows: Path) -> subprocess.CompletedProcess:

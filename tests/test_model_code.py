@@ -149,6 +149,7 @@ def test_a_regression_champions_predictions_drift_as_numbers():
     rng = np.random.default_rng(2)
     reference = pd.DataFrame({"x": rng.normal(size=400), "prediction": rng.normal(100, 10, 400)})
     shifted = pd.DataFrame({"x": rng.normal(size=400), "prediction": rng.normal(130, 10, 400)})
-    result = check_drift(reference, shifted, numeric=["x"], categorical=[], policy=DriftPolicy())
+    result = check_drift(reference, shifted, numeric=["x"], categorical=[], policy=DriftPolicy(),
+                         prediction_kind="numeric")
     assert result.columns["prediction"].drifted and not result.columns["x"].drifted
     assert result.columns["prediction"].method == result.columns["x"].method  # a numeric test, as for features
