@@ -187,8 +187,8 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     (:func:`monitoring.records.record_quality_check`); the report is also written to ``report_out`` if given.
 
     Raises:
-        ValueError: no champion, ``labels_uri`` without ``id_column``, or a check that cannot decide (too few
-            rows, undefined metric: see :func:`monitoring.quality.check_quality`).
+        ValueError: no champion, a champion that is not a classifier, ``labels_uri`` without ``id_column``, or a
+            check that cannot decide (too few rows, undefined metric: see :func:`monitoring.quality.check_quality`).
         data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
@@ -205,7 +205,12 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     if champion is None:
         raise ValueError(f"model '{model_name}' has no champion to check; train and promote one first")
     schema = load_schema(champion_schema(model_name))
-    target = schema_roles(schema).target
+    roles = schema_roles(schema)
+    if roles.task != "classification":
+        raise ValueError(f"model '{model_name}' champion v{champion.version} is a {roles.task} model, and kfloop "
+                         "quality checks classification champions (their metrics and Evidently's classification "
+                         "report); nothing was recorded")
+    target = roles.target
     rows, source = read_table_source(labelled_uri)
     md5, where, labels_record, unlabelled = source.md5, source.uri, "", 0
     if labels_uri:
