@@ -10,7 +10,11 @@ gate's :data:`training.gate.LOWER_IS_BETTER` decides which way that is). The cha
   the central ``confidence`` interval of the value lies beyond ``baseline - max_drop``; ``paired``: on at least a
   ``confidence`` share of paired resamples the champion's lead over the trivial baseline (the gate's majority
   class with its training priors, scored on the same resampled rows) fell by more than ``max_drop`` from the lead
-  recorded on the holdout, so a mere change of the class balance does not read as degradation.
+  recorded on the holdout, so a mere change of the class balance does not read as degradation (classifiers
+  only).
+
+A regression champion is scored the same way on its predicted values (``classes`` empty, the values as the one
+column of ``proba``) with the gate's regression metrics (rmse, mae, r2 in the target's units).
 """
 from __future__ import annotations
 
@@ -22,19 +26,20 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 import pandas as pd
-from evidently import BinaryClassification, DataDefinition, Dataset, MulticlassClassification, Report
-from evidently.presets import ClassificationPreset
+from evidently import BinaryClassification, DataDefinition, Dataset, MulticlassClassification, Regression, Report
+from evidently.presets import ClassificationPreset, RegressionPreset
 
 from data.tables import DataFileError
 from training.features import encode_target
 from training.fileio import atomic_write_text
-from training.gate import (LOWER_IS_BETTER, METRICS, Scored, bootstrap_interval, bootstrap_metric,
-                           compute_metrics, json_ready, majority_baseline, slice_masks)
+from training.gate import (LOWER_IS_BETTER, METRICS, REGRESSION_METRICS, Scored, bootstrap_interval,
+                           bootstrap_metric, compute_metrics, json_ready, majority_baseline, regression_metrics,
+                           slice_masks)
 from training.settings import section_from_dict
 
 BOOTSTRAP_METHODS = ("percentile", "paired")
 PREDICTION_COLUMN = "prediction"
-"""Columns the Evidently report adds to the labelled rows: the champion's predicted class, ``proba_<class>``."""
+"""Column the Evidently report adds to the labelled rows: the champion's predicted class (or value)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,7 +47,8 @@ class QualityPolicy:
     """When the champion counts as degraded on labelled rows (see the module docstring for the rule)."""
 
     primary_metric: str | None = None
-    """A metric of :data:`training.gate.METRICS`; ``None``: the one the gate promoted the champion on."""
+    """A metric of :data:`training.gate.METRICS` (classification) or :data:`training.gate.REGRESSION_METRICS`;
+    ``None``: the one the gate promoted the champion on."""
     max_drop: float = 0.05
     """Largest drop below the holdout value (absolute, in the metric's worse direction) that is not degradation."""
     floor: float | None = None
@@ -67,9 +73,10 @@ class QualityPolicy:
     """Slices with fewer labelled rows get no value (reported as skipped)."""
 
     def __post_init__(self) -> None:
-        if self.primary_metric is not None and self.primary_metric not in METRICS:
-            raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)}, or null for the "
-                             "metric the champion was promoted on")
+        if self.primary_metric is not None and self.primary_metric not in (*METRICS, *REGRESSION_METRICS):
+            raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)} (classification) "
+                             f"or {list(REGRESSION_METRICS)} (regression), or null for the metric the champion was "
+                             "promoted on")
         if isinstance(self.max_drop, bool) or not (math.isfinite(self.max_drop) and self.max_drop >= 0):
             raise ValueError(f"max_drop={self.max_drop!r}: use a finite number >= 0, e.g. 0.05")
         if self.floor is not None and (isinstance(self.floor, bool) or not math.isfinite(self.floor)):
@@ -149,20 +156,28 @@ class QualityResult:
 
 def check_quality(*, y_true: Any, proba: np.ndarray, classes: list, threshold: float | None, rows: pd.DataFrame,
                   baseline: Baseline, policy: QualityPolicy) -> QualityResult:
-    """Score the champion (``proba``: rows x classes in ``classes`` order, its decision ``threshold``) on the
-    labelled ``rows`` (``y_true`` their labels) and apply ``policy`` against ``baseline``.
+    """Score the champion (``proba``: rows x classes in ``classes`` order, its decision ``threshold``; for a
+    regression champion ``classes`` is empty and ``proba`` its predicted values as one column) on the labelled
+    ``rows`` (``y_true`` their labels or true values) and apply ``policy`` against ``baseline``.
 
     Raises:
-        ValueError: fewer rows than ``policy.min_rows``, a label the champion does not know, a slice column
-            missing from ``rows``, the metric undefined on the rows, or ``paired`` without the recorded trivial
-            baseline.
+        ValueError: fewer rows than ``policy.min_rows``, a label the champion does not know, a metric of the other
+            task, a slice column missing from ``rows``, the metric undefined on the rows, or ``paired`` without
+            the recorded trivial baseline (or for a regression champion).
     """
     if len(rows) < policy.min_rows:
         raise ValueError(f"{len(rows)} labelled rows, fewer than quality.min_rows={policy.min_rows}: too few for a "
                          "verdict; check a larger batch or lower min_rows")
-    y = encode_target(pd.Series(np.asarray(y_true, dtype=object), name="target"), classes)
     metric, champ = baseline.metric, Scored(np.asarray(proba, dtype=np.float64), threshold)
-    value = compute_metrics(y, champ.proba, classes, threshold)[metric]
+    if (metric in REGRESSION_METRICS) == bool(classes):
+        task, metrics = ("a classifier", METRICS) if classes else ("a regression model", REGRESSION_METRICS)
+        raise ValueError(f"quality.primary_metric={metric!r} does not score {task}: use one of {list(metrics)}")
+    if not classes and policy.bootstrap == "paired":
+        raise ValueError("bootstrap=paired compares a classifier's lead over its majority-class baseline; check a "
+                         "regression champion with quality.bootstrap=percentile")
+    y = (encode_target(pd.Series(np.asarray(y_true, dtype=object), name="target"), classes) if classes
+         else np.asarray(y_true, dtype=np.float64))
+    value = _score(y, champ, classes, metric)
     if not math.isfinite(value):
         raise ValueError(f"{metric} is undefined on these {len(y)} labelled rows (a class absent from them, or "
                          "non-finite scores); choose another quality.primary_metric or check more rows")
@@ -238,7 +253,7 @@ def _slices(y: np.ndarray, champ: Scored, classes: list, rows: pd.DataFrame, met
                         "interval": None, "skipped": f"{n} rows < min_slice_rows {policy.min_slice_rows}"})
             continue
         part = champ.rows(mask)
-        score = compute_metrics(y[mask], part.proba, classes, part.threshold)[metric]
+        score = _score(y[mask], part, classes, metric)
         values = bootstrap_metric(y[mask], part, metric, samples=policy.bootstrap_samples,
                                   seed=policy.bootstrap_seed)
         out.append({"column": col, "value": value, "rows": n, "score": score, "baseline": recorded,
@@ -246,6 +261,13 @@ def _slices(y: np.ndarray, champ: Scored, classes: list, rows: pd.DataFrame, met
                     "interval": bootstrap_interval(values, policy.confidence),
                     "skipped": None if math.isfinite(score) else f"{metric} undefined on this slice"})
     return out
+
+
+def _score(y: np.ndarray, scored: Scored, classes: list, metric: str) -> float:
+    """``metric`` of ``scored`` on the rows: a classifier's, or a regression model's on its predicted values."""
+    if classes:
+        return compute_metrics(y, scored.proba, classes, scored.threshold)[metric]
+    return regression_metrics(y, scored.proba[:, 0])[metric]
 
 
 def join_labels(data: pd.DataFrame, labels: pd.DataFrame, *, id_column: str, target: str, data_uri: str,
@@ -281,8 +303,31 @@ def join_labels(data: pd.DataFrame, labels: pd.DataFrame, *, id_column: str, tar
 
 def write_quality_report(path: str | Path, rows: pd.DataFrame, *, target: str, proba: np.ndarray, classes: list,
                          predicted: np.ndarray, result: QualityResult) -> Path:
-    """Evidently's classification quality report of the champion on the labelled ``rows``, with the verdict on
-    top, written atomically to ``path``."""
+    """Evidently's classification (or, with no ``classes``, regression) quality report of the champion on the
+    labelled ``rows``, with the verdict on top, written atomically to ``path``."""
+    preset = ClassificationPreset() if classes else RegressionPreset()
+    frame, definition = (_classification_data(rows, target, proba, classes, predicted) if classes
+                         else _regression_data(rows, target, predicted))
+    snapshot = Report([preset]).run(Dataset.from_pandas(frame, data_definition=definition), None)
+    page = snapshot.get_html_str(as_iframe=False)
+    body = page.index(">", page.index("<body")) + 1
+    verdict = (f'<section id="kfloop-quality-verdict" style="font-family:sans-serif;margin:1em">'
+               f"<h2>{'DEGRADED' if result.degraded else 'Not degraded'}</h2><p>{html.escape(result.reason)}</p>"
+               "</section>")
+    return atomic_write_text(path, page[:body] + verdict + page[body:])
+
+
+def _regression_data(rows: pd.DataFrame, target: str, predicted: np.ndarray) -> tuple[pd.DataFrame, DataDefinition]:
+    """The true and predicted values as Evidently's regression input."""
+    frame = pd.DataFrame({target: pd.to_numeric(rows[target]).to_numpy(dtype=np.float64),
+                          PREDICTION_COLUMN: np.asarray(predicted, dtype=np.float64)})
+    return frame, DataDefinition(numerical_columns=[target, PREDICTION_COLUMN],
+                                 regression=[Regression(target=target, prediction=PREDICTION_COLUMN)])
+
+
+def _classification_data(rows: pd.DataFrame, target: str, proba: np.ndarray, classes: list,
+                         predicted: np.ndarray) -> tuple[pd.DataFrame, DataDefinition]:
+    """The labels, predicted classes and probabilities as Evidently's classification input."""
     frame = pd.DataFrame({target: rows[target].astype(str).to_numpy(),
                           PREDICTION_COLUMN: pd.Series(predicted).astype(str).to_numpy()})
     names = [str(c) for c in classes]
@@ -294,11 +339,4 @@ def write_quality_report(path: str | Path, rows: pd.DataFrame, *, target: str, p
         for j, name in enumerate(names):
             frame[name] = proba[:, j]
         task = MulticlassClassification(target=target, prediction_labels=PREDICTION_COLUMN, prediction_probas=names)
-    definition = DataDefinition(categorical_columns=[target, PREDICTION_COLUMN], classification=[task])
-    snapshot = Report([ClassificationPreset()]).run(Dataset.from_pandas(frame, data_definition=definition), None)
-    page = snapshot.get_html_str(as_iframe=False)
-    body = page.index(">", page.index("<body")) + 1
-    verdict = (f'<section id="kfloop-quality-verdict" style="font-family:sans-serif;margin:1em">'
-               f"<h2>{'DEGRADED' if result.degraded else 'Not degraded'}</h2><p>{html.escape(result.reason)}</p>"
-               "</section>")
-    return atomic_write_text(path, page[:body] + verdict + page[body:])
+    return frame, DataDefinition(categorical_columns=[target, PREDICTION_COLUMN], classification=[task])

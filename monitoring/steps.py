@@ -187,8 +187,7 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     (:func:`monitoring.records.record_quality_check`); the report is also written to ``report_out`` if given.
 
     Raises:
-        ValueError: no champion, a champion that is not a classifier, ``labels_uri`` without ``id_column``, or a
-            check that cannot decide (too few rows, undefined metric: see :func:`monitoring.quality.check_quality`).
+        ValueError: no champion, ``labels_uri`` without ``id_column``, or a check that cannot decide (too few rows, undefined metric: see :func:`monitoring.quality.check_quality`).
         data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
@@ -205,12 +204,7 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     if champion is None:
         raise ValueError(f"model '{model_name}' has no champion to check; train and promote one first")
     schema = load_schema(champion_schema(model_name))
-    roles = schema_roles(schema)
-    if roles.task != "classification":
-        raise ValueError(f"model '{model_name}' champion v{champion.version} is a {roles.task} model, and kfloop "
-                         "quality checks classification champions (their metrics and Evidently's classification "
-                         "report); nothing was recorded")
-    target = roles.target
+    target = schema_roles(schema).target
     rows, source = read_table_source(labelled_uri)
     md5, where, labels_record, unlabelled = source.md5, source.uri, "", 0
     if labels_uri:
@@ -224,9 +218,11 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     predictor = load_version_predictor(model_name, champion.version)
     rules = replace(rules, slice_columns=(list(predictor.transform.categorical) if rules.slice_columns is None
                                           else rules.slice_columns))
-    proba = predictor.predict_proba(rows)
-    result = check_quality(y_true=rows[target].to_numpy(), proba=proba, classes=predictor.classes,
-                           threshold=predictor.threshold, rows=rows, policy=rules,
+    regression = predictor.task == "regression"  # scored on its predicted values, as one column
+    scores = predictor.predict_values(rows)[:, None] if regression else predictor.predict_proba(rows)
+    classes = [] if regression else predictor.classes
+    result = check_quality(y_true=rows[target].to_numpy(), proba=scores, classes=classes,
+                           threshold=None if regression else predictor.threshold, rows=rows, policy=rules,
                            baseline=_champion_baseline(champion, predictor, rules.primary_metric))
     progress(f"quality: {model_name} v{champion.version} on {where}: {result.reason}")
     checked = QualityStepResult(quality=result, champion_version=champion.version, data_md5=md5,
@@ -234,7 +230,8 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
                                 unlabelled_rows=unlabelled)
     with tempfile.TemporaryDirectory(prefix="kfloop-quality-") as tmp:
         report = write_quality_report(report_out or Path(tmp) / "quality_report.html", rows, target=target,
-                                      proba=proba, classes=predictor.classes, predicted=predictor.labels(proba),
+                                      proba=scores, classes=classes,
+                                      predicted=scores[:, 0] if regression else predictor.labels(scores),
                                       result=result)
         record_quality_check(model_name, checked, report_path=str(report))
     return checked

@@ -163,6 +163,16 @@ def test_example_trains_through_the_pipeline_and_serves(example, tmp_path, isola
                              model_name=summary["model_name"], policy={}, report_out="").drift
         assert checked.columns["prediction"].drifted and checked.columns["bmi"].drifted
         assert checked.columns["prediction"].method == checked.columns["bmi"].method  # numbers, not categories
+        scrambled = tmp_path / "scrambled.csv"  # labels arrive, but no longer match the rows: rmse degrades
+        frame.assign(progression=frame["progression"].sample(frac=1, random_state=0).to_numpy()).to_csv(
+            scrambled, index=False)
+        for labelled, degraded in ((data, False), (scrambled, True)):
+            code, out, err = cli(capsys, "quality", "--model", summary["model_name"], "--data", str(labelled),
+                                 "--config", str(project / "kfloop.yaml"), "--json")
+            assert code == 0, err
+            result = json.loads(out)
+            assert result["metric"] == "rmse" and result["degraded"] is degraded, result["reason"]
+        assert result["value"] > result["baseline"] and "rmse" in result["reason"]
     else:
         out = model.predict(frame.drop(columns=["cultivar"]))
         assert sorted(c for c in out.columns if c.startswith("proba_")) == [

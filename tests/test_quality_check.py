@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from data.tables import DataFileError
-from monitoring.quality import Baseline, QualityPolicy, check_quality, join_labels
-from training.gate import compute_metrics
+from monitoring.quality import Baseline, QualityPolicy, check_quality, join_labels, write_quality_report
+from training.gate import compute_metrics, regression_metrics
 
 CLASSES = [0, 1]
 FAST = {"bootstrap_samples": 300}
@@ -110,8 +110,60 @@ def test_paired_needs_the_recorded_trivial_baseline():
                       policy=QualityPolicy(bootstrap="paired", slice_columns=[], **FAST))
 
 
+def _regression(n: int, seed: int, *, noise: float = 5.0) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+    """True values around 150 and predictions off by ``noise`` (rmse about ``noise``), as one column."""
+    rng = np.random.default_rng(seed)
+    y = rng.normal(150, 40, n)
+    return y, (y + rng.normal(0, noise, n))[:, None], pd.DataFrame({"sex": rng.choice(["f", "m"], n)})
+
+
+@pytest.mark.parametrize("metric", ["rmse", "mae", "r2"])
+def test_a_regression_champion_is_checked_on_its_values_in_the_metrics_direction(metric):
+    y_hold, pred_hold, _ = _regression(2000, seed=1)
+    holdout = Baseline(metric=metric, value=regression_metrics(y_hold, pred_hold[:, 0])[metric])
+    policy = QualityPolicy.from_dict({**FAST, "max_drop": 2.0 if metric != "r2" else 0.05,
+                                      "slice_columns": ["sex"]})
+    y, pred, frame = _regression(600, seed=2)
+    fine = check_quality(y_true=y, proba=pred, classes=[], threshold=None, rows=frame, baseline=holdout,
+                         policy=policy)
+    assert not fine.degraded and fine.ci_low <= fine.value <= fine.ci_high, fine.reason
+    assert {s["value"] for s in fine.slices} == {"f", "m"} and all(s["score"] is not None for s in fine.slices)
+    y, pred, frame = _regression(600, seed=3, noise=25.0)  # five times the error
+    worse = check_quality(y_true=y, proba=pred, classes=[], threshold=None, rows=frame, baseline=holdout,
+                          policy=policy)
+    assert worse.degraded and worse.reason.startswith("degraded:"), worse.reason
+    assert (worse.value > worse.baseline) == (metric in ("rmse", "mae")), "rmse and mae are lower-is-better"
+
+
+def test_a_regression_champion_needs_a_regression_metric_and_the_percentile_bootstrap():
+    y, pred, frame = _regression(200, seed=4)
+    with pytest.raises(ValueError, match="primary_metric='accuracy' does not score a regression model"):
+        check_quality(y_true=y, proba=pred, classes=[], threshold=None, rows=frame,
+                      baseline=Baseline(metric="accuracy", value=0.8), policy=QualityPolicy(**FAST))
+    with pytest.raises(ValueError, match="bootstrap=percentile"):
+        check_quality(y_true=y, proba=pred, classes=[], threshold=None, rows=frame,
+                      baseline=Baseline(metric="rmse", value=5.0),
+                      policy=QualityPolicy(bootstrap="paired", slice_columns=[], **FAST))
+    yc, proba, framec = _batch(200, seed=5)
+    with pytest.raises(ValueError, match="primary_metric='rmse' does not score a classifier"):
+        check_quality(y_true=yc, proba=proba, classes=CLASSES, threshold=None, rows=framec,
+                      baseline=Baseline(metric="rmse", value=5.0), policy=QualityPolicy(**FAST))
+
+
+def test_the_regression_report_is_evidentlys_regression_preset_with_the_verdict(tmp_path):
+    y, pred, frame = _regression(300, seed=6)
+    frame["target"] = y
+    result = check_quality(y_true=y, proba=pred, classes=[], threshold=None, rows=frame,
+                           baseline=Baseline(metric="rmse", value=5.0), policy=QualityPolicy(**FAST))
+    page = write_quality_report(tmp_path / "q.html", frame, target="target", proba=pred, classes=[],
+                                predicted=pred[:, 0], result=result).read_text()
+    assert 'id="kfloop-quality-verdict"' in page and result.reason.split(":")[0] in page
+    assert "Mean Absolute Error" in page or "MAE" in page
+
+
 @pytest.mark.parametrize("values, message", [
-    ({"primary_metric": "precision"}, "primary_metric='precision': use one of"),
+    ({"primary_metric": "precision"}, r"primary_metric='precision': use one of .* \(classification\) or "
+                                      r"\['rmse', 'mae', 'r2'\] \(regression\)"),
     ({"max_drop": -0.1}, "max_drop=-0.1: use a finite number >= 0"),
     ({"bootstrap": "bca"}, r"bootstrap='bca': use one of \['percentile', 'paired'\]"),
     ({"confidence": 1.0}, r"confidence=1.0: use a share in \(0, 1\)"),
