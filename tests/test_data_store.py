@@ -20,7 +20,7 @@ from training.errors import EXIT_FAILED
 from training.fileio import file_digest
 from training.settings import CODE_ROOT
 
-FAST = ["--set", "training.epochs=1", "--set", "nproc_per_node=1", "--set", "training.hidden=[8]",
+FAST = ["--set", "training.epochs=1", "--set", "nproc_per_node=1", "--set", "model.params.hidden=[8]",
         "--set", "target=churned"]
 
 
