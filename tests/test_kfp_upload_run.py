@@ -101,7 +101,7 @@ def test_a_dirty_checkout_needs_an_explicit_version(kfp, capsys, monkeypatch):
     assert not kfp.store.pipelines
     code, out, err = cli(capsys, "upload", "--host", kfp.url, "--version", "rc-1")
     assert code == 0, err
-    assert len(versions_named(kfp, "rc-1")) == 2
+    assert len(versions_named(kfp, "rc-1")) == 3  # training, drift and quality
 
 
 def _step_images(version: dict) -> set[str]:
