@@ -42,7 +42,7 @@ def test_compiled_yaml_holds_no_secret_value_host_or_token(planted, monkeypatch,
     assert main(["compile", "--out", str(tmp_path), "--credentials-secret", "team-mlflow"]) == 0
     out = capsys.readouterr()
     texts = {p.name: p.read_text() for p in sorted(tmp_path.glob("*.yaml"))}
-    assert set(texts) == {"training.yaml", "drift.yaml"}
+    assert set(texts) == {"training.yaml", "drift.yaml", "quality.yaml"}
     for name, text in {**texts, **{str(p.relative_to(REPO)): p.read_text()
                                    for p in (REPO / "pipelines" / "compiled").glob("*.yaml")}}.items():
         assert_clean(text, planted, name)
