@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 JOB_NAME_LABEL, REPLICA_TYPE_LABEL = operator.JOB_NAME_LABEL, operator.REPLICA_TYPE_LABEL
 REPLICA_INDEX_LABEL = operator.REPLICA_INDEX_LABEL
 CODE_ROOT = Path(__file__).resolve().parents[2]
+IMAGE_PATHS = tuple(dict.fromkeys(str(p) for p in (Path(sys.prefix), Path(sys.executable).parent, CODE_ROOT)))
+"""Host paths that stand for the image's own files (the interpreter, its packages, the code under test): never
+mapped into a volume, wherever the checkout lives (in a real pod an emptyDir at /tmp hides only the image's /tmp,
+not its /usr/local or /app; here the checkout itself may sit under /tmp)."""
 """The checkout under test: what the test image holds (``PYTHONPATH`` of every pod process)."""
 STOP_GRACE_SECONDS = 5.0
 """SIGTERM -> SIGKILL grace for pod processes (the real default terminationGracePeriodSeconds is 30)."""
@@ -431,6 +435,8 @@ class _JobController:
         mounts = self._mounts(pod, container)
 
         def local(text: str) -> str:
+            if any(text == p or text.startswith(p + "/") for p in IMAGE_PATHS):
+                return text
             for mount_path, host in mounts:
                 if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
                     return str(host) + text[len(mount_path.rstrip("/")):]
