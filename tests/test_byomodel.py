@@ -14,6 +14,7 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
+from cli_run import cli
 
 from monitoring.steps import drift_step
 from pipelines.cli.commands import main
@@ -41,13 +42,6 @@ class Mixer(nn.Module):
 def make(n_inputs, n_outputs, *, rank=4):
     return Mixer(n_inputs, n_outputs, rank)
 '''
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import boto3
 import mlflow
 import pandas as pd
 import pytest
+from cli_run import cli
 
 from data.dvc_store import DataStoreConfig, DataStoreError, keep
-from pipelines.cli.commands import main
 from pipelines.config import pipeline_params
 from pipelines.training import training_pipeline
 from training.errors import EXIT_FAILED
@@ -133,21 +133,14 @@ def pinned_env(tmp_path, monkeypatch):
     mlflow.set_tracking_uri(None)
 
 
-def _cli(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _train_then_reproduce(capsys, workdir, model: str, dataset_uri: str, *settings: str,
                           before_reproduce=lambda: None) -> dict:
-    code, out, err = _cli(capsys, "--workdir", str(workdir), "run", "training", "--local", "--json", "--set",
+    code, out, err = cli(capsys, "--workdir", str(workdir), "run", "training", "--local", "--json", "--set",
                           f"dataset_uri={dataset_uri}", "--set", f"model_name={model}", *FAST, *settings)
     assert code == 0, err[-3000:]
     assert json.loads(out)["model_version"] == "1"
     before_reproduce()
-    code, out, err = _cli(capsys, "reproduce", model, "1", "--json", "--workdir", str(workdir))
+    code, out, err = cli(capsys, "reproduce", model, "1", "--json", "--workdir", str(workdir))
     assert code == 0, err[-3000:]
     return json.loads(out)
 
@@ -166,7 +159,7 @@ def test_reproduce_a_version_trained_from_a_plain_file_never_added_to_dvc(pinned
     assert (version.tags["data_md5"], version.tags["data_store"]) == (md5, str(store))
 
     shutil.rmtree(store)  # gone: the refusal lists every place it looked
-    code, _, err = _cli(capsys, "--workdir", str(pinned_env), "reproduce", "plain-file", "1")
+    code, _, err = cli(capsys, "--workdir", str(pinned_env), "reproduce", "plain-file", "1")
     assert code == EXIT_FAILED
     assert f"data md5 {md5} is in none of: DVC cache (" in err
     assert f"data store {store} ({_object(store, md5)}). Push the training data" in err

@@ -9,6 +9,7 @@ import subprocess
 
 import mlflow
 import pytest
+from cli_run import cli
 
 from pipelines.cli.commands import main
 from training.errors import EXIT_FAILED
@@ -20,13 +21,6 @@ TINY = ["--set", "model.params.hidden=[8]", "--set", "training.nproc_per_node=2"
         "--set", "training.learning_rate=0.02",  # one epoch must already beat the majority class to be promoted
         "--set", "promotion.required_confidence=0.5", "--set", "promotion.bootstrap_samples=200",
         "--set", "promotion.max_slice_regression=0.3"]
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")
