@@ -2,19 +2,16 @@
 not the file: reference profiles and drift checks stream through it."""
 from __future__ import annotations
 
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import urlsplit
 
 import pandas as pd
 import pyarrow
 import pyarrow.parquet as pq
 
 from data import storage
-from data.tables import DEFAULT_LIMITS, PARQUET_MAGIC, DataFileError, ReadLimits, TableSource
-from training.fileio import file_digest
+from data.tables import DEFAULT_LIMITS, PARQUET_MAGIC, DataFileError, ReadLimits, TableSource, local_copy
 
 CHUNK_ROWS = 262_144
 """Rows per chunk: a few tens of MiB for 20 columns."""
@@ -25,8 +22,8 @@ def table_chunks(uri: str | Path, *, columns: list[str] | None = None, text_colu
                  chunk_rows: int = CHUNK_ROWS, limits: ReadLimits = DEFAULT_LIMITS
                  ) -> Iterator[tuple[Iterator[pd.DataFrame], TableSource]]:
     """The table at ``uri`` (local path or object storage, Parquet or UTF-8 CSV) as an iterator of DataFrames of
-    at most ``chunk_rows`` rows holding ``columns`` (all when None), and what is read. An object in storage is
-    streamed to a temp file first (md5 on the way), removed on exit.
+    at most ``chunk_rows`` rows holding ``columns`` (all when None), and what is read
+    (:func:`data.tables.local_copy`: an object in storage is streamed to a temp file first, removed on exit).
 
     CSV chunks type ``text_columns`` as text, so a category's type does not change from one chunk to the next.
 
@@ -34,18 +31,9 @@ def table_chunks(uri: str | Path, *, columns: list[str] | None = None, text_colu
         DataFileError: the file is missing, empty, unreadable, or lacks one of ``columns``; storage errors as
             :func:`data.tables.read_table_source`.
     """
-    if not storage.is_remote(uri):
-        source = TableSource(uri=storage.record_uri(uri), md5=file_digest(uri, "md5"), version="")
-        yield _chunks(Path(uri), columns, text_columns, chunk_rows), source
-        return
-    try:
-        with tempfile.TemporaryDirectory(prefix="kfloop-chunks-") as tmp:
-            local = Path(tmp) / (Path(urlsplit(str(uri)).path).name or "data")
-            copy = storage.download(str(uri), local, max_bytes=limits.max_bytes)
-            yield _chunks(local, columns, text_columns, chunk_rows, shown=copy.info.uri), TableSource(
-                uri=copy.info.uri, md5=copy.md5, version=copy.info.version)
-    except storage.StorageError as exc:
-        raise DataFileError(exc.uri, exc.problem) from exc
+    with local_copy(uri, limits=limits) as (path, source):
+        shown = source.uri if storage.is_remote(uri) else None
+        yield _chunks(path, columns, text_columns, chunk_rows, shown=shown), source
 
 
 def _chunks(path: Path, columns: list[str] | None, text_columns: list[str] | None, chunk_rows: int, *,
