@@ -10,13 +10,13 @@ from data.storage import holds_credentials, redact
 from monitoring.drift import DriftPolicy
 from monitoring.quality import QualityPolicy
 from monitoring.trigger import TriggerPolicy
-from training.config import JOB_SHAPE_KEYS, ModelSpec, TrainingConfig
+from training.config import SHAPE_PARAMETERS, ModelSpec, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.kubernetes import KubernetesSettings
 from training.settings import SECTION_PARAMETERS
 
 SECTIONS: dict[str, type] = {
-    "training": TrainingConfig,
+    "training": TrainingSection,
     "model": ModelSpec,
     "promotion": PromotionPolicy,
     "drift": DriftPolicy,
@@ -29,10 +29,10 @@ SECTIONS: dict[str, type] = {
 
 SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "task", "model_name",
                "labelled_uri", "labels_uri", "id_column", "retrain_uri",
-               *JOB_SHAPE_KEYS, "holdout_fraction", "seed"}
+               *SHAPE_PARAMETERS, "holdout_fraction", "seed"}
 """Parameters of some pipeline; one kfloop.yaml serves them all, so each pipeline ignores the others'."""
 
-TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", *JOB_SHAPE_KEYS, "holdout_fraction",
+TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", *SHAPE_PARAMETERS, "holdout_fraction",
                  "seed"}
 """Settings the drift and quality pipelines hand to the training runs they trigger."""
 
@@ -54,7 +54,7 @@ def job_shape(settings: dict[str, Any], **overrides: Any) -> dict[str, Any]:
     """
     training = settings.get("training") or {}
     shape = {}
-    for key in JOB_SHAPE_KEYS:
+    for key in SHAPE_PARAMETERS:
         if key in settings and key in training and settings[key] != training[key]:
             raise ValueError(f"{key} is set twice, to {settings[key]!r} and training.{key}={training[key]!r}: "
                              f"set it once (e.g. --set {key}={settings[key]!r})")
@@ -70,8 +70,9 @@ def job_shape(settings: dict[str, Any], **overrides: Any) -> dict[str, Any]:
 
 
 def training_settings(settings: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    """What :class:`TrainingConfig` is built from: the ``training`` section, the job's shape (:func:`job_shape`,
-    ``overrides`` as there) and the top-level ``model`` section.
+    """What :class:`TrainingSection` (the model's training config and the job's shape) is built from: the
+    ``training`` section, the job's shape (:func:`job_shape`, ``overrides`` as there) and the top-level ``model``
+    section.
 
     Raises:
         ValueError: ``training.model`` is set (the model is its own section), or the shape is set twice.
@@ -92,7 +93,7 @@ def resolved(settings: dict[str, Any]) -> dict[str, Any]:
     """
     out = {**settings, **job_shape(settings)}
     if isinstance(settings.get("training"), dict):
-        out["training"] = {k: v for k, v in settings["training"].items() if k not in JOB_SHAPE_KEYS}
+        out["training"] = {k: v for k, v in settings["training"].items() if k not in SHAPE_PARAMETERS}
     return out
 
 
@@ -117,7 +118,7 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
         if key in settings and not isinstance(settings[key], dict):
             raise ValueError(f"'{key}' must be a mapping of settings, e.g. --set {key}.FIELD=VALUE")
     settings = resolved(settings)
-    TrainingConfig.from_dict(training_settings(settings))
+    TrainingSection.from_dict(training_settings(settings))
     params: dict[str, Any] = {}
     for key, value in settings.items():
         if key in SECTIONS:

@@ -7,9 +7,12 @@ from components.registry import promote, register_candidate
 from components.training import launch_training
 from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
 from pipelines import kubernetes_options
+from training.config import JobShape
 from training.settings import DEFAULT_MODEL_NAME
 
 PIPELINE_NAME = "kfloop-training"
+DEFAULT_SHAPE = JobShape()
+"""The job shape's defaults, the pipeline parameters' defaults (one home: :class:`JobShape`)."""
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Validate data, train with DDP, gate against the champion, "
@@ -20,9 +23,9 @@ def training_pipeline(
     target: str = "",
     task: str = "",
     model_name: str = DEFAULT_MODEL_NAME,
-    nnodes: int = 1,
-    nproc_per_node: int = 2,
-    backend: str = "local",
+    nnodes: int = DEFAULT_SHAPE.nnodes,
+    nproc_per_node: int = DEFAULT_SHAPE.nproc_per_node,
+    backend: str = DEFAULT_SHAPE.backend,
     holdout_fraction: float = DEFAULT_HOLDOUT_FRACTION,
     seed: int = DEFAULT_SPLIT_SEED,
     training_config: dict = {},

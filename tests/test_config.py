@@ -11,7 +11,7 @@ from pipelines.compile import PIPELINES
 from pipelines.config import SECTIONS, job_shape, pipeline_params
 from pipelines.drift import drift_pipeline
 from pipelines.training import training_pipeline
-from training.config import ModelSpec, TrainingConfig
+from training.config import JobShape, ModelSpec, TrainingConfig, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
@@ -31,8 +31,8 @@ def test_job_shape_in_the_training_section_is_the_pipeline_parameter():
 def test_job_shape_at_the_top_level_still_works_and_both_agreeing_is_fine():
     params = pipeline_params(training_pipeline, {**DATA, "nnodes": 2, "training": {"nnodes": 2, "backend": "local"}})
     assert (params["nnodes"], params["backend"]) == (2, "local")
-    assert "nproc_per_node" not in params  # set nowhere: the pipeline's default, which is TrainingConfig's
-    assert training_pipeline.component_spec.inputs["nproc_per_node"].default == TrainingConfig().nproc_per_node
+    assert "nproc_per_node" not in params  # set nowhere: the pipeline's default, which is JobShape's
+    assert training_pipeline.component_spec.inputs["nproc_per_node"].default == JobShape().nproc_per_node
 
 
 def test_job_shape_set_twice_differently_is_refused_with_the_fix():
@@ -70,9 +70,10 @@ def test_gpu_nodes_run_one_process_per_device_in_the_dry_run_and_the_launch_alik
     settings = {**DATA, "backend": "kubernetes", "nnodes": 2, "training": {"epochs": 3}, "cluster": cluster}
     params = pipeline_params(training_pipeline, settings)
     assert params["nproc_per_node"] == 4
-    launched = TrainingConfig.from_dict({**params["training_config"], "nnodes": params["nnodes"],
-                                         "nproc_per_node": params["nproc_per_node"], "backend": params["backend"]})
-    body = job_manifest(launched, KubernetesSettings.from_dict(params["cluster_config"]).cluster, run_id="run-gpu")
+    launched = TrainingSection.from_dict({**params["training_config"], "nnodes": params["nnodes"],
+                                          "nproc_per_node": params["nproc_per_node"], "backend": params["backend"]})
+    body = job_manifest(launched.config, launched.shape, KubernetesSettings.from_dict(params["cluster_config"]).cluster,
+                        run_id="run-gpu")
     config = tmp_path / "kfloop.yaml"
     config.write_text(yaml.safe_dump(settings))
     assert main(["render-job", "--run-id", "run-gpu", "--config", str(config)]) == 0
@@ -91,6 +92,8 @@ def test_every_section_has_one_pipeline_parameter():
 
 @pytest.mark.parametrize(("cls", "section", "values"), [
     (TrainingConfig, "training", {"epochs": True}),
+    (JobShape, "training", {"nnodes": True}),
+    (TrainingSection, "training", {"max_restarts": True}),
     (ModelSpec, "model", {"module": True}),
     (PromotionPolicy, "promotion", {"bootstrap_samples": True}),
     (DriftPolicy, "drift", {"min_rows": True}),
@@ -103,13 +106,26 @@ def test_every_section_refuses_true_as_a_number(cls, section, values):
         cls.from_dict(values)
 
 
-@pytest.mark.parametrize(("cls", "section"), [(TrainingConfig, "training"), (PromotionPolicy, "promotion"),
+@pytest.mark.parametrize(("cls", "section"), [(TrainingConfig, "training"), (JobShape, "training"),
+                                              (TrainingSection, "training"), (PromotionPolicy, "promotion"),
                                               (DriftPolicy, "drift"), (QualityPolicy, "quality"),
                                               (TriggerPolicy, "trigger"),
                                               (ClusterConfig, "cluster")])
 def test_every_section_names_an_unknown_key_and_the_valid_ones(cls, section):
     with pytest.raises(ValueError, match=rf"unknown {section} key\(s\) \['nope'\]; valid keys are \["):
         cls.from_dict({"nope": 1})
+
+
+def test_the_training_section_splits_into_the_model_training_config_and_the_job_shape():
+    """One mapping for users; two typed configs for the two readers (train.py and the launchers)."""
+    section = TrainingSection.from_dict({"epochs": 3, "nnodes": 2, "max_restarts": 1, "device": "cpu"})
+    assert (section.config.epochs, section.config.device) == (3, "cpu")
+    assert (section.shape.nnodes, section.shape.max_restarts, section.shape.world_size) == (2, 1, 4)
+    assert not {"nnodes", "nproc_per_node", "backend", "max_restarts"} & set(section.config.to_dict())
+    assert TrainingSection.from_dict(section.to_dict()) == section
+    with pytest.raises(ValueError, match=r"unknown training key\(s\) \['epoch'\]; valid keys are \[.*'epochs'.*"
+                                         r"'max_restarts'"):
+        TrainingSection.from_dict({"epoch": 3})
 
 
 def test_the_launcher_section_of_cluster_is_checked_the_same_way():

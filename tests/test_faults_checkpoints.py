@@ -95,7 +95,7 @@ def single_process_training(tmp_path):
     (tmp_path / "s.yaml").write_text(schema_to_yaml(infer_schema(df, target="label")))
 
     def run(epochs: int) -> subprocess.CompletedProcess:
-        (tmp_path / "c.json").write_text(json.dumps(TrainingConfig(epochs=epochs, nproc_per_node=1).to_dict()))
+        (tmp_path / "c.json").write_text(json.dumps(TrainingConfig(epochs=epochs).to_dict()))
         return subprocess.run([sys.executable, "-m", "training.train", "--data", str(tmp_path / "d.parquet"),
                                "--schema", str(tmp_path / "s.yaml"), "--model-dir", str(tmp_path / "model"),
                                "--checkpoint-dir", str(tmp_path / "ckpt"), "--config", str(tmp_path / "c.json")],

@@ -23,15 +23,15 @@ from safetensors.torch import load_file
 from polling import wait_for as _poll
 from test_training import write_training_files
 from training import checkpoints
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.launch.local import LaunchError, train_local
 from training.model import WEIGHTS_FILE
 from training.train import RESTARTS_TAG
 
 pytestmark = pytest.mark.chaos
 
-TINY = TrainingConfig(epochs=6, batch_size=64, model={"params": {"hidden": [16], "dropout": 0.1}}, nnodes=1,
-                      nproc_per_node=2)
+TINY = TrainingConfig(epochs=6, batch_size=64, model={"params": {"hidden": [16], "dropout": 0.1}})
+ONE_NODE = JobShape(nnodes=1, nproc_per_node=2)
 DEADLINE_S = 240
 
 
@@ -73,9 +73,10 @@ def _worker(log_dir: Path, local_rank: int, node: int = 0) -> int:
     return pids[0]
 
 
-def _launch_in_thread(pool: ThreadPoolExecutor, files, root: Path, config: TrainingConfig, **kwargs):
+def _launch_in_thread(pool: ThreadPoolExecutor, files, root: Path, config: TrainingConfig, shape: JobShape = ONE_NODE,
+                      **kwargs):
     return pool.submit(train_local, files.data, files.schema, model_dir=root / "model", checkpoint_dir=root / "ckpt",
-                       config=config, log_dir=root / "logs", **kwargs)
+                       config=config, shape=shape, log_dir=root / "logs", **kwargs)
 
 
 def test_a_killed_rank_restarts_every_rank_and_resumes_to_the_planned_step(tmp_path, files):
@@ -86,13 +87,13 @@ def test_a_killed_rank_restarts_every_rank_and_resumes_to_the_planned_step(tmp_p
 
     ref = tmp_path / "ref"
     uninterrupted = train_local(files.data, files.schema, model_dir=ref / "model", checkpoint_dir=ref / "ckpt",
-                                config=TINY, log_dir=ref / "logs")
+                                config=TINY, shape=ONE_NODE, log_dir=ref / "logs")
     final_step = checkpoints.committed_steps(ref / "ckpt")[-1]
     steps_per_epoch = final_step // TINY.epochs
 
     root = tmp_path / "chaos"
     with ThreadPoolExecutor(1) as pool:
-        launch = _launch_in_thread(pool, files, root, replace(TINY, max_restarts=1), mlflow_run_id=run_id,
+        launch = _launch_in_thread(pool, files, root, TINY, replace(ONE_NODE, max_restarts=1), mlflow_run_id=run_id,
                                    mlflow_tracking_uri=uri)
         victim = _worker(root / "logs", local_rank=1)
         committed = wait_for("the first checkpoint", lambda: checkpoints.committed_steps(root / "ckpt"))
@@ -149,9 +150,9 @@ def test_a_rank_failing_on_every_attempt_fails_the_run_and_registers_nothing(tmp
 
 
 def test_a_node_that_never_joins_fails_the_rendezvous_in_time_and_leaves_no_process(tmp_path, files):
-    config = replace(TINY, nnodes=2, nproc_per_node=1, rdzv_timeout_seconds=5)
+    shape = JobShape(nnodes=2, nproc_per_node=1, rdzv_timeout_seconds=5)
     with ThreadPoolExecutor(1) as pool:
-        launch = _launch_in_thread(pool, files, tmp_path, config)
+        launch = _launch_in_thread(pool, files, tmp_path, TINY, shape)
         [late] = wait_for("node 1's agent", lambda: _processes(str(tmp_path / "logs"), PET_NODE_RANK="1"))
         os.kill(late, signal.SIGSTOP)  # a pod that never gets to run
         stopped = time.monotonic()
@@ -159,7 +160,7 @@ def test_a_node_that_never_joins_fails_the_rendezvous_in_time_and_leaves_no_proc
             launch.result(timeout=DEADLINE_S)
         took = time.monotonic() - stopped
     assert failed.value.node == 0 and "1/2 clients joined" in str(failed.value), failed.value
-    assert took < config.rdzv_timeout_seconds + 45, f"failed after {took:.0f} s"
+    assert took < shape.rdzv_timeout_seconds + 45, f"failed after {took:.0f} s"
     assert _processes(str(tmp_path / "logs")) == [], "no process of the launch is left"
 
 
@@ -182,14 +183,13 @@ def test_a_rank_stalled_before_a_collective_fails_the_job_within_the_timeout(tmp
 
 def test_resuming_four_ranks_checkpoint_on_two_ranks_works(tmp_path, files):
     ckpt = tmp_path / "ckpt"
-    four = replace(TINY, epochs=2, nnodes=2, nproc_per_node=2)
-    train_local(files.data, files.schema, model_dir=tmp_path / "m4", checkpoint_dir=ckpt, config=four,
-                log_dir=tmp_path / "logs4")
+    train_local(files.data, files.schema, model_dir=tmp_path / "m4", checkpoint_dir=ckpt,
+                config=replace(TINY, epochs=2), shape=JobShape(nnodes=2, nproc_per_node=2), log_dir=tmp_path / "logs4")
     saved = checkpoints.committed_steps(ckpt)[-1]
     assert len(checkpoints.read_sidecar(ckpt, saved)["state"]["rng"]) == 4
 
     two = train_local(files.data, files.schema, model_dir=tmp_path / "m2", checkpoint_dir=ckpt,
-                      config=replace(four, epochs=3, nnodes=1), log_dir=tmp_path / "logs2")
+                      config=replace(TINY, epochs=3), shape=ONE_NODE, log_dir=tmp_path / "logs2")
     log = (tmp_path / "logs2" / "node-0.log").read_text()
     assert f"resuming from checkpoint step {saved} (epoch 2)" in log
     assert "checkpoint has RNG states of 4 ranks, this run has 2: reseeding" in log

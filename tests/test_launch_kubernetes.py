@@ -20,7 +20,7 @@ from fakes.kubernetes_cluster import Cluster
 from polling import wait_for
 
 from pipelines.cli.commands import main
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
 from data.tables import DataFileError
 from training.launch.local import LaunchError
@@ -33,9 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 def _job_body(cluster: Cluster, name: str, *, nnodes: int = 2, **cluster_overrides) -> dict:
     """A rendered PyTorchJob of ``training.train`` on ``cluster`` (no inputs staged: it never gets far)."""
     cluster_config = KubernetesSettings.from_dict({**cluster.settings(), **cluster_overrides}).cluster
-    config = TrainingConfig(nnodes=nnodes, nproc_per_node=cluster_config.accelerator[1]
-                            if cluster_config.accelerator else 1)
-    return render_pytorchjob(training_job_spec(config, cluster_config, name=name), cluster_config)
+    shape = JobShape(nnodes=nnodes, nproc_per_node=cluster_config.accelerator[1] if cluster_config.accelerator else 1)
+    return render_pytorchjob(training_job_spec(TrainingConfig(), shape, cluster_config, name=name), cluster_config)
 
 
 def test_readme_launcher_settings_are_valid():
@@ -134,9 +133,9 @@ def test_inputs_in_object_storage_are_staged_for_the_job(cluster, s3_bucket, dem
     s3.upload_file(str(demo_files["train.parquet"]), s3_bucket, "in/train.parquet")
     s3.upload_file(str(REPO / "data" / "schema.yaml"), s3_bucket, "in/schema.yaml")
     settings = KubernetesSettings.from_dict(cluster.settings())
-    config = TrainingConfig.from_dict({**FAST, "model": FAST_MODEL, "nnodes": 1, "nproc_per_node": 1, "backend": "kubernetes"})
-    common = dict(model_dir=tmp_path / "model", config=config, cluster=settings.cluster, policy=settings.launcher,
-                  log_dir=tmp_path / "logs")
+    config = TrainingConfig.from_dict({**FAST, "model": FAST_MODEL})
+    common = dict(model_dir=tmp_path / "model", config=config, shape=JobShape(nproc_per_node=1, backend="kubernetes"),
+                  cluster=settings.cluster, policy=settings.launcher, log_dir=tmp_path / "logs")
     with pytest.raises(DataFileError, match=f"s3://{s3_bucket}/in/missing.parquet: not found"):
         train_kubernetes(f"s3://{s3_bucket}/in/missing.parquet", f"s3://{s3_bucket}/in/schema.yaml",
                          pipeline_run_id="run-missing", **common)
@@ -342,7 +341,7 @@ def test_preflight_fails_fast_when_the_bandwidth_is_below_the_floor(cluster, tmp
     settings = KubernetesSettings.from_dict({**cluster.settings(), "launcher": {
         "kubeconfig": str(cluster.kubeconfig), "poll_seconds": 0.5, "preflight_min_busbw_gbps": 1e6}})
     with pytest.raises(LaunchError) as failed:
-        preflight(TrainingConfig(nnodes=1, nproc_per_node=2), settings.cluster, settings.launcher,
+        preflight(TrainingConfig(), JobShape(nnodes=1, nproc_per_node=2), settings.cluster, settings.launcher,
                   pipeline_run_id="run-preflight", log_dir=tmp_path)
     message = str(failed.value)
     assert f"PyTorchJob default/{job_name_for('run-preflight/preflight')}: PyTorchJobFailed" in message

@@ -13,7 +13,7 @@ from manifest_checks import pods, render_cli, restricted_violations
 
 from pipelines.cli.commands import main
 from training.launch.cluster import ClusterConfig
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.launch.jobspec import OPERATOR_ENV, JobSpec
 from training.launch.manifests import job_name_for, render_pytorchjob, render_trainjob, training_job_spec
 
@@ -394,7 +394,7 @@ def test_invalid_kind_and_topology_say_the_fix(cluster, fix):
 
 def test_training_job_needs_the_shared_volume():
     with pytest.raises(ValueError, match="set cluster.shared_volume_claim"):
-        training_job_spec(TrainingConfig(), ClusterConfig(shared_volume_claim=""), name="kfloop-train")
+        training_job_spec(TrainingConfig(), JobShape(), ClusterConfig(shared_volume_claim=""), name="kfloop-train")
 
 
 def test_cli_reports_an_invalid_combination(capsys):

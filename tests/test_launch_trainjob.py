@@ -19,7 +19,7 @@ from polling import wait_for
 from test_launch_kubernetes import FAST, kfloop_train_forever, register_candidate, train_2x2
 
 from pipelines.cli.commands import main
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy
 from training.launch.local import LaunchError
 from training.launch.manifests import job_name_for, render, training_job_spec
@@ -31,7 +31,7 @@ def _settings(cluster: Cluster, **overrides) -> dict:
 def _body(cluster: Cluster, name: str, command: list[str], *, nnodes: int = 2, **overrides) -> dict:
     """A rendered TrainJob whose nodes run ``command`` instead of training."""
     settings = KubernetesSettings.from_dict(_settings(cluster, **overrides)).cluster
-    body = render(training_job_spec(TrainingConfig(nnodes=nnodes), settings, name=name), settings)
+    body = render(training_job_spec(TrainingConfig(), JobShape(nnodes=nnodes), settings, name=name), settings)
     body["spec"]["trainer"].update(command=command, args=[])
     return body
 

@@ -73,6 +73,10 @@ def test_first_run_infers_schema_promotes_and_records_lineage(champion_env, demo
     assert run.data.params
     # kfloop.yaml's training.nproc_per_node is what trained (the pipeline parameter's default of 2 does not win)
     assert (run.data.params["nproc_per_node"], run.data.params["world_size"]) == ("1", "1")
+    # the lineage keeps the two halves of the training settings apart: how the model trained, and the job's shape
+    lineage = mlflow.artifacts.load_dict(f"runs:/{version.run_id}/lineage.json")
+    assert (lineage["job_shape"]["nproc_per_node"], lineage["job_shape"]["backend"]) == (1, "local")
+    assert lineage["training_config"]["epochs"] == 3 and "nproc_per_node" not in lineage["training_config"]
 
 
 def test_champion_loads_with_pyfunc_and_predicts_raw_rows(champion_env, demo_files):

@@ -19,9 +19,9 @@ from monitoring.steps import drift_step
 from test_registry_versions import TARGET, build_model, make_frame
 from training.fileio import file_digest
 from training.gate import PromotionPolicy, evaluate
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.model import Predictor
-from training.model_files import MODEL_FILE
+from training.model_files import JOB_SHAPE_FILE, MODEL_FILE
 from training.registry.versions import champion_profile
 from training.steps import register_step
 
@@ -185,6 +185,7 @@ def test_registration_stores_the_profile_and_drift_reads_no_reference_file(tmp_p
     model_dir = build_model(tmp_path / "model", data, steps=60)
     description = json.loads((model_dir / MODEL_FILE).read_text())  # what train.py records with the model
     (model_dir / MODEL_FILE).write_text(json.dumps({**description, "config": TrainingConfig(seed=7).to_dict()}))
+    (model_dir / JOB_SHAPE_FILE).write_text(json.dumps(JobShape(nproc_per_node=1).to_dict()))  # as the train step
     predictor = Predictor.load(model_dir)
     decision = evaluate(y_true=holdout[TARGET], challenger_proba=predictor.predict_proba(holdout),
                         champion_proba=None, classes=predictor.classes, holdout=holdout,

@@ -16,14 +16,15 @@ import torch
 from safetensors.torch import load_file
 
 from training import checkpoints
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.launch.local import train_local
 from training.model import MODEL_FILE, WEIGHTS_FILE, Predictor
 from training.train import param_digest
 from data.validation import infer_schema, schema_to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = TrainingConfig(epochs=4, batch_size=64, model={"params": {"dropout": 0.1}}, nnodes=2, nproc_per_node=2)
+CONFIG = TrainingConfig(epochs=4, batch_size=64, model={"params": {"dropout": 0.1}})
+SHAPE = JobShape(nnodes=2, nproc_per_node=2)
 STEPS_PER_EPOCH = 10  # 3000 rows - 450 validation = 2550 -> 638 per rank -> 10 batches of 64
 
 
@@ -68,7 +69,7 @@ def reference(tmp_path_factory, files) -> SimpleNamespace:
     experiment = client.create_experiment("kfloop-train", artifact_location=(root / "artifacts").as_uri())
     run_id = client.create_run(experiment).info.run_id
     result = train_local(files.data, files.schema, model_dir=root / "model", checkpoint_dir=root / "ckpt",
-                         config=CONFIG, log_dir=root / "logs", mlflow_run_id=run_id, mlflow_tracking_uri=uri)
+                         config=CONFIG, shape=SHAPE, log_dir=root / "logs", mlflow_run_id=run_id, mlflow_tracking_uri=uri)
     return SimpleNamespace(result=result, client=client, run_id=run_id, root=root)
 
 
@@ -76,7 +77,7 @@ def test_config_round_trips_through_a_dict():
     cfg = TrainingConfig(model={"params": {"hidden": [16, 8]}}, epochs=3, device="cpu")
     assert TrainingConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
     assert TrainingConfig.from_dict({"model": {"params": {"hidden": [16, 8]}}}).model.params == {"hidden": [16, 8]}
-    assert TrainingConfig(nnodes=3, nproc_per_node=4).world_size == 12
+    assert JobShape(nnodes=3, nproc_per_node=4).world_size == 12
 
 
 def test_config_names_the_valid_keys_for_an_unknown_one():
@@ -89,7 +90,6 @@ def test_config_names_the_valid_keys_for_an_unknown_one():
     ({"checkpoint_keep": 1}, "keep at least 2"),
     ({"val_fraction": 0.0}, r"use a share in \(0, 0.5\]"),
     ({"regression_loss": "l1"}, r"use one of \('mse', 'huber'\)"),
-    ({"backend": "slurm"}, r"use one of \('local', 'kubernetes'\)"),
     ({"device": "tpu"}, r"use one of \('auto', 'cpu', 'cuda'\)"),
     ({"model": {"builder": "1build"}}, "give the name of a function"),
     ({"learning_rate": 0}, "positive number"),
@@ -99,6 +99,16 @@ def test_config_names_the_valid_keys_for_an_unknown_one():
 def test_config_errors_state_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"backend": "slurm"}, r"backend='slurm': use one of \('local', 'kubernetes'\)"),
+    ({"nnodes": 0}, "nnodes=0: use an integer >= 1"),
+    ({"max_restarts": -1}, "max_restarts=-1: use an integer >= 0"),
+])
+def test_job_shape_errors_state_the_fix(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        JobShape(**kwargs)
 
 
 def test_trained_model_beats_the_majority_class_on_new_data(reference):
@@ -136,14 +146,14 @@ def test_rank_zero_alone_logs_one_value_per_epoch_to_mlflow(reference):
 def test_a_longer_rerun_resumes_and_matches_an_uninterrupted_run(tmp_path, files, reference):
     ckpt = tmp_path / "ckpt"
     train_local(files.data, files.schema, model_dir=tmp_path / "model-2", checkpoint_dir=ckpt,
-                config=replace(CONFIG, epochs=2), log_dir=tmp_path / "logs-2")
+                config=replace(CONFIG, epochs=2), shape=SHAPE, log_dir=tmp_path / "logs-2")
     assert checkpoints.committed_steps(ckpt) == [STEPS_PER_EPOCH, 2 * STEPS_PER_EPOCH]
     sidecar = checkpoints.read_sidecar(ckpt, 2 * STEPS_PER_EPOCH)
     assert (sidecar["state"]["epoch"], sidecar["state"]["step"], sidecar["state"]["sampler_epoch"]) == (2, 20, 1)
     assert len(sidecar["state"]["rng"]) == 4, "one RNG state per rank"
 
     resumed = train_local(files.data, files.schema, model_dir=tmp_path / "model-4", checkpoint_dir=ckpt,
-                          config=CONFIG, log_dir=tmp_path / "logs-4")
+                          config=CONFIG, shape=SHAPE, log_dir=tmp_path / "logs-4")
     log = (tmp_path / "logs-4" / "node-0.log").read_text()
     assert f"resuming from checkpoint step {2 * STEPS_PER_EPOCH} (epoch 2)" in log
     assert "epoch 1/4" not in log and "epoch 3/4" in log
@@ -168,7 +178,7 @@ def test_plain_python_trains_one_process_and_refuses_another_runs_checkpoints(tm
                "--config", str(config)]
         return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
 
-    single = replace(CONFIG, epochs=1, nnodes=1, nproc_per_node=1)
+    single = replace(CONFIG, epochs=1)
     done = run(single)
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "model" / MODEL_FILE).read_text())["world_size"] == 1

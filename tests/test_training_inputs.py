@@ -202,7 +202,7 @@ def _whole_file_training(frame: pd.DataFrame, roles, cfg: TrainingConfig) -> dic
 def test_streamed_training_matches_the_whole_file_path_within_tolerance(tmp_path):
     files = write_demo(tmp_path / "demo")
     schema = load_schema(DEMO_SCHEMA)
-    cfg = TrainingConfig(nproc_per_node=1)
+    cfg = TrainingConfig()
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     done = subprocess.run([sys.executable, "-m", "training.train", "--data", str(files["train.parquet"]),

@@ -1,21 +1,24 @@
-"""The training configuration: one typed object shared by the launcher, ``train.py`` and the pipeline parameters."""
+"""The ``training:`` settings, split by who reads them: :class:`TrainingConfig` (how the model is trained, what
+``train.py`` reads on every rank) and :class:`JobShape` (where and on how many processes the job runs, what the
+launchers read); :class:`TrainingSection` is the one mapping users write, holding both."""
 from __future__ import annotations
 
 import keyword
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from training.settings import section_from_dict
+from training.settings import check_ints, section_from_dict
 from training.threshold import THRESHOLD_METRICS
 
 BACKENDS = ("local", "kubernetes")
 DEVICES = ("auto", "cpu", "cuda")
 CLASS_WEIGHTS = ("none", "balanced")
 REGRESSION_LOSSES = ("mse", "huber")
-JOB_SHAPE_KEYS = ("nnodes", "nproc_per_node", "backend")
-"""The job's shape: settable in ``kfloop.yaml`` at the top level or in ``training:``, carried as the training
-pipeline's own parameters (never inside ``training_config``)."""
+SHAPE_PARAMETERS = ("nnodes", "nproc_per_node", "backend")
+"""The fields of :class:`JobShape` that are the training pipeline's own parameters: settable in ``kfloop.yaml`` at
+the top level or in ``training:`` (never inside ``training_config``)."""
 
 
 BUILTIN_MODEL = "training.mlp"
@@ -75,7 +78,7 @@ def with_module_path(settings: dict[str, Any], base: Path) -> dict[str, Any]:
 
 @dataclass(kw_only=True, slots=True)
 class TrainingConfig:
-    """How to train the model and on how many processes."""
+    """How the model is trained: what ``train.py`` reads on every rank (``config.json``), whatever the job's shape."""
 
     epochs: int = 8
     """Passes over the training part of the data. Raising it and re-running with the same checkpoint dir resumes."""
@@ -107,14 +110,6 @@ class TrainingConfig:
     """Seeds the validation split, the weight init, the sampler order and every RNG."""
     val_fraction: float = 0.15
     """Share of the training file held out (seeded) for the per-epoch validation metrics."""
-    nnodes: int = 1
-    """Nodes (pods, or local torchrun agents)."""
-    nproc_per_node: int = 2
-    """Training processes per node (one per GPU on GPU nodes)."""
-    max_restarts: int = 0
-    """How often torchrun restarts the workers of a node after a failure; they resume from the last checkpoint."""
-    backend: str = "local"
-    """``local`` runs torchrun agents on this machine; ``kubernetes`` submits a training job."""
     device: str = "auto"
     """``cuda`` (NCCL), ``cpu`` (gloo), or ``auto``: CUDA when available."""
     threads_per_rank: int = 1
@@ -126,8 +121,6 @@ class TrainingConfig:
     """On CUDA, run forward and loss under bf16 autocast (tensor cores); CPU training stays float32."""
     checkpoint_keep: int = 2
     """Complete checkpoints kept; at least 2, so a corrupt newest one leaves one to fall back on."""
-    rdzv_timeout_seconds: int = 60
-    """How long a node waits for the others to join before failing."""
     collective_timeout_seconds: int = 600
     """How long a rank waits in a collective (all-reduce, broadcast) for the others before the job fails: a
     stalled or lost rank ends the job after this long instead of hanging it."""
@@ -135,16 +128,8 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         if isinstance(self.model, dict):
             self.model = ModelSpec.from_dict(self.model)
-        positive_ints = ("epochs", "batch_size", "nnodes", "nproc_per_node", "threads_per_rank", "rdzv_timeout_seconds",
-                         "collective_timeout_seconds")
-        for name in positive_ints:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: use an integer >= 1")
-        for name in ("seed", "max_restarts"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r}: use an integer >= 0")
+        check_ints(self, ("epochs", "batch_size", "threads_per_rank", "collective_timeout_seconds"), least=1)
+        check_ints(self, ("seed",), least=0)
         if isinstance(self.bucket_cap_mb, bool) or not isinstance(self.bucket_cap_mb, (int, float)) \
                 or not self.bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb={self.bucket_cap_mb!r}: use a positive size in MiB, e.g. 25")
@@ -162,8 +147,6 @@ class TrainingConfig:
             raise ValueError(f"huber_delta={self.huber_delta!r}: use a positive number of standard deviations")
         if not 0 < self.val_fraction <= 0.5:
             raise ValueError(f"val_fraction={self.val_fraction!r}: use a share in (0, 0.5], e.g. 0.15")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend={self.backend!r}: use one of {BACKENDS}")
         if self.class_weight not in CLASS_WEIGHTS:
             raise ValueError(f"class_weight={self.class_weight!r}: use one of {CLASS_WEIGHTS}")
         if self.threshold_metric not in THRESHOLD_METRICS:
@@ -174,11 +157,6 @@ class TrainingConfig:
                 or self.checkpoint_keep < 2:
             raise ValueError(f"checkpoint_keep={self.checkpoint_keep!r}: keep at least 2 checkpoints so a corrupt "
                              "newest one has a fallback")
-
-    @property
-    def world_size(self) -> int:
-        """Training processes in all: ``nnodes * nproc_per_node``."""
-        return self.nnodes * self.nproc_per_node
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``model`` as a mapping); :meth:`from_dict` reads it back."""
@@ -192,3 +170,78 @@ class TrainingConfig:
             ValueError: an unknown key (the message lists the valid ones) or an invalid value.
         """
         return section_from_dict(cls, d, "training")
+
+
+@dataclass(kw_only=True, slots=True)
+class JobShape:
+    """Where and on how many processes a training job runs: what the launchers read (``train.py`` learns its rank
+    and world size from torchrun). Resolved once for every path by ``pipelines.config.job_shape``."""
+
+    nnodes: int = 1
+    """Nodes (pods, or local torchrun agents)."""
+    nproc_per_node: int = 2
+    """Training processes per node (one per GPU on GPU nodes)."""
+    backend: str = "local"
+    """``local`` runs torchrun agents on this machine; ``kubernetes`` submits a training job."""
+    max_restarts: int = 0
+    """How often torchrun restarts the workers of a node after a failure; they resume from the last checkpoint."""
+    rdzv_timeout_seconds: int = 60
+    """How long a node waits for the others to join before failing."""
+
+    def __post_init__(self) -> None:
+        check_ints(self, ("nnodes", "nproc_per_node", "rdzv_timeout_seconds"), least=1)
+        check_ints(self, ("max_restarts",), least=0)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: use one of {BACKENDS}")
+
+    @property
+    def world_size(self) -> int:
+        """Training processes in all: ``nnodes * nproc_per_node``."""
+        return self.nnodes * self.nproc_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; :meth:`from_dict` reads it back."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "JobShape":
+        """Build from a mapping such as :meth:`to_dict`'s output; missing keys take their defaults.
+
+        Raises:
+            ValueError: an unknown key or an invalid value.
+        """
+        return section_from_dict(cls, d, "training")
+
+
+SHAPE_FIELDS = frozenset(f.name for f in fields(JobShape))
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingSection:
+    """The ``training:`` section as users write it (and the ``training_config`` pipeline parameter): one mapping
+    holding both the model's training settings and the job's shape, split here by field name."""
+
+    config: TrainingConfig = field(default_factory=TrainingConfig)
+    shape: JobShape = field(default_factory=JobShape)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The one mapping; :meth:`from_dict` reads it back."""
+        return {**self.config.to_dict(), **self.shape.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "TrainingSection":
+        """Split the mapping into :class:`TrainingConfig` and :class:`JobShape`; missing keys take their defaults.
+
+        Raises:
+            ValueError: not a mapping, an unknown key (the message lists every valid one), or an invalid value.
+        """
+        values = d or {}
+        if not isinstance(values, Mapping):
+            raise ValueError("'training' must be a mapping of settings, e.g. --set training.FIELD=VALUE")
+        known = SHAPE_FIELDS | {f.name for f in fields(TrainingConfig)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training key(s) {unknown}; valid keys are {sorted(known)}")
+        return cls(config=TrainingConfig.from_dict({k: v for k, v in values.items() if k not in SHAPE_FIELDS}),
+                   shape=JobShape.from_dict({k: v for k, v in values.items() if k in SHAPE_FIELDS}))
+

@@ -124,7 +124,7 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     import mlflow
     from safetensors.torch import load_file
 
-    from training.config import TrainingConfig
+    from training.config import TrainingSection
     from training.gate import compute_metrics
     from data.holdout import split_holdout, write_parquet
     from training.launch.local import train_local
@@ -157,12 +157,14 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     schema.write_text(mlflow.artifacts.load_text(f"runs:/{mv.run_id}/{SCHEMA_ARTIFACT}"))
     registered = download_model_dir(model_name, str(version), root / "registered", client=client)
     recorded = lineage["training_config"]  # the model module: the version's verified copy, whatever the path was
-    config = TrainingConfig.from_dict({**recorded, "device": "cpu", "backend": "local",
-                                       "model": {**recorded["model"], "module": str(registered / MODULE_FILE)}})
-    progress(f"reproduce: retraining on CPU, {config.nnodes} node(s) x {config.nproc_per_node} rank(s), "
+    settings = TrainingSection.from_dict({  # versions registered before the split kept the shape in training_config
+        **recorded, **lineage.get("job_shape", {}), "device": "cpu", "backend": "local",
+        "model": {**recorded["model"], "module": str(registered / MODULE_FILE)}})
+    config, shape = settings.config, settings.shape
+    progress(f"reproduce: retraining on CPU, {shape.nnodes} node(s) x {shape.nproc_per_node} rank(s), "
              f"seed {config.seed}")
     rebuilt = train_local(root / "data" / "train.parquet", schema, model_dir=root / "model",
-                          checkpoint_dir=root / "checkpoints", config=config, log_dir=root / "logs")
+                          checkpoint_dir=root / "checkpoints", config=config, shape=shape, log_dir=root / "logs")
 
     ours = Predictor.load(rebuilt.model_dir)
     theirs = Predictor.load(registered, module_sha256=record.model_module_sha256)

@@ -199,3 +199,11 @@ def section_from_dict(cls: type[T], values: Mapping[str, Any] | None, section: s
         if "bool" not in known[name] and "Any" not in known[name] and any(isinstance(v, bool) for v in items):
             raise ValueError(f"{section}.{name}={value!r}: true/false is not a valid {known[name]} here")
     return cls(**values)
+
+
+def check_ints(config: Any, names: tuple[str, ...], *, least: int) -> None:
+    """Raise ValueError naming the first of ``names`` that is not an integer >= ``least`` (true/false refused)."""
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name}={value!r}: use an integer >= {least}")

@@ -123,15 +123,15 @@ def ensure_experiment(name: str, env: Environment) -> str:
     return client.create_experiment(name, artifact_location=location)
 
 
-def _training_config(config: dict[str, Any], **overrides: Any):
-    """The typed config.
+def _training_section(config: dict[str, Any], **overrides: Any):
+    """The typed ``training`` settings: the model's training config and the job's shape.
 
     Raises:
         ValueError: an invalid field.
     """
-    from training.config import TrainingConfig
+    from training.config import TrainingSection
 
-    return TrainingConfig.from_dict({**config, **overrides})
+    return TrainingSection.from_dict({**config, **overrides})
 
 
 def _unfinished_run(client, experiment_id: str, pipeline_run_id: str) -> str | None:
@@ -156,9 +156,14 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
         ValueError: a bad training or cluster config.
     """
     import mlflow
+    from mlflow.entities import Param
 
-    cfg = _training_config(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend, model=model or {})
-    launcher = backend_named(cfg.backend, cluster)
+    from training.model_files import JOB_SHAPE_FILE
+
+    settings = _training_section(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend,
+                                 model=model or {})
+    shape = settings.shape
+    launcher = backend_named(shape.backend, cluster)
     env = load_environment()
     client = mlflow.MlflowClient()
     experiment_id = ensure_experiment(model_name, env)
@@ -166,10 +171,11 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
     if run_id is None:
         run_id = client.create_run(experiment_id, tags={"kfloop.pipeline_run_id": pipeline_run_id,
                                                         "kfloop.git_commit": env.git_commit}).info.run_id
-    progress(f"train: {cfg.nnodes} node(s) x {cfg.nproc_per_node} rank(s), MLflow run {run_id}")
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in shape.to_dict().items()])
+    progress(f"train: {shape.nnodes} node(s) x {shape.nproc_per_node} rank(s), MLflow run {run_id}")
     log_dir = env.workdir / "logs" / pipeline_run_id
     try:
-        result = launcher.launch(cfg, train_path, schema_path, model_dir=Path(model_dir),
+        result = launcher.launch(settings.config, shape, train_path, schema_path, model_dir=Path(model_dir),
                                  checkpoint_dir=env.workdir / "checkpoints" / pipeline_run_id, log_dir=log_dir,
                                  run_name=pipeline_run_id, mlflow_run_id=run_id)
     except BaseException:
@@ -177,6 +183,7 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
             client.log_artifacts(run_id, str(log_dir), FAILURE_ARTIFACTS)
         client.set_terminated(run_id, "FAILED")
         raise
+    atomic_write_json(Path(model_dir) / JOB_SHAPE_FILE, shape.to_dict())
     client.set_terminated(run_id, "FINISHED")
     progress(f"train: done in {result.seconds:.1f} s, " +
               ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items())))
@@ -196,15 +203,15 @@ def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environ
 
     from data.validation import ValidationError, load_schema, validate
 
-    cfg = _training_config(training)
-    launcher = backend_named(cfg.backend, cluster)
+    settings = _training_section(training)
+    launcher = backend_named(settings.shape.backend, cluster)
     report = validate(data, load_schema(schema))
     if not report.ok:
         raise ValidationError(report)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = Path(model_dir) if model_dir else env.workdir / "models" / stamp
-    return launcher.launch(cfg, data, schema, model_dir=out, checkpoint_dir=out.parent / f".{out.name}-checkpoints",
-                           log_dir=env.workdir / "logs" / f"train-{stamp}", run_name=f"train-{stamp}")
+    return launcher.launch(settings.config, settings.shape, data, schema, model_dir=out,
+                           checkpoint_dir=out.parent / f".{out.name}-checkpoints", log_dir=env.workdir / "logs" / f"train-{stamp}", run_name=f"train-{stamp}")
 
 
 # ---------------------------------------------------------------------------------------------------- evaluate
@@ -326,6 +333,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
     from monitoring.profiles import profile_table
     from training.config import TrainingConfig
     from training.model import Predictor
+    from training.model_files import JOB_SHAPE_FILE
     from training.registry.versions import Lineage, log_candidate, register_candidate
     from training.settings import CODE_ROOT
 
@@ -342,6 +350,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       git_commit=load_environment().git_commit, pipeline_run_id=pipeline_run_id,
                       seed=TrainingConfig.from_dict(config).seed, schema_yaml=Path(schema_path).read_text(),
                       previous_champion=champion_version or None, training_config=config,
+                      job_shape=json.loads((Path(model_dir) / JOB_SHAPE_FILE).read_text()),
                       decision_threshold=description.get("decision_threshold"),
                       holdout_fraction=holdout_fraction, split_seed=split_seed, data_store=kept.data_store,
                       model_module=description["model"]["module"],

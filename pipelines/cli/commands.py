@@ -210,12 +210,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from pipelines.config import training_settings
-    from training.config import JOB_SHAPE_KEYS
+    from training.config import SHAPE_PARAMETERS
     from training.settings import load_environment
     from training.steps import train_only
 
     settings = options.settings(args)
-    training = training_settings(settings, **{key: getattr(args, key) for key in JOB_SHAPE_KEYS})
+    training = training_settings(settings, **{key: getattr(args, key) for key in SHAPE_PARAMETERS})
     result = train_only(data=args.data, schema=args.schema, training=training, env=load_environment(args.workdir),
                         model_dir=args.model_dir, cluster=settings.get("cluster"))
     print(f"model: {result.model_dir}")
@@ -375,7 +375,7 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     import yaml
 
     from pipelines.config import training_settings
-    from training.config import TrainingConfig
+    from training.config import TrainingSection
     from training.launch.kubernetes import KubernetesSettings
     from training.launch.manifests import job_manifest
 
@@ -388,7 +388,8 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
     training = training_settings({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
                                  nproc_per_node=args.nproc_per_node, backend="kubernetes")
-    body = job_manifest(TrainingConfig.from_dict(training), cluster, run_id=args.run_id)
+    section = TrainingSection.from_dict(training)
+    body = job_manifest(section.config, section.shape, cluster, run_id=args.run_id)
     sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from monitoring.trigger import TriggerStore
 from monitoring.trigger_registry import RegistryTriggerStore
-from training.config import BACKENDS, TrainingConfig
+from training.config import BACKENDS, JobShape, TrainingConfig
 from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 from training.launch.local import TrainResult, train_local
 from training.registry.lock import promotion_lock
@@ -41,13 +41,14 @@ class Backend(ABC):
     attempt started outlives it and logs into that run)."""
 
     @abstractmethod
-    def launch(self, config: TrainingConfig, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path,
-               log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
-        """Train ``config`` on ``data`` into ``model_dir``; ``run_name`` names the job (the pipeline run id).
+    def launch(self, config: TrainingConfig, shape: JobShape, data: str, schema: str, *, model_dir: Path,
+               checkpoint_dir: Path, log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
+        """Train ``config`` on ``data`` into ``model_dir`` as a job of ``shape``; ``run_name`` names the job (the
+        pipeline run id).
 
         Raises:
             training.launch.local.LaunchError: a rank (or the job) failed; the message names it and its error.
-            ValueError: ``config`` does not fit the backend (the message says the fix).
+            ValueError: ``shape`` does not fit the backend (the message says the fix).
         """
 
     @abstractmethod
@@ -67,10 +68,10 @@ class LocalBackend(Backend):
     def __init__(self, config: LocalConfig):
         self.config = config
 
-    def launch(self, config: TrainingConfig, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path,
-               log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
+    def launch(self, config: TrainingConfig, shape: JobShape, data: str, schema: str, *, model_dir: Path,
+               checkpoint_dir: Path, log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
         return train_local(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=config,
-                           mlflow_run_id=mlflow_run_id, log_dir=log_dir)
+                           shape=shape, mlflow_run_id=mlflow_run_id, log_dir=log_dir)
 
     def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
         return promotion_lock(model_name, workdir, timeout_s=timeout_s, kind="file")
@@ -87,11 +88,12 @@ class KubernetesBackend(Backend):
     def __init__(self, config: KubernetesSettings):
         self.config = config
 
-    def launch(self, config: TrainingConfig, data: str, schema: str, *, model_dir: Path, checkpoint_dir: Path,
-               log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
+    def launch(self, config: TrainingConfig, shape: JobShape, data: str, schema: str, *, model_dir: Path,
+               checkpoint_dir: Path, log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
         """A PyTorchJob or TrainJob (``cluster.kind``) named after ``run_name``; its checkpoints live in the job's
         folder on the shared volume, not in ``checkpoint_dir``."""
-        return train_kubernetes(data, schema, model_dir=model_dir, config=config, cluster=self.config.cluster,
+        return train_kubernetes(data, schema, model_dir=model_dir, config=config, shape=shape,
+                                cluster=self.config.cluster,
                                 policy=self.config.launcher, pipeline_run_id=run_name, log_dir=log_dir,
                                 mlflow_run_id=mlflow_run_id)
 
@@ -126,7 +128,7 @@ def backend_for(config: LocalConfig | KubernetesSettings) -> Backend:
 
 
 def backend_named(name: str, cluster: dict[str, Any] | None = None) -> Backend:
-    """The backend of the ``backend`` setting (``local`` or ``kubernetes``, as :class:`TrainingConfig` checks it),
+    """The backend of the ``backend`` setting (``local`` or ``kubernetes``, as :class:`JobShape` checks it),
     a Kubernetes one configured by the ``cluster`` settings.
 
     Raises:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
+from training.settings import check_ints
 
 PYTORCHJOB_PORT = 23456
 """The port the Training Operator opens on the master pod (``pytorchjob-port``) and puts into ``MASTER_PORT``."""
@@ -53,13 +52,8 @@ class JobSpec:
         if len(self.name) > MAX_NAME_LENGTH or not _DNS1035.fullmatch(self.name):
             raise ValueError(f"job name {self.name!r}: use lowercase letters, digits and '-', starting with a "
                              f"letter, at most {MAX_NAME_LENGTH} characters (e.g. 'kfloop-train')")
-        for name in ("nnodes", "nproc_per_node", "rdzv_timeout_seconds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: use an integer >= 1")
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int) \
-                or self.max_restarts < 0:
-            raise ValueError(f"max_restarts={self.max_restarts!r}: use an integer >= 0")
+        check_ints(self, ("nnodes", "nproc_per_node", "rdzv_timeout_seconds"), least=1)
+        check_ints(self, ("max_restarts",), least=0)
         if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", self.module):
             raise ValueError(f"module={self.module!r}: give a dotted Python module name such as 'training.train'")
         if not all(isinstance(a, str) for a in self.args):
@@ -113,11 +107,11 @@ class JobSpec:
                 "-m", self.module, *self.args]
 
 
-def training_run_spec(config: TrainingConfig, *, data: str, schema: str, model_dir: str, checkpoint_dir: str,
+def training_run_spec(config: TrainingConfig, shape: JobShape, *, data: str, schema: str, model_dir: str, checkpoint_dir: str,
                       config_file: str, name: str = DEFAULT_JOB_NAME, env: dict[str, str] | None = None,
                       mlflow_run_id: str | None = None, mlflow_run_id_file: str | None = None) -> JobSpec:
-    """The JobSpec of one ``training.train`` run: its file arguments (paths as the nodes see them), topology,
-    restarts, rendezvous timeout and threads per rank from ``config``; ``env`` added to every node's.
+    """The JobSpec of one ``training.train`` run: its file arguments (paths as the nodes see them); topology,
+    restarts and rendezvous timeout from ``shape``; threads per rank from ``config``; ``env`` added to every node's.
 
     Raises:
         ValueError: an invalid name or env (see :class:`JobSpec`).
@@ -128,6 +122,6 @@ def training_run_spec(config: TrainingConfig, *, data: str, schema: str, model_d
         args += ["--mlflow-run-id", mlflow_run_id]
     if mlflow_run_id_file:
         args += ["--mlflow-run-id-file", mlflow_run_id_file]
-    return JobSpec(name=name, nnodes=config.nnodes, nproc_per_node=config.nproc_per_node, args=[str(a) for a in args],
+    return JobSpec(name=name, nnodes=shape.nnodes, nproc_per_node=shape.nproc_per_node, args=[str(a) for a in args],
                    env={"OMP_NUM_THREADS": str(config.threads_per_rank), **(env or {})},
-                   max_restarts=config.max_restarts, rdzv_timeout_seconds=config.rdzv_timeout_seconds)
+                   max_restarts=shape.max_restarts, rdzv_timeout_seconds=shape.rdzv_timeout_seconds)

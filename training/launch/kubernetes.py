@@ -38,7 +38,7 @@ from typing import Any
 
 from data import storage
 from data.tables import DEFAULT_LIMITS, DataFileError
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
 from training.launch.cluster import ClusterConfig
 from training.launch.kube_client import api_client
@@ -586,8 +586,8 @@ def _admission_hint(message: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ training
 
-def preflight(config: TrainingConfig, cluster: ClusterConfig, policy: LaunchPolicy, *, pipeline_run_id: str,
-              log_dir: Path, api=None) -> None:
+def preflight(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, policy: LaunchPolicy, *,
+              pipeline_run_id: str, log_dir: Path, api=None) -> None:
     """Run the collective benchmark (``python -m training.collectives --preflight``) as a job of the training
     job's shape, and fail when its all_reduce bus bandwidth is below ``policy.preflight_min_busbw_gbps``.
 
@@ -597,11 +597,11 @@ def preflight(config: TrainingConfig, cluster: ClusterConfig, policy: LaunchPoli
     """
     from training.launch.jobspec import JobSpec
 
-    spec = JobSpec(name=job_name_for(f"{pipeline_run_id}/preflight"), nnodes=config.nnodes,
-                   nproc_per_node=config.nproc_per_node, module="training.collectives",
+    spec = JobSpec(name=job_name_for(f"{pipeline_run_id}/preflight"), nnodes=shape.nnodes,
+                   nproc_per_node=shape.nproc_per_node, module="training.collectives",
                    args=["--preflight", "--min-busbw-gbps", f"{policy.preflight_min_busbw_gbps:g}"],
                    env={"OMP_NUM_THREADS": str(config.threads_per_rank)},
-                   rdzv_timeout_seconds=config.rdzv_timeout_seconds)
+                   rdzv_timeout_seconds=shape.rdzv_timeout_seconds)
     progress(f"kubernetes: preflight {spec.name}: all_reduce busbw floor {policy.preflight_min_busbw_gbps:g} GB/s")
     JobRun(api or api_client(policy.kubeconfig), render(spec, cluster), policy=policy,
            log_path=Path(log_dir) / "preflight-master.log", timeout=policy.preflight_timeout_seconds).run()
@@ -627,8 +627,8 @@ def _stage(source: str | Path, target: Path) -> None:
 
 
 def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | Path, config: TrainingConfig,
-                     cluster: ClusterConfig, policy: LaunchPolicy, pipeline_run_id: str, log_dir: str | Path,
-                     mlflow_run_id: str | None = None) -> TrainResult:
+                     shape: JobShape, cluster: ClusterConfig, policy: LaunchPolicy, pipeline_run_id: str,
+                     log_dir: str | Path, mlflow_run_id: str | None = None) -> TrainResult:
     """Train with ``training.train`` as the job of ``cluster.kind`` named after ``pipeline_run_id``; see the
     module docstring.
 
@@ -639,13 +639,13 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
 
     Raises:
         LaunchError: the job (or the preflight) failed, or the launcher gave up on it and deleted it.
-        ValueError: the cluster has no shared volume, or config and cluster do not fit together.
+        ValueError: the cluster has no shared volume, or the job's shape and the cluster do not fit together.
     """
     started = time.monotonic()
     name = job_name_for(pipeline_run_id)
     root = Path(job_dir(name, cluster))
     data_file = "data" + (Path(data).suffix or ".parquet")
-    body = job_manifest(config, cluster, run_id=pipeline_run_id, data_file=data_file)
+    body = job_manifest(config, shape, cluster, run_id=pipeline_run_id, data_file=data_file)
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):
         _stage(source, root / target)
@@ -658,7 +658,7 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     api = api_client(policy.kubeconfig)
     log_dir = Path(log_dir)
     if policy.preflight_min_busbw_gbps:
-        preflight(config, cluster, policy, pipeline_run_id=pipeline_run_id, log_dir=log_dir, api=api)
+        preflight(config, shape, cluster, policy, pipeline_run_id=pipeline_run_id, log_dir=log_dir, api=api)
     model = root / "model"
     JobRun(api, body, policy=policy, log_path=log_dir / "master.log", timeout=policy.timeout_seconds,
            artifact=model / MODEL_FILE).run()

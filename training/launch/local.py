@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from data.storage import absolute
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.errors import KfloopError
 from training.fileio import atomic_write_json
 from training.launch.jobspec import JobSpec, training_run_spec
@@ -303,9 +303,9 @@ def _describe(error_json: dict[str, Any]) -> str:
 
 
 def train_local(data: str | Path, schema: str | Path, *, model_dir: str | Path, checkpoint_dir: str | Path,
-                config: TrainingConfig, log_dir: str | Path, mlflow_run_id: str | None = None,
+                config: TrainingConfig, shape: JobShape, log_dir: str | Path, mlflow_run_id: str | None = None,
                 mlflow_tracking_uri: str | None = None, echo: bool = False) -> TrainResult:
-    """Train with ``training.train`` on ``config.nnodes`` local torchrun agents of ``config.nproc_per_node``
+    """Train ``config`` with ``training.train`` on ``shape.nnodes`` local torchrun agents of ``shape.nproc_per_node``
     processes each, writing ``<log_dir>/config.json`` and the logs of :func:`launch_local`.
 
     ``mlflow_tracking_uri`` becomes the workers' ``MLFLOW_TRACKING_URI``; without it they inherit this process's.
@@ -315,7 +315,7 @@ def train_local(data: str | Path, schema: str | Path, *, model_dir: str | Path, 
     """
     log_dir = Path(log_dir)
     config_file = atomic_write_json(log_dir / "config.json", config.to_dict())
-    spec = training_run_spec(config, data=absolute(data), schema=absolute(schema),
+    spec = training_run_spec(config, shape, data=absolute(data), schema=absolute(schema),
                              model_dir=str(Path(model_dir).resolve()),
                              checkpoint_dir=str(Path(checkpoint_dir).resolve()), config_file=str(config_file.resolve()),
                              env={"MLFLOW_TRACKING_URI": mlflow_tracking_uri} if mlflow_tracking_uri else None,

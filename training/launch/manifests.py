@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from training.launch.cluster import CREDENTIAL_KEYS, GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
-from training.config import TrainingConfig
+from training.config import JobShape, TrainingConfig
 from training.launch.jobspec import DEFAULT_JOB_NAME, MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec, training_run_spec
 
 PYTORCHJOB_API = "kubeflow.org/v1"
@@ -60,23 +60,23 @@ def job_dir(name: str, cluster: ClusterConfig) -> PurePosixPath:
     return PurePosixPath(cluster.shared_mount_path) / name
 
 
-def training_job_spec(config: TrainingConfig, cluster: ClusterConfig, *, name: str, data_file: str = "data.parquet",
-                      env: dict[str, str] | None = None) -> JobSpec:
+def training_job_spec(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, *, name: str,
+                      data_file: str = "data.parquet", env: dict[str, str] | None = None) -> JobSpec:
     """The JobSpec of one ``training.train`` run on ``cluster``: inputs, model, checkpoints and the MLflow run id in
-    :func:`job_dir` (checkpoints in ``cluster.checkpoint_dir`` when set), topology and restarts from ``config``.
+    :func:`job_dir` (checkpoints in ``cluster.checkpoint_dir`` when set), topology and restarts from ``shape``.
 
     Raises:
         ValueError: no shared volume, or an invalid name or env (see :class:`JobSpec`).
     """
     root = job_dir(name, cluster)
-    return training_run_spec(config, data=str(root / data_file), schema=str(root / "schema.yaml"),
+    return training_run_spec(config, shape, data=str(root / data_file), schema=str(root / "schema.yaml"),
                              model_dir=str(root / "model"),
                              checkpoint_dir=str(cluster.checkpoint_dir or root / "checkpoints"),
                              config_file=str(root / "config.json"), name=name, env=env,
                              mlflow_run_id_file=str(root / MLFLOW_RUN_ID_FILE))
 
 
-def job_manifest(config: TrainingConfig, cluster: ClusterConfig, *, run_id: str | None = None,
+def job_manifest(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, *, run_id: str | None = None,
                  data_file: str = "data.parquet") -> dict[str, Any]:
     """The one job builder: the manifest (of ``cluster.kind``) of pipeline run ``run_id``'s training job (named
     ``kfloop-train`` without one), exactly what the launcher submits and ``kfloop render-job`` prints. The ranks
@@ -84,10 +84,10 @@ def job_manifest(config: TrainingConfig, cluster: ClusterConfig, *, run_id: str 
     staged in the job's folder, not written into the job.
 
     Raises:
-        ValueError: ``config`` and ``cluster`` do not fit together (the message says the fix).
+        ValueError: ``shape`` and ``cluster`` do not fit together (the message says the fix).
     """
     name = job_name_for(run_id) if run_id else DEFAULT_JOB_NAME
-    return render(training_job_spec(config, cluster, name=name, data_file=data_file), cluster)
+    return render(training_job_spec(config, shape, cluster, name=name, data_file=data_file), cluster)
 
 
 def render(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:

@@ -92,7 +92,11 @@ class Lineage:
     previous_champion: str | None = None
     """Champion version when the candidate was evaluated; ``None`` if there was none."""
     training_config: dict[str, Any] = field(default_factory=dict)
-    """The training config, as a JSON-ready dict."""
+    """How the model was trained (:class:`training.config.TrainingConfig`), as a JSON-ready dict."""
+    job_shape: dict[str, Any] = field(default_factory=dict)
+    """The shape of the job that trained it (:class:`training.config.JobShape`: nodes, processes per node, backend,
+    restarts, rendezvous timeout); empty on versions registered before it was recorded (their ``training_config``
+    holds it)."""
     data_version: str = ""
     """The object store's version id or ETag of the training data; empty for a local file."""
     decision_threshold: float | None = None
@@ -126,7 +130,7 @@ class Lineage:
         return asdict(self)
 
     def tags(self) -> dict[str, str]:
-        """The lineage as string tags (the schema and training config go in artifacts instead)."""
+        """The lineage as string tags (the schema, training config and job shape go in artifacts instead)."""
         return {"data_md5": self.data_md5, "data_uri": self.data_uri[:MAX_TAG_CHARS],
                 **({"data_version": self.data_version} if self.data_version else {}),
                 "holdout_sha256": self.holdout_sha256, "git_commit": self.git_commit,
