@@ -66,9 +66,9 @@ def worker(args: argparse.Namespace) -> None:
     ddp = DistributedDataParallel(model, device_ids=[me.device.index] if cuda else None,
                                   bucket_cap_mb=cfg.bucket_cap_mb)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    order = list(range(rows))
-    epoch = functools.partial(_train_epoch, ddp, optimizer, order, x, y, args.batch, me.device,
-                              bf16=cfg.bf16_autocast, loss_fn=F.cross_entropy)
+    batches = list(zip(x.split(args.batch), y.split(args.batch)))
+    epoch = functools.partial(_train_epoch, ddp, optimizer, batches, me.device, bf16=cfg.bf16_autocast,
+                              loss_fn=F.cross_entropy)
     epoch()  # warm-up: allocator, DDP buckets, autocast caches
     sampler = _NvmlSampler(me.device.index) if cuda else None
     dist.barrier()
