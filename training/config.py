@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from training.settings import check_ints, section_from_dict
+from training.settings import check_ints, section_from_dict, section_mapping
 from training.threshold import THRESHOLD_METRICS
 
 BACKENDS = ("local", "kubernetes")
@@ -235,13 +235,7 @@ class TrainingSection:
         Raises:
             ValueError: not a mapping, an unknown key (the message lists every valid one), or an invalid value.
         """
-        values = d or {}
-        if not isinstance(values, Mapping):
-            raise ValueError("'training' must be a mapping of settings, e.g. --set training.FIELD=VALUE")
-        known = SHAPE_FIELDS | {f.name for f in fields(TrainingConfig)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown training key(s) {unknown}; valid keys are {sorted(known)}")
+        values = section_mapping(d, "training", SHAPE_FIELDS | {f.name for f in fields(TrainingConfig)})
         return cls(config=TrainingConfig.from_dict({k: v for k, v in values.items() if k not in SHAPE_FIELDS}),
                    shape=JobShape.from_dict({k: v for k, v in values.items() if k in SHAPE_FIELDS}))
 

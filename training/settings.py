@@ -5,7 +5,7 @@ import functools
 import os
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -178,6 +178,22 @@ def from_struct(value: Any) -> Any:
     return value
 
 
+def section_mapping(values: Mapping[str, Any] | None, section: str, known: Iterable[str]) -> Mapping[str, Any]:
+    """``values`` (None: empty) once it is a mapping holding only ``known`` keys.
+
+    Raises:
+        ValueError: not a mapping, or an unknown key (the message lists the valid ones).
+    """
+    if values is None:
+        values = {}
+    if not isinstance(values, Mapping):
+        raise ValueError(f"'{section}' must be a mapping of settings, e.g. --set {section}.FIELD=VALUE")
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {section} key(s) {unknown}; valid keys are {sorted(known)}")
+    return values
+
+
 def section_from_dict(cls: type[T], values: Mapping[str, Any] | None, section: str) -> T:
     """Build the typed config ``cls`` of the ``section`` of ``kfloop.yaml`` (or of a pipeline dict parameter) from
     a mapping; missing keys take their defaults. The one check every config section shares.
@@ -186,14 +202,7 @@ def section_from_dict(cls: type[T], values: Mapping[str, Any] | None, section: s
         ValueError: not a mapping, an unknown key (the message lists the valid ones), true/false for a field that
             is not a flag, or a value the config's own ``__post_init__`` rejects.
     """
-    if values is None:
-        values = {}
-    if not isinstance(values, Mapping):
-        raise ValueError(f"'{section}' must be a mapping of settings, e.g. --set {section}.FIELD=VALUE")
-    known = {f.name: str(f.type) for f in fields(cls)}
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {section} key(s) {unknown}; valid keys are {sorted(known)}")
+    values = section_mapping(values, section, known := {f.name: str(f.type) for f in fields(cls)})
     for name, value in values.items():
         items = value if isinstance(value, (list, tuple)) else [value]
         if "bool" not in known[name] and "Any" not in known[name] and any(isinstance(v, bool) for v in items):
