@@ -45,7 +45,8 @@ def test_parquet_and_csv_of_the_same_data_give_the_same_frames_with_columns_sele
 @pytest.mark.parametrize("suffix", [".parquet", ".csv"])
 def test_a_missing_column_names_the_file_and_its_columns(tmp_path, suffix):
     path = _write(_frame(), tmp_path / f"data{suffix}")
-    with pytest.raises(DataFileError, match=r"lacks columns \['size'\]; its columns are \['id', 'x', 'color'\]") as info:
+    message = r"lacks columns \['size'\]; its columns are \['id', 'x', 'color'\]"
+    with pytest.raises(DataFileError, match=message) as info:
         with table_chunks(path, columns=["x", "size"]) as (chunks, _):
             next(chunks)
     assert info.value.path == str(path)
