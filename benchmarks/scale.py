@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 import torch
 
 from benchmarks.drift import CATEGORICAL, NUMERIC, make_frame
+from data.tables import table_chunks
 from data.validation import infer_schema, load_schema, schema_to_yaml, validate
-from data.chunks import table_chunks
 from monitoring.drift import DriftPolicy, check_drift_profile, evidently_drift
 from monitoring.profiles import ReferenceProfile, profile_table
 from training.features import FeatureTransform, encode_target, target_classes

@@ -1,6 +1,7 @@
-"""Reading data files as tables: whole (:func:`read_table`) or chunk by chunk in bounded memory
-(:func:`iter_table`), from a local or mounted path or object storage (an object is streamed to a local temp file
-first: :func:`local_copy`). Every problem is a :class:`DataFileError` naming the file and saying the fix.
+"""Reading data files as tables: whole (:func:`read_table`) or chunk by chunk in bounded memory (:func:`iter_table`
+for a local file, :func:`table_chunks` for a local path or an object in storage), from a local or mounted path or
+object storage (an object is streamed to a local temp file first: :func:`local_copy`). Every problem is a
+:class:`DataFileError` naming the file and saying the fix.
 """
 from __future__ import annotations
 
@@ -39,16 +40,16 @@ class DataFileError(KfloopError):
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReadLimits:
     """How much of a data file is read: the most one file may hold (checked before the data is loaded), and the
-    most rows held in memory at once when it is read in chunks (validation, training input)."""
+    most rows held in memory at once when it is read in chunks (validation, the training input, profiles, drift)."""
 
     max_bytes: int = 2 << 30
     """File size in bytes (from the file system)."""
     max_rows: int = 20_000_000
     """Data rows: from the Parquet footer, or by reading at most ``max_rows + 1`` rows of a CSV."""
     chunk_rows: int = 100_000
-    """Rows per chunk of a streamed read (:func:`iter_table`, the training input); memory grows with it, not with
-    the file. Measured on 20 columns: 0.74 / 0.81 / 1.05 / 1.35 GiB peak for one training rank at 50k / 100k /
-    250k / 500k rows, with 100k as fast as larger chunks."""
+    """Rows per chunk of a streamed read (:func:`iter_table`: validation, the training input, profiles and drift);
+    memory grows with it, not with the file. Measured on 20 columns: 0.74 / 0.81 / 1.05 / 1.35 GiB peak for one
+    training rank at 50k / 100k / 250k / 500k rows, with 100k as fast as larger chunks."""
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_rows", "chunk_rows"):
@@ -141,23 +142,30 @@ def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.D
     return next(frames)
 
 
-def iter_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[pd.DataFrame]:
-    """The local file at ``path`` as frames of at most ``limits.chunk_rows`` rows, in file order, each indexed by
-    its rows' 0-based positions in the whole file. Parquet is read row group by row group, batch by batch, CSV
-    ``chunk_rows`` lines at a time, so memory holds one chunk (object storage: :func:`local_copy` first).
+def iter_table(path: str | Path, *, columns: list[str] | None = None, text_columns: list[str] | None = None,
+               limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[pd.DataFrame]:
+    """The local file at ``path`` as frames of at most ``limits.chunk_rows`` rows holding ``columns`` (all when
+    None, else these in this order), in file order, each indexed by its rows' 0-based positions in the whole file.
+    Parquet is read row group by row group, batch by batch, CSV ``chunk_rows`` lines at a time, so memory holds one
+    chunk (object storage: :func:`table_chunks`). CSV chunks type ``text_columns`` as text, so a category's type
+    does not change from one chunk to the next.
 
     Raises:
-        DataFileError: see :func:`read_table`; a CSV row that cannot be parsed is found when its chunk is read.
+        DataFileError: see :func:`read_table`; the file lacks one of ``columns`` (the message lists the file's
+            columns); a CSV row that cannot be parsed is found when its chunk is read.
     """
     path = Path(path)
     if table_format(path, limits) == "csv":
-        yield from _csv_chunks(path, limits, chunk_rows=limits.chunk_rows)
+        yield from _csv_chunks(path, limits, chunk_rows=limits.chunk_rows, columns=columns,
+                               text_columns=text_columns)
         return
     parquet = _parquet_file(path, limits)
+    _check_columns(path, columns, parquet.schema_arrow.names)
     offset = 0
     try:  # one row group at a time: over the whole file, iter_batches reads ahead (1.2 GiB for 10M x 21 columns)
         batches = (batch for group in range(parquet.num_row_groups)
-                   for batch in parquet.iter_batches(batch_size=limits.chunk_rows, row_groups=[group]))
+                   for batch in parquet.iter_batches(batch_size=limits.chunk_rows, row_groups=[group],
+                                                     columns=columns))
         for batch in batches:
             frame = batch.to_pandas()
             frame.index = pd.RangeIndex(offset, offset + len(frame))
@@ -165,6 +173,20 @@ def iter_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Iter
             yield frame
     except (pyarrow.ArrowException, OSError) as exc:
         raise DataFileError(path, f"unreadable Parquet file: {exc}") from exc
+
+
+@contextmanager
+def table_chunks(uri: str | Path, *, columns: list[str] | None = None, text_columns: list[str] | None = None,
+                 limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[Iterator[pd.DataFrame], TableSource]]:
+    """The table at ``uri`` (local path or object storage) read by :func:`iter_table`, and what is read
+    (:func:`local_copy`: an object in storage is streamed to a temp file first, removed on exit; errors name the
+    URI). Iterate the chunks inside the ``with`` block.
+
+    Raises:
+        DataFileError: see :func:`iter_table` and :func:`local_copy`.
+    """
+    with local_copy(uri, limits=limits) as (path, source):
+        yield iter_table(path, columns=columns, text_columns=text_columns, limits=limits), source
 
 
 def table_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
@@ -183,10 +205,13 @@ def table_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
         raise DataFileError(path, "file is empty (0 bytes)")
     if size > limits.max_bytes:
         raise _too_large(path, size, limits)
-    with path.open("rb") as f:
-        head = f.read(len(PARQUET_MAGIC))
-        f.seek(max(size - len(PARQUET_MAGIC), 0))
-        tail = f.read()
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(PARQUET_MAGIC))
+            f.seek(max(size - len(PARQUET_MAGIC), 0))
+            tail = f.read()
+    except OSError as exc:
+        raise DataFileError(path, f"cannot be read ({exc.strerror or exc}): check its permissions") from exc
     if head == PARQUET_MAGIC:
         if size < 3 * len(PARQUET_MAGIC) or tail != PARQUET_MAGIC:
             raise DataFileError(path, "truncated Parquet file (the footer is missing): copy or write it again")
@@ -209,6 +234,13 @@ def _too_many_rows(path: Path, limits: ReadLimits) -> DataFileError:
 
 def _duplicates(names: list[str]) -> list[str]:
     return [name for name, n in Counter(names).items() if n > 1]
+
+
+def _check_columns(path: Path, columns: list[str] | None, names: list[str]) -> None:
+    """Raise unless the file's column ``names`` include every one of ``columns``."""
+    missing = [name for name in columns or [] if name not in names]
+    if missing:
+        raise DataFileError(path, f"lacks columns {missing}; its columns are {names}")
 
 
 def _parquet_file(path: Path, limits: ReadLimits) -> pq.ParquetFile:
@@ -246,8 +278,10 @@ def _first_line_with_nul(path: Path) -> int | None:
     return None
 
 
-def _csv_chunks(path: Path, limits: ReadLimits, *, chunk_rows: int | None) -> Iterator[pd.DataFrame]:
-    """The CSV file as frames of ``chunk_rows`` rows (None: one frame), checked as :func:`read_table` says."""
+def _csv_chunks(path: Path, limits: ReadLimits, *, chunk_rows: int | None, columns: list[str] | None = None,
+                text_columns: list[str] | None = None) -> Iterator[pd.DataFrame]:
+    """The CSV file as frames of ``chunk_rows`` rows (None: one frame) holding ``columns`` (all when None) with
+    ``text_columns`` typed as text, checked as :func:`read_table` and :func:`iter_table` say."""
     not_utf8 = "not UTF-8 text: {} cannot be decoded; save the file as UTF-8"
     with path.open("rb") as f:
         first_line = f.readline()
@@ -265,19 +299,21 @@ def _csv_chunks(path: Path, limits: ReadLimits, *, chunk_rows: int | None) -> It
     if duplicated:
         raise DataFileError(path, f"duplicate column names {duplicated} in the header: every column needs a unique "
                                   "name")
+    _check_columns(path, columns, names)
+    options = {"encoding": "utf-8-sig", "usecols": columns, "dtype": dict.fromkeys(text_columns or [], "string")}
     rows = 0
     try:
         if chunk_rows is None:
-            chunks = iter([pd.read_csv(path, encoding="utf-8-sig", low_memory=False, nrows=limits.max_rows + 1)])
+            chunks = iter([pd.read_csv(path, low_memory=False, nrows=limits.max_rows + 1, **options)])
         else:
-            chunks = pd.read_csv(path, encoding="utf-8-sig", chunksize=chunk_rows)
+            chunks = pd.read_csv(path, chunksize=chunk_rows, **options)
         for chunk in chunks:
             if chunk.empty:
                 break
             rows += len(chunk)
             if rows > limits.max_rows:
                 raise _too_many_rows(path, limits)
-            yield chunk
+            yield chunk if columns is None else chunk[columns]  # in the order asked for, as Parquet gives them
     except UnicodeDecodeError:
         raise DataFileError(path, not_utf8.format(_first_non_utf8_line(path))) from None
     except pd.errors.EmptyDataError:

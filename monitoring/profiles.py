@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
-from data.chunks import table_chunks
+from data.tables import table_chunks
 from data.validation import schema_roles
 from training.fileio import atomic_write_text
 

@@ -100,8 +100,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         ValueError: no reference data, or no schema and no target to infer one; the message names what is missing.
         data.tables.DataFileError: a data file is unusable.
     """
-    from data.chunks import table_chunks
-    from data.tables import read_table, read_table_source
+    from data.tables import read_table, read_table_source, table_chunks
     from data.validation import schema_roles
     from monitoring.drift import DriftPolicy, check_drift, check_drift_profile
     from monitoring.profiles import prediction_kind

@@ -10,8 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from data.chunks import table_chunks
-from data.tables import read_table
+from data.tables import ReadLimits, read_table, table_chunks
 from data.validation import infer_schema, schema_to_yaml
 from monitoring.drift import DriftPolicy, check_drift, check_drift_profile, same_verdict
 from monitoring.profiles import PROFILE_ARTIFACT, ProfileSettings, ReferenceProfile, build_profile
@@ -168,7 +167,7 @@ def test_profile_of_a_file_in_chunks_equals_the_profile_of_the_frame(tmp_path, s
         frame.to_csv(path, index=False)
     else:
         frame.to_parquet(path, index=False, row_group_size=700)
-    with table_chunks(path, text_columns=CATEGORICAL, chunk_rows=700) as (parts, source):
+    with table_chunks(path, text_columns=CATEGORICAL, limits=ReadLimits(chunk_rows=700)) as (parts, source):
         read = list(parts)
     profile = build_profile(read, KINDS)
     sizes = [len(part) for part in read]

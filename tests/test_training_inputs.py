@@ -154,6 +154,17 @@ def test_an_epoch_holds_the_whole_file_training_rows(path, frame, roles, world, 
     assert val_rows == len(val)
 
 
+def test_a_csv_file_gives_the_rows_and_columns_of_the_parquet_file(path, frame, tmp_path):
+    csv = tmp_path / "train.csv"
+    frame.to_csv(csv, index=False)
+    columns = ["plan", "score", "label"]
+    for start, stop in [(0, ROWS), (100, 1234)]:
+        from_csv = pd.concat(_table(csv, chunk_rows=37).chunks(start, stop, columns))
+        from_parquet = pd.concat(_table(path, chunk_rows=37).chunks(start, stop, columns))
+        assert list(from_csv.columns) == columns and from_csv.index.tolist() == list(range(start, stop))
+        pd.testing.assert_frame_equal(from_csv, from_parquet)
+
+
 def test_uneven_shards_take_the_same_number_of_steps(path, frame, roles, world):
     table = _table(path)
     fitted = fit_on_rank0(table, roles, torch.device("cpu"))

@@ -129,12 +129,12 @@ class ShardedTable:
         """The rows of ``piece`` (``columns``, or all) as frames of at most ``limits.chunk_rows`` rows, indexed by
         row number."""
         if piece.fragment is None:
-            for chunk in iter_table(self.path, limits=self.limits):
+            for chunk in iter_table(self.path, columns=columns, limits=self.limits):
                 if chunk.index[0] >= piece.stop:
                     break
                 chunk = chunk.loc[piece.start:piece.stop - 1]
                 if len(chunk):
-                    yield chunk if columns is None else chunk[columns]
+                    yield chunk
             return
         self.row_groups_read.append(piece.group)
         offset = piece.first_row
