@@ -22,7 +22,13 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import mlflow
 import pandas as pd
+from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.models import Model, ModelSignature
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
+from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
 from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from monitoring.trigger import utc_iso
@@ -32,8 +38,6 @@ from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
 
 if TYPE_CHECKING:
-    import mlflow
-
     from training.gate import Decision
     from training.model import Predictor
 
@@ -224,8 +228,6 @@ class ForeignModelError(KfloopError, RuntimeError):
 
 
 def _client(client: "mlflow.MlflowClient | None") -> "mlflow.MlflowClient":
-    import mlflow
-
     return client or mlflow.MlflowClient()
 
 
@@ -236,9 +238,6 @@ def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
-
     try:
         return _client(client).get_registered_model(model_name)
     except MlflowException as e:
@@ -253,9 +252,6 @@ def ensure_registered_model(model_name: str, *, client: "mlflow.MlflowClient | N
     Raises:
         mlflow.exceptions.MlflowException: MLflow refused the call.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
-
     try:
         _client(client).create_registered_model(model_name,
                                                 description="kfloop candidates; alias 'champion' serves")
@@ -281,10 +277,9 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
         ValueError: ``decision`` is not a :meth:`training.gate.Decision.to_dict` result.
         mlflow.exceptions.MlflowException: the run does not exist, or another run is active in this process.
     """
-    import mlflow
-    from mlflow.entities import Metric, RunTag
-
     model_dir = Path(model_dir)
+    # torch (training.model*) and sklearn (training.gate) only where a model is logged or loaded: kfloop status,
+    # history and the metrics webhook read the registry through this module without them
     from training.gate import kfp_metrics
     from training.model import Predictor
 
@@ -410,8 +405,6 @@ def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = N
     if champion.run_id is None or SCHEMA_ARTIFACT not in {a.path for a in client.list_artifacts(champion.run_id)}:
         raise FileNotFoundError(f"champion {model_name} v{champion.version} (run {champion.run_id}) has no "
                                 f"{SCHEMA_ARTIFACT} artifact: register champions with log_candidate()")
-    import mlflow
-
     return mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{SCHEMA_ARTIFACT}")
 
 
@@ -428,8 +421,6 @@ def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = 
         return None
     if PROFILE_ARTIFACT not in {a.path for a in client.list_artifacts(champion.run_id)}:
         return None
-    import mlflow
-
     return ReferenceProfile.from_json(mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{PROFILE_ARTIFACT}"))
 
 
@@ -450,9 +441,7 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
             not record its weights; nothing is downloaded but the MLmodel.
         FileNotFoundError: the logged model holds no complete model directory.
     """
-    import mlflow
-    from mlflow.models import Model
-
+    # torch/sklearn only where a model is logged or loaded (see log_candidate)
     from training.model_code import ModelCodeError
 
     client = _client(client)
@@ -511,8 +500,7 @@ def load_version_predictor(model_name: str, version: str) -> "Predictor":
         WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
         ModelCodeError: the downloaded model module is not the one recorded at registration.
     """
-    import tempfile
-
+    # torch/sklearn only where a model is logged or loaded (see log_candidate)
     from training.model import Predictor
 
     client = _client(None)
@@ -632,8 +620,6 @@ def verify_version(model_name: str, version: str, *, client: "mlflow.MlflowClien
         WeightsMismatchError: the stored weights changed after registration.
         mlflow.exceptions.MlflowException: the version does not exist.
     """
-    import tempfile
-
     client = _client(client)
     mv = client.get_model_version(model_name, str(version))
     label = f"{model_name} v{version}"
@@ -740,8 +726,6 @@ def _replaced_by(model_name: str, current: ChampionInfo, client: "mlflow.MlflowC
 @contextmanager
 def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
     """Turn MLflow's transport failure (after its own bounded retries) into one clear error."""
-    from mlflow.exceptions import MlflowException
-
     try:
         yield
     except MlflowException as e:
@@ -757,6 +741,7 @@ def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
 
 
 def _decision(decision: dict[str, Any]) -> "Decision":
+    # torch/sklearn only where a model is logged or loaded (see log_candidate)
     from training.gate import Decision
 
     try:
@@ -784,9 +769,6 @@ def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
     """Inputs typed ``any``: MLflow's enforcement rejects int64 for ``double`` and pandas ``category`` for
     ``string``, while the model's own preprocessing coerces both; outputs are the prediction frame; the param
     ``on_schema_violation`` (default ``flag``) is :mod:`data.schema_rules`'."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
-
     t = predictor.transform
     label_type = ("double" if predictor.task == "regression" else
                   {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])])
