@@ -18,6 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import kfp
+from kfp.client import ServiceAccountTokenVolumeCredentials
+from kfp_server_api import ApiException
+
 from monitoring.trigger import RunInFlight
 from training.progress import progress
 from training.settings import CODE_ROOT
@@ -53,9 +57,6 @@ def connect(host: str | None, *, namespace: str | None = None) -> Any:
     Raises:
         ValueError: ``host`` is not an http(s) URL.
     """
-    import kfp
-    from kfp.client import ServiceAccountTokenVolumeCredentials
-
     if host is not None and not re.match(r"https?://[^/\s]+", host):
         raise ValueError(f"--host {host!r}: use the KFP API URL, e.g. http://localhost:8080 or "
                          "https://kubeflow.example.com/pipeline")
@@ -128,8 +129,6 @@ def upload(client: Any, pipeline_name: str, package: Path, *, version_name: str,
     Raises:
         kfp_server_api.ApiException: the server refused (other than "already exists").
     """
-    from kfp_server_api import ApiException
-
     try:
         return find_version(client, pipeline_name, version_name, namespace), False
     except LookupError:
