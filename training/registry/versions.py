@@ -278,8 +278,8 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
         mlflow.exceptions.MlflowException: the run does not exist, or another run is active in this process.
     """
     model_dir = Path(model_dir)
-    # torch (training.model*) and sklearn (training.gate) only where a model is logged or loaded: kfloop status,
-    # history and the metrics webhook read the registry through this module without them
+    # torch (training.model*) and sklearn (training.gate) only where a model is logged or loaded: the metrics
+    # webhook (kfloop serve) reads the registry through this module without them
     from training.gate import kfp_metrics
     from training.model import Predictor
 
