@@ -133,8 +133,6 @@ def _training_config(config: dict[str, Any], **overrides: Any):
     Raises:
         ValueError: an invalid field.
     """
-    from training.config import TrainingConfig
-
     return TrainingConfig.from_dict({**config, **overrides})
 
 
