@@ -74,7 +74,8 @@ def _record_check(model_name: str, suffix: str, *, champion_version: str | None,
                   report: tuple[str, str | None, str]) -> str:
     """One check as a finished run of experiment ``<model><suffix>``: ``result`` and ``report`` are (artifact
     name, content) and (artifact name, local HTML file, version tag that links it from the champion)."""
-    # the step layer loads torch: the metrics webhook (kfloop serve) reads checks through this module without it
+    # monitoring reaching up into the training step layer, which loads the training stack (matplotlib, DVC) that
+    # no monitoring step needs; lazy until ensure_experiment has a home below both
     from training.steps import ensure_experiment
 
     client = mlflow.MlflowClient()

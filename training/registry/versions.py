@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import mlflow
 import pandas as pd
@@ -34,12 +34,11 @@ from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from monitoring.trigger import utc_iso
 from training.errors import KfloopError
 from training.fileio import file_digest
+from training.gate import Decision, kfp_metrics
+from training.model import Predictor
+from training.model_code import ModelCodeError
 from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
-
-if TYPE_CHECKING:
-    from training.gate import Decision
-    from training.model import Predictor
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -278,11 +277,6 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
         mlflow.exceptions.MlflowException: the run does not exist, or another run is active in this process.
     """
     model_dir = Path(model_dir)
-    # torch (training.model*) and sklearn (training.gate) only where a model is logged or loaded: the metrics
-    # webhook (kfloop serve) reads the registry through this module without them
-    from training.gate import kfp_metrics
-    from training.model import Predictor
-
     predictor = Predictor.load(model_dir)
     scalars = kfp_metrics(_decision(decision))
     weights_sha = file_digest(model_dir / WEIGHTS_FILE)
@@ -441,9 +435,6 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
             not record its weights; nothing is downloaded but the MLmodel.
         FileNotFoundError: the logged model holds no complete model directory.
     """
-    # torch/sklearn only where a model is logged or loaded (see log_candidate)
-    from training.model_code import ModelCodeError
-
     client = _client(client)
     mv = client.get_model_version(model_name, str(version))
     expected = mv.tags.get(WEIGHTS_TAG)
@@ -500,9 +491,6 @@ def load_version_predictor(model_name: str, version: str) -> "Predictor":
         WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
         ModelCodeError: the downloaded model module is not the one recorded at registration.
     """
-    # torch/sklearn only where a model is logged or loaded (see log_candidate)
-    from training.model import Predictor
-
     client = _client(None)
     with tempfile.TemporaryDirectory() as tmp:
         local = download_model_dir(model_name, version, Path(tmp), client=client)
@@ -741,9 +729,6 @@ def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
 
 
 def _decision(decision: dict[str, Any]) -> "Decision":
-    # torch/sklearn only where a model is logged or loaded (see log_candidate)
-    from training.gate import Decision
-
     try:
         gate = Decision.from_dict(decision)
     except (KeyError, TypeError) as e:
