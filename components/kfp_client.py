@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-import kfp
-from kfp.client import ServiceAccountTokenVolumeCredentials
+# component_factory first: in a step process (_KFP_RUNTIME=true, where ``kfp`` itself imports no client and no
+# ``kfp.Client``) kfp.client's own imports otherwise run into kfp's import cycle around dsl.pipeline_context
+import kfp.dsl.component_factory  # noqa: F401
+from kfp.client import Client, ServiceAccountTokenVolumeCredentials
 from kfp_server_api import ApiException
 
 from monitoring.trigger import RunInFlight
@@ -66,8 +68,8 @@ def connect(host: str | None, *, namespace: str | None = None) -> Any:
                    if token is None and Path(token_file).is_file() else None)
     with warnings.catch_warnings():  # kfp warns on every Client() that it needs a v2 server
         warnings.simplefilter("ignore", FutureWarning)
-        return kfp.Client(host=host, namespace=namespace or "kubeflow", existing_token=token,
-                          credentials=credentials)
+        return Client(host=host, namespace=namespace or "kubeflow", existing_token=token,
+                      credentials=credentials)
 
 
 def code_source_url(commit: str, cwd: Path = CODE_ROOT) -> str:

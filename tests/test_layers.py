@@ -5,6 +5,7 @@ except in the few places listed in LAZY_IMPORTS, each for a reason the last test
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,14 @@ def loaded_after(code: str) -> set[str]:
 ])
 def test_lazy_imports_keep_their_entry_points_light(entry, code, heavy):
     assert loaded_after(code) & heavy == set(), entry
+
+
+def test_the_trigger_step_imports_the_kfp_client_in_a_step_process():
+    """KFP runs a step with ``_KFP_RUNTIME=true``, where ``kfp`` skips its client and kfp.client alone runs into
+    kfp's own import cycle; the trigger step imports it (through run_starters) to start pinned runs."""
+    code = ("import kfp.dsl.executor_main\nfrom components.run_starters import run_starter\n"
+            "from components.kfp_client import Client\nprint(Client.__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "_KFP_RUNTIME": "true"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["kfp.client.client"]
