@@ -1,6 +1,6 @@
 """The drift and quality pipelines' steps as plain functions. Each component calls one; each runs without KFP.
-The checks themselves (:mod:`monitoring.drift`, :mod:`monitoring.quality`) load Evidently and scikit-learn, seconds
-of import, so only the step that runs one imports it: the trigger step's pod does without them."""
+The checks themselves (:mod:`monitoring.drift`, :mod:`monitoring.quality`) load Evidently, seconds of import, so only
+the step that runs one imports it: the trigger step's pod does without it."""
 from __future__ import annotations
 
 import copy
