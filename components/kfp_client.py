@@ -18,6 +18,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+# component_factory first: in a step process (_KFP_RUNTIME=true, where ``kfp`` itself imports no client and no
+# ``kfp.Client``) kfp.client's own imports otherwise run into kfp's import cycle around dsl.pipeline_context
+import kfp.dsl.component_factory  # noqa: F401
+from kfp.client import Client, ServiceAccountTokenVolumeCredentials
+from kfp_server_api import ApiException
+
 from monitoring.trigger import RunInFlight
 from training.progress import progress
 from training.settings import CODE_ROOT
@@ -53,9 +59,6 @@ def connect(host: str | None, *, namespace: str | None = None) -> Any:
     Raises:
         ValueError: ``host`` is not an http(s) URL.
     """
-    import kfp
-    from kfp.client import ServiceAccountTokenVolumeCredentials
-
     if host is not None and not re.match(r"https?://[^/\s]+", host):
         raise ValueError(f"--host {host!r}: use the KFP API URL, e.g. http://localhost:8080 or "
                          "https://kubeflow.example.com/pipeline")
@@ -65,8 +68,8 @@ def connect(host: str | None, *, namespace: str | None = None) -> Any:
                    if token is None and Path(token_file).is_file() else None)
     with warnings.catch_warnings():  # kfp warns on every Client() that it needs a v2 server
         warnings.simplefilter("ignore", FutureWarning)
-        return kfp.Client(host=host, namespace=namespace or "kubeflow", existing_token=token,
-                          credentials=credentials)
+        return Client(host=host, namespace=namespace or "kubeflow", existing_token=token,
+                      credentials=credentials)
 
 
 def code_source_url(commit: str, cwd: Path = CODE_ROOT) -> str:
@@ -128,8 +131,6 @@ def upload(client: Any, pipeline_name: str, package: Path, *, version_name: str,
     Raises:
         kfp_server_api.ApiException: the server refused (other than "already exists").
     """
-    from kfp_server_api import ApiException
-
     try:
         return find_version(client, pipeline_name, version_name, namespace), False
     except LookupError:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from dvc.repo import Repo
 
 DATA_DIR = Path(__file__).resolve().parent
 REPO_ROOT = DATA_DIR.parent
@@ -35,8 +36,6 @@ def ensure_demo_data(remote_dir: Path) -> DemoData:
     Raises:
         FileNotFoundError: this checkout is not a DVC repo (no ``.dvc/`` beside ``data/``).
     """
-    from dvc.repo import Repo
-
     if not (REPO_ROOT / ".dvc").is_dir():
         raise FileNotFoundError(f"{REPO_ROOT}: not a DVC repository; run `dvc init` there or use a kfloop checkout")
     remote_dir.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Callable, Iterator
 
+import mlflow
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -85,8 +86,6 @@ def registered_models(client: Any = None) -> list[str]:
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
-    import mlflow
-
     client = client or mlflow.MlflowClient()
     names, token = [], None
     while True:

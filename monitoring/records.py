@@ -6,8 +6,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import mlflow
+from mlflow.entities import Metric, Param
+
 from monitoring.trigger import utc_iso
 from training.registry.versions import DRIFT_REPORT_URI_TAG, QUALITY_REPORT_URI_TAG
+from training.settings import load_environment
 
 DRIFT_EXPERIMENT_SUFFIX = "-drift"
 """Drift checks of model ``M`` are runs of experiment ``M-drift``."""
@@ -70,10 +74,8 @@ def _record_check(model_name: str, suffix: str, *, champion_version: str | None,
                   report: tuple[str, str | None, str]) -> str:
     """One check as a finished run of experiment ``<model><suffix>``: ``result`` and ``report`` are (artifact
     name, content) and (artifact name, local HTML file, version tag that links it from the champion)."""
-    import mlflow
-    from mlflow.entities import Metric, Param
-
-    from training.settings import load_environment
+    # monitoring reaching up into the training step layer, which loads the training stack (matplotlib, DVC) that
+    # no monitoring step needs; lazy until ensure_experiment has a home below both
     from training.steps import ensure_experiment
 
     client = mlflow.MlflowClient()
@@ -127,8 +129,6 @@ def _recorded_checks(model_name: str, suffix: str, artifact: str, limit: int) ->
                                                                                           dict[str, Any]]]:
     """The last ``limit`` runs of ``<model><suffix>``, oldest first, each as (``{at, run_id}``, the run, its
     ``artifact`` JSON)."""
-    import mlflow
-
     client = mlflow.MlflowClient()
     experiment = client.get_experiment_by_name(model_name + suffix)
     if experiment is None:

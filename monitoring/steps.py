@@ -1,17 +1,28 @@
-"""The drift and quality pipelines' steps as plain functions. Each component calls one; each runs without KFP."""
+"""The drift and quality pipelines' steps as plain functions. Each component calls one; each runs without KFP.
+The checks themselves (:mod:`monitoring.drift`, :mod:`monitoring.quality`) load Evidently, seconds of import, so only
+the step that runs one imports it: the trigger step's pod does without it."""
 from __future__ import annotations
 
 import copy
 import hashlib
 import tempfile
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import mlflow
 import pandas as pd
 
 from data.storage import redact
+from data.tables import DataFileError, read_table, read_table_source, table_chunks
+from data.validation import infer_schema, load_schema, schema_roles, validate
+from monitoring.profiles import prediction_kind
+from monitoring.records import record_drift_check, record_quality_check
+from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.progress import progress
+from training.registry.versions import (EVALUATION_ARTIFACT, champion_profile, champion_schema, get_champion,
+                                        holdout_metrics, load_version_predictor)
 from training.settings import load_environment, step_function
 
 
@@ -58,9 +69,6 @@ def _drift_schema(schema_uri: str, *, model_name: str, champion: Any, target: st
     Raises:
         ValueError: nothing to infer the target from (the message says what to pass).
     """
-    from data.validation import infer_schema, load_schema
-    from training.registry.versions import champion_schema
-
     if schema_uri:
         return load_schema(schema_uri), redact(schema_uri)
     recorded = champion_schema(model_name) if champion is not None else None
@@ -100,12 +108,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         ValueError: no reference data, or no schema and no target to infer one; the message names what is missing.
         data.tables.DataFileError: a data file is unusable.
     """
-    from data.tables import read_table, read_table_source, table_chunks
-    from data.validation import schema_roles
     from monitoring.drift import DriftPolicy, check_drift, check_drift_profile
-    from monitoring.profiles import prediction_kind
-    from training.registry.versions import champion_profile, get_champion, load_version_predictor
-
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None
     profile = champion_profile(model_name) if champion is not None and not reference_uri else None
@@ -146,8 +149,6 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                               schema_source=schema_source,
                               champion_version=champion.version if champion else None)
     if model_name:
-        from monitoring.records import record_drift_check
-
         record_drift_check(model_name, checked, current_uri=redact(current_uri), report_path=report_path)
     return checked
 
@@ -190,12 +191,7 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
         data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
-    from data.tables import read_table_source
-    from data.validation import load_schema, schema_roles
     from monitoring.quality import QualityPolicy, check_quality, join_labels, write_quality_report
-    from monitoring.records import record_quality_check
-    from training.registry.versions import champion_schema, get_champion, load_version_predictor
-
     rules = QualityPolicy.from_dict(policy)
     if labels_uri and not id_column:
         raise ValueError("labels_uri is set without id_column: name the id column both files share")
@@ -256,9 +252,6 @@ def _require_valid(rows, schema, where: str) -> None:
     Raises:
         data.tables.DataFileError: every failure, naming file, column, rule and values.
     """
-    from data.tables import DataFileError
-    from data.validation import validate
-
     relaxed = copy.deepcopy(schema)
     relaxed.checks, relaxed.strict = [], False
     report = validate(rows, relaxed)
@@ -273,11 +266,7 @@ def _champion_baseline(champion: Any, predictor: Any, metric: str | None):
     Raises:
         ValueError: the champion recorded no holdout value of the metric.
     """
-    import mlflow
-
     from monitoring.quality import Baseline
-    from training.registry.versions import EVALUATION_ARTIFACT, holdout_metrics
-
     client = mlflow.MlflowClient()
     metric = metric or champion.record.primary_metric
     recorded = holdout_metrics(client, champion.run_id) if champion.run_id else {}
@@ -295,8 +284,6 @@ def _champion_baseline(champion: Any, predictor: Any, metric: str | None):
 
 def trigger_store(model_name: str):
     """The trigger state of ``model_name`` in the workdir (a file that survives restarts of the step)."""
-    from monitoring.trigger import TriggerStore
-
     return TriggerStore.in_workdir(load_environment().workdir, model_name)
 
 
@@ -306,10 +293,6 @@ def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], star
     """Retrain unless the cooldown or the dedupe on (model, data hash, window) says no; ``start()`` starts a
     training run and returns its id. ``store`` defaults to the workdir's file (:func:`trigger_store`). Returns the
     :class:`monitoring.trigger.TriggerDecision` (with ``run_id``)."""
-    import time
-
-    from monitoring.trigger import TriggerPolicy, maybe_trigger
-
     decision = maybe_trigger(store or trigger_store(model_name), model=model_name, data_hash=data_md5,
                              now=time.time(), policy=TriggerPolicy.from_dict(policy), start=start)
     progress(f"trigger: {'fired, run ' + str(decision.run_id) if decision.fire else 'skipped'}: {decision.reason}")

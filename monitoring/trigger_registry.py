@@ -6,7 +6,10 @@ import json
 import threading
 from typing import Any
 
+import mlflow
+
 from monitoring.trigger import TriggerStore
+from training.registry.versions import ensure_registered_model, registered_model
 
 STATE_TAG = "kfloop.trigger_state"
 """Registered-model tag holding the trigger document (MLflow allows 100,000 characters; the history is capped)."""
@@ -21,22 +24,16 @@ class RegistryTriggerStore(TriggerStore):
     """
 
     def __init__(self, model_name: str, client: Any = None):
-        import mlflow
-
         self.model_name = model_name
         self.client = client or mlflow.MlflowClient()
         self.path = f"registered model {model_name!r} tag {STATE_TAG} at {mlflow.get_tracking_uri()}"
         self.lock = _PROCESS_LOCK
 
     def _read(self) -> bytes | None:
-        from training.registry.versions import registered_model
-
         registered = registered_model(self.model_name, client=self.client)
         value = registered.tags.get(STATE_TAG) if registered else None
         return None if value is None else value.encode()
 
     def _write(self, state: dict[str, Any]) -> None:
-        from training.registry.versions import ensure_registered_model
-
         ensure_registered_model(self.model_name, client=self.client)
         self.client.set_registered_model_tag(self.model_name, STATE_TAG, json.dumps(state, sort_keys=True))

@@ -1,10 +1,16 @@
 """The layer rules of the package, read from the source (every import, at the top or inside a function):
 domain code (training/, monitoring/, data/) knows nothing about KFP or the layers above it, components/ never
-import pipelines/, and no two of our modules import each other, directly or around a cycle."""
+import pipelines/, and no two of our modules import each other, directly or around a cycle. Imports sit at the top
+except in the few places listed in LAZY_IMPORTS, each for a reason the last tests check."""
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipelines", "components", "training", "monitoring", "data")
@@ -88,3 +94,81 @@ def test_every_error_kfloop_raises_of_its_own_is_a_kfloop_error():
 
     assert len(errors) >= 15
     assert sorted(cls for cls in errors if not is_kfloop_error(cls)) == []
+
+
+LAZY_IMPORTS = {
+    "pipelines.cli.commands": "*",  # each handler imports its stack when it runs: `kfloop --help` stays fast
+    "pipelines.cli.operate": "*",  # the same, for the operating commands (commands imports this module)
+    "monitoring.steps": {"monitoring.drift", "monitoring.quality"},  # Evidently: only the step that checks loads it
+    "monitoring.records": {"training.steps"},  # monitoring reaching up to the step layer (see the comment there)
+    "training.train": {"mlflow"},  # only rank 0 of a run that logs pays for the import
+}
+"""Modules allowed imports inside functions, and which (``*``: any). Besides these, only the bodies of KFP
+components (functions decorated ``@kfloop_component`` in components/), which are shipped as source, import inside."""
+
+
+def function_level_imports(path: Path) -> list[tuple[str, str, bool]]:
+    """(enclosing top-level function, imported module, whether that function is a KFP component) per import inside
+    a function; ``from pkg import name`` gives ``pkg.name`` when that is one of our modules."""
+    found = []
+    for top in ast.parse(path.read_text()).body:
+        if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        component = any(isinstance(d, ast.Name) and d.id == "kfloop_component" for d in top.decorator_list)
+        functions = [n for n in ast.walk(top) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        for node in {n for f in functions for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))}:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in MODULES else node.module
+                         for a in node.names]
+            found += [(top.name, name, component) for name in names]
+    return found
+
+
+def test_the_lazy_import_scan_sees_component_bodies_and_cli_handlers():
+    lazy = {name: function_level_imports(path) for name, path in MODULES.items()}
+    assert ("validate_data", "training.steps", True) in lazy["components.data"]
+    assert ("_MlflowLog", "mlflow", False) in lazy["training.train"]
+    assert any(c for _, _, c in lazy["components.monitoring"])
+    assert any(not c for _, _, c in lazy["pipelines.cli.commands"])
+
+
+def test_imports_sit_at_the_top_except_where_listed():
+    misplaced = {}
+    for name, path in MODULES.items():
+        allowed = LAZY_IMPORTS.get(name, set())
+        for function, module, component in function_level_imports(path):
+            if not (component and name.startswith("components.")) and allowed != "*" and module not in allowed:
+                misplaced.setdefault(name, []).append(f"{function}: {module}")
+    assert misplaced == {}
+
+
+def loaded_after(code: str) -> set[str]:
+    """The top-level packages in ``sys.modules`` after a fresh interpreter runs ``code``."""
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(*sorted(sys.modules))"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    return {m.split(".")[0] for m in out.split()}
+
+
+@pytest.mark.parametrize("entry, code, heavy", [
+    ("kfloop --help", "import pipelines.cli",
+     {"torch", "mlflow", "kfp", "evidently", "sklearn", "matplotlib", "dvc"}),
+    ("the trigger step's pod (components.monitoring.trigger_retraining)",
+     "from components.run_starters import run_starter\nfrom monitoring.steps import trigger_step\n"
+     "from training.launch.backends import step_backend",
+     {"evidently", "matplotlib", "dvc"}),
+])
+def test_lazy_imports_keep_their_entry_points_light(entry, code, heavy):
+    assert loaded_after(code) & heavy == set(), entry
+
+
+def test_the_trigger_step_imports_the_kfp_client_in_a_step_process():
+    """KFP runs a step with ``_KFP_RUNTIME=true``, where ``kfp`` skips its client and kfp.client alone runs into
+    kfp's own import cycle; the trigger step imports it (through run_starters) to start pinned runs."""
+    code = ("import kfp.dsl.executor_main\nfrom components.run_starters import run_starter\n"
+            "from components.kfp_client import Client\nprint(Client.__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "_KFP_RUNTIME": "true"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["kfp.client.client"]

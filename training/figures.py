@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import matplotlib
+import matplotlib.pyplot as plt
+import mlflow
 import numpy as np
+from sklearn.metrics import (auc, average_precision_score, precision_recall_curve, precision_recall_fscore_support,
+                             roc_curve)
 
 from training.gate import LOWER_IS_BETTER
 from training.threshold import predicted_index
@@ -17,11 +22,7 @@ CURVE_METRICS = ("train_loss", "val_loss", "val_accuracy", "val_rmse")
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed)."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     return plt
 
 
@@ -61,8 +62,6 @@ def confusion_matrix(y: np.ndarray, proba: np.ndarray, classes: list, threshold:
 
 def roc_pr_curves(y: np.ndarray, proba: np.ndarray, classes: list):
     """ROC and precision-recall curves of the positive class ``classes[1]`` (binary tasks)."""
-    from sklearn.metrics import auc, average_precision_score, precision_recall_curve, roc_curve
-
     plt = pyplot()
     positive, score = y == 1, proba[:, 1]
     fpr, tpr, _ = roc_curve(positive, score)
@@ -83,8 +82,6 @@ def roc_pr_curves(y: np.ndarray, proba: np.ndarray, classes: list):
 
 def per_class_metrics(y: np.ndarray, proba: np.ndarray, classes: list):
     """Precision, recall and F1 per class (multi-class tasks)."""
-    from sklearn.metrics import precision_recall_fscore_support
-
     plt = pyplot()
     p, r, f, _ = precision_recall_fscore_support(y, proba.argmax(axis=1), labels=range(len(classes)),
                                                  zero_division=0)
@@ -152,8 +149,6 @@ def log_evaluation_figures(run_id: str, *, y: np.ndarray, proba: np.ndarray, cla
     Raises:
         mlflow.exceptions.MlflowException: MLflow refused a call.
     """
-    import mlflow
-
     plt = pyplot()
     client = mlflow.MlflowClient()
     history = {m: [(h.step, h.value) for h in client.get_metric_history(run_id, m)] for m in CURVE_METRICS}

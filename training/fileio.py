@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,11 +74,6 @@ def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
 
 def parquet_bytes(df: "pd.DataFrame") -> bytes:
     """``df`` as Parquet with fixed writer settings, so equal frames give equal bytes (and equal hashes)."""
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pandas(df, preserve_index=False)
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd", compression_level=3, use_dictionary=True,

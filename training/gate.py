@@ -22,6 +22,7 @@ from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import pandas as pd
+from sklearn.metrics import accuracy_score, f1_score, log_loss, precision_recall_fscore_support, roc_auc_score
 
 from training.features import encode_target
 from training.settings import section_from_dict
@@ -228,8 +229,6 @@ def compute_metrics(y_true_idx: np.ndarray, proba: np.ndarray, classes: list,
     Raises:
         ValueError: shapes disagree or a label index is out of range.
     """
-    from sklearn.metrics import accuracy_score, f1_score, log_loss, roc_auc_score  # 1 s import: only when scoring
-
     if not classes:
         return regression_metrics(np.asarray(y_true_idx, dtype=np.float64), np.asarray(proba, dtype=np.float64)[:, 0])
     y, p = _check_inputs(y_true_idx, proba, classes)
@@ -264,8 +263,6 @@ def regression_metrics(y: np.ndarray, predicted: np.ndarray) -> dict[str, float]
 
 def class_figures(y_true_idx: np.ndarray, predicted: np.ndarray, n_classes: int) -> dict[str, np.ndarray]:
     """Per class index: ``precision``, ``recall``, ``f1`` (0 where undefined) and ``support`` (true rows)."""
-    from sklearn.metrics import precision_recall_fscore_support
-
     p, r, f, support = precision_recall_fscore_support(y_true_idx, predicted, labels=range(n_classes),
                                                        zero_division=0)
     return {"precision": p, "recall": r, "f1": f, "support": support}

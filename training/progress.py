@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
+from rich.console import Console
+
 PREFIX = "[kfloop] "
 
 
@@ -23,7 +25,5 @@ def activity(text: str, *, quiet: bool = False) -> Iterator[None]:
             progress(text)
         yield
         return
-    from rich.console import Console
-
     with Console(stderr=True).status(text):
         yield

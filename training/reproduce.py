@@ -17,11 +17,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import mlflow
+from safetensors.torch import load_file
+
 from data.dvc_store import locate, object_stores
-from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
+from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED, split_holdout, write_parquet
+from data.tables import read_table
+from training.config import TrainingSection
 from training.errors import KfloopError
 from training.fileio import file_digest
+from training.gate import compute_metrics
+from training.launch.local import train_local
+from training.model import Predictor
+from training.model_files import MODULE_FILE, WEIGHTS_FILE
 from training.progress import progress
+from training.registry.versions import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, VersionRecord, download_model_dir
 
 
 class ReproduceError(KfloopError, RuntimeError):
@@ -121,18 +131,6 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
         ReproduceError: the code is not the recorded commit, the data cannot be fetched, or the split differs.
         training.launch.local.LaunchError: retraining failed.
     """
-    import mlflow
-    from safetensors.torch import load_file
-
-    from training.config import TrainingSection
-    from training.gate import compute_metrics
-    from data.holdout import split_holdout, write_parquet
-    from training.launch.local import train_local
-    from training.model import Predictor
-    from training.model_files import MODULE_FILE, WEIGHTS_FILE
-    from training.registry.versions import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, VersionRecord, download_model_dir
-    from data.tables import read_table
-
     client = client or mlflow.MlflowClient()
     mv = client.get_model_version(model_name, str(version))
     record = VersionRecord.of(mv)

@@ -2,15 +2,32 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlflow
+import numpy as np
+from mlflow.entities import Param
+
+from data.dvc_store import DataStoreConfig, keep
+from data.holdout import split_holdout, verify_pinned, write_parquet
 from data.storage import record_uri, redact
+from data.tables import local_copy, read_table
+from data.validation import ValidationError, infer_schema, load_schema, schema_roles, schema_to_yaml, validate
+from monitoring.profiles import profile_table
+from training.config import TrainingConfig, TrainingSection
+from training.figures import log_evaluation_figures
 from training.fileio import atomic_write_json, atomic_write_text
+from training.gate import PromotionPolicy, align_proba, evaluate, kfp_metrics
 from training.launch.backends import backend_named, step_backend
+from training.model import Predictor
+from training.model_files import JOB_SHAPE_FILE
 from training.progress import progress
-from training.settings import Environment, load_environment, step_function
+from training.registry.versions import (Lineage, champion_schema, get_champion, load_version_predictor, log_candidate,
+                                        promote, register_candidate)
+from training.settings import CODE_ROOT, Environment, load_environment, step_function
 
 
 # ---------------------------------------------------------------------------------------------------- validate
@@ -35,9 +52,6 @@ def resolve_schema(read_data, *, dataset_uri: str, schema_uri: str, target: str,
     Raises:
         ValueError: no schema and no target to infer one, or a target or task that contradicts the schema.
     """
-    from training.registry.versions import champion_schema, get_champion
-    from data.validation import infer_schema, load_schema, schema_roles
-
     if schema_uri:
         schema, source = load_schema(schema_uri), schema_uri
     elif (recorded := champion_schema(model_name)) is not None:
@@ -66,9 +80,6 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
         data.tables.DataFileError: the file is unusable.
         data.validation.ValidationError: every failed rule, in one report.
     """
-    from data.tables import local_copy, read_table
-    from data.validation import ValidationError, schema_roles, schema_to_yaml, validate
-
     with local_copy(dataset_uri) as (path, data):
         schema, source = resolve_schema(lambda: read_table(path), dataset_uri=data.uri, schema_uri=schema_uri,
                                         target=target, model_name=model_name, task=task)
@@ -86,9 +97,6 @@ def validate_step(*, dataset_uri: str, schema_uri: str, target: str, model_name:
 
 def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, holdout_out: str) -> str:
     """Split off the holdout; returns its sha256, which pins the evaluation."""
-    from data.holdout import split_holdout, write_parquet
-    from data.tables import read_table
-
     train, holdout = split_holdout(read_table(dataset_uri), fraction=fraction, seed=seed)
     write_parquet(train, train_out)
     sha = write_parquet(holdout, holdout_out)
@@ -113,25 +121,12 @@ class TrainStepResult:
 def ensure_experiment(name: str, env: Environment) -> str:
     """The MLflow experiment ``name`` (created on first use; artifacts under the workdir when the
     tracking store is a local database)."""
-    import mlflow
-
     client = mlflow.MlflowClient()
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
     location = env.artifact_root.as_uri() if env.tracking_uri.startswith("sqlite:") else None
     return client.create_experiment(name, artifact_location=location)
-
-
-def _training_section(config: dict[str, Any], **overrides: Any):
-    """The typed ``training`` settings: the model's training config and the job's shape.
-
-    Raises:
-        ValueError: an invalid field.
-    """
-    from training.config import TrainingSection
-
-    return TrainingSection.from_dict({**config, **overrides})
 
 
 def _unfinished_run(client, experiment_id: str, pipeline_run_id: str) -> str | None:
@@ -155,13 +150,8 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
         training.launch.local.LaunchError: a rank failed (or, on Kubernetes, the job); the message names it and its error.
         ValueError: a bad training or cluster config.
     """
-    import mlflow
-    from mlflow.entities import Param
-
-    from training.model_files import JOB_SHAPE_FILE
-
-    settings = _training_section(config, nnodes=nnodes, nproc_per_node=nproc_per_node, backend=backend,
-                                 model=model or {})
+    settings = TrainingSection.from_dict({**config, "nnodes": nnodes, "nproc_per_node": nproc_per_node,
+                                          "backend": backend, "model": model or {}})
     shape = settings.shape
     launcher = backend_named(shape.backend, cluster)
     env = load_environment()
@@ -199,11 +189,7 @@ def train_only(*, data: str, schema: str, training: dict[str, Any], env: Environ
         data.validation.ValidationError: the data does not match the schema.
         training.launch.local.LaunchError: a rank (or the Kubernetes job) failed.
     """
-    import time
-
-    from data.validation import ValidationError, load_schema, validate
-
-    settings = _training_section(training)
+    settings = TrainingSection.from_dict(training)
     launcher = backend_named(settings.shape.backend, cluster)
     report = validate(data, load_schema(schema))
     if not report.ok:
@@ -236,14 +222,6 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     Raises:
         ValueError: the holdout is not the pinned one, or the models disagree on the classes.
     """
-    import numpy as np
-
-    from training.gate import PromotionPolicy, align_proba, evaluate
-    from data.holdout import verify_pinned
-    from training.model import Predictor
-    from training.registry.versions import get_champion, load_version_predictor
-    from data.tables import read_table
-
     verify_pinned(holdout_path, holdout_sha256)
     holdout = read_table(holdout_path)
     challenger = Predictor.load(model_dir)
@@ -288,18 +266,12 @@ def evaluate_step(*, model_dir: str, holdout_path: str, holdout_sha256: str, mod
                   policy: dict[str, Any], report_out: str, run_id: str = "") -> EvaluateResult:
     """The gate: decision with its reason, written as the evaluation report JSON; with ``run_id`` the
     candidate's pictures (:func:`training.figures.log_evaluation_figures`) are logged to its training run."""
-    from training.gate import kfp_metrics
-
     decision, champion = score_against_champion(model_dir=model_dir, holdout_path=holdout_path,
                                                 holdout_sha256=holdout_sha256, model_name=model_name,
                                                 policy=policy)
     version = champion.version if champion is not None else ""
     atomic_write_json(report_out, decision.to_dict())
     if run_id:
-        from training.figures import log_evaluation_figures
-        from training.model import Predictor
-        from data.tables import read_table
-
         challenger = Predictor.load(model_dir)
         y, scored = challenger.scored(read_table(holdout_path))
         log_evaluation_figures(run_id, y=y, proba=scored, classes=challenger.classes, decision=decision.to_dict(),
@@ -328,15 +300,6 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
             cannot be written to the data store.
         data.storage.StorageError: the data cannot be read.
     """
-    from data.dvc_store import DataStoreConfig, keep
-    from data.validation import load_schema
-    from monitoring.profiles import profile_table
-    from training.config import TrainingConfig
-    from training.model import Predictor
-    from training.model_files import JOB_SHAPE_FILE
-    from training.registry.versions import Lineage, log_candidate, register_candidate
-    from training.settings import CODE_ROOT
-
     kept = keep(dataset_uri, data_md5, config=DataStoreConfig.from_dict(data_store),
                 workdir=load_environment().workdir, repo_root=CODE_ROOT)
     progress(f"register: data md5 {data_md5} {'copied into' if kept.copied else 'already in'} {kept.location}")
@@ -365,8 +328,6 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
 def promote_step(*, model_name: str, version: str, compared_against: str, model_dir: str, holdout_path: str,
                  holdout_sha256: str, policy: dict[str, Any]):
     """Move ``champion`` under the lock; if the champion changed since the gate, re-decide against it first."""
-    from training.registry.versions import promote
-
     def recheck(current):
         decision, _ = score_against_champion(model_dir=model_dir, holdout_path=holdout_path,
                                              holdout_sha256=holdout_sha256, model_name=model_name,

@@ -1,11 +1,14 @@
 """The operating commands of ``kfloop``: status, history, rollback, reproduce, report (parsers and handlers;
-the work is in :mod:`pipelines.operations.status`, :mod:`pipelines.operations.report` and :mod:`training.reproduce`)."""
+the work is in :mod:`pipelines.operations.status`, :mod:`pipelines.operations.report` and :mod:`training.reproduce`).
+As in :mod:`pipelines.cli.commands`, which imports this module, each handler imports its stack (MLflow, torch, DVC)
+when it runs, so ``kfloop --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
 
 import pipelines.cli.options as options
-from training.settings import DEFAULT_MODEL_NAME
+from training.progress import activity
+from training.settings import CODE_ROOT, DEFAULT_MODEL_NAME, activate, load_environment
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -41,8 +44,6 @@ def _model(parser: argparse.ArgumentParser) -> None:
 
 
 def _env(args: argparse.Namespace):
-    from training.settings import activate, load_environment
-
     env = load_environment(args.workdir)
     activate(env)
     return env
@@ -78,10 +79,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from data.dvc_store import DataStoreConfig
-    from training.progress import activity
     from training.reproduce import reproduce
-    from training.settings import CODE_ROOT
-
     env = _env(args)
     configured = options.settings(args)
     data_store = DataStoreConfig.from_dict(configured.get("data_store")).url(env.workdir)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from kfp import local
+
 from data.tables import DataFileError
 from training.errors import KfloopError
 from training.progress import PREFIX as PROGRESS_PREFIX
@@ -98,8 +100,6 @@ def run_local(pipeline: Callable[..., Any], params: dict[str, Any], env: Environ
     Raises:
         PipelineFailed: a step failed; the message is the step's own error.
     """
-    from kfp import local
-
     activate(env)
     name = pipeline.component_spec.name
     log_dir = env.workdir / "logs"

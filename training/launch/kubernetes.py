@@ -36,11 +36,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
 from data import storage
 from data.tables import DEFAULT_LIMITS, DataFileError
 from training.config import JobShape, TrainingConfig
 from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
 from training.launch.cluster import ClusterConfig
+from training.launch.jobspec import JobSpec
 from training.launch.kube_client import api_client
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render
@@ -190,9 +195,6 @@ class _MasterLog(threading.Thread):
         self.path.write_bytes(b"")
 
     def run(self) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         followed: set[str] = set()
         while True:
             last = self.stop.is_set()  # one more pass once stopped: a pod that ended before it was followed
@@ -260,10 +262,6 @@ class _PodWatch(threading.Thread):
         self.selector, self.revision = selector, revision
 
     def run(self) -> None:
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         revision = self.revision
         while not self.stop.is_set():
             try:
@@ -320,8 +318,6 @@ class JobRun:
     def __init__(self, api, body: dict[str, Any], *, policy: LaunchPolicy, log_path: Path, timeout: int,
                  artifact: Path | None = None):
         """``artifact``: a file the job must have written (on the shared volume) for Succeeded to count."""
-        from kubernetes import client
-
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         self.body, self.policy, self.log_path, self.timeout = body, policy, Path(log_path), timeout
         self.artifact = artifact
@@ -371,8 +367,6 @@ class JobRun:
         return job
 
     def _submit(self) -> dict[str, Any]:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             job = self.custom.create_namespaced_custom_object(*self.api_path, self.body)
             progress(f"kubernetes: created {self.title}")
@@ -385,9 +379,6 @@ class JobRun:
         return job
 
     def _delete(self) -> None:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-
         try:
             self.custom.delete_namespaced_custom_object(*self.api_path, self.name,
                                                         body=client.V1DeleteOptions(propagation_policy="Foreground"))
@@ -397,9 +388,6 @@ class JobRun:
                 progress(f"kubernetes: could not delete {self.title}: {exc.reason}")
 
     def _follow(self, job: dict[str, Any]) -> dict[str, Any]:
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
-
         deadline = time.monotonic() + self.timeout
         revision = job["metadata"]["resourceVersion"]
         while True:
@@ -520,8 +508,6 @@ class JobRun:
                               pod=self.master())
 
     def _events(self, pod: str, reason: str) -> str:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={pod}")
         except ApiException:
@@ -531,8 +517,6 @@ class JobRun:
 
     def _error(self, cause: str, *, pod: str, exit_code: int | None = None) -> LaunchError:
         """One LaunchError: the job, the cause, the exit code, and the last log lines of ``pod`` and the master."""
-        from kubernetes.client.exceptions import ApiException
-
         # the node from the pod's name (<job>-<master|worker>-<index>, <job>-node-0-<index>-<suffix>): a pod
         # being recreated under restartPolicy ExitCode may already be gone
         named = re.fullmatch(rf"{re.escape(self.name)}-{self.kind.pod_name}", pod)
@@ -554,8 +538,6 @@ class JobRun:
     def _log_tail(self, pod: str, master: str) -> str:
         """The pod's last output before torchrun's own failure report (which follows a failed worker's error),
         plus the report's first line; indented."""
-        from kubernetes.client.exceptions import ApiException
-
         try:
             text = self.core.read_namespaced_pod_log(pod, self.namespace, container=self.kind.container)
         except ApiException:
@@ -595,8 +577,6 @@ def preflight(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, p
         LaunchError: the bandwidth is below the floor (the benchmark's message is in the log lines), or the
             preflight job failed otherwise.
     """
-    from training.launch.jobspec import JobSpec
-
     spec = JobSpec(name=job_name_for(f"{pipeline_run_id}/preflight"), nnodes=shape.nnodes,
                    nproc_per_node=shape.nproc_per_node, module="training.collectives",
                    args=["--preflight", "--min-busbw-gbps", f"{policy.preflight_min_busbw_gbps:g}"],

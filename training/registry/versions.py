@@ -20,22 +20,25 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+import mlflow
 import pandas as pd
+from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.models import Model, ModelSignature
+from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
+from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
 from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from monitoring.trigger import utc_iso
 from training.errors import KfloopError
 from training.fileio import file_digest
+from training.gate import Decision, kfp_metrics
+from training.model import Predictor
+from training.model_code import ModelCodeError
 from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
-
-if TYPE_CHECKING:
-    import mlflow
-
-    from training.gate import Decision
-    from training.model import Predictor
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -228,8 +231,6 @@ class ForeignModelError(KfloopError, RuntimeError):
 
 
 def _client(client: "mlflow.MlflowClient | None") -> "mlflow.MlflowClient":
-    import mlflow
-
     return client or mlflow.MlflowClient()
 
 
@@ -240,9 +241,6 @@ def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
-
     try:
         return _client(client).get_registered_model(model_name)
     except MlflowException as e:
@@ -257,9 +255,6 @@ def ensure_registered_model(model_name: str, *, client: "mlflow.MlflowClient | N
     Raises:
         mlflow.exceptions.MlflowException: MLflow refused the call.
     """
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, ErrorCode
-
     try:
         _client(client).create_registered_model(model_name,
                                                 description="kfloop candidates; alias 'champion' serves")
@@ -285,13 +280,7 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
         ValueError: ``decision`` is not a :meth:`training.gate.Decision.to_dict` result.
         mlflow.exceptions.MlflowException: the run does not exist, or another run is active in this process.
     """
-    import mlflow
-    from mlflow.entities import Metric, RunTag
-
     model_dir = Path(model_dir)
-    from training.gate import kfp_metrics
-    from training.model import Predictor
-
     predictor = Predictor.load(model_dir)
     scalars = kfp_metrics(_decision(decision))
     weights_sha = file_digest(model_dir / WEIGHTS_FILE)
@@ -414,8 +403,6 @@ def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = N
     if champion.run_id is None or SCHEMA_ARTIFACT not in {a.path for a in client.list_artifacts(champion.run_id)}:
         raise FileNotFoundError(f"champion {model_name} v{champion.version} (run {champion.run_id}) has no "
                                 f"{SCHEMA_ARTIFACT} artifact: register champions with log_candidate()")
-    import mlflow
-
     return mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{SCHEMA_ARTIFACT}")
 
 
@@ -432,8 +419,6 @@ def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = 
         return None
     if PROFILE_ARTIFACT not in {a.path for a in client.list_artifacts(champion.run_id)}:
         return None
-    import mlflow
-
     return ReferenceProfile.from_json(mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{PROFILE_ARTIFACT}"))
 
 
@@ -454,11 +439,6 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
             not record its weights; nothing is downloaded but the MLmodel.
         FileNotFoundError: the logged model holds no complete model directory.
     """
-    import mlflow
-    from mlflow.models import Model
-
-    from training.model_code import ModelCodeError
-
     client = _client(client)
     mv = client.get_model_version(model_name, str(version))
     expected = mv.tags.get(WEIGHTS_TAG)
@@ -515,10 +495,6 @@ def load_version_predictor(model_name: str, version: str) -> "Predictor":
         WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
         ModelCodeError: the downloaded model module is not the one recorded at registration.
     """
-    import tempfile
-
-    from training.model import Predictor
-
     client = _client(None)
     with tempfile.TemporaryDirectory() as tmp:
         local = download_model_dir(model_name, version, Path(tmp), client=client)
@@ -636,8 +612,6 @@ def verify_version(model_name: str, version: str, *, client: "mlflow.MlflowClien
         WeightsMismatchError: the stored weights changed after registration.
         mlflow.exceptions.MlflowException: the version does not exist.
     """
-    import tempfile
-
     client = _client(client)
     mv = client.get_model_version(model_name, str(version))
     label = f"{model_name} v{version}"
@@ -744,8 +718,6 @@ def _replaced_by(model_name: str, current: ChampionInfo, client: "mlflow.MlflowC
 @contextmanager
 def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
     """Turn MLflow's transport failure (after its own bounded retries) into one clear error."""
-    from mlflow.exceptions import MlflowException
-
     try:
         yield
     except MlflowException as e:
@@ -761,8 +733,6 @@ def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
 
 
 def _decision(decision: dict[str, Any]) -> "Decision":
-    from training.gate import Decision
-
     try:
         gate = Decision.from_dict(decision)
     except (KeyError, TypeError) as e:
@@ -788,9 +758,6 @@ def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
     """Inputs typed ``any``: MLflow's enforcement rejects int64 for ``double`` and pandas ``category`` for
     ``string``, while the model's own preprocessing coerces both; outputs are the prediction frame; the param
     ``on_schema_violation`` (default ``flag``) is :mod:`data.schema_rules`'."""
-    from mlflow.models import ModelSignature
-    from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
-
     t = predictor.transform
     label_type = ("double" if predictor.task == "regression" else
                   {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])])
