@@ -10,6 +10,7 @@ import mlflow
 from mlflow.entities import Metric, Param
 
 from monitoring.trigger import utc_iso
+from training.registry.experiments import ensure_experiment
 from training.registry.versions import DRIFT_REPORT_URI_TAG, QUALITY_REPORT_URI_TAG
 from training.settings import load_environment
 
@@ -74,10 +75,6 @@ def _record_check(model_name: str, suffix: str, *, champion_version: str | None,
                   report: tuple[str, str | None, str]) -> str:
     """One check as a finished run of experiment ``<model><suffix>``: ``result`` and ``report`` are (artifact
     name, content) and (artifact name, local HTML file, version tag that links it from the champion)."""
-    # monitoring reaching up into the training step layer, which loads the training stack (matplotlib, DVC) that
-    # no monitoring step needs; lazy until ensure_experiment has a home below both
-    from training.steps import ensure_experiment
-
     client = mlflow.MlflowClient()
     experiment_id = ensure_experiment(model_name + suffix, load_environment())
     run = client.create_run(experiment_id, tags={"kfloop.champion_version": champion_version or "none", **tags})

@@ -7,7 +7,7 @@ import mlflow
 
 from monitoring.records import QUALITY_EXPERIMENT_SUFFIX, QUALITY_RESULT_ARTIFACT
 from training.settings import load_environment
-from training.steps import ensure_experiment
+from training.registry.experiments import ensure_experiment
 
 
 def record_quality_check(model_name: str, *, degraded: bool, value: float, baseline: float,

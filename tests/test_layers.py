@@ -52,6 +52,15 @@ def test_domain_code_imports_no_pipeline_layer_and_no_kfp():
     assert {name: deps for name, deps in crossing.items() if deps} == {}
 
 
+def test_only_the_pipeline_layers_import_the_step_modules():
+    """The steps (training/steps.py, monitoring/steps.py) sit on top of the domain code: the components call them, the
+    CLI runs ``kfloop train`` through one; no domain module reaches up into them."""
+    steps = {"training.steps", "monitoring.steps"}
+    reaching_up = {name: sorted(deps & steps) for name, deps in GRAPH.items()
+                   if deps & steps and name.split(".")[0] in DOMAIN}
+    assert reaching_up == {}
+
+
 def test_components_never_import_pipelines():
     crossing = {name: sorted(m for m in deps if m.split(".")[0] == "pipelines")
                 for name, deps in GRAPH.items() if name.startswith("components.")}
@@ -100,7 +109,6 @@ LAZY_IMPORTS = {
     "pipelines.cli.commands": "*",  # each handler imports its stack when it runs: `kfloop --help` stays fast
     "pipelines.cli.operate": "*",  # the same, for the operating commands (commands imports this module)
     "monitoring.steps": {"monitoring.drift", "monitoring.quality"},  # Evidently: only the step that checks loads it
-    "monitoring.records": {"training.steps"},  # monitoring reaching up to the step layer (see the comment there)
     "training.train": {"mlflow"},  # only rank 0 of a run that logs pays for the import
 }
 """Modules allowed imports inside functions, and which (``*``: any). Besides these, only the bodies of KFP

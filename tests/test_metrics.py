@@ -19,7 +19,7 @@ from monitoring.trigger import RunInFlight, TriggerPolicy, maybe_trigger
 from monitoring.trigger_registry import RegistryTriggerStore
 from monitoring.webhook import AlertWebhook, WebhookAuth
 from training.registry.versions import CHAMPION_ALIAS, ensure_registered_model
-from training.steps import ensure_experiment
+from training.registry.experiments import ensure_experiment
 
 from conftest import REPO
 

@@ -25,6 +25,7 @@ from training.launch.backends import backend_named, step_backend
 from training.model import Predictor
 from training.model_files import JOB_SHAPE_FILE
 from training.progress import progress
+from training.registry.experiments import ensure_experiment
 from training.registry.versions import (Lineage, champion_schema, get_champion, load_version_predictor, log_candidate,
                                         promote, register_candidate)
 from training.settings import CODE_ROOT, Environment, load_environment, step_function
@@ -116,17 +117,6 @@ class TrainStepResult:
     """MLflow run holding params, per-epoch metrics and (after registration) the model."""
     metrics: dict[str, float]
     world_size: int
-
-
-def ensure_experiment(name: str, env: Environment) -> str:
-    """The MLflow experiment ``name`` (created on first use; artifacts under the workdir when the
-    tracking store is a local database)."""
-    client = mlflow.MlflowClient()
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    location = env.artifact_root.as_uri() if env.tracking_uri.startswith("sqlite:") else None
-    return client.create_experiment(name, artifact_location=location)
 
 
 def _unfinished_run(client, experiment_id: str, pipeline_run_id: str) -> str | None:
