@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo test e2e chaos audit bench bench-scale compile clean
+.PHONY: setup demo docs test e2e chaos audit bench bench-scale compile clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +20,15 @@ setup:
 demo:
 	$(BIN)/kfloop demo
 
+# The docs site first (a broken link or a missing page fails), built into a temp dir, then the suite.
 test:
+	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --quiet --site-dir "$$site"; rc=$$?; rm -rf "$$site"; \
+		test $$rc -eq 0
 	$(BIN)/pytest -q
+
+docs:
+	$(BIN)/python docs/generate.py
+	$(BIN)/mkdocs serve
 
 # Both pipelines as containers of this commit's image (as root: installs docker.io and debootstrap, runs its own
 # dockerd). The docker data root and the wheelhouse stay in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e).

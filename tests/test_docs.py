@@ -1,0 +1,60 @@
+"""The generated reference pages (docs/reference/) are what docs/generate.py writes from the code today."""
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("docs_generate", REPO / "docs" / "generate.py")
+generate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generate)
+
+
+@pytest.mark.parametrize("path", sorted(generate.PAGES), ids=lambda p: p.name)
+def test_generated_page_is_fresh(path):
+    assert path.read_text() == generate.PAGES[path](), \
+        f"{path.relative_to(REPO)} is stale: run `python docs/generate.py` and commit the result"
+
+
+def test_settings_page_lists_every_section_and_field():
+    page = generate.settings_page()
+    for section, cls in generate.SECTIONS.items():
+        assert f"## `{section}`" in page
+    assert "| `epochs` | `int` | `8` |" in page  # a TrainingConfig field, merged into `training`
+    assert "| `nnodes` | `int` | `1` |" in page  # a JobShape field, merged into `training` as well
+    assert "| `launcher.restart_cap` | `int` | `3` |" in page  # LaunchPolicy sits under `cluster.launcher`
+    # allowed values read from __post_init__ and from Literal types
+    assert re.search(r"\| `kind` \| `str` \| `\"pytorchjob\"` \| `\"pytorchjob\"`, `\"trainjob\"` \|", page)
+    assert '`"summary"`, `"evidently_sample"`, `"evidently_full"`' in page
+    # field docstrings (the string literal under a field)
+    assert "AdamW learning rate at epoch 0." in page
+    assert "### `drift.column_overrides` entries: `ColumnDriftOverride`" in page
+
+
+def test_cli_page_lists_every_command_and_flag():
+    page = generate.cli_page()
+    parser = generate.build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    for name, sub in commands.choices.items():
+        assert f"## kfloop {name}\n" in page
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"`{flag}`" in page.split(f"## kfloop {name}\n")[1].split("\n## ")[0], (name, flag)
+
+
+def test_field_docstrings_come_from_the_source():
+    from dataclasses import dataclass
+
+    @dataclass
+    class Probe:
+        a: int = 1
+        """first"""
+        b: int = 2
+        c: int = 3
+        """third"""
+
+    assert generate.field_docstrings(Probe) == {"a": "first", "c": "third"}
