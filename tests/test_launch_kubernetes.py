@@ -37,9 +37,9 @@ def _job_body(cluster: Cluster, name: str, *, nnodes: int = 2, **cluster_overrid
     return render_pytorchjob(training_job_spec(TrainingConfig(), shape, cluster_config, name=name), cluster_config)
 
 
-def test_readme_launcher_settings_are_valid():
-    readme = (REPO / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if "  launcher:" in b]
+def test_docs_launcher_settings_are_valid():
+    page = (REPO / "docs" / "kubernetes.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if "  launcher:" in b]
     settings = KubernetesSettings.from_dict(yaml.safe_load(block)["cluster"])
     assert settings.launcher.preflight_min_busbw_gbps > 0
     with pytest.raises(ValueError, match="valid keys are"):

@@ -426,9 +426,9 @@ def test_render_job_names_the_job_and_its_folder_after_the_run_id():
     assert any(f"/shared/{name}/" in arg for arg in master["command"] + master.get("args", [])), master
 
 
-def test_readme_cluster_example_is_a_valid_config(tmp_path):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", readme, re.S) if b.startswith("cluster:")]
+def test_docs_cluster_example_is_a_valid_config(tmp_path):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "kubernetes.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", page, re.S) if b.startswith("cluster:")]
     config = tmp_path / "kfloop.yaml"
     config.write_text(block)
     body = render_cli(["--config", str(config), "--nnodes", "2"])
