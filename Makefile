@@ -20,9 +20,10 @@ setup:
 demo:
 	$(BIN)/kfloop demo
 
-# The docs site first (a broken link or a missing page fails), built into a temp dir, then the suite.
+# The docs site first (a broken link, anchor or page fails; not --quiet: it hides the warnings --strict counts),
+# built into a temp dir, then the suite.
 test:
-	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --quiet --site-dir "$$site"; rc=$$?; rm -rf "$$site"; \
+	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir "$$site"; rc=$$?; rm -rf "$$site"; \
 		test $$rc -eq 0
 	$(BIN)/pytest -q
 
