@@ -1,4 +1,4 @@
-"""Regenerate the README's pictures from a real demo run:
+"""Regenerate the pictures of the README and the docs site (docs/operations.md) from a real demo run:
 
     .venv/bin/python docs/screenshots.py [--workdir DIR]
 
@@ -38,7 +38,7 @@ def screenshot(url: str, out: Path, *, width: int, height: int, wait_ms: int) ->
                        check=True, capture_output=True, timeout=300)
     from PIL import Image
 
-    Image.open(out).convert("RGB").quantize(colors=96).save(out, optimize=True)  # small enough for the README
+    Image.open(out).convert("RGB").quantize(colors=96).save(out, optimize=True)  # small enough for the repository
     print(out)
 
 
