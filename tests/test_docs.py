@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,6 @@ def test_cli_page_lists_every_command_and_flag():
 
 
 def test_field_docstrings_come_from_the_source():
-    from dataclasses import dataclass
-
     @dataclass
     class Probe:
         a: int = 1
