@@ -201,6 +201,7 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
     formatter = argparse.HelpFormatter(parser.prog)
+    groups = {action: group for group in parser._mutually_exclusive_groups for action in group._group_actions}
     rows = []
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
@@ -215,6 +216,9 @@ def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
             notes.append("required")
         if isinstance(action, argparse._AppendAction):
             notes.append("repeatable")
+        if action in groups:
+            others = [o.option_strings[0] for o in groups[action]._group_actions if o is not action]
+            notes.append(("required unless " if groups[action].required else "not with ") + ", ".join(others))
         rows.append("| " + " | ".join([
             names,
             ", ".join(f"`{c}`" for c in action.choices) if action.choices else "",
