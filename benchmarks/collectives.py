@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("256M"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/collectives.json"))
     parser.add_argument("--plot", type=Path, default=Path("benchmarks/results/collectives.png"))
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved (ceiling, all_reduce) rounds for the share")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved (ceiling, all_reduce) rounds for the share")
     args = parser.parse_args(argv)
     if args.max_bytes < KEY_BYTES:
         parser.error(f"--max-bytes must reach {KEY_BYTES >> 20}M, the size the goals are read at")
