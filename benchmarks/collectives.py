@@ -4,15 +4,20 @@
         [--out benchmarks/results/collectives.json]
 
 1. ``training.collectives`` under torchrun (gloo on CPU, NCCL on GPUs): the nccl-tests table of all four ops.
-2. Ceilings (best of several): memory copy GB/s (a 256 MiB tensor copy) and loopback TCP GB/s between two
-   processes, one way and both ways at once (the two-way figure, per direction, is what a 2-rank ring all_reduce
-   can reach: each rank sends and receives its whole buffer at the same time).
-3. The same all_reduce through gRPC (generic bytes handlers; a server in rank 0's process sums the arrays it
+2. Ceilings: memory copy GB/s (best of several 256 MiB tensor copies) and loopback TCP GB/s between two
+   processes, one way (best of 3) and both ways at once (the two-way figure, per direction, is what a 2-rank ring
+   all_reduce can reach: each rank sends and receives its whole buffer at the same time).
+3. The share: ``--rounds`` rounds, each the two-way ceiling then the 64 MiB all_reduce (``training.collectives
+   --preflight``), interleaved so that both see the same machine load; the share is the median of the rounds'
+   busbw / ceiling, reported with its spread (min and max over rounds).
+4. The same all_reduce through gRPC (generic bytes handlers; a server in rank 0's process sums the arrays it
    receives and answers every rank), at 4 KiB, 16 KiB, ... 64 MiB: the parameter-server path the seed compares
-   collective libraries with.
+   collective libraries with. Every rank runs the same fixed number of rounds per size (``grpc_iterations``), so
+   no rank moves on to the next size while another is still on the last; a rank that fails ends the benchmark at
+   once with its error.
 
-Prints and records: gloo all_reduce busbw at 64 MiB over the two-way TCP ceiling (goal >= 0.8) and collective
-vs gRPC time ratio at 64 MiB (goal >= 5x) and at every size; writes a PNG of busbw against size.
+Prints and records: gloo all_reduce busbw at 64 MiB over the two-way TCP ceiling (median of the rounds, goal >=
+0.8) and collective vs gRPC time ratio at 64 MiB (goal >= 5x) and at every size; writes a PNG of busbw against size.
 """
 from __future__ import annotations
 
@@ -21,12 +26,14 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import traceback
 from concurrent import futures
 from pathlib import Path
 
@@ -41,15 +48,34 @@ RATIO_GOAL = 5.0
 KEY_BYTES = 64 << 20
 _METHOD = "/kfloop.bench.Reduce/AllReduce"
 _CHUNK = 1 << 20
+_GRPC_BYTES_PER_SIZE = 256 << 20
 
 
-def run_collectives(nproc: int, max_bytes: int, out: Path) -> dict:
-    """``training.collectives`` on ``nproc`` local ranks; its JSON."""
+def run_collectives(nproc: int, out: Path, *args: str) -> dict:
+    """``training.collectives`` on ``nproc`` local ranks with ``args``; its JSON."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "training.collectives", "--max-bytes", str(max_bytes), "--warmup", "2", "--iters", "10",
-           "--budget-s", "1.0", "--json", str(out)]
+           "-m", "training.collectives", *args, "--json", str(out)]
     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(out.read_text())
+
+
+def interleaved_share(nproc: int, rounds: int, tmp: Path) -> dict:
+    """``rounds`` x (two-way TCP ceiling, then the 64 MiB all_reduce): per round busbw / ceiling; the median
+    share and its spread. Alternating the two keeps a passing load from landing on one side only."""
+    per_round = []
+    for i in range(rounds):
+        ceiling = loopback_tcp_gbps(256 << 20, both=True)
+        key = run_collectives(nproc, tmp / f"preflight-{i}.json", "--preflight", "--warmup", "2", "--iters", "10",
+                              "--budget-s", "1.0")
+        row = key["results"][0]
+        per_round.append({"ceiling_gbps": round(ceiling, 3), "busbw_gbps": round(row["busbw_gbps"], 3),
+                          "share": round(row["busbw_gbps"] / ceiling, 3), "wrong": row["wrong"]})
+    shares = [r["share"] for r in per_round]
+    return {"rounds": per_round, "share_median": round(float(np.median(shares)), 3),
+            "share_min": min(shares), "share_max": max(shares),
+            "busbw_median_gbps": round(float(np.median([r["busbw_gbps"] for r in per_round])), 3),
+            "ceiling_median_gbps": round(float(np.median([r["ceiling_gbps"] for r in per_round])), 3),
+            "wrong": sum(r["wrong"] for r in per_round)}
 
 
 def memory_copy_gbps(nbytes: int = 256 << 20, repeats: int = 5) -> float:
@@ -143,7 +169,21 @@ class _Summer:
             return self.result
 
 
+def grpc_iterations(size_bytes: int) -> int:
+    """Timed all_reduce rounds at ``size_bytes``: the same on every rank (3 to 10, about 256 MiB sent in all)."""
+    return max(3, min(10, _GRPC_BYTES_PER_SIZE // size_bytes))
+
+
 def _grpc_rank(rank: int, world_size: int, byte_sizes: list[int], port_queue, results) -> None:
+    """One rank's rows, or its error, on ``results``: ``(rank, rows, None)`` or ``(rank, None, traceback)``."""
+    try:
+        results.put((rank, _grpc_rows(rank, world_size, byte_sizes, port_queue), None))
+    except BaseException:  # the parent ends every rank with this text at once
+        results.put((rank, None, traceback.format_exc()))
+        raise
+
+
+def _grpc_rows(rank: int, world_size: int, byte_sizes: list[int], port_queue) -> list[dict]:
     import grpc
 
     torch.set_num_threads(1)
@@ -171,14 +211,13 @@ def _grpc_rank(rank: int, world_size: int, byte_sizes: list[int], port_queue, re
                 return torch.from_numpy(np.frombuffer(call(t.numpy().tobytes()), dtype=np.float32).copy())
 
             wrong = int((all_reduce(tensor) != expected).sum())  # also the warm-up
-            iters, start = 0, time.perf_counter()
-            while iters < 3 or (iters < 10 and time.perf_counter() - start < 1.0):
+            iters, start = grpc_iterations(size), time.perf_counter()
+            for _ in range(iters):
                 all_reduce(tensor)
-                iters += 1
             rows.append({"size_bytes": size, "time_us": (time.perf_counter() - start) / iters * 1e6, "wrong": wrong})
-    results.put((rank, rows))
     if server:
         server.stop(grace=None)
+    return rows
 
 
 def grpc_all_reduce(world_size: int, byte_sizes: list[int]) -> list[dict]:
@@ -190,11 +229,24 @@ def grpc_all_reduce(world_size: int, byte_sizes: list[int]) -> list[dict]:
              for r in range(world_size)]
     for p in procs:
         p.start()
-    per_rank = dict(results.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
-        if p.exitcode:
-            raise RuntimeError(f"gRPC rank exited with {p.exitcode}")
+    per_rank: dict[int, list[dict]] = {}
+    try:
+        while len(per_rank) < world_size:
+            try:
+                rank, rows, error = results.get(timeout=1.0)
+            except queue.Empty:  # no news: a rank that died without a word (killed, crashed) ends it too
+                dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"gRPC rank {dead[0][0]} exited with {dead[0][1]} before reporting")
+                continue
+            if error:
+                raise RuntimeError(f"gRPC rank {rank} failed:\n{error}")
+            per_rank[rank] = rows
+    finally:
+        for p in procs:
+            if p.is_alive() and len(per_rank) < world_size:
+                p.terminate()
+            p.join()
     return [{"size_bytes": size, "time_us": float(np.mean([per_rank[r][i]["time_us"] for r in per_rank])),
              "wrong": sum(per_rank[r][i]["wrong"] for r in per_rank)} for i, size in enumerate(byte_sizes)]
 
@@ -233,30 +285,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=parse_bytes, default=parse_bytes("256M"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/collectives.json"))
     parser.add_argument("--plot", type=Path, default=Path("benchmarks/results/collectives.png"))
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved (ceiling, all_reduce) rounds for the share")
     args = parser.parse_args(argv)
     if args.max_bytes < KEY_BYTES:
         parser.error(f"--max-bytes must reach {KEY_BYTES >> 20}M, the size the goals are read at")
+    if args.rounds < 1:
+        parser.error("--rounds takes a whole number >= 1")
 
     with tempfile.TemporaryDirectory() as tmp:
-        coll = run_collectives(args.nproc, args.max_bytes, Path(tmp) / "collectives.json")
+        coll = run_collectives(args.nproc, Path(tmp) / "collectives.json", "--max-bytes", str(args.max_bytes),
+                               "--warmup", "2", "--iters", "10", "--budget-s", "1.0")
+        shares = interleaved_share(args.nproc, args.rounds, Path(tmp))
     copy = memory_copy_gbps()
     one_way = max(loopback_tcp_gbps(512 << 20, both=False) for _ in range(3))  # a ceiling: best of 3
-    two_way = max(loopback_tcp_gbps(256 << 20, both=True) for _ in range(3))
     grpc_rows = grpc_all_reduce(args.nproc, sizes(parse_bytes("4K"), KEY_BYTES)[::2])  # 4K, 16K, ... 64M
 
     all_reduce = {r["size_bytes"]: r for r in coll["results"] if r["op"] == "all_reduce"}
     ratios = {str(g["size_bytes"]): round(g["time_us"] / all_reduce[g["size_bytes"]]["time_us"], 2)
               for g in grpc_rows if g["size_bytes"] in all_reduce}
-    key = all_reduce[KEY_BYTES]
-    share = key["busbw_gbps"] / two_way
+    share = shares["share_median"]
+    two_way = shares["ceiling_median_gbps"]
     ratio = ratios[str(KEY_BYTES)]
-    wrong = coll["wrong"] + sum(g["wrong"] for g in grpc_rows)
+    wrong = coll["wrong"] + shares["wrong"] + sum(g["wrong"] for g in grpc_rows)
     result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__},
               "collectives": coll,
               "ceilings_gbps": {"memory_copy": round(copy, 3), "loopback_tcp_one_way": round(one_way, 3),
-                                "loopback_tcp_two_way_per_direction": round(two_way, 3)},
+                                "loopback_tcp_two_way_per_direction": two_way},
+              "share_rounds": shares,
               "grpc_all_reduce": grpc_rows,
-              "all_reduce_64MiB": {"busbw_gbps": round(key["busbw_gbps"], 3), "share_of_two_way_tcp": round(share, 3),
+              "all_reduce_64MiB": {"busbw_gbps": shares["busbw_median_gbps"], "share_of_two_way_tcp": share,
+                                   "share_spread": [shares["share_min"], shares["share_max"]],
                                    "share_goal": SHARE_GOAL, "grpc_over_collective_time": ratio,
                                    "ratio_goal": RATIO_GOAL},
               "grpc_over_collective_time_by_size": ratios,
@@ -264,13 +322,18 @@ def main(argv: list[str] | None = None) -> int:
               "wrong": wrong, "correct": wrong == 0}
 
     print(f"\nceilings: memory copy {copy:.2f} GB/s, loopback TCP one way {one_way:.2f} GB/s, "
-          f"both ways {two_way:.2f} GB/s per direction")
+          f"both ways {two_way:.2f} GB/s per direction (median of {args.rounds} rounds)")
+    print(f"\n{'round':>5} {'ceiling GB/s':>13} {'busbw GB/s':>11} {'share':>6}")
+    for i, r in enumerate(shares["rounds"], 1):
+        print(f"{i:>5} {r['ceiling_gbps']:>13.2f} {r['busbw_gbps']:>11.2f} {r['share']:>6.2f}")
     print(f"\n{'size (B)':>12} {coll['backend'] + ' us':>12} {'gRPC us':>12} {'gRPC/' + coll['backend']:>11}")
     for g in grpc_rows:
         print(f"{g['size_bytes']:>12} {all_reduce[g['size_bytes']]['time_us']:>12.1f} {g['time_us']:>12.1f} "
               f"{ratios[str(g['size_bytes'])]:>10.2f}x")
-    print(f"\nall_reduce at 64 MiB: busbw {key['busbw_gbps']:.2f} GB/s = {share:.2f} of the two-way TCP ceiling "
-          f"(goal >= {SHARE_GOAL}); {ratio:.1f}x faster than gRPC (goal >= {RATIO_GOAL:.0f}x); #wrong {wrong}")
+    print(f"\nall_reduce at 64 MiB: busbw {shares['busbw_median_gbps']:.2f} GB/s = {share:.2f} of the two-way TCP "
+          f"ceiling (median of {args.rounds} interleaved rounds, spread {shares['share_min']:.2f}-"
+          f"{shares['share_max']:.2f}; goal >= {SHARE_GOAL}); {ratio:.1f}x faster than gRPC (goal >= "
+          f"{RATIO_GOAL:.0f}x); #wrong {wrong}")
     atomic_write_json(args.out, result)
     plot(coll["results"], grpc_rows, coll["world_size"], coll["backend"], args.plot)
     print(f"wrote {args.out} and {args.plot}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU figures on a lent machine (tested target: one H200, 16 cores, no internet, python3 with a CUDA torch,
-# nvidia-ml-py, grpcio and pandas preinstalled; pandera and its pydantic/typeguard stack are not):
+# nvidia-ml-py, grpcio and pandas preinstalled; pandera and its pydantic/typeguard stack and botocore (data.storage,
+# which training.train imports) are not):
 #
 #   here, once:      bash benchmarks/gpu_check.sh --fetch-wheels        # the missing wheels into .whl/ (git-ignored)
 #   on the machine:  bash benchmarks/gpu_check.sh                       # the `run` tool, carry [".whl"]
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 WHEELS=(pandera==0.35.0 typeguard==4.6.1 pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0
-        typing-inspection==0.4.5)
+        typing-inspection==0.4.5 botocore==1.43.117 jmespath==1.1.0)
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
     grep -qxF '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
