@@ -17,8 +17,8 @@ main() {
   PYTHON=${E2E_PYTHON:-$ROOT/.venv/bin/python}
   TORCH=${TORCH:-torch==2.13.0}
   BASE_IMAGE=kfloop-base:bookworm
-  COMMIT=$(git rev-parse HEAD)
-  IMAGE=kfloop:${COMMIT:0:12}
+  COMMIT=$(deploy/image-commit.sh)  # HEAD's SHA, `-dirty` when the tree (the build context) differs from it
+  IMAGE=kfloop:${COMMIT:0:12}${COMMIT#"${COMMIT%-dirty}"}
   EXEC_ROOT=/run/kfloop-e2e  # short: dockerd's containerd sockets live here
   export DOCKER_HOST=unix://$CACHE/docker.sock
 
