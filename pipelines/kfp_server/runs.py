@@ -10,8 +10,9 @@ from typing import Any, Callable
 import mlflow
 
 from components import kfp_client
+from pipelines.alerts import alert_settings
 from pipelines.compile import PIPELINES, compile_pipeline
-from pipelines.config import TRAINING_KEYS, pipeline_params
+from pipelines.config import pipeline_params
 from pipelines.drift import PIPELINE_NAME as DRIFT_NAME
 from pipelines.kubernetes_options import KubernetesOptions
 from pipelines.local.runs import training_summary
@@ -209,15 +210,9 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
     """
     client = kfp_client.connect(host, namespace=namespace)
     ref = kfp_client.find_version(client, TRAINING_NAME, version_name(version), namespace)
-    base = {k: v for k, v in settings.items() if k in TRAINING_KEYS or k in ("schema_uri", "target", "task")}
 
     def start(alert: Any) -> str:
-        dataset_uri = alert.dataset_uri or settings.get("dataset_uri")
-        if not dataset_uri:
-            raise ValueError(f"alert for {alert.model!r} names no dataset_uri and none is configured: add annotation "
-                             "dataset_uri to the alert or set dataset_uri in kfloop.yaml")
-        params = pipeline_params(PIPELINES["training"], {**base, "dataset_uri": dataset_uri,
-                                                         "model_name": alert.model})
+        params = pipeline_params(PIPELINES["training"], alert_settings(settings, alert))
         return kfp_client.start_training(client, ref, params, namespace=namespace, service_account=service_account)
 
     return start
