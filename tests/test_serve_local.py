@@ -98,7 +98,7 @@ def test_serve_without_a_kfp_host_trains_locally_once_per_alert(isolated_env, de
     assert summary["model_name"] == MODEL and summary["model_version"] == "1" and summary["promoted"] is True
     assert repeat["fire"] is False and repeat["reason"].startswith("duplicate: ")
     (version,) = mlflow.MlflowClient().search_model_versions(f"name='{MODEL}'")
-    assert version.version == "1"
+    assert str(version.version) == "1"
     state = json.loads((isolated_env.workdir / "trigger" / f"{MODEL}.json").read_text())  # the local trigger state
     assert first["run_id"] in json.dumps(state)
     assert HOOK_TOKEN not in json.dumps(serve.events)
