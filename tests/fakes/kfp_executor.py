@@ -25,7 +25,8 @@ kubeflow/pipelines 2.17 (cited where used):
   with six fields (seconds first, robfig/cron); ``max_concurrency`` caps the schedule's active runs (a fire while
   at the cap is skipped); ``no_catchup`` starts only the latest missed fire, else every missed fire runs.
 
-Engines: :class:`ProcessEngine` runs a task's command as a subprocess (its own process group) with the pod's
+Engines: :class:`DockerEngine` runs each task as a container of the image the IR names (``make e2e``);
+:class:`ProcessEngine` runs a task's command as a subprocess (its own process group) with the pod's
 environment; the checkout's virtualenv stands in for the image. A pod file (the projected token) is written under
 the pod's directory and its path given by the variable the kfp SDK reads for it (``KF_PIPELINES_SA_TOKEN_PATH``).
 """
@@ -44,6 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
+import docker
 from croniter import croniter
 from google.protobuf import json_format
 from kfp.local import executor_input_utils, executor_output_utils, graph_utils, io, placeholder_utils
@@ -112,6 +114,49 @@ class ProcessEngine:
         try:
             os.killpg(handle.pid, signal.SIGTERM)
         except ProcessLookupError:
+            pass
+
+
+@dataclass(kw_only=True)
+class DockerEngine:
+    """Each pod a container of its image (the docker SDK; ``DOCKER_HOST`` names the daemon), as the image's user,
+    with a read-only root and a ``/tmp`` tmpfs (``read_only``: a restricted profile's pods), the host's network (the
+    test servers listen on loopback), the pipeline root mounted at its own path (it must be writable by the image's
+    user) and the projected token at its real path. Containers are labelled ``kfloop.run_pod`` with the pod's name
+    and kept after they end, so their exit code, user and image can be read back from the daemon."""
+
+    pipeline_root: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """What the cluster adds to every pod besides KFP (as :class:`ProcessEngine`'s)."""
+    read_only: bool = True
+    network_mode: str = "host"
+
+    def __post_init__(self) -> None:
+        self.client = docker.from_env()
+
+    def start(self, pod: Pod) -> tuple[Any, Pod]:
+        volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"}}
+        if pod.token is not None:
+            token = pod.log.with_suffix(".token")
+            token.write_text(pod.token)
+            token.chmod(0o644)
+            volumes[str(token)] = {"bind": TOKEN_PATH, "mode": "ro"}
+        container = self.client.containers.run(
+            pod.image, pod.command, name=pod.name, detach=True, environment={**self.env, **pod.env},
+            labels={**pod.labels, "kfloop.run_pod": pod.name}, read_only=self.read_only,
+            tmpfs={"/tmp": "rw,exec"} if self.read_only else {}, network_mode=self.network_mode, volumes=volumes)
+        return container, pod
+
+    def wait(self, handle: tuple[Any, Pod]) -> int:
+        container, pod = handle
+        code = container.wait()["StatusCode"]
+        pod.log.write_bytes(container.logs())
+        return code
+
+    def stop(self, handle: tuple[Any, Pod]) -> None:
+        try:
+            handle[0].kill()
+        except docker.errors.APIError:  # it ended meanwhile
             pass
 
 
@@ -266,7 +311,7 @@ class KfpExecutor:
                   image=container.image, command=command,
                   env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": "", **{e.name: e.value for e in container.env}},
                   labels=labels, token=self.token if labels.get(ACCESS_LABEL) == "true" else None,
-                  log=self.pipeline_root / "logs" / f"{pod_name}.log")
+                  log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log")
         pod.env["KFP_POD_UID"] = pod.uid
         pod.log.parent.mkdir(parents=True, exist_ok=True)
         detail = self._record(ctx, name, "RUNNING", pod_name=pod_name)
