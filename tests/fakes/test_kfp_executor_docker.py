@@ -11,6 +11,7 @@ import pytest
 from fakes.kfp_executor import ACCESS_LABEL, DockerEngine, KfpExecutor
 from fakes.kfp_server import KfpApiServer
 from kfp import compiler, dsl
+from polling import wait_for
 
 from components import kfp_client
 
@@ -83,3 +84,38 @@ def test_each_task_is_a_container_of_its_image_as_its_user_with_a_read_only_root
     (produced,) = [p for p in root.rglob("out") if p.is_file()]
     uid, ro, pod, token = produced.read_text().split()
     assert uid != "0" and ro == "read-only" and pod == pods["who"] and token == TOKEN
+
+
+@dsl.component(base_image=IMAGE or "unset", install_kfp_package=False)
+def hang():
+    import time
+
+    while True:
+        time.sleep(0.05)
+
+
+@dsl.pipeline(name="hanging")
+def hanging_pipeline():
+    hang().set_caching_options(False)
+
+
+def test_terminating_a_run_kills_its_container(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = tmp_path / "root"
+    root.mkdir()
+    root.chmod(0o777)
+    package = tmp_path / "p.yaml"
+    compiler.Compiler().compile(hanging_pipeline, str(package))
+    daemon = docker.from_env()
+    with KfpApiServer() as server, KfpExecutor(server, DockerEngine(pipeline_root=root), pipeline_root=root):
+        client = kfp.Client(host=server.url)
+        run_id = client.create_run_from_pipeline_package(str(package), arguments={}).run_id
+        (pod,) = wait_for("the task's pod", lambda: [t["pod_name"] for t in server.store.runs[run_id].get(
+            "run_details", {}).get("task_details", []) if "pod_name" in t])
+        wait_for("its container to run", lambda: daemon.containers.list(filters={"name": pod, "status": "running"}))
+        client.terminate_run(run_id)
+        run = kfp_client.wait(client, run_id, poll_seconds=0.05, timeout_seconds=120)
+
+    container = daemon.containers.get(pod)
+    assert run.state == "CANCELED" and container.status == "exited" and container.attrs["State"]["ExitCode"] != 0
+    container.remove()
