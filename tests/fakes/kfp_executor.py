@@ -61,6 +61,8 @@ TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
 TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 """The variable the kfp SDK reads the token's path from (``kfp/client/token_credentials_base.py``)."""
 ACCESS_LABEL = "access-ml-pipeline"
+NAMESPACE_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""The pod's namespace, in every pod's service-account mount."""
 
 
 @dataclass(kw_only=True)
@@ -120,7 +122,7 @@ class ProcessEngine:
 @dataclass(kw_only=True)
 class DockerEngine:
     """Each pod a container of its image (the docker SDK; ``DOCKER_HOST`` names the daemon), as the image's user,
-    with a read-only root and a ``/tmp`` tmpfs (``read_only``: a restricted profile's pods), the host's network (the
+    its namespace at the service-account mount's path, with a read-only root and a ``/tmp`` tmpfs (``read_only``: a restricted profile's pods), the host's network (the
     test servers listen on loopback), the pipeline root mounted at its own path (it must be writable by the image's
     user) and the projected token at its real path. Containers are labelled ``kfloop.run_pod`` with the pod's name
     and kept after they end, so their exit code, user and image can be read back from the daemon."""
@@ -135,7 +137,11 @@ class DockerEngine:
         self.client = docker.from_env()
 
     def start(self, pod: Pod) -> tuple[Any, Pod]:
-        volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"}}
+        namespace = pod.log.with_suffix(".namespace")  # the service account's mount names the pod's namespace
+        namespace.write_text(pod.namespace)
+        namespace.chmod(0o644)
+        volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"},
+                   str(namespace): {"bind": NAMESPACE_PATH, "mode": "ro"}}
         if pod.token is not None:
             token = pod.log.with_suffix(".token")
             token.write_text(pod.token)

@@ -42,8 +42,9 @@ def who(out: dsl.Output[dsl.Artifact]) -> str:
     except OSError:
         root = "read-only"
     token = open("/var/run/secrets/kubeflow/pipelines/token").read()
+    namespace = open("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read()
     with open(out.path, "w") as f:
-        f.write(f"{os.getuid()} {root} {os.environ['KFP_POD_NAME']} {token}")
+        f.write(f"{os.getuid()} {root} {os.environ['KFP_POD_NAME']} {token} {namespace}")
     return root
 
 
@@ -82,8 +83,8 @@ def test_each_task_is_a_container_of_its_image_as_its_user_with_a_read_only_root
         assert container.attrs["HostConfig"]["ReadonlyRootfs"] is True
         container.remove()
     (produced,) = [p for p in root.rglob("out") if p.is_file()]
-    uid, ro, pod, token = produced.read_text().split()
-    assert uid != "0" and ro == "read-only" and pod == pods["who"] and token == TOKEN
+    uid, ro, pod, token, namespace = produced.read_text().split()
+    assert uid != "0" and ro == "read-only" and pod == pods["who"] and token == TOKEN and namespace == "kubeflow"
 
 
 @dsl.component(base_image=IMAGE or "unset", install_kfp_package=False)
