@@ -122,10 +122,11 @@ class ProcessEngine:
 @dataclass(kw_only=True)
 class DockerEngine:
     """Each pod a container of its image (the docker SDK; ``DOCKER_HOST`` names the daemon), as the image's user,
-    its namespace at the service-account mount's path, with a read-only root and a ``/tmp`` tmpfs (``read_only``: a restricted profile's pods), the host's network (the
-    test servers listen on loopback), the pipeline root mounted at its own path (it must be writable by the image's
-    user) and the projected token at its real path. Containers are labelled ``kfloop.run_pod`` with the pod's name
-    and kept after they end, so their exit code, user and image can be read back from the daemon."""
+    with a read-only root and a ``/tmp`` tmpfs (``read_only``: a restricted profile's pods), the host's network
+    (the test servers listen on loopback), the pipeline root mounted at its own path (it must be writable by the
+    image's user), the pod's namespace and projected token at their in-pod paths. Containers are labelled
+    ``kfloop.run_pod`` with the pod's name and kept after they end, so their exit code, user and image can be read
+    back from the daemon."""
 
     pipeline_root: Path
     env: dict[str, str] = field(default_factory=dict)
@@ -300,25 +301,23 @@ class KfpExecutor:
         if key in self.cache:
             self._record(ctx, name, "SKIPPED")  # cacheutils/cache.go: a hit reuses the recorded outputs
             return self.cache[key]
-        resource = f"{prefix}"
         task_root = executor_input_utils.construct_local_task_root(
-            pipeline_root=ctx.pipeline_root, pipeline_resource_name=resource, task_resource_name=name)
+            pipeline_root=ctx.pipeline_root, pipeline_resource_name=prefix, task_resource_name=name)
         executor_input = executor_input_utils.construct_executor_input(
             component_spec=spec, arguments=arguments, task_root=task_root, block_input_artifact=False)
         command = placeholder_utils.replace_placeholders(
             full_command=[*container.command, *container.args],
             executor_input_dict=executor_input_utils.executor_input_to_dict(executor_input, spec),
-            pipeline_resource_name=resource, task_resource_name=name, pipeline_root=ctx.pipeline_root,
+            pipeline_resource_name=prefix, task_resource_name=name, pipeline_root=ctx.pipeline_root,
             unique_pipeline_id=ctx.run["run_id"])
-        pod_name = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}"
-        labels = dict(self.pod_labels)
-        pod = Pod(name=pod_name, uid=str(uuid.uuid4()), namespace=self.namespace,
+        pod_name, pod_uid = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}", str(uuid.uuid4())
+        pod = Pod(name=pod_name, uid=pod_uid, namespace=self.namespace,
                   service_account=ctx.run.get("service_account") or self.default_service_account,
                   image=container.image, command=command,
-                  env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": "", **{e.name: e.value for e in container.env}},
-                  labels=labels, token=self.token if labels.get(ACCESS_LABEL) == "true" else None,
+                  env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": pod_uid, **{e.name: e.value for e in container.env}},
+                  labels=dict(self.pod_labels),
+                  token=self.token if self.pod_labels.get(ACCESS_LABEL) == "true" else None,
                   log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log")
-        pod.env["KFP_POD_UID"] = pod.uid
         pod.log.parent.mkdir(parents=True, exist_ok=True)
         detail = self._record(ctx, name, "RUNNING", pod_name=pod_name)
         with self.server.lock:
