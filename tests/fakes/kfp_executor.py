@@ -21,8 +21,8 @@ kubeflow/pipelines 2.17 (cited where used):
   ``pipelines.kubeflow.org`` token at ``/var/run/secrets/kubeflow/pipelines/token``.
 - ``backend/src/apiserver/resource/resource_manager.go`` (``TerminateRun``): a terminated run is ``CANCELING``
   until its pods stop, then ``CANCELED``; a failed task fails the run with its error.
-- ``backend/src/crd/controller/scheduledworkflow/`` (``util/cron_schedule.go``, ``scheduled_workflow.go``): cron
-  with six fields (seconds first, robfig/cron); ``max_concurrency`` caps the schedule's active runs (a fire while
+- ``backend/src/crd/controller/scheduledworkflow/`` (``util/cron_schedule.go``, ``util/periodic_schedule.go``,
+  ``scheduled_workflow.go``): cron with six fields (seconds first, robfig/cron) or every ``interval_second``; ``max_concurrency`` caps the schedule's active runs (a fire while
   at the cap is skipped); ``no_catchup`` starts only the latest missed fire, else every missed fire runs.
 
 Engines: :class:`DockerEngine` runs each task as a container of the image the IR names (``make e2e``);
@@ -33,6 +33,7 @@ the pod's directory and its path given by the variable the kfp SDK reads for it 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -41,9 +42,9 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 import docker
 from croniter import croniter
@@ -362,15 +363,11 @@ class KfpExecutor:
                     self._fire(rec, fire)
 
     def _due(self, rec: dict, now: datetime) -> list[datetime]:
-        """The fire times of ``rec`` since its last one (its creation at first), up to ``now``."""
-        cron = ((rec.get("trigger") or {}).get("cron_schedule") or {}).get("cron")
-        if cron is None:
-            return []
+        """The fire times of ``rec`` since its last one (its creation at first), up to ``now``: its cron
+        (``cron_schedule``) or every ``interval_second`` (``periodic_schedule``)."""
+        trigger = rec.get("trigger") or {}
         since = self._fired.get(rec["recurring_run_id"]) or _parse(rec["created_at"])
-        times = croniter(cron, since, second_at_beginning=True)
-        due = []
-        while (fire := times.get_next(datetime)) <= now:
-            due.append(fire)
+        due = list(itertools.takewhile(lambda fire: fire <= now, _fire_times(trigger, since)))
         if due:
             self._fired[rec["recurring_run_id"]] = due[-1]
         return due[-1:] if rec.get("no_catchup") else due
@@ -385,6 +382,18 @@ class KfpExecutor:
                                         "service_account", "experiment_id") if k in rec}
             self.server.add_run({**body, "display_name": f"{rec['display_name']}-{fire:%Y%m%d%H%M%S}",
                                  "recurring_run_id": rec["recurring_run_id"]})
+
+
+def _fire_times(trigger: dict, since: datetime) -> Iterator[datetime]:
+    """The fire times of a recurring run's ``trigger`` after ``since``."""
+    if "cron_schedule" in trigger:
+        times = croniter(trigger["cron_schedule"]["cron"], since, second_at_beginning=True)
+        while True:
+            yield times.get_next(datetime)
+    interval = timedelta(seconds=int(trigger["periodic_schedule"]["interval_second"]))
+    while True:
+        since += interval
+        yield since
 
 
 def _parse(stamp: str) -> datetime:

@@ -191,3 +191,16 @@ def test_a_recurring_run_fires_on_its_cron_within_max_concurrency(served, tmp_pa
     assert finish(client, run["run_id"]).state == "CANCELED"
     client.terminate_run(runs[1]["run_id"])
     assert finish(client, runs[1]["run_id"]).state == "CANCELED"
+
+
+def test_a_periodic_recurring_run_fires_every_interval(served, tmp_path):
+    server, _, client = served
+    exp = client.create_experiment("kfloop")
+    version = client.upload_pipeline(package(cached_pipeline, tmp_path), pipeline_name="periodic")
+    versions = client.list_pipeline_versions(version.pipeline_id).pipeline_versions
+    rec = client.create_recurring_run(exp.experiment_id, "every-second", interval_second=1, max_concurrency=1,
+                                      params={"word": "tick"}, pipeline_id=version.pipeline_id,
+                                      version_id=versions[0].pipeline_version_id)
+    runs = wait_for("two fires", lambda: [r for r in server.store.runs.values() if r["state"] == "SUCCEEDED"][1:])
+    client.disable_recurring_run(rec.recurring_run_id)
+    assert all(r["recurring_run_id"] == rec.recurring_run_id for r in runs)
