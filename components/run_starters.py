@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import yaml
@@ -16,24 +17,31 @@ from training.launch.backends import Backend, KubernetesBackend, LocalBackend
 from training.settings import SECTION_PARAMETERS
 
 
+def local_training_process(settings: dict[str, Any], config: Path, **popen: Any) -> subprocess.Popen:
+    """``kfloop run training --local --json --config CONFIG`` in a fresh process (its kfp is the full SDK, not the
+    step runtime), ``settings`` written to ``config`` first (it must outlive the process); ``popen`` as
+    :class:`subprocess.Popen` takes it."""
+    config.write_text(yaml.safe_dump(settings))
+    env = {k: v for k, v in os.environ.items() if k != "_KFP_RUNTIME"}
+    return subprocess.Popen([sys.executable, "-m", "pipelines", "run", "training", "--local", "--json",
+                             "--config", str(config)], env=env, **popen)
+
+
 def start_local_training(settings: dict[str, Any]) -> str:
-    """Run ``kfloop run training --local --json`` in a fresh process (its kfp is the full SDK, not the step
-    runtime) and return the version it registered. Its progress lines pass through to this step's log.
+    """Run :func:`local_training_process` to its end and return the version it registered. Its progress lines
+    pass through to this step's log.
 
     Raises:
         RuntimeError: the training run failed; the message is its error output.
     """
-    env = {k: v for k, v in os.environ.items() if k != "_KFP_RUNTIME"}
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as config:
-        yaml.safe_dump(settings, config)
-        config.flush()
-        proc = subprocess.run([sys.executable, "-m", "pipelines", "run", "training", "--local", "--json",
-                               "--config", config.name], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-    sys.stdout.write(proc.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = local_training_process(settings, Path(tmp) / "kfloop.yaml", stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate()
+    sys.stdout.write(err)
     if proc.returncode != 0:
-        raise RuntimeError(f"training run failed (exit {proc.returncode}): {proc.stderr.strip().splitlines()[-2:]}")
-    return json.loads(proc.stdout)["model_version"]
+        raise RuntimeError(f"training run failed (exit {proc.returncode}): {err.strip().splitlines()[-2:]}")
+    return json.loads(out)["model_version"]
 
 
 def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> str:

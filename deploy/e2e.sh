@@ -17,8 +17,8 @@ main() {
   PYTHON=${E2E_PYTHON:-$ROOT/.venv/bin/python}
   TORCH=${TORCH:-torch==2.13.0}
   BASE_IMAGE=kfloop-base:bookworm
-  COMMIT=$(git rev-parse HEAD)
-  IMAGE=kfloop:${COMMIT:0:12}
+  COMMIT=$(deploy/image-commit.sh)  # HEAD's SHA, `-dirty` when the tree (the build context) differs from it
+  IMAGE=kfloop:${COMMIT:0:12}${COMMIT#"${COMMIT%-dirty}"}
   EXEC_ROOT=/run/kfloop-e2e  # short: dockerd's containerd sockets live here
   export DOCKER_HOST=unix://$CACHE/docker.sock
 
@@ -108,6 +108,8 @@ main() {
   docker image prune --force --filter "until=24h" >/dev/null
 
   PYTHONPATH=$ROOT "$PYTHON" tests/e2e_docker.py --image "$IMAGE"
+  # the KFP test server's Docker engine on this image: each task a container, as its user, read-only root
+  KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/fakes/test_kfp_executor_docker.py
 }
 
 main "$@"

@@ -85,7 +85,7 @@ fi
 kubectl -n kubeflow rollout status deployment/training-operator --timeout=300s
 
 log "image ${IMAGE}"
-commit="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+commit="$(deploy/image-commit.sh)"  # `-dirty` when the tree differs from HEAD
 docker build -f deploy/Dockerfile --build-arg VARIANT=cpu --build-arg "GIT_COMMIT=${commit}" -t "$IMAGE" .
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import docker
 import s3fs
 from kfp import components, local
 
@@ -105,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         assert drifted["drifted"] and len(versions) == 2, f"drifted batch not retrained: {drifted} {versions}"
         retrain = versions[1]
         assert retrain["decision"] in ("promote", "reject") and retrain["git_commit"], retrain
+        label = docker.from_env().images.get(args.image).labels["GIT_COMMIT"]  # deploy/image-commit.sh's, via the build
+        assert {v["git_commit"] for v in versions} == {label}, f"lineage does not name the image's commit {label}"
         champion = next(v["version"] for v in versions if v["champion"])
         artifacts = s3_objects(s3, "mlflow")
         assert artifacts, "no MLflow artifact reached S3"

@@ -322,3 +322,64 @@ def test_a_cron_without_six_fields_is_rejected_with_the_fix(kfp, capsys, cron, f
     assert not kfp.store.recurring_runs
     assert not any(r.path.endswith("/recurringruns") and r.method == "POST" for r in kfp.requests)
 
+
+
+@pytest.fixture
+def executing_kfp(isolated_env, kfp, cluster, tmp_path):
+    """The test server executing what it holds (tests/fakes/kfp_executor.py), each step a process given what the
+    cluster gives a step pod: the registry's URI and the cluster's API (its kubeconfig standing in for the
+    in-cluster service account), besides what KFP gives it."""
+    from fakes.kfp_executor import KfpExecutor, ProcessEngine
+
+    engine = ProcessEngine(root=tmp_path / "pods", env={"MLFLOW_TRACKING_URI": isolated_env.tracking_uri,
+                                                        "KUBECONFIG": str(cluster.kubeconfig)})
+    with KfpExecutor(kfp, engine, pipeline_root=tmp_path / "pipeline-root") as executor:
+        yield executor
+
+
+def test_the_server_executes_an_uploaded_training_run_that_registers_a_version(executing_kfp, demo_files, capsys):
+    kfp = executing_kfp.server
+    upload(kfp, capsys)
+
+    code, out, err = cli(capsys, "run", "training", "--host", kfp.url, "--wait", "--json",
+                         "--set", f"dataset_uri={demo_files['train.parquet']}", "--set", "target=churned",
+                         "--set", "model_name=executed", "--set", "training.epochs=2",
+                         "--set", "training.nproc_per_node=1")
+
+    assert code == 0, err
+    summary = json.loads(out)
+    (run,) = kfp.store.runs.values()
+    assert summary["state"] == run["state"] == "SUCCEEDED"
+    states = {t["display_name"]: t["state"] for t in run["run_details"]["task_details"]}
+    assert {k: v for k, v in states.items() if k != "condition-1"} == {
+        "validate-data": "SUCCEEDED", "split-holdout": "SUCCEEDED", "launch-training": "SUCCEEDED",
+        "evaluate-vs-champion": "SUCCEEDED", "register-candidate": "SUCCEEDED", "promote": "SUCCEEDED"}, states
+    assert summary["model_name"] == "executed" and summary["model_version"] == "1" and summary["promoted"] is True
+
+
+def test_a_failing_step_fails_the_executed_run_with_its_error(executing_kfp, tmp_path, capsys):
+    kfp = executing_kfp.server
+    upload(kfp, capsys)
+    missing = tmp_path / "no-such.parquet"
+
+    code, out, err = cli(capsys, "run", "training", "--host", kfp.url, "--wait", "--json",
+                         "--set", f"dataset_uri={missing}", "--set", "target=churned")
+
+    assert code == 1
+    (run,) = kfp.store.runs.values()
+    (failed,) = [t for t in run["run_details"]["task_details"] if t["state"] == "FAILED"]
+    assert failed["display_name"] == "validate-data" and str(missing) in failed["error"]["message"]
+    assert run["state"] == "FAILED" and "validate-data" in run["error"]["message"]
+    assert [t["display_name"] for t in run["run_details"]["task_details"]] == ["validate-data"]
+
+
+def test_a_dirty_image_is_refused_unless_named_with_image(kfp, capsys, monkeypatch):
+    dirty = f"ghcr.io/team/kfloop:{COMMIT[:12]}-dirty"  # deploy/image-commit.sh's tag of an uncommitted tree
+    monkeypatch.setenv("KFLOOP_IMAGE", dirty)
+    code, _, err = cli(capsys, "upload", "--host", kfp.url)
+    assert code == 1 and "uncommitted changes" in err and "--image" in err
+    assert not kfp.store.pipelines
+
+    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "wip", "--image", dirty)
+    assert code == 0, err
+    assert {img for v in versions_named(kfp, "wip") for img in _step_images(v)} == {dirty}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import subprocess
 import sys
 import traceback
@@ -14,6 +15,9 @@ import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
 from data.storage import redact
 from training.errors import EXIT_FAILED, KfloopError
+
+IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+"""Set by the kubelet in every pod: ``kfloop serve`` without ``--kfp-host`` then uses the in-cluster KFP service."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--bind", default="0.0.0.0", help="listen address (default: %(default)s)")
     serve.add_argument("--kfp-host", help="KFP API URL (default: the in-cluster service)")
+    serve.add_argument("--local", action="store_true",
+                       help="accepted alerts run the training pipeline under kfp.local on this machine (the default "
+                            "when no --kfp-host is given outside a cluster)")
     serve.add_argument("--version", help="training pipeline version to start (default: this git commit)")
     serve.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
     serve.add_argument("--max-body-bytes", type=int, default=65536)
@@ -342,32 +349,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
     from monitoring.webhook import AlertWebhook, WebhookAuth
+    from pipelines.alerts import LocalAlertRuns
     from pipelines.kfp_server.runs import alert_starter
     from training.launch.backends import backend_named
     from training.settings import activate, load_environment
 
+    if args.local and (args.kfp_host or args.version or args.namespace or args.service_account):
+        raise ValueError("--kfp-host, --version, --namespace and --service-account are for runs on the KFP server: "
+                         "drop them with --local")
+    in_cluster = bool(os.environ.get(IN_CLUSTER_ENV))
+    local = args.local or not (args.kfp_host or in_cluster)
     env = load_environment(args.workdir)
     activate(env)
-    backend = backend_named("kubernetes")  # alerts start runs on the KFP server; their state lives in MLflow
+    # where alerts start runs, and where the trigger state lives: this machine's workdir, or MLflow for KFP runs
+    backend = backend_named("local" if local else "kubernetes")
     settings = options.settings(args)
 
     def store_for(model: str):
         return backend.trigger_store(model, env.workdir)
 
+    local_runs = None
+    if local:
+        local_runs = LocalAlertRuns(settings, env.workdir / "alert-runs", on_done=lambda run_id, code: webhook.emit(
+            "run_finished", run_id=run_id, exit_code=code, summary=str(env.workdir / "alert-runs" / f"{run_id}.json"),
+            log=str(env.workdir / "alert-runs" / f"{run_id}.log")))
+        start = local_runs.start
+        mode = ("local: accepted alerts run the training pipeline under kfp.local on this machine"
+                + ("" if args.local else " (no --kfp-host and not in a cluster)"))
+    else:
+        start = alert_starter(settings, host=args.kfp_host, version=args.version, namespace=args.namespace,
+                              service_account=args.service_account)
+        mode = f"kfp: accepted alerts start training runs on {args.kfp_host or 'the in-cluster KFP service'}"
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ, open_metrics=args.open_metrics),
-                           policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
-                           start=alert_starter(settings, host=args.kfp_host, version=args.version,
-                                               namespace=args.namespace, service_account=args.service_account),
+                           policy=TriggerPolicy.from_dict(settings.get("trigger", {})), start=start,
                            store_for=store_for, metrics=RecordsCollector(models=registered_models, store_for=store_for),
                            max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)
-    webhook.emit("listening", bind=args.bind, port=server.server_address[1])
+    if local_runs is not None:  # a stopped server stops the training run it started, on SIGTERM as on Ctrl-C
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    webhook.emit("listening", bind=args.bind, port=server.server_address[1], mode=mode)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
         server.server_close()
+        if local_runs is not None:
+            local_runs.close()
     return 0
 
 

@@ -10,8 +10,9 @@ from typing import Any, Callable
 import mlflow
 
 from components import kfp_client
+from pipelines.alerts import alert_settings
 from pipelines.compile import PIPELINES, compile_pipeline
-from pipelines.config import TRAINING_KEYS, pipeline_params
+from pipelines.config import pipeline_params
 from pipelines.drift import PIPELINE_NAME as DRIFT_NAME
 from pipelines.kubernetes_options import KubernetesOptions
 from pipelines.local.runs import training_summary
@@ -23,6 +24,8 @@ from training.settings import DEFAULT_MODEL_NAME, load_environment
 PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME, "quality": QUALITY_NAME}
 DEFAULT_SCHEDULES = {"drift": "kfloop-drift-check", "quality": "kfloop-quality-check"}
 """The recurring run of each monitoring pipeline, by default."""
+DIRTY = "-dirty"
+"""The suffix of a commit (and an image tag) of a tree with uncommitted changes."""
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 """A git commit SHA, full or abbreviated, as in a version name or an image tag."""
 
@@ -36,7 +39,7 @@ def version_name(explicit: str | None = None) -> str:
     if explicit:
         return explicit
     commit = load_environment().git_commit
-    if commit == "unknown" or commit.endswith("-dirty"):
+    if commit == "unknown" or commit.endswith(DIRTY):
         raise ValueError(f"the code's git commit is {commit!r}: commit your changes (the version is named by the "
                          "commit) or pass --version NAME")
     return commit
@@ -55,12 +58,16 @@ def step_image(version: str, explicit: str | None) -> str | None:
 
     Raises:
         ValueError: ``KFLOOP_IMAGE`` is tagged with another commit than the one ``version`` is named by (the
-            pipeline version of a commit must run the image built from that commit).
+            pipeline version of a commit must run the image built from that commit), or tagged ``-dirty`` (built
+            from a tree with uncommitted changes, deploy/image-commit.sh: no commit names what it holds).
     """
     if explicit:
         return explicit
     image = load_environment().image
     tag = image_tag(image)
+    if tag.endswith(DIRTY):
+        raise ValueError(f"KFLOOP_IMAGE={image} was built from a tree with uncommitted changes: commit them and "
+                         "rebuild the image, or pass --image to upload this one knowingly")
     if _COMMIT.fullmatch(version) and _COMMIT.fullmatch(tag) and not (version.startswith(tag)
                                                                        or tag.startswith(version)):
         raise ValueError(f"KFLOOP_IMAGE={image} is tagged for commit {tag}, but the pipeline version is named by "
@@ -83,7 +90,7 @@ def upload_pipelines(host: str | None, *, version: str | None = None, namespace:
     name = version_name(version)
     image = step_image(name, image)
     commit = load_environment().git_commit
-    clean = commit != "unknown" and not commit.endswith("-dirty")
+    clean = commit != "unknown" and not commit.endswith(DIRTY)
     source = kfp_client.code_source_url(commit) if clean else ""
     client = kfp_client.connect(host, namespace=namespace)
     out = []
@@ -203,15 +210,9 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
     """
     client = kfp_client.connect(host, namespace=namespace)
     ref = kfp_client.find_version(client, TRAINING_NAME, version_name(version), namespace)
-    base = {k: v for k, v in settings.items() if k in TRAINING_KEYS or k in ("schema_uri", "target", "task")}
 
     def start(alert: Any) -> str:
-        dataset_uri = alert.dataset_uri or settings.get("dataset_uri")
-        if not dataset_uri:
-            raise ValueError(f"alert for {alert.model!r} names no dataset_uri and none is configured: add annotation "
-                             "dataset_uri to the alert or set dataset_uri in kfloop.yaml")
-        params = pipeline_params(PIPELINES["training"], {**base, "dataset_uri": dataset_uri,
-                                                         "model_name": alert.model})
+        params = pipeline_params(PIPELINES["training"], alert_settings(settings, alert))
         return kfp_client.start_training(client, ref, params, namespace=namespace, service_account=service_account)
 
     return start

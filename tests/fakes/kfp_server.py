@@ -5,7 +5,8 @@ status codes and ``googleRpcStatus`` bodies (400 InvalidArgument, 401 Unauthenti
 AlreadyExists); checks every query parameter, and every JSON body against the swagger definitions in
 ``tests/fakes/specs/kfp_v2beta1.swagger.json`` (types, enums, no unknown fields); parses multipart uploads; and
 filters lists with the ``filter`` JSON predicates. Run states are driven by the test (:meth:`set_run_state`,
-or a per-run script of states that each GET advances). Every request is recorded (:attr:`requests`).
+or a per-run script of states that each GET advances), or by tests/fakes/kfp_executor.py, which executes the runs.
+Every request is recorded (:attr:`requests`).
 """
 from __future__ import annotations
 
@@ -185,7 +186,10 @@ class KfpApiServer:
         self.state_scripts: dict[str, list[str]] = {}
         self.default_state_script: list[str] = []
         self.on_run_created: Any = None
-        """``callable(run)`` called for each new run: a test plays what the pipeline does in the cluster."""
+        """``callable(run)`` called for each new run: a test plays what the pipeline does in the cluster, or
+        tests/fakes/kfp_executor.py executes it."""
+        self.on_run_terminated: Any = None
+        """``callable(run_id)`` called by ``TerminateRun`` after the run turned ``CANCELING``."""
         self.lock = threading.RLock()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
@@ -384,6 +388,10 @@ class KfpApiServer:
 
     def _RunService_CreateRun(self, *, body, **_):
         self._reference(body, "run")
+        return HTTPStatus.OK, self.add_run(body)
+
+    def add_run(self, body: dict) -> dict:
+        """Store a new ``PENDING`` run of ``body`` (a checked request, or a recurring run's fire)."""
         run = {**body, "run_id": str(uuid.uuid4()), "created_at": _now(), "scheduled_at": _now(),
                "state": "PENDING", "storage_state": "AVAILABLE",
                "state_history": [{"update_time": _now(), "state": "PENDING"}]}
@@ -392,7 +400,18 @@ class KfpApiServer:
             self.state_scripts[run["run_id"]] = list(self.default_state_script)
         if self.on_run_created is not None:
             self.on_run_created(run)
-        return HTTPStatus.OK, run
+        return run
+
+    def _RunService_TerminateRun(self, *, path_params, **_):
+        """``resource_manager.go`` TerminateRun: a run not yet final turns ``CANCELING``; its pods are stopped."""
+        run_id = path_params["run_id"]
+        if run_id not in self.store.runs:
+            raise ApiError(HTTPStatus.NOT_FOUND, f"Run {run_id} not found")
+        if self.store.runs[run_id]["state"] not in FINAL_STATES:
+            self.set_run_state(run_id, "CANCELING")
+            if self.on_run_terminated is not None:
+                self.on_run_terminated(run_id)
+        return HTTPStatus.OK, {}
 
     def _RunService_GetRun(self, *, path_params, **_):
         run_id = path_params["run_id"]

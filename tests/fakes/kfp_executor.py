@@ -1,0 +1,418 @@
+"""Executes what the KFP API test server (tests/fakes/kfp_server.py) holds, as KFP's backend does.
+
+A created run, and a recurring run each time its trigger fires, executes the stored pipeline version's IR: the
+root DAG's tasks in dependency order, a sub-DAG only when its ``triggerPolicy.condition`` (``dsl.If``) holds, each
+container task as one "pod" given what KFP's backend gives a step pod, its inputs resolved from the run's
+parameters and the upstream tasks' outputs, its artifacts under the pipeline root. Behaviour taken from
+kubeflow/pipelines 2.17 (cited where used):
+
+- ``backend/src/v2/driver/driver.go``: the driver resolves a task's inputs (runtime constants, the parent DAG's
+  inputs, upstream output parameters and artifacts), evaluates the condition (a false one skips the sub-DAG) and
+  looks the task up in the cache when ``cachingOptions.enableCache`` is set (``backend/src/v2/cacheutils/cache.go``:
+  the key hashes the input parameter values, input artifact names, output spec, image and command); a hit reuses
+  the recorded outputs and the task is reported ``SKIPPED``.
+- ``backend/src/v2/component/launcher_v2.go``: the launcher builds the executor input (input artifacts by URI,
+  output artifact URIs under ``<pipeline_root>/<run>/<task>/``), runs the command with the placeholders replaced,
+  and reads the outputs back. kfp.local builds and reads the same executor input
+  (``kfp/local/executor_input_utils.py``, ``placeholder_utils.py``, ``executor_output_utils.py``): used here.
+- ``backend/src/v2/compiler/argocompiler/common.go``: every step pod carries ``KFP_POD_NAME`` and ``KFP_POD_UID``
+  (downward API) and the container's own ``env``; the pod runs as the run's service account, in the profile's
+  namespace; a pod labelled ``access-ml-pipeline`` (the PodDefault of multi-user profiles) gets the projected
+  ``pipelines.kubeflow.org`` token at ``/var/run/secrets/kubeflow/pipelines/token``.
+- ``backend/src/apiserver/resource/resource_manager.go`` (``TerminateRun``): a terminated run is ``CANCELING``
+  until its pods stop, then ``CANCELED``; a failed task fails the run with its error.
+- ``backend/src/crd/controller/scheduledworkflow/`` (``util/cron_schedule.go``, ``util/periodic_schedule.go``,
+  ``scheduled_workflow.go``): cron with six fields (seconds first, robfig/cron) or every ``interval_second``; ``max_concurrency`` caps the schedule's active runs (a fire while
+  at the cap is skipped); ``no_catchup`` starts only the latest missed fire, else every missed fire runs.
+
+Engines: :class:`DockerEngine` runs each task as a container of the image the IR names (``make e2e``);
+:class:`ProcessEngine` runs a task's command as a subprocess (its own process group) with the pod's
+environment; the checkout's virtualenv stands in for the image. A pod file (the projected token) is written under
+the pod's directory and its path given by the variable the kfp SDK reads for it (``KF_PIPELINES_SA_TOKEN_PATH``).
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Iterator, Protocol
+
+import docker
+from croniter import croniter
+from google.protobuf import json_format
+from kfp.local import executor_input_utils, executor_output_utils, graph_utils, io, placeholder_utils
+from kfp.local.orchestrator.enhanced_dag_orchestrator import ConditionEvaluator
+from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
+from kfp.local.orchestrator.task_spec_utils import build_nested_dag_arguments
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from fakes.kfp_server import FINAL_STATES, KfpApiServer, _now
+
+TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+"""Where the ``access-ml-pipeline`` PodDefault projects the ``pipelines.kubeflow.org`` token."""
+TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
+"""The variable the kfp SDK reads the token's path from (``kfp/client/token_credentials_base.py``)."""
+ACCESS_LABEL = "access-ml-pipeline"
+NAMESPACE_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""The pod's namespace, in every pod's service-account mount."""
+
+
+@dataclass(kw_only=True)
+class Pod:
+    """One step pod as KFP's backend makes it."""
+
+    name: str
+    uid: str
+    namespace: str
+    service_account: str
+    image: str
+    command: list[str]
+    env: dict[str, str]
+    labels: dict[str, str]
+    token: str | None
+    """The projected ``pipelines.kubeflow.org`` token, when the pod carries the ``access-ml-pipeline`` label."""
+    log: Path
+
+
+class Engine(Protocol):
+    def start(self, pod: Pod) -> Any: ...
+    def wait(self, handle: Any) -> int: ...
+    def stop(self, handle: Any) -> None: ...
+
+
+@dataclass(kw_only=True)
+class ProcessEngine:
+    """Each pod a subprocess of this checkout's Python (the "image"), in its own process group."""
+
+    root: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """What the cluster adds to every pod besides KFP (e.g. ``MLFLOW_TRACKING_URI``, ``AWS_*`` from Secrets)."""
+
+    def start(self, pod: Pod) -> subprocess.Popen:
+        home = self.root / pod.name
+        (home / "tmp").mkdir(parents=True)
+        env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(home / "tmp"),
+               "TMPDIR": str(home / "tmp"), "PYTHONPATH": os.environ.get("PYTHONPATH", ""), **self.env, **pod.env}
+        if pod.token is not None:
+            token = home / "token"
+            token.write_text(pod.token)
+            env[TOKEN_PATH_ENV] = str(token)
+        with pod.log.open("wb") as log:
+            return subprocess.Popen(pod.command, cwd=home, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def wait(self, handle: subprocess.Popen) -> int:
+        return handle.wait()
+
+    def stop(self, handle: subprocess.Popen) -> None:
+        try:
+            os.killpg(handle.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+@dataclass(kw_only=True)
+class DockerEngine:
+    """Each pod a container of its image (the docker SDK; ``DOCKER_HOST`` names the daemon), as the image's user,
+    with a read-only root and a ``/tmp`` tmpfs (``read_only``: a restricted profile's pods), the host's network
+    (the test servers listen on loopback), the pipeline root mounted at its own path (it must be writable by the
+    image's user), the pod's namespace and projected token at their in-pod paths. Containers are labelled
+    ``kfloop.run_pod`` with the pod's name and kept after they end, so their exit code, user and image can be read
+    back from the daemon."""
+
+    pipeline_root: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """What the cluster adds to every pod besides KFP (as :class:`ProcessEngine`'s)."""
+    read_only: bool = True
+    network_mode: str = "host"
+
+    def __post_init__(self) -> None:
+        self.client = docker.from_env()
+
+    def start(self, pod: Pod) -> tuple[Any, Pod]:
+        namespace = pod.log.with_suffix(".namespace")  # the service account's mount names the pod's namespace
+        namespace.write_text(pod.namespace)
+        namespace.chmod(0o644)
+        volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"},
+                   str(namespace): {"bind": NAMESPACE_PATH, "mode": "ro"}}
+        if pod.token is not None:
+            token = pod.log.with_suffix(".token")
+            token.write_text(pod.token)
+            token.chmod(0o644)
+            volumes[str(token)] = {"bind": TOKEN_PATH, "mode": "ro"}
+        container = self.client.containers.run(
+            pod.image, pod.command, name=pod.name, detach=True, environment={**self.env, **pod.env},
+            labels={**pod.labels, "kfloop.run_pod": pod.name}, read_only=self.read_only,
+            tmpfs={"/tmp": "rw,exec"} if self.read_only else {}, network_mode=self.network_mode, volumes=volumes)
+        return container, pod
+
+    def wait(self, handle: tuple[Any, Pod]) -> int:
+        container, pod = handle
+        code = container.wait()["StatusCode"]
+        pod.log.write_bytes(container.logs())
+        return code
+
+    def stop(self, handle: tuple[Any, Pod]) -> None:
+        try:
+            handle[0].kill()
+        except docker.errors.APIError:  # it ended meanwhile
+            pass
+
+
+class Canceled(Exception):
+    """The run was terminated while a task ran."""
+
+
+class TaskFailed(Exception):
+    def __init__(self, task: str, message: str):
+        super().__init__(f"task '{task}' failed: {message}")
+
+
+@dataclass
+class _RunContext:
+    run: dict
+    spec: pipeline_spec_pb2.PipelineSpec
+    deployment: pipeline_spec_pb2.PipelineDeploymentConfig
+    pipeline_root: str
+    canceled: threading.Event = field(default_factory=threading.Event)
+    handles: list[Any] = field(default_factory=list)
+
+
+class KfpExecutor:
+    """``with KfpApiServer() as kfp, KfpExecutor(kfp, ProcessEngine(root=...), pipeline_root=...):``."""
+
+    def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path, namespace: str = "kubeflow",
+                 default_service_account: str = "pipeline-runner", pod_labels: dict[str, str] | None = None,
+                 token: str | None = None):
+        self.server, self.engine = server, engine
+        self.pipeline_root = pipeline_root
+        self.namespace, self.default_service_account = namespace, default_service_account
+        self.pod_labels = dict(pod_labels or {})
+        """Labels every step pod carries (``access-ml-pipeline: "true"`` mounts the token)."""
+        self.token = token
+        self.cache: dict[str, dict[str, Any]] = {}
+        self._runs: dict[str, _RunContext] = {}
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._fired: dict[str, datetime] = {}
+        self._scheduler = threading.Thread(target=self._schedule_loop, daemon=True)
+
+    def __enter__(self) -> KfpExecutor:
+        self.server.on_run_created = self.submit
+        self.server.on_run_terminated = self.cancel
+        self._scheduler.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._scheduler.join()
+        for run_id in list(self._runs):
+            self.cancel(run_id)
+        for thread in list(self._threads):
+            thread.join()
+        self.server.on_run_created = self.server.on_run_terminated = None
+
+    # -- runs ----------------------------------------------------------------------------------------------------
+    def submit(self, run: dict) -> None:
+        spec = run.get("pipeline_spec") or self.server.store.versions[
+            run["pipeline_version_reference"]["pipeline_version_id"]]["pipeline_spec"]
+        ctx = _RunContext(run, json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec()),
+                          json_format.ParseDict(spec["deploymentSpec"], pipeline_spec_pb2.PipelineDeploymentConfig()),
+                          str(self.pipeline_root))
+        self._runs[run["run_id"]] = ctx
+        thread = threading.Thread(target=self._execute, args=(ctx,), daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def cancel(self, run_id: str) -> None:
+        """``TerminateRun``: the run turns ``CANCELING``, its pods are stopped, then it is ``CANCELED``."""
+        ctx = self._runs.get(run_id)
+        if ctx is None or ctx.run["state"] in FINAL_STATES:
+            return
+        with self.server.lock:
+            if ctx.run["state"] != "CANCELING":
+                self.server.set_run_state(run_id, "CANCELING")
+            ctx.canceled.set()
+            for handle in ctx.handles:
+                self.engine.stop(handle)
+
+    def _execute(self, ctx: _RunContext) -> None:
+        run_id = ctx.run["run_id"]
+        with self.server.lock:
+            ctx.run["run_details"] = {"task_details": []}
+            if ctx.canceled.is_set():
+                self.server.set_run_state(run_id, "CANCELED")
+                return
+            self.server.set_run_state(run_id, "RUNNING")
+        params = (ctx.run.get("runtime_config") or {}).get("parameters", {})
+        try:
+            self._run_dag(ctx, ctx.spec.root, params, None, f"run-{run_id[:8]}")
+        except Canceled:
+            self.server.set_run_state(run_id, "CANCELED")
+        except Exception as err:  # a task's error, or one of this server's: either fails the run, never hangs it
+            with self.server.lock:
+                ctx.run["error"] = {"code": 2, "message": str(err), "details": []}
+            self.server.set_run_state(run_id, "CANCELED" if ctx.canceled.is_set() else "FAILED")
+        else:
+            self.server.set_run_state(run_id, "CANCELED" if ctx.canceled.is_set() else "SUCCEEDED")
+
+    def _run_dag(self, ctx: _RunContext, component: pipeline_spec_pb2.ComponentSpec, arguments: dict[str, Any],
+                 parent: io.IOStore | None, prefix: str) -> dict[str, Any]:
+        store = io.IOStore(parent=parent)
+        for name, value in OrchestratorUtils.join_user_inputs_and_defaults(
+                arguments, component.input_definitions).items():
+            store.put_parent_input(name, value)
+        order = graph_utils.topological_sort_tasks(component.dag.tasks)
+        while order:
+            name = order.pop()
+            task = component.dag.tasks[name]
+            spec = ctx.spec.components[task.component_ref.name]
+            if spec.WhichOneof("implementation") == "dag":
+                args = build_nested_dag_arguments(name, task, spec, store)
+                condition = task.trigger_policy.condition
+                sub = io.IOStore(parent=store)
+                for key, value in args.items():
+                    sub.put_parent_input(key, value)
+                if condition and not ConditionEvaluator.evaluate_condition(condition, sub):
+                    self._record(ctx, name, "SKIPPED")  # driver.go: a false condition skips the whole sub-DAG
+                    continue
+                outputs = self._run_dag(ctx, spec, args, store, prefix)
+            else:
+                outputs = self._run_task(ctx, name, task, spec, store, prefix)
+            for key, value in outputs.items():
+                store.put_task_output(name, key, value)
+        return OrchestratorUtils.get_dag_outputs(component.dag.outputs, store) if component.dag.outputs else {}
+
+    def _run_task(self, ctx: _RunContext, name: str, task: pipeline_spec_pb2.PipelineTaskSpec,
+                  spec: pipeline_spec_pb2.ComponentSpec, store: io.IOStore, prefix: str) -> dict[str, Any]:
+        if ctx.canceled.is_set():
+            raise Canceled()
+        arguments = OrchestratorUtils.make_task_arguments(task.inputs, store)
+        container = ctx.deployment.executors[spec.executor_label].container
+        key = _cache_key(arguments, spec, container) if task.caching_options.enable_cache else None
+        if key in self.cache:
+            self._record(ctx, name, "SKIPPED")  # cacheutils/cache.go: a hit reuses the recorded outputs
+            return self.cache[key]
+        task_root = executor_input_utils.construct_local_task_root(
+            pipeline_root=ctx.pipeline_root, pipeline_resource_name=prefix, task_resource_name=name)
+        executor_input = executor_input_utils.construct_executor_input(
+            component_spec=spec, arguments=arguments, task_root=task_root, block_input_artifact=False)
+        command = placeholder_utils.replace_placeholders(
+            full_command=[*container.command, *container.args],
+            executor_input_dict=executor_input_utils.executor_input_to_dict(executor_input, spec),
+            pipeline_resource_name=prefix, task_resource_name=name, pipeline_root=ctx.pipeline_root,
+            unique_pipeline_id=ctx.run["run_id"])
+        pod_name, pod_uid = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}", str(uuid.uuid4())
+        pod = Pod(name=pod_name, uid=pod_uid, namespace=self.namespace,
+                  service_account=ctx.run.get("service_account") or self.default_service_account,
+                  image=container.image, command=command,
+                  env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": pod_uid, **{e.name: e.value for e in container.env}},
+                  labels=dict(self.pod_labels),
+                  token=self.token if self.pod_labels.get(ACCESS_LABEL) == "true" else None,
+                  log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log")
+        pod.log.parent.mkdir(parents=True, exist_ok=True)
+        detail = self._record(ctx, name, "RUNNING", pod_name=pod_name)
+        with self.server.lock:
+            if ctx.canceled.is_set():
+                raise Canceled()
+            handle = self.engine.start(pod)
+            ctx.handles.append(handle)
+        code = self.engine.wait(handle)
+        with self.server.lock:
+            ctx.handles.remove(handle)
+            detail["end_time"] = _now()
+            if ctx.canceled.is_set():
+                detail["state"] = "CANCELED"
+                raise Canceled()
+            if code != 0:
+                message = _last_error(pod.log) or f"exit code {code}"
+                detail.update(state="FAILED", error={"code": 2, "message": message, "details": []})
+                raise TaskFailed(name, message)
+            detail["state"] = "SUCCEEDED"
+        outputs = executor_output_utils.get_outputs_for_task(executor_input=executor_input, component_spec=spec)
+        if key is not None:
+            self.cache[key] = outputs
+        return outputs
+
+    def _record(self, ctx: _RunContext, name: str, state: str, **extra: str) -> dict:
+        detail = {"run_id": ctx.run["run_id"], "task_id": str(uuid.uuid4()), "display_name": name,
+                  "create_time": _now(), "start_time": _now(), "state": state, **extra}
+        if state in FINAL_STATES:
+            detail["end_time"] = detail["start_time"]
+        with self.server.lock:
+            ctx.run["run_details"]["task_details"].append(detail)
+        return detail
+
+    # -- recurring runs ------------------------------------------------------------------------------------------
+    def _schedule_loop(self) -> None:
+        while not self._stop.wait(0.2):
+            now = datetime.now(timezone.utc)
+            with self.server.lock:
+                recurring = [r for r in self.server.store.recurring_runs.values() if r.get("status") == "ENABLED"]
+            for rec in recurring:
+                for fire in self._due(rec, now):
+                    self._fire(rec, fire)
+
+    def _due(self, rec: dict, now: datetime) -> list[datetime]:
+        """The fire times of ``rec`` since its last one (its creation at first), up to ``now``: its cron
+        (``cron_schedule``) or every ``interval_second`` (``periodic_schedule``)."""
+        trigger = rec.get("trigger") or {}
+        since = self._fired.get(rec["recurring_run_id"]) or _parse(rec["created_at"])
+        due = list(itertools.takewhile(lambda fire: fire <= now, _fire_times(trigger, since)))
+        if due:
+            self._fired[rec["recurring_run_id"]] = due[-1]
+        return due[-1:] if rec.get("no_catchup") else due
+
+    def _fire(self, rec: dict, fire: datetime) -> None:
+        with self.server.lock:
+            active = [r for r in self.server.store.runs.values()
+                      if r.get("recurring_run_id") == rec["recurring_run_id"] and r["state"] not in FINAL_STATES]
+            if len(active) >= int(rec.get("max_concurrency") or 10):
+                return  # scheduled_workflow.go: at max_concurrency a fire starts nothing
+            body = {k: rec[k] for k in ("pipeline_version_reference", "pipeline_spec", "runtime_config",
+                                        "service_account", "experiment_id") if k in rec}
+            self.server.add_run({**body, "display_name": f"{rec['display_name']}-{fire:%Y%m%d%H%M%S}",
+                                 "recurring_run_id": rec["recurring_run_id"]})
+
+
+def _fire_times(trigger: dict, since: datetime) -> Iterator[datetime]:
+    """The fire times of a recurring run's ``trigger`` after ``since``."""
+    if "cron_schedule" in trigger:
+        times = croniter(trigger["cron_schedule"]["cron"], since, second_at_beginning=True)
+        while True:
+            yield times.get_next(datetime)
+    interval = timedelta(seconds=int(trigger["periodic_schedule"]["interval_second"]))
+    while True:
+        since += interval
+        yield since
+
+
+def _parse(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def _cache_key(arguments: dict[str, Any], spec: pipeline_spec_pb2.ComponentSpec,
+               container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec) -> str:
+    """cacheutils/cache.go's inputs: parameter values, input artifact names, output spec, image, command."""
+    params = {k: v for k, v in arguments.items() if k in spec.input_definitions.parameters}
+    artifacts = sorted(k for k in arguments if k in spec.input_definitions.artifacts)
+    material = {"parameters": params, "artifacts": artifacts,
+                "outputs": json_format.MessageToDict(spec.output_definitions), "image": container.image,
+                "command": [*container.command, *container.args]}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _last_error(log: Path) -> str:
+    """The last ``SomethingError: message`` line of a task's log (what a step's traceback ends with)."""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if ("Error" in line or "Exception" in line) and ": " in line]
+    return (errors or lines or [""])[-1][:2000]

@@ -1,0 +1,206 @@
+"""The KFP test server executes what it holds (tests/fakes/kfp_executor.py) with the process engine: small
+pipelines through the real ``kfp.Client``; the training pipeline itself is in tests/test_kfp_upload_run.py."""
+# kfp reads the components' annotations at definition time: no `from __future__ import annotations` here.
+
+from pathlib import Path
+
+import kfp
+import pytest
+from fakes.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine
+from fakes.kfp_server import KfpApiServer
+from kfp import compiler, dsl
+from polling import wait_for
+
+from components import kfp_client
+
+TOKEN = "kfp-executor-token-51d0"
+IMAGE = "python:3.11"
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def produce(word: str, out: dsl.Output[dsl.Dataset]) -> str:
+    import os
+
+    with open(out.path, "w") as f:
+        f.write(f"{word} from {os.environ['KFP_POD_NAME']} uid {os.environ['KFP_POD_UID']}")
+    return word
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def consume(data: dsl.Input[dsl.Dataset], report: dsl.Output[dsl.Artifact]) -> str:
+    import os
+
+    token_file = os.environ.get("KF_PIPELINES_SA_TOKEN_PATH", "/var/run/secrets/kubeflow/pipelines/token")
+    token = open(token_file).read() if os.path.exists(token_file) else "no token"
+    with open(data.path) as f, open(report.path, "w") as out:
+        out.write(f.read() + f"; token {token}")
+    return token
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def fail(message: str):
+    raise ValueError(message)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def block(flag_dir: str):
+    import os
+    import time
+
+    open(os.path.join(flag_dir, f"started-{os.getpid()}"), "w").close()
+    while True:
+        time.sleep(0.05)
+
+
+@dsl.pipeline(name="if-pipeline")
+def if_pipeline(word: str):
+    first = produce(word=word)
+    first.set_caching_options(False)
+    with dsl.If(first.outputs["Output"] == "go"):
+        consume(data=first.outputs["out"]).set_caching_options(False)
+
+
+@dsl.pipeline(name="failing")
+def failing_pipeline(message: str):
+    failed = fail(message=message).set_caching_options(False)
+    produce(word="never").set_caching_options(False).after(failed)
+
+
+@dsl.pipeline(name="blocking")
+def blocking_pipeline(flag_dir: str):
+    block(flag_dir=flag_dir).set_caching_options(False)
+
+
+@dsl.pipeline(name="cached")
+def cached_pipeline(word: str):
+    produce(word=word).set_caching_options(True)
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads ~/.config/kfp/context.json
+    with KfpApiServer(token=TOKEN) as server, KfpExecutor(
+            server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root",
+            pod_labels={ACCESS_LABEL: "true"}, token=TOKEN) as executor:
+        yield server, executor, kfp.Client(host=server.url, existing_token=TOKEN)
+
+
+def package(pipeline, tmp_path: Path) -> str:
+    path = tmp_path / f"{pipeline.name}.yaml"
+    compiler.Compiler().compile(pipeline, str(path))
+    return str(path)
+
+
+def start(client, pipeline, tmp_path, **arguments):
+    return client.create_run_from_pipeline_package(package(pipeline, tmp_path), arguments=arguments,
+                                                   service_account="kfloop").run_id
+
+
+def finish(client, run_id):
+    return kfp_client.wait(client, run_id, poll_seconds=0.02, timeout_seconds=120)
+
+
+def tasks(run) -> dict[str, object]:
+    return {t.display_name: t for t in run.run_details.task_details}
+
+
+def test_a_run_executes_its_tasks_in_order_with_the_condition_and_artifacts(served, tmp_path):
+    server, _, client = served
+    run = finish(client, start(client, if_pipeline, tmp_path, word="go"))
+
+    assert run.state == "SUCCEEDED"
+    by_name = tasks(run)
+    assert {n: t.state for n, t in by_name.items()} == {"produce": "SUCCEEDED", "consume": "SUCCEEDED"}
+    reports = list((tmp_path / "root").rglob("report"))
+    (text,) = [p.read_text() for p in reports]
+    pod = by_name["produce"].pod_name
+    assert text.startswith(f"go from {pod} uid ") and text.endswith(f"; token {TOKEN}")
+    assert len(text.split(" uid ")[1].split(";")[0]) == 36  # the pod's UID
+
+    skipped = finish(client, start(client, if_pipeline, tmp_path, word="stop"))
+    assert skipped.state == "SUCCEEDED"
+    assert {n: t.state for n, t in tasks(skipped).items()} == {"produce": "SUCCEEDED", "condition-1": "SKIPPED"}
+
+
+def test_without_the_access_label_a_pod_gets_no_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with KfpApiServer() as server, KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"),
+                                               pipeline_root=tmp_path / "root", token=TOKEN):
+        client = kfp.Client(host=server.url)
+        run = finish(client, start(client, if_pipeline, tmp_path, word="go"))
+    assert run.state == "SUCCEEDED"
+    (report,) = (tmp_path / "root").rglob("report")
+    assert report.read_text().endswith("; token no token")
+
+
+def test_a_failing_task_fails_the_run_with_its_error_and_stops_the_dag(served, tmp_path):
+    _, _, client = served
+    run = finish(client, start(client, failing_pipeline, tmp_path, message="column 'age' has nulls"))
+
+    assert run.state == "FAILED"
+    failed = [t for t in run.run_details.task_details if t.state == "FAILED"]
+    assert len(failed) == 1 and "ValueError: column 'age' has nulls" in failed[0].error.message
+    assert "produce" not in tasks(run)  # its upstream failed: never started
+    assert "column 'age' has nulls" in run.error.message and failed[0].display_name in run.error.message
+
+
+def test_terminating_a_run_stops_its_processes(served, tmp_path):
+    _, _, client = served
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    run_id = start(client, blocking_pipeline, tmp_path, flag_dir=str(flags))
+    (flag,) = wait_for("the task to start", lambda: list(flags.iterdir()))
+    pid = int(flag.name.split("-")[1])
+
+    client.terminate_run(run_id)
+
+    run = finish(client, run_id)
+    assert run.state == "CANCELED" and tasks(run)["block"].state == "CANCELED"
+    assert [h["state"] for h in client.get_run(run_id).to_dict()["state_history"]][-2:] == ["CANCELING", "CANCELED"]
+    assert wait_for("the task's process to end", lambda: not Path(f"/proc/{pid}").exists())
+
+
+def test_a_cached_task_is_skipped_the_second_time(served, tmp_path):
+    _, _, client = served
+    first = finish(client, start(client, cached_pipeline, tmp_path, word="same"))
+    second = finish(client, start(client, cached_pipeline, tmp_path, word="same"))
+    third = finish(client, start(client, cached_pipeline, tmp_path, word="other"))
+    assert [tasks(r)["produce"].state for r in (first, second, third)] == ["SUCCEEDED", "SKIPPED", "SUCCEEDED"]
+
+
+def test_a_recurring_run_fires_on_its_cron_within_max_concurrency(served, tmp_path):
+    server, _, client = served
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    exp = client.create_experiment("kfloop")
+    version = client.upload_pipeline(package(blocking_pipeline, tmp_path), pipeline_name="blocking")
+    versions = client.list_pipeline_versions(version.pipeline_id).pipeline_versions
+    rec = client.create_recurring_run(exp.experiment_id, "every-second", cron_expression="* * * * * *",
+                                      max_concurrency=1, no_catchup=True, params={"flag_dir": str(flags)},
+                                      pipeline_id=version.pipeline_id,
+                                      version_id=versions[0].pipeline_version_id)
+
+    (flag,) = wait_for("the first fire's task", lambda: list(flags.iterdir()))
+    (run,) = [r for r in server.store.runs.values()]
+    assert run["recurring_run_id"] == rec.recurring_run_id and run["state"] == "RUNNING"
+    client.terminate_run(run["run_id"])  # the next fire may start once the first run ended
+    second = wait_for("a second fire", lambda: [f for f in flags.iterdir() if f != flag])
+    client.disable_recurring_run(rec.recurring_run_id)
+    runs = list(server.store.runs.values())
+    assert len(second) == 1 and len(runs) == 2  # max_concurrency 1: no fire while the second one runs
+    assert finish(client, run["run_id"]).state == "CANCELED"
+    client.terminate_run(runs[1]["run_id"])
+    assert finish(client, runs[1]["run_id"]).state == "CANCELED"
+
+
+def test_a_periodic_recurring_run_fires_every_interval(served, tmp_path):
+    server, _, client = served
+    exp = client.create_experiment("kfloop")
+    version = client.upload_pipeline(package(cached_pipeline, tmp_path), pipeline_name="periodic")
+    versions = client.list_pipeline_versions(version.pipeline_id).pipeline_versions
+    rec = client.create_recurring_run(exp.experiment_id, "every-second", interval_second=1, max_concurrency=1,
+                                      params={"word": "tick"}, pipeline_id=version.pipeline_id,
+                                      version_id=versions[0].pipeline_version_id)
+    runs = wait_for("two fires", lambda: [r for r in server.store.runs.values() if r["state"] == "SUCCEEDED"][1:])
+    client.disable_recurring_run(rec.recurring_run_id)
+    assert all(r["recurring_run_id"] == rec.recurring_run_id for r in runs)
