@@ -322,3 +322,23 @@ def test_a_cron_without_six_fields_is_rejected_with_the_fix(kfp, capsys, cron, f
     assert not kfp.store.recurring_runs
     assert not any(r.path.endswith("/recurringruns") and r.method == "POST" for r in kfp.requests)
 
+
+
+@pytest.mark.parametrize("how", ["ci", "flag"])
+def test_upload_in_ci_or_with_require_image_refuses_an_empty_or_default_image(kfp, capsys, monkeypatch, how):
+    """Issue 32 item 1: a masked (empty) KFLOOP_IMAGE must not silently upload a version running the default image."""
+    from training.settings import DEFAULT_IMAGE
+
+    extra = ["--require-image"] if how == "flag" else []
+    if how == "ci":
+        monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("KFLOOP_IMAGE", "")
+    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "masked", *extra)
+    assert code == 1 and "KFLOOP_IMAGE is empty or unset" in err and "image job" in err and "--image" in err
+    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "masked", "--image", DEFAULT_IMAGE, *extra)
+    assert code == 1 and "--image is the default image" in err
+    assert not versions_named(kfp, "masked")
+    monkeypatch.setenv("KFLOOP_IMAGE", "ghcr.io/acme/kfloop:" + COMMIT)
+    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "masked", *extra)
+    assert code == 0, err
+    assert {img for v in versions_named(kfp, "masked") for img in _step_images(v)} == {"ghcr.io/acme/kfloop:" + COMMIT}

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                                            "(idempotent)")
     _add_kfp_target(upload, host=True)
     _add_compile_options(upload)
+    upload.add_argument("--require-image", action="store_true",
+                        help="refuse to upload without --image or KFLOOP_IMAGE naming a non-default image (always "
+                             "so when CI=true)")
     upload.add_argument("--json", action="store_true")
 
     sched = sub.add_parser("schedule", help="recurring drift or quality runs on the KFP server (same name replaces)")
@@ -144,6 +147,9 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                              "set it)")
     parser.add_argument("--shared-mount-path", metavar="PATH",
                         help="where the steps mount it (default: cluster.shared_mount_path, else /shared)")
+    parser.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                        help="docker-registry Secret the steps and training pods pull the image with (repeatable; "
+                             "default: cluster.image_pull_secrets)")
     options.add_settings(parser)
 
 
@@ -158,7 +164,9 @@ def _compile_options(args: argparse.Namespace):
                                         shared_volume_claim=args.shared_volume_claim
                                         or cluster.get("shared_volume_claim"),
                                         shared_mount_path=args.shared_mount_path or cluster.get("shared_mount_path"),
-                                        enable_caching=args.enable_caching)
+                                        enable_caching=args.enable_caching,
+                                        image_pull_secrets=args.image_pull_secret
+                                        or cluster.get("image_pull_secrets") or ())
 
 
 def _add_kfp_target(parser: argparse.ArgumentParser, *, host: bool) -> None:
@@ -315,7 +323,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
     with options.stdout_for_json(args):
         uploaded = upload_pipelines(args.host, version=args.version, namespace=args.namespace, image=args.image,
-                                    options=_compile_options(args))
+                                    options=_compile_options(args), require_image=args.require_image)
     if args.json:
         options.print_json(uploaded)
     for item in [] if args.json else uploaded:

@@ -18,7 +18,7 @@ from pipelines.local.runs import training_summary
 from pipelines.quality import PIPELINE_NAME as QUALITY_NAME
 from pipelines.training import PIPELINE_NAME as TRAINING_NAME
 from training.errors import KfloopError
-from training.settings import DEFAULT_MODEL_NAME, load_environment
+from training.settings import DEFAULT_IMAGE, DEFAULT_MODEL_NAME, IMAGE_ENV, load_environment
 
 PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME, "quality": QUALITY_NAME}
 DEFAULT_SCHEDULES = {"drift": "kfloop-drift-check", "quality": "kfloop-quality-check"}
@@ -49,39 +49,49 @@ def image_tag(image: str) -> str:
     return tag if sep and "/" not in tag else ""
 
 
-def step_image(version: str, explicit: str | None) -> str | None:
+def step_image(version: str, explicit: str | None, *, require: bool = False) -> str | None:
     """The image every step of ``version`` runs: ``explicit`` (``--image``) as given, else ``KFLOOP_IMAGE``, else
     ``None`` (the default image).
 
     Raises:
         ValueError: ``KFLOOP_IMAGE`` is tagged with another commit than the one ``version`` is named by (the
-            pipeline version of a commit must run the image built from that commit).
+            pipeline version of a commit must run the image built from that commit); or, with ``require`` or in CI
+            (``CI=true``), the image is empty or the default one.
     """
+    env = load_environment()
+    image = explicit or env.image
+    if (require or env.ci) and image in ("", DEFAULT_IMAGE):
+        where = "--image is the default image" if explicit else (
+            f"{IMAGE_ENV} is {'the default image' if image else 'empty or unset'}")
+        raise ValueError(f"{where}, so version {version} would run {DEFAULT_IMAGE}, not the image built from its "
+                         f"commit: set {IMAGE_ENV} to the image the CI workflow's image job pushed (compute the name "
+                         "in the job that uses it: GitHub drops a job output that contains a secret's value, "
+                         "leaving it empty) or pass --image REGISTRY/NAME:TAG")
     if explicit:
         return explicit
-    image = load_environment().image
     tag = image_tag(image)
     if _COMMIT.fullmatch(version) and _COMMIT.fullmatch(tag) and not (version.startswith(tag)
                                                                        or tag.startswith(version)):
-        raise ValueError(f"KFLOOP_IMAGE={image} is tagged for commit {tag}, but the pipeline version is named by "
+        raise ValueError(f"{IMAGE_ENV}={image} is tagged for commit {tag}, but the pipeline version is named by "
                          f"commit {version}: build and push the image of {version} (the CI workflow's image job "
                          "does), or pass --image explicitly")
     return image or None
 
 
 def upload_pipelines(host: str | None, *, version: str | None = None, namespace: str | None = None,
-                     image: str | None = None, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
+                     image: str | None = None, options: KubernetesOptions | None = None,
+                     require_image: bool = False) -> list[dict[str, Any]]:
     """Compile every pipeline (``options`` as ``kfloop compile``; the image from :func:`step_image`) and upload them
     as version ``version`` (default: the commit), idempotently; ``code_source_url`` is set when the checkout is
     clean.
 
     Raises:
         ValueError: no usable version name (see :func:`version_name`), or ``KFLOOP_IMAGE`` is the image of another
-            commit (see :func:`step_image`).
+            commit, or (``require_image`` or in CI) no image is named (see :func:`step_image`).
         kfp_server_api.ApiException: the server refused.
     """
     name = version_name(version)
-    image = step_image(name, image)
+    image = step_image(name, image, require=require_image)
     commit = load_environment().git_commit
     clean = commit != "unknown" and not commit.endswith("-dirty")
     source = kfp_client.code_source_url(commit) if clean else ""
