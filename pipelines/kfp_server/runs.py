@@ -95,7 +95,7 @@ def upload_pipelines(host: str | None, *, version: str | None = None, namespace:
     commit = load_environment().git_commit
     clean = commit != "unknown" and not commit.endswith("-dirty")
     source = kfp_client.code_source_url(commit) if clean else ""
-    client = kfp_client.connect(host, namespace=namespace)
+    client = kfp_client.connect(host)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for key, pipeline in PIPELINES.items():
@@ -110,7 +110,8 @@ def upload_pipelines(host: str | None, *, version: str | None = None, namespace:
 def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: str,
                   namespace: str | None, service_account: str | None = None) -> dict[str, Any]:
     """The pipeline's parameters; a monitoring pipeline (drift, quality) also gets the training version of the same
-    name pinned, which its trigger step starts through the in-cluster KFP service as ``service_account``.
+    name pinned, which its trigger step starts in ``namespace`` as ``service_account`` through the in-cluster KFP
+    service (``KF_PIPELINES_ENDPOINT`` of the step's pod, else ``kfp.host``).
 
     Raises:
         ValueError: bad settings.
@@ -122,8 +123,8 @@ def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: 
         params["training_pipeline_version"] = {
             "pipeline_name": TRAINING_NAME, "pipeline_id": training.pipeline_id,
             "pipeline_version_id": training.pipeline_version_id, "version_name": version,
-            "experiment": kfp_client.DEFAULT_EXPERIMENT, "namespace": namespace or "", "host": "",
-            "service_account": service_account or ""}
+            "experiment": kfp_client.DEFAULT_EXPERIMENT, "namespace": namespace or "",
+            "host": kfp_client.KfpSettings.from_dict(settings.get("kfp")).host, "service_account": service_account or ""}
     return params
 
 
@@ -140,7 +141,7 @@ def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str |
         RunFailed: the run ended in another state than SUCCEEDED (``wait`` only).
     """
     name_ = version_name(version)
-    client = kfp_client.connect(host, namespace=namespace)
+    client = kfp_client.connect(host)
     ref = kfp_client.find_version(client, PIPELINE_NAMES[name], name_, namespace)
     params = remote_params(name, settings, client, version=name_, namespace=namespace,
                            service_account=service_account)
@@ -184,7 +185,7 @@ def schedule_check(pipeline: str, settings: dict[str, Any], host: str, *, cron: 
         LookupError: the version is not uploaded, or no recurring run ``name`` to disable/delete.
     """
     name = name or DEFAULT_SCHEDULES[pipeline]
-    client = kfp_client.connect(host, namespace=namespace)
+    client = kfp_client.connect(host)
     if action != "schedule":
         ids = kfp_client.set_schedule_enabled(client, name, enabled=False if action == "disable" else None,
                                               namespace=namespace)
@@ -211,7 +212,7 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
     Raises:
         LookupError: the training pipeline has no such version.
     """
-    client = kfp_client.connect(host, namespace=namespace)
+    client = kfp_client.connect(host, in_cluster_host=kfp_client.KfpSettings.from_dict(settings.get("kfp")).host)
     ref = kfp_client.find_version(client, TRAINING_NAME, version_name(version), namespace)
     base = {k: v for k, v in settings.items() if k in TRAINING_KEYS or k in ("schema_uri", "target", "task")}
 
