@@ -43,6 +43,10 @@ ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"
 IN_CLUSTER_ENDPOINT = "http://ml-pipeline.kubeflow.svc.cluster.local:8888"
 """The KFP API service of a Kubeflow (and a standalone KFP) install: in ``kubeflow``, whatever the profile."""
 DEFAULT_EXPERIMENT = "kfloop"
+DEFAULT_SERVICE_ACCOUNT = "kfloop"
+"""The service account every run and recurring run we create runs as unless told otherwise: the one deploy/rbac.yaml
+makes, with the Lease, job and pipeline-runner rights the steps need (a run without one would run as KFP's
+``pipeline-runner``, which has no Lease verbs)."""
 IN_FLIGHT = {"PENDING", "RUNNING", "CANCELING", "PAUSED"}
 """Run states that count as a training run in flight."""
 FINAL = {"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"}
@@ -219,11 +223,11 @@ def experiment_id(client: Any, name: str, namespace: str | None = None) -> str:
 def create_run(client: Any, version: VersionRef, params: dict[str, Any], *, experiment: str = DEFAULT_EXPERIMENT,
                namespace: str | None = None, display_name: str = "", service_account: str | None = None) -> Any:
     """Start a run of the uploaded ``version`` (a reference, not an inline spec) in ``experiment``; its pods run as
-    ``service_account`` (default: the server's, e.g. ``default-editor`` in a Kubeflow profile)."""
+    ``service_account`` (default :data:`DEFAULT_SERVICE_ACCOUNT`)."""
     name = display_name or f"{version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
     return client.run_pipeline(experiment_id(client, experiment, namespace), name, params=params,
                                pipeline_id=version.pipeline_id, version_id=version.pipeline_version_id,
-                               service_account=service_account or None)
+                               service_account=service_account or DEFAULT_SERVICE_ACCOUNT)
 
 
 def wait(client: Any, run_id: str, *, poll_seconds: float = 5.0, timeout_seconds: float | None = None) -> Any:
@@ -297,7 +301,7 @@ def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: 
              experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
              service_account: str | None = None) -> tuple[str, bool]:
     """Make ``name`` the one recurring run of ``version`` on ``cron`` (max_concurrency=1, no catch-up), its runs'
-    pods running as ``service_account`` (default: the server's). An equal one is kept; a different one of that
+    pods running as ``service_account`` (default :data:`DEFAULT_SERVICE_ACCOUNT`). An equal one is kept; a different one of that
     name is replaced (the new one is created before the old is deleted). Returns the id and whether it was
     created now.
 
@@ -307,13 +311,14 @@ def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: 
     cron = check_cron(cron)
     exp = experiment_id(client, experiment, namespace)
     same_name = recurring_runs(client, name, exp, namespace)
-    wanted = (cron, version.pipeline_version_id, json.dumps(params, sort_keys=True), service_account or "")
+    service_account = service_account or DEFAULT_SERVICE_ACCOUNT
+    wanted = (cron, version.pipeline_version_id, json.dumps(params, sort_keys=True), service_account)
     if len(same_name) == 1 and same_name[0].status == "ENABLED" and _schedule_key(same_name[0]) == wanted:
         return same_name[0].recurring_run_id, False
     created = client.create_recurring_run(exp, name, cron_expression=cron, max_concurrency=1, no_catchup=True,
                                           params=params, pipeline_id=version.pipeline_id,
                                           version_id=version.pipeline_version_id,
-                                          service_account=service_account or None)
+                                          service_account=service_account or DEFAULT_SERVICE_ACCOUNT)
     for rec in same_name:
         client.delete_recurring_run(rec.recurring_run_id)
     return created.recurring_run_id, True

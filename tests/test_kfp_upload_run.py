@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from fakes.k8s_rbac import service_account_user
@@ -16,14 +17,16 @@ from pipelines.cli.commands import main
 TOKEN = "kfp-test-token-7c1e"
 COMMIT = "3f2a9c0d1e4b5a6978c0d1e2f3a4b5c6d7e8f901"
 DRIFT_SETTINGS = ["--set", "current_uri=s3://bucket/batch.parquet"]
-PROFILE = "team-a"
+PROFILE = "kfloop"
+REPO = Path(__file__).resolve().parents[1]
+"""The profile namespace of deploy/rbac.yaml and deploy/kubeflow-profile.yaml."""
 
 
 @pytest.fixture(params=["standalone", "multi-user"])
 def kfp(request, monkeypatch, tmp_path):
     """The KFP test server in each mode, with ``target`` (the flags that reach it), ``namespace`` and ``client_token``:
-    standalone behind a token-checking proxy; multi-user with profile ``team-a``, reached with ``--namespace
-    team-a`` and the token of a CI service account that is a contributor (``kubeflow-edit``) there."""
+    standalone behind a token-checking proxy; multi-user with profile ``kfloop`` (deploy/), reached with ``--namespace
+    kfloop`` and the token of a CI service account that is a contributor (``kubeflow-edit``) there."""
     monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "no-token-file"))
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT)
     monkeypatch.delenv("KFLOOP_IMAGE", raising=False)
@@ -241,11 +244,14 @@ def test_drift_runs_pin_the_training_version_of_the_same_commit(kfp, capsys):
 
 def test_runs_and_the_training_runs_they_trigger_use_the_service_account_given(kfp, capsys):
     upload(kfp, capsys)
-    code, _, err = cli(capsys, "run", "drift", *kfp.target, "--service-account", "kfloop", *DRIFT_SETTINGS)
+    code, _, err = cli(capsys, "run", "drift", *kfp.target, *DRIFT_SETTINGS)
     assert code == 0, err
-    (run,) = kfp.store.runs.values()
-    assert run["service_account"] == "kfloop"
-    assert run["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop"
+    code, _, err = cli(capsys, "run", "drift", *kfp.target, "--service-account", "kfloop-batch", *DRIFT_SETTINGS)
+    assert code == 0, err
+    default, given = sorted(kfp.store.runs.values(), key=lambda r: r["created_at"])
+    assert default["service_account"] == "kfloop"  # deploy/rbac.yaml's, never KFP's pipeline-runner
+    assert given["service_account"] == "kfloop-batch"
+    assert given["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop-batch"
 
     code, _, err = cli(capsys, "run", "training", "--local", "--service-account", "kfloop")
     assert code == 1 and "use them with --host" in err  # a local run has no service account to use
@@ -255,11 +261,13 @@ def test_a_new_service_account_replaces_the_schedule(kfp, capsys):
     upload(kfp, capsys)
     assert schedule(kfp, capsys, "--cron", "0 0 * * * *")[0] == 0
     (first,) = kfp.store.recurring_runs.values()
-    assert "service_account" not in first or not first["service_account"]  # the server's default
-    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")[0] == 0
+    assert first["service_account"] == "kfloop"  # deploy/rbac.yaml's, never KFP's pipeline-runner (no Lease verbs)
+    assert first["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop"
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop-batch")[0] == 0
     (replaced,) = kfp.store.recurring_runs.values()
-    assert replaced["service_account"] == "kfloop" and replaced["recurring_run_id"] != first["recurring_run_id"]
-    code, out, _ = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")
+    assert replaced["service_account"] == "kfloop-batch"
+    assert replaced["recurring_run_id"] != first["recurring_run_id"]
+    code, out, _ = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop-batch")
     assert code == 0 and json.loads(out)["created"] is False
 
 
@@ -370,7 +378,7 @@ def test_without_a_namespace_multi_user_kfp_refuses_a_shared_upload_and_a_run(kf
         ("kubeflow", "create", "pipelines", False)]  # a shared pipeline is written in KFP's own namespace
     upload(kfp, capsys)
     code, _, err = cli(capsys, "run", "drift", *host, *DRIFT_SETTINGS)
-    assert code == 1 and not kfp.store.runs  # its pipelines are in team-a, which the run must name
+    assert code == 1 and not kfp.store.runs  # its pipelines are in the profile, which the run must name
     code, _, err = cli(capsys, "run", "drift", *kfp.target, *DRIFT_SETTINGS)
     assert code == 0, err
     (run,) = kfp.store.runs.values()
@@ -379,8 +387,10 @@ def test_without_a_namespace_multi_user_kfp_refuses_a_shared_upload_and_a_run(kf
 
 def test_the_trigger_step_reaches_kfp_from_kfp_host_with_its_projected_token_in_the_runs_namespace(
         isolated_env, kfp, capsys, monkeypatch, tmp_path):
-    """Issue 32 items 3 and 5: in the drift run's pod the trigger step reaches KFP at ``kfp.host`` (never an address
-    made from the profile namespace) with the pod's token file, and starts the training run in that namespace."""
+    """Issue 32 items 3-5: in the drift run's pod the trigger step reaches KFP at ``kfp.host`` (never an address
+    made from the profile namespace) with the pod's token file, and starts the training run in that namespace; in
+    multi-user mode every KFP API call it makes is allowed by what deploy/kubeflow-profile.yaml grants the run's
+    service account ``kfloop`` (deploy/rbac.yaml)."""
     from kfp.dsl import Artifact
 
     from components.monitoring import trigger_retraining
@@ -394,7 +404,10 @@ def test_the_trigger_step_reaches_kfp_from_kfp_host_with_its_projected_token_in_
 
     # the step's pod: no KFP_TOKEN, the projected token file (profile's default-editor), KFP_POD_NAME
     token_file = tmp_path / "token"
-    token_file.write_text(kfp.multi_user.service_account_token(PROFILE, "default-editor")
+    if kfp.multi_user:
+        kfp.multi_user.apply(REPO / "deploy" / "kubeflow-profile.yaml")
+        reviewed = len(kfp.multi_user.reviews)
+    token_file.write_text(kfp.multi_user.service_account_token(PROFILE, pinned["service_account"])
                           if kfp.multi_user else kfp.client_token)
     monkeypatch.delenv(kfp_client.TOKEN_ENV)
     monkeypatch.delenv(kfp_client.ENDPOINT_ENV, raising=False)
@@ -409,9 +422,10 @@ def test_the_trigger_step_reaches_kfp_from_kfp_host_with_its_projected_token_in_
     assert run["pipeline_version_reference"]["pipeline_version_id"] == pinned["pipeline_version_id"]
     assert kfp.store.experiments[run["experiment_id"]]["namespace"] == (kfp.namespace or "")
     if kfp.multi_user:
-        assert {(r.user, r.verb, r.resource) for r in kfp.multi_user.reviews if r.namespace == PROFILE
-                and r.user.endswith(":default-editor")} >= {
-            ("system:serviceaccount:team-a:default-editor", "create", "runs")}
+        calls = {(r.user, r.namespace, r.verb, r.resource, r.allowed) for r in kfp.multi_user.reviews[reviewed:]}
+        runner = "system:serviceaccount:kfloop:kfloop"
+        assert calls == {(runner, PROFILE, "list", "experiments", True), (runner, PROFILE, "list", "runs", True),
+                         (runner, PROFILE, "create", "runs", True)}
 
 
 def test_a_token_file_is_read_again_for_every_request(tmp_path, monkeypatch):

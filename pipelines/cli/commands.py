@@ -179,7 +179,8 @@ def _add_kfp_target(parser: argparse.ArgumentParser, *, host: bool) -> None:
 
 def _add_service_account(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-account", help="service account the KFP run's pods (and the training runs a "
-                                                  "drift run triggers) run as; default: the server's")
+                                                  "drift run triggers) run as (default: kfloop, made by "
+                                                  "deploy/rbac.yaml)")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -90,6 +90,13 @@ class MultiUser:
                 "metadata": {"name": name, "namespace": namespace},
                 "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role}, "subjects": [subject]})
 
+    def apply(self, manifest: Path) -> None:
+        """``kubectl apply`` of RoleBindings (e.g. deploy/kubeflow-profile.yaml)."""
+        for doc in yaml.safe_load_all(manifest.read_text()):
+            if doc:
+                assert doc["kind"] == "RoleBinding", doc["kind"]
+                self._rbac.create(ROLE_BINDINGS, doc["metadata"]["namespace"], doc)
+
     def bind(self, namespace: str, user: User, role: str = "kubeflow-edit") -> None:
         """A contributor: ``user`` gets ``role`` in ``namespace`` (a RoleBinding)."""
         subject = ({"kind": "ServiceAccount", "name": user.name.rsplit(":", 1)[1],
