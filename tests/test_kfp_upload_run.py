@@ -301,7 +301,7 @@ def test_schedule_twice_gives_one_recurring_run_and_a_change_replaces_it(kfp, ca
     (rec,) = kfp.store.recurring_runs.values()
     assert rec["max_concurrency"] in (1, "1") and rec["no_catchup"] is True and rec["mode"] == "ENABLE"
     assert rec["trigger"]["cron_schedule"]["cron"] == "0 0 * * * *"
-    assert rec["display_name"] == "kfloop-drift-check" and "pipeline_spec" not in rec
+    assert rec["display_name"] == "kfloop-drift-check-kfloop-model" and "pipeline_spec" not in rec
 
     code, out, _ = schedule(kfp, capsys, "--cron", "0 30 */6 * * *")
     (replaced,) = kfp.store.recurring_runs.values()
@@ -313,7 +313,7 @@ def test_schedule_twice_gives_one_recurring_run_and_a_change_replaces_it(kfp, ca
     code, _, _ = cli(capsys, "schedule", "drift", *kfp.target, "--delete")
     assert code == 0 and not kfp.store.recurring_runs
     code, _, err = cli(capsys, "schedule", "drift", *kfp.target, "--delete")
-    assert code == 1 and "no recurring run named 'kfloop-drift-check'" in err
+    assert code == 1 and "no recurring run named 'kfloop-drift-check-kfloop-model'" in err
 
 
 def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, capsys):
@@ -323,8 +323,8 @@ def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, ca
                          "labelled_uri=s3://bucket/labelled.parquet", "--set", "quality.max_drop=0.1")
     assert code == 0, err
     by_name = {r["display_name"]: r for r in kfp.store.recurring_runs.values()}
-    assert sorted(by_name) == ["kfloop-drift-check", "kfloop-quality-check"]
-    quality = by_name["kfloop-quality-check"]
+    assert sorted(by_name) == ["kfloop-drift-check-kfloop-model", "kfloop-quality-check-kfloop-model"]
+    quality = by_name["kfloop-quality-check-kfloop-model"]
     (version,) = [v for v in versions_named(kfp, COMMIT) if v["pipeline_version_id"] ==
                   quality["pipeline_version_reference"]["pipeline_version_id"]]
     assert kfp.store.pipelines[version["pipeline_id"]]["name"] == "kfloop-quality"
@@ -332,7 +332,7 @@ def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, ca
     assert params["labelled_uri"] == "s3://bucket/labelled.parquet" and params["quality_policy"] == {"max_drop": 0.1}
     assert params["training_pipeline_version"]["pipeline_name"] == "kfloop-training"
     code, _, _ = cli(capsys, "schedule", "quality", *kfp.target, "--delete")
-    assert code == 0 and [r["display_name"] for r in kfp.store.recurring_runs.values()] == ["kfloop-drift-check"]
+    assert code == 0 and [r["display_name"] for r in kfp.store.recurring_runs.values()] == ["kfloop-drift-check-kfloop-model"]
 
 
 @pytest.mark.parametrize("cron, fix", [("*/15 * * * *", "use '0 */15 * * * *'"), ("0 0 * * *", "use '0 0 0 * * *'"),
@@ -475,3 +475,23 @@ def test_the_in_cluster_endpoint_is_kf_pipelines_endpoint_else_kfp_host_never_th
     monkeypatch.setenv(kfp_client.ENDPOINT_ENV, "ml-pipeline")
     with pytest.raises(ValueError, match="KF_PIPELINES_ENDPOINT 'ml-pipeline'"):
         kfp_client.endpoint(None)
+
+
+def test_a_push_re_points_the_models_one_drift_schedule_at_its_version(kfp, capsys, monkeypatch):
+    """Issue 32 item 6: each push to main schedules drift for its version; the model keeps one schedule, now
+    starting its training version, while another model has its own."""
+    upload(kfp, capsys)
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--set", "model_name=churn")[0] == 0
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--set", "model_name=fraud")[0] == 0
+    later = "4" * 40
+    monkeypatch.setenv("KFLOOP_GIT_COMMIT", later)
+    upload(kfp, capsys)
+    code, out, err = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--set", "model_name=churn")
+    assert code == 0 and json.loads(out)["created"] is True, err
+    by_name = {r["display_name"]: r for r in kfp.store.recurring_runs.values()}
+    assert sorted(by_name) == ["kfloop-drift-check-churn", "kfloop-drift-check-fraud"]
+    pinned = {name: r["runtime_config"]["parameters"]["training_pipeline_version"]["version_name"]
+              for name, r in by_name.items()}
+    assert pinned == {"kfloop-drift-check-churn": later, "kfloop-drift-check-fraud": COMMIT}
+    drift = {v["pipeline_version_id"]: v["name"] for v in kfp.store.versions.values()}
+    assert drift[by_name["kfloop-drift-check-churn"]["pipeline_version_reference"]["pipeline_version_id"]] == later

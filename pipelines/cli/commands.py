@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("pipeline", choices=["drift", "quality"])
     _add_kfp_target(sched, host=True)
     sched.add_argument("--cron", help="6 fields, seconds first, e.g. '0 0 * * * *' (hourly)")
-    sched.add_argument("--name", help="recurring run name (default: kfloop-drift-check, kfloop-quality-check)")
+    sched.add_argument("--name", help="recurring run name (default: kfloop-drift-check-MODEL, "
+                                      "kfloop-quality-check-MODEL: one per model, replaced by the next schedule)")
     action = sched.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="disable the recurring run of that name")
     action.add_argument("--delete", action="store_true", help="delete the recurring run of that name")

@@ -22,7 +22,7 @@ from training.settings import DEFAULT_IMAGE, DEFAULT_MODEL_NAME, IMAGE_ENV, load
 
 PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME, "quality": QUALITY_NAME}
 DEFAULT_SCHEDULES = {"drift": "kfloop-drift-check", "quality": "kfloop-quality-check"}
-"""The recurring run of each monitoring pipeline, by default."""
+"""The recurring run of each monitoring pipeline, by default ``<this>-<model_name>``: one per model."""
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
 """A git commit SHA, full or abbreviated, as in a version name or an image tag."""
 
@@ -177,14 +177,15 @@ def schedule_check(pipeline: str, settings: dict[str, Any], host: str, *, cron: 
                    action: str = "schedule", version: str | None = None, namespace: str | None = None,
                    service_account: str | None = None) -> dict[str, Any]:
     """Create or replace (``action="schedule"``), ``disable`` or ``delete`` the recurring run ``name`` (default:
-    :data:`DEFAULT_SCHEDULES`) of the monitoring ``pipeline`` (``drift`` or ``quality``); its runs, and the training
-    runs they trigger, run as ``service_account``.
+    :data:`DEFAULT_SCHEDULES` and the model's name: one schedule per model, which a push re-points at its commit's
+    version) of the monitoring ``pipeline`` (``drift`` or ``quality``); its runs, and the training runs they
+    trigger, run as ``service_account``.
 
     Raises:
         ValueError: a missing or non-6-field cron.
         LookupError: the version is not uploaded, or no recurring run ``name`` to disable/delete.
     """
-    name = name or DEFAULT_SCHEDULES[pipeline]
+    name = name or f"{DEFAULT_SCHEDULES[pipeline]}-{settings.get('model_name') or DEFAULT_MODEL_NAME}"
     client = kfp_client.connect(host)
     if action != "schedule":
         ids = kfp_client.set_schedule_enabled(client, name, enabled=False if action == "disable" else None,
