@@ -301,9 +301,9 @@ def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: 
              experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
              service_account: str | None = None) -> tuple[str, bool]:
     """Make ``name`` the one recurring run of ``version`` on ``cron`` (max_concurrency=1, no catch-up), its runs'
-    pods running as ``service_account`` (default :data:`DEFAULT_SERVICE_ACCOUNT`). An equal one is kept; a different one of that
-    name is replaced (the new one is created before the old is deleted). Returns the id and whether it was
-    created now.
+    pods running as ``service_account`` (default :data:`DEFAULT_SERVICE_ACCOUNT`). An equal one is kept; a
+    different one of that name is replaced (the new one is created before the old is deleted). Returns the id and
+    whether it was created now.
 
     Raises:
         ValueError: ``cron`` is not a 6-field expression.

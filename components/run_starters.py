@@ -39,7 +39,8 @@ def start_local_training(settings: dict[str, Any]) -> str:
 def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> str:
     """From the drift pipeline's trigger step: start a run of the pinned training version (``pipeline_id``,
     ``pipeline_version_id``, ``version_name``, ``experiment``, ``namespace``, ``service_account``; ``host``: the
-    KFP service unless the pod's ``KF_PIPELINES_ENDPOINT`` names another) with ``settings`` as its parameters; returns the run id.
+    KFP service unless the pod's ``KF_PIPELINES_ENDPOINT`` names another) with ``settings`` as its parameters;
+    returns the run id.
 
     Raises:
         TrainingInFlight: a training run is already pending or running.

@@ -4,7 +4,8 @@ placement of the launch step.
 The pipelines call :func:`apply` at the end of their body; :func:`using` makes other options active while
 ``pipelines.compile`` rebuilds a pipeline, so the options are chosen at compile time (``kfloop compile
 --credentials-secret NAME --enable-caching --gpus N --gpu-node-selector KEY=VALUE --gpu-toleration
-KEY=VALUE:EFFECT --shared-volume-claim NAME --image-pull-secret NAME``). Only Secret *names* go into the YAML: the values stay in the cluster.
+KEY=VALUE:EFFECT --shared-volume-claim NAME --image-pull-secret NAME``). Only Secret *names* go into the YAML:
+the values stay in the cluster.
 """
 from __future__ import annotations
 
@@ -134,8 +135,8 @@ def using(options: KubernetesOptions) -> Iterator[None]:
 def apply(*, gpu_step: PipelineTask | None = None) -> None:
     """Give every step of the pipeline being built the credentials Secret as env, the KFP API access label, the
     caching choice, the shared volume and the image pull secrets (as ``imagePullSecrets`` and, for the training job
-    it may launch, as ``KFLOOP_IMAGE_PULL_SECRETS``), and ``gpu_step`` its GPUs, node selector and tolerations. Call it last in a
-    ``@dsl.pipeline`` body."""
+    it may launch, as ``KFLOOP_IMAGE_PULL_SECRETS``), and ``gpu_step`` its GPUs, node selector and tolerations.
+    Call it last in a ``@dsl.pipeline`` body."""
     options = _ACTIVE.get()
     for task in Pipeline.get_default_pipeline().tasks.values():
         task.set_caching_options(options.enable_caching)

@@ -332,7 +332,8 @@ def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, ca
     assert params["labelled_uri"] == "s3://bucket/labelled.parquet" and params["quality_policy"] == {"max_drop": 0.1}
     assert params["training_pipeline_version"]["pipeline_name"] == "kfloop-training"
     code, _, _ = cli(capsys, "schedule", "quality", *kfp.target, "--delete")
-    assert code == 0 and [r["display_name"] for r in kfp.store.recurring_runs.values()] == ["kfloop-drift-check-kfloop-model"]
+    assert code == 0
+    assert [r["display_name"] for r in kfp.store.recurring_runs.values()] == ["kfloop-drift-check-kfloop-model"]
 
 
 @pytest.mark.parametrize("cron, fix", [("*/15 * * * *", "use '0 */15 * * * *'"), ("0 0 * * *", "use '0 0 0 * * *'"),

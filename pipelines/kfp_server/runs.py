@@ -124,7 +124,8 @@ def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: 
             "pipeline_name": TRAINING_NAME, "pipeline_id": training.pipeline_id,
             "pipeline_version_id": training.pipeline_version_id, "version_name": version,
             "experiment": kfp_client.DEFAULT_EXPERIMENT, "namespace": namespace or "",
-            "host": kfp_client.KfpSettings.from_dict(settings.get("kfp")).host, "service_account": service_account or kfp_client.DEFAULT_SERVICE_ACCOUNT}
+            "host": kfp_client.KfpSettings.from_dict(settings.get("kfp")).host,
+            "service_account": service_account or kfp_client.DEFAULT_SERVICE_ACCOUNT}
     return params
 
 
