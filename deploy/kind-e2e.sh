@@ -140,12 +140,12 @@ can_i no create rolebindings.rbac.authorization.k8s.io; can_i no create roles.rb
 can_i no create pytorchjobs.kubeflow.org default; can_i no list pods kube-system; can_i no get secrets kube-system
 (( failures == 0 )) || { echo "kind-e2e: ${failures} RBAC check(s) failed" >&2; exit 1; }
 
-log "inputs on the shared volume"
-kubectl -n "$NAMESPACE" delete pod kfloop-files --ignore-not-found --wait=true
-kubectl apply -f - <<EOF
+files_pod() {  # files_pod NAMESPACE: pod kfloop-files of the image, restricted, with kfloop-shared at /shared
+  kubectl -n "$1" delete pod kfloop-files --ignore-not-found --wait=true
+  kubectl apply -f - <<EOF
 apiVersion: v1
 kind: Pod
-metadata: {name: kfloop-files, namespace: ${NAMESPACE}}
+metadata: {name: kfloop-files, namespace: ${1}}
 spec:
   securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000,
                     seccompProfile: {type: RuntimeDefault}}
@@ -161,7 +161,11 @@ spec:
     - {name: shared, persistentVolumeClaim: {claimName: kfloop-shared}}
     - {name: tmp, emptyDir: {}}
 EOF
-kubectl -n "$NAMESPACE" wait --for=condition=Ready pod/kfloop-files --timeout=180s
+  kubectl -n "$1" wait --for=condition=Ready pod/kfloop-files --timeout=180s
+}
+
+log "inputs on the shared volume"
+files_pod "$NAMESPACE"
 kubectl -n "$NAMESPACE" exec -i kfloop-files -- python - "/shared/${JOB}" <<'EOF'
 import json, shutil, sys
 from pathlib import Path
@@ -242,8 +246,10 @@ spec:
         - name: mlflow
           image: ${IMAGE}
           imagePullPolicy: Never
+          # any Host header: the steps call it by its service name, which MLflow's default allow-list
+          # (localhost and private IPs) refuses; this server lives only inside the throwaway cluster
           command: [mlflow, server, --host, 0.0.0.0, --port, "5000", --backend-store-uri, "sqlite:////data/mlflow.db",
-                    --artifacts-destination, /data/artifacts, --serve-artifacts]
+                    --artifacts-destination, /data/artifacts, --serve-artifacts, --allowed-hosts, "*"]
           env: [{name: HOME, value: /tmp}]
           ports: [{containerPort: 5000}]
           readinessProbe: {httpGet: {path: /health, port: 5000}, periodSeconds: 5}
@@ -261,25 +267,10 @@ apiVersion: v1
 kind: Secret
 metadata: {name: kfloop-mlflow, namespace: kubeflow}
 stringData: {MLFLOW_TRACKING_URI: "http://kfloop-mlflow.kubeflow.svc.cluster.local:5000"}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: kfloop-kfp-files, namespace: kubeflow}
-spec:
-  securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000}
-  containers:
-    - name: files
-      image: ${IMAGE}
-      imagePullPolicy: Never
-      command: [sleep, infinity]
-      env: [{name: HOME, value: /tmp}]
-      volumeMounts: [{name: shared, mountPath: /shared}]
-  volumes:
-    - {name: shared, persistentVolumeClaim: {claimName: kfloop-shared}}
 EOF
 kubectl -n kubeflow rollout status deployment/kfloop-mlflow --timeout=600s
-kubectl -n kubeflow wait --for=condition=Ready pod/kfloop-kfp-files --timeout=180s
-kubectl -n kubeflow exec -i kfloop-kfp-files -- python - <<'EOF'
+files_pod kubeflow
+kubectl -n kubeflow exec -i kfloop-files -- python - <<'EOF'
 import shutil
 from pathlib import Path
 
