@@ -2,9 +2,15 @@
 start retraining runs of a pinned version (at most one in flight). It sits beside the steps because the drift
 pipeline's trigger step starts training runs through it; the CLI's server commands use it too.
 
-Auth comes from the environment only: ``KFP_TOKEN`` (a bearer token), else the projected service-account token
-file (``KF_PIPELINES_SA_TOKEN_PATH``, default ``/var/run/secrets/kubeflow/pipelines/token``) when it exists.
-Tokens are never taken from flags and never printed.
+The server: ``--host``, else (in a pod: the trigger step, ``kfloop serve``) ``KF_PIPELINES_ENDPOINT`` as the KFP SDK
+reads it, else ``kfp.host`` of the settings (:class:`KfpSettings`, default the KFP service in ``kubeflow``): never
+derived from the profile namespace, where KFP does not run.
+
+Auth comes from the environment only, and none is needed for standalone KFP: ``KFP_TOKEN`` (a bearer token), else
+the token file ``KF_PIPELINES_SA_TOKEN_PATH`` (default the projected ``/var/run/secrets/kubeflow/pipelines/token``),
+read again before every request so a rotated projected token or a mounted Secret's token keeps working, else
+``KFP_COOKIES`` (a ``Cookie`` header value, e.g. ``authservice_session=...`` behind Dex/oauth2-proxy, which the KFP
+SDK sends as given). Tokens and cookies are never taken from flags and never printed.
 """
 from __future__ import annotations
 
@@ -26,12 +32,21 @@ from kfp_server_api import ApiException
 
 from monitoring.trigger import RunInFlight
 from training.progress import progress
-from training.settings import CODE_ROOT
+from training.settings import CODE_ROOT, section_from_dict
 
 TOKEN_ENV = "KFP_TOKEN"
 SA_TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+COOKIES_ENV = "KFP_COOKIES"
+ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"
+"""The KFP SDK's own variable for the API endpoint (``kfp.client.client.KF_PIPELINES_ENDPOINT_ENV``)."""
+IN_CLUSTER_ENDPOINT = "http://ml-pipeline.kubeflow.svc.cluster.local:8888"
+"""The KFP API service of a Kubeflow (and a standalone KFP) install: in ``kubeflow``, whatever the profile."""
 DEFAULT_EXPERIMENT = "kfloop"
+DEFAULT_SERVICE_ACCOUNT = "kfloop"
+"""The service account every run and recurring run we create runs as unless told otherwise: the one deploy/rbac.yaml
+makes, with the Lease, job and pipeline-runner rights the steps need (a run without one would run as KFP's
+``pipeline-runner``, which has no Lease verbs)."""
 IN_FLIGHT = {"PENDING", "RUNNING", "CANCELING", "PAUSED"}
 """Run states that count as a training run in flight."""
 FINAL = {"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"}
@@ -53,23 +68,65 @@ class VersionRef:
         return asdict(self)
 
 
-def connect(host: str | None, *, namespace: str | None = None) -> Any:
-    """A ``kfp.Client`` for ``host`` (``None``: the in-cluster service) with the token from the environment.
+@dataclass(kw_only=True, slots=True)
+class KfpSettings:
+    """The ``kfp:`` section of ``kfloop.yaml``: how pods reach the KFP API."""
+
+    host: str = IN_CLUSTER_ENDPOINT
+    """The KFP API URL the trigger step and ``kfloop serve`` use in the cluster when ``KF_PIPELINES_ENDPOINT`` is
+    unset; change it where KFP's service lives elsewhere (e.g. another namespace in a standalone install)."""
+
+    def __post_init__(self) -> None:
+        check_host(self.host, "kfp.host")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "KfpSettings":
+        """Build from the ``kfp:`` section.
+
+        Raises:
+            ValueError: an unknown key or a host that is not an http(s) URL.
+        """
+        return section_from_dict(cls, d, "kfp")
+
+
+def check_host(host: str, what: str = "--host") -> str:
+    """``host`` if it is an http(s) URL.
 
     Raises:
-        ValueError: ``host`` is not an http(s) URL.
+        ValueError: it is not; the message names ``what``.
     """
-    if host is not None and not re.match(r"https?://[^/\s]+", host):
-        raise ValueError(f"--host {host!r}: use the KFP API URL, e.g. http://localhost:8080 or "
-                         "https://kubeflow.example.com/pipeline")
+    if not re.match(r"https?://[^/\s]+", host):
+        raise ValueError(f"{what} {host!r}: use the KFP API URL, e.g. http://localhost:8080, "
+                         f"https://kubeflow.example.com/pipeline or {IN_CLUSTER_ENDPOINT}")
+    return host
+
+
+def endpoint(host: str | None, in_cluster_host: str = IN_CLUSTER_ENDPOINT) -> str:
+    """The KFP API URL: ``host``, else ``KF_PIPELINES_ENDPOINT``, else ``in_cluster_host`` (``kfp.host``).
+
+    Raises:
+        ValueError: the URL is not http(s); the message names where it came from.
+    """
+    env = os.environ.get(ENDPOINT_ENV)
+    return check_host(host or env or in_cluster_host, "--host" if host else ENDPOINT_ENV if env else "kfp.host")
+
+
+def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT) -> Any:
+    """A ``kfp.Client`` for ``host``, else ``KF_PIPELINES_ENDPOINT``, else ``in_cluster_host`` (``kfp.host``), with
+    the credentials the environment holds (see the module docstring), or none.
+
+    Raises:
+        ValueError: the URL is not http(s).
+    """
+    host = endpoint(host, in_cluster_host)
     token = os.environ.get(TOKEN_ENV) or None
     token_file = os.environ.get(SA_TOKEN_PATH_ENV) or SA_TOKEN_PATH
     credentials = (ServiceAccountTokenVolumeCredentials(token_file)
                    if token is None and Path(token_file).is_file() else None)
     with warnings.catch_warnings():  # kfp warns on every Client() that it needs a v2 server
         warnings.simplefilter("ignore", FutureWarning)
-        return Client(host=host, namespace=namespace or "kubeflow", existing_token=token,
-                      credentials=credentials)
+        return Client(host=host, existing_token=token, credentials=credentials,
+                      cookies=os.environ.get(COOKIES_ENV) or None)
 
 
 def code_source_url(commit: str, cwd: Path = CODE_ROOT) -> str:
@@ -166,11 +223,11 @@ def experiment_id(client: Any, name: str, namespace: str | None = None) -> str:
 def create_run(client: Any, version: VersionRef, params: dict[str, Any], *, experiment: str = DEFAULT_EXPERIMENT,
                namespace: str | None = None, display_name: str = "", service_account: str | None = None) -> Any:
     """Start a run of the uploaded ``version`` (a reference, not an inline spec) in ``experiment``; its pods run as
-    ``service_account`` (default: the server's, e.g. ``default-editor`` in a Kubeflow profile)."""
+    ``service_account`` (default :data:`DEFAULT_SERVICE_ACCOUNT`)."""
     name = display_name or f"{version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
     return client.run_pipeline(experiment_id(client, experiment, namespace), name, params=params,
                                pipeline_id=version.pipeline_id, version_id=version.pipeline_version_id,
-                               service_account=service_account or None)
+                               service_account=service_account or DEFAULT_SERVICE_ACCOUNT)
 
 
 def wait(client: Any, run_id: str, *, poll_seconds: float = 5.0, timeout_seconds: float | None = None) -> Any:
@@ -244,9 +301,9 @@ def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: 
              experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
              service_account: str | None = None) -> tuple[str, bool]:
     """Make ``name`` the one recurring run of ``version`` on ``cron`` (max_concurrency=1, no catch-up), its runs'
-    pods running as ``service_account`` (default: the server's). An equal one is kept; a different one of that
-    name is replaced (the new one is created before the old is deleted). Returns the id and whether it was
-    created now.
+    pods running as ``service_account`` (default :data:`DEFAULT_SERVICE_ACCOUNT`). An equal one is kept; a
+    different one of that name is replaced (the new one is created before the old is deleted). Returns the id and
+    whether it was created now.
 
     Raises:
         ValueError: ``cron`` is not a 6-field expression.
@@ -254,13 +311,14 @@ def schedule(client: Any, version: VersionRef, params: dict[str, Any], *, name: 
     cron = check_cron(cron)
     exp = experiment_id(client, experiment, namespace)
     same_name = recurring_runs(client, name, exp, namespace)
-    wanted = (cron, version.pipeline_version_id, json.dumps(params, sort_keys=True), service_account or "")
+    service_account = service_account or DEFAULT_SERVICE_ACCOUNT
+    wanted = (cron, version.pipeline_version_id, json.dumps(params, sort_keys=True), service_account)
     if len(same_name) == 1 and same_name[0].status == "ENABLED" and _schedule_key(same_name[0]) == wanted:
         return same_name[0].recurring_run_id, False
     created = client.create_recurring_run(exp, name, cron_expression=cron, max_concurrency=1, no_catchup=True,
                                           params=params, pipeline_id=version.pipeline_id,
                                           version_id=version.pipeline_version_id,
-                                          service_account=service_account or None)
+                                          service_account=service_account or DEFAULT_SERVICE_ACCOUNT)
     for rec in same_name:
         client.delete_recurring_run(rec.recurring_run_id)
     return created.recurring_run_id, True

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import yaml
 
-from components.kfp_client import DEFAULT_EXPERIMENT, VersionRef, connect, start_training
+from components.kfp_client import DEFAULT_EXPERIMENT, IN_CLUSTER_ENDPOINT, VersionRef, connect, start_training
 from training.launch.backends import Backend, KubernetesBackend, LocalBackend
 from training.settings import SECTION_PARAMETERS
 
@@ -46,8 +46,9 @@ def start_local_training(settings: dict[str, Any]) -> str:
 
 def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> str:
     """From the drift pipeline's trigger step: start a run of the pinned training version (``pipeline_id``,
-    ``pipeline_version_id``, ``version_name``, ``experiment``, ``namespace``, ``service_account``; ``host`` empty =
-    the in-cluster KFP service) with ``settings`` as its parameters; returns the run id.
+    ``pipeline_version_id``, ``version_name``, ``experiment``, ``namespace``, ``service_account``; ``host``: the
+    KFP service unless the pod's ``KF_PIPELINES_ENDPOINT`` names another) with ``settings`` as its parameters;
+    returns the run id.
 
     Raises:
         TrainingInFlight: a training run is already pending or running.
@@ -61,7 +62,7 @@ def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> s
                          pipeline_version_id=pinned["pipeline_version_id"],
                          version_name=pinned.get("version_name", ""))
     params = {SECTION_PARAMETERS.get(k, k): v for k, v in settings.items()}
-    client = connect(pinned.get("host") or None, namespace=pinned.get("namespace") or None)
+    client = connect(None, in_cluster_host=pinned.get("host") or IN_CLUSTER_ENDPOINT)
     return start_training(client, version, params, experiment=pinned.get("experiment") or DEFAULT_EXPERIMENT,
                           namespace=pinned.get("namespace") or None,
                           service_account=pinned.get("service_account") or None)

@@ -6,7 +6,11 @@
 #   3. namespace `kfloop` enforcing the restricted Pod Security profile, deploy/rbac.yaml, a shared volume;
 #   4. `kubectl auth can-i` as the kfloop service account: what it must be allowed and what it must not;
 #   5. demo data, schema and training config put on the shared volume, a PyTorchJob (2 nodes x 2 gloo processes)
-#      rendered by `kfloop render-job` and created as the service account, waited for, the model read back.
+#      rendered by `kfloop render-job` and created as the service account, waited for, the model read back;
+#   6. standalone Kubeflow Pipelines beside the operator (the pinned upstream release's manifests, KFP_VERSION),
+#      an MLflow server of the image and deploy/rbac.yaml in `kubeflow` (where standalone KFP runs the steps), then
+#      `kfloop upload` (every step in the built image) and `kfloop run training --wait` through a port-forward: the
+#      script fails when the run does (SKIP_KFP=1 skips this stage).
 #
 # Usage: deploy/kind-e2e.sh            (KEEP_CLUSTER=1 keeps the cluster; CLUSTER, IMAGE, KFLOOP override names)
 # The rendered manifests go to ARTIFACTS (default $TMPDIR/kfloop-kind-e2e); when the script fails, the cluster's
@@ -20,6 +24,8 @@ NAMESPACE=kfloop
 JOB=kfloop-train
 SA="system:serviceaccount:${NAMESPACE}:kfloop"
 OPERATOR="github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"
+KFP_VERSION="${KFP_VERSION:-2.17.0}"  # the kubeflow/pipelines release whose API the tests' KFP server follows
+KFP_MANIFESTS="github.com/kubeflow/pipelines/manifests/kustomize"
 TIMEOUT_SECONDS="${TIMEOUT_SECONDS:-900}"
 ARTIFACTS="${ARTIFACTS:-${TMPDIR:-/tmp}/kfloop-kind-e2e}"
 
@@ -38,6 +44,8 @@ diagnose() {  # the cluster's state and every log worth reading, into $ARTIFACTS
   kubectl -n "$NAMESPACE" logs -l app.kubernetes.io/name=kfloop --all-containers --prefix --tail=-1 \
     >"${ARTIFACTS}/pods.log" 2>&1 || true
   kubectl -n kubeflow logs deployment/training-operator --tail=-1 >"${ARTIFACTS}/training-operator.log" 2>&1 || true
+  kubectl -n kubeflow logs deployment/ml-pipeline --tail=-1 >"${ARTIFACTS}/ml-pipeline.log" 2>&1 || true
+  kubectl -n kubeflow get pods -o wide >"${ARTIFACTS}/kubeflow-pods.txt" 2>&1 || true
   kind export logs "${ARTIFACTS}/kind" --name "$CLUSTER" >/dev/null 2>&1 || true
 }
 cleanup() {
@@ -132,12 +140,12 @@ can_i no create rolebindings.rbac.authorization.k8s.io; can_i no create roles.rb
 can_i no create pytorchjobs.kubeflow.org default; can_i no list pods kube-system; can_i no get secrets kube-system
 (( failures == 0 )) || { echo "kind-e2e: ${failures} RBAC check(s) failed" >&2; exit 1; }
 
-log "inputs on the shared volume"
-kubectl -n "$NAMESPACE" delete pod kfloop-files --ignore-not-found --wait=true
-kubectl apply -f - <<EOF
+files_pod() {  # files_pod NAMESPACE: pod kfloop-files of the image, restricted, with kfloop-shared at /shared
+  kubectl -n "$1" delete pod kfloop-files --ignore-not-found --wait=true
+  kubectl apply -f - <<EOF
 apiVersion: v1
 kind: Pod
-metadata: {name: kfloop-files, namespace: ${NAMESPACE}}
+metadata: {name: kfloop-files, namespace: ${1}}
 spec:
   securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000,
                     seccompProfile: {type: RuntimeDefault}}
@@ -153,7 +161,11 @@ spec:
     - {name: shared, persistentVolumeClaim: {claimName: kfloop-shared}}
     - {name: tmp, emptyDir: {}}
 EOF
-kubectl -n "$NAMESPACE" wait --for=condition=Ready pod/kfloop-files --timeout=180s
+  kubectl -n "$1" wait --for=condition=Ready pod/kfloop-files --timeout=180s
+}
+
+log "inputs on the shared volume"
+files_pod "$NAMESPACE"
 kubectl -n "$NAMESPACE" exec -i kfloop-files -- python - "/shared/${JOB}" <<'EOF'
 import json, shutil, sys
 from pathlib import Path
@@ -199,4 +211,95 @@ if [[ "$state" != *Succeeded* ]]; then
 fi
 kubectl -n "$NAMESPACE" exec kfloop-files -- cat "/shared/${JOB}/model/model.json"
 echo
+
+if [[ "${SKIP_KFP:-0}" == 1 ]]; then
+  echo "kind-e2e: ok (KFP stage skipped)"
+  exit 0
+fi
+
+log "standalone Kubeflow Pipelines ${KFP_VERSION}"
+kubectl apply -k "${KFP_MANIFESTS}/cluster-scoped-resources?ref=${KFP_VERSION}"
+kubectl wait --for condition=established --timeout=120s crd/applications.app.k8s.io
+kubectl apply -k "${KFP_MANIFESTS}/env/platform-agnostic?ref=${KFP_VERSION}"
+kubectl -n kubeflow wait --for=condition=Available deployment --all --timeout="${TIMEOUT_SECONDS}s"
+
+log "kfloop in kubeflow (standalone KFP runs steps there): RBAC, MLflow, shared volume with the demo data"
+sed 's/namespace: kfloop/namespace: kubeflow/' deploy/rbac.yaml | kubectl apply -f -
+kubectl apply -f - <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: kfloop-shared, namespace: kubeflow}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: kfloop-mlflow, namespace: kubeflow}
+spec:
+  selector: {matchLabels: {app: kfloop-mlflow}}
+  template:
+    metadata: {labels: {app: kfloop-mlflow}}
+    spec:
+      securityContext: {runAsNonRoot: true, runAsUser: 1000, runAsGroup: 1000, fsGroup: 1000}
+      containers:
+        - name: mlflow
+          image: ${IMAGE}
+          imagePullPolicy: Never
+          # any Host header: the steps call it by its service name, which MLflow's default allow-list
+          # (localhost and private IPs) refuses; this server lives only inside the throwaway cluster
+          command: [mlflow, server, --host, 0.0.0.0, --port, "5000", --backend-store-uri, "sqlite:////data/mlflow.db",
+                    --artifacts-destination, /data/artifacts, --serve-artifacts, --allowed-hosts, "*"]
+          env: [{name: HOME, value: /tmp}]
+          ports: [{containerPort: 5000}]
+          readinessProbe: {httpGet: {path: /health, port: 5000}, periodSeconds: 5}
+          volumeMounts: [{name: data, mountPath: /data}, {name: tmp, mountPath: /tmp}]
+      volumes: [{name: data, emptyDir: {}}, {name: tmp, emptyDir: {}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kfloop-mlflow, namespace: kubeflow}
+spec:
+  selector: {app: kfloop-mlflow}
+  ports: [{port: 5000, targetPort: 5000}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: kfloop-mlflow, namespace: kubeflow}
+stringData: {MLFLOW_TRACKING_URI: "http://kfloop-mlflow.kubeflow.svc.cluster.local:5000"}
+EOF
+kubectl -n kubeflow rollout status deployment/kfloop-mlflow --timeout=600s
+files_pod kubeflow
+kubectl -n kubeflow exec -i kfloop-files -- python - <<'EOF'
+import shutil
+from pathlib import Path
+
+import data
+from data.generate import write_demo
+
+root = Path("/shared/kfp")
+root.mkdir(parents=True, exist_ok=True)
+shutil.copy(write_demo(root / "demo", rows=3000)["train.parquet"], root / "data.parquet")
+shutil.copy(Path(data.__file__).with_name("schema.yaml"), root / "schema.yaml")
+EOF
+# kind has one node: the ReadWriteOnce claim is shared by this pod and every step pod on it
+
+log "kfloop upload, then run training --wait, against KFP ${KFP_VERSION} through a port-forward"
+kubectl -n kubeflow port-forward svc/ml-pipeline :8888 >"${ARTIFACTS}/port-forward.log" 2>&1 &
+forward=$!
+trap 'kill "$forward" 2>/dev/null || true; cleanup' EXIT
+port=""
+for _ in $(seq 60); do
+  port="$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "${ARTIFACTS}/port-forward.log" | head -1)"
+  [[ -n "$port" ]] && break
+  sleep 1
+done
+[[ -n "$port" ]] || { echo "kind-e2e: no port-forward to svc/ml-pipeline" >&2; exit 1; }
+kfp="http://127.0.0.1:${port}"
+"$KFLOOP" upload --host "$kfp" --image "$IMAGE" --shared-volume-claim kfloop-shared --json \
+  > "${ARTIFACTS}/kfp-upload.json"
+# --wait: exits non-zero, printing the run's state, when the run does not succeed
+"$KFLOOP" run training --host "$kfp" --wait --json \
+  --set dataset_uri=/shared/kfp/data.parquet --set schema_uri=/shared/kfp/schema.yaml --set target=churned \
+  --set training.epochs=2 | tee "${ARTIFACTS}/kfp-run.json"
 echo "kind-e2e: ok"

@@ -12,6 +12,7 @@ from pipelines.drift import drift_pipeline
 from pipelines.kubernetes_options import KubernetesOptions
 from pipelines.quality import quality_pipeline
 from pipelines.training import training_pipeline
+from training.settings import IMAGE_ENV
 
 PIPELINES = {"training": training_pipeline, "drift": drift_pipeline, "quality": quality_pipeline}
 
@@ -34,18 +35,23 @@ def build_pipeline(name: str, options: KubernetesOptions | None = None) -> Graph
 def compile_pipeline(name: str, path: Path, *, image: str | None = None,
                      options: KubernetesOptions | None = None) -> Path:
     """Compile one pipeline; ``image`` replaces every step's container image; ``options`` as
-    :func:`build_pipeline`.
+    :func:`build_pipeline`. Every step gets its own image as ``KFLOOP_IMAGE``: the training job it launches runs
+    that image unless ``cluster.image`` names another.
 
     Raises:
         KeyError: unknown pipeline name.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(build_pipeline(name, options), str(path))
-    if image:  # the file holds the pipeline spec, then the Kubernetes platform spec
-        spec, *platform = yaml.safe_load_all(path.read_text())
-        for executor in spec["deploymentSpec"]["executors"].values():
-            executor["container"]["image"] = image
-        path.write_text(yaml.safe_dump_all([spec, *platform], sort_keys=True))
+    text = path.read_text()
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))  # kfp's summary
+    spec, *platform = yaml.safe_load_all(text)  # the pipeline spec, then the Kubernetes platform spec
+    for executor in spec["deploymentSpec"]["executors"].values():
+        container = executor["container"]
+        container["image"] = image or container["image"]
+        env = [e for e in container.get("env", []) if e["name"] != IMAGE_ENV]
+        container["env"] = [*env, {"name": IMAGE_ENV, "value": container["image"]}]
+    path.write_text(header + yaml.safe_dump_all([spec, *platform], sort_keys=True))
     return path
 
 

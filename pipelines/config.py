@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from components.kfp_client import KfpSettings
 from data.dvc_store import DataStoreConfig
 from data.storage import holds_credentials, redact
 from monitoring.drift import DriftPolicy
@@ -24,8 +25,9 @@ SECTIONS: dict[str, type] = {
     "trigger": TriggerPolicy,
     "cluster": KubernetesSettings,
     "data_store": DataStoreConfig,
+    "kfp": KfpSettings,
 }
-"""Config section -> the typed config that validates it (its pipeline parameter: ``SECTION_PARAMETERS``)."""
+"""Config section -> the typed config that validates it (its pipeline parameter, if any: ``SECTION_PARAMETERS``)."""
 
 SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "task", "model_name",
                "labelled_uri", "labels_uri", "id_column", "retrain_uri",
@@ -123,7 +125,7 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
     for key, value in settings.items():
         if key in SECTIONS:
             typed_config(key, value)
-            if SECTION_PARAMETERS[key] in declared:
+            if SECTION_PARAMETERS.get(key) in declared:
                 params[SECTION_PARAMETERS[key]] = value
         elif key in declared:
             params[key] = value

@@ -4,7 +4,8 @@ placement of the launch step.
 The pipelines call :func:`apply` at the end of their body; :func:`using` makes other options active while
 ``pipelines.compile`` rebuilds a pipeline, so the options are chosen at compile time (``kfloop compile
 --credentials-secret NAME --enable-caching --gpus N --gpu-node-selector KEY=VALUE --gpu-toleration
-KEY=VALUE:EFFECT --shared-volume-claim NAME``). Only Secret *names* go into the YAML: the values stay in the cluster.
+KEY=VALUE:EFFECT --shared-volume-claim NAME --image-pull-secret NAME``). Only Secret *names* go into the YAML:
+the values stay in the cluster.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kfp.dsl import PipelineTask
 from kfp.dsl.pipeline_context import Pipeline
 
 from training.launch.cluster import CREDENTIAL_KEYS
+from training.settings import PULL_SECRETS_ENV
 
 DEFAULT_SECRET = "kfloop-mlflow"
 REQUIRED_KEYS = ("MLFLOW_TRACKING_URI",)
@@ -60,6 +62,10 @@ class KubernetesOptions:
     ``cluster:`` settings. Empty: none."""
     shared_mount_path: str = "/shared"
     """Where the steps see ``shared_volume_claim``."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """docker-registry Secrets every step's pod pulls its image with (a private registry, e.g. a new GHCR package).
+    The steps also pass them on (``KFLOOP_IMAGE_PULL_SECRETS``) to the training job they launch, which runs their
+    image: ``kfloop compile`` takes them from ``cluster.image_pull_secrets`` when no flag names one."""
 
     def __post_init__(self) -> None:
         if not _DNS1123_SUBDOMAIN.fullmatch(self.credentials_secret):
@@ -74,6 +80,10 @@ class KubernetesOptions:
         if self.shared_volume_claim and not _DNS1123_SUBDOMAIN.fullmatch(self.shared_volume_claim):
             raise ValueError(f"shared_volume_claim={self.shared_volume_claim!r}: use the PersistentVolumeClaim's "
                              "name, e.g. kfloop-shared")
+        for name in self.image_pull_secrets:
+            if not _DNS1123_SUBDOMAIN.fullmatch(name):
+                raise ValueError(f"image pull secret {name!r}: use a Kubernetes Secret name (lower-case letters, "
+                                 "digits, '-' and '.'), e.g. ghcr-pull")
         if not self.shared_mount_path.startswith("/"):
             raise ValueError(f"shared_mount_path={self.shared_mount_path!r}: use an absolute path, e.g. /shared")
 
@@ -81,7 +91,7 @@ class KubernetesOptions:
     def from_flags(cls, *, credentials_secret: str | None = None, gpus: int | None = None,
                    node_selector: Sequence[str] = (), tolerations: Sequence[str] = (),
                    shared_volume_claim: str | None = None, shared_mount_path: str | None = None,
-                   enable_caching: bool = False) -> KubernetesOptions:
+                   enable_caching: bool = False, image_pull_secrets: Sequence[str] = ()) -> KubernetesOptions:
         """Options from ``kfloop compile`` flags: ``KEY=VALUE`` selectors, ``KEY[=VALUE]:EFFECT`` tolerations.
 
         Raises:
@@ -104,7 +114,8 @@ class KubernetesOptions:
                          **({"value": value} if eq else {})})
         return cls(credentials_secret=credentials_secret or DEFAULT_SECRET, gpus=gpus or 0, gpu_node_selector=selector,
                    gpu_tolerations=tuple(tols), shared_volume_claim=shared_volume_claim or "",
-                   shared_mount_path=shared_mount_path or "/shared", enable_caching=enable_caching)
+                   shared_mount_path=shared_mount_path or "/shared", enable_caching=enable_caching,
+                   image_pull_secrets=tuple(dict.fromkeys(image_pull_secrets)))
 
 
 _ACTIVE: contextvars.ContextVar[KubernetesOptions] = contextvars.ContextVar("kfloop_k8s",
@@ -123,8 +134,9 @@ def using(options: KubernetesOptions) -> Iterator[None]:
 
 def apply(*, gpu_step: PipelineTask | None = None) -> None:
     """Give every step of the pipeline being built the credentials Secret as env, the KFP API access label, the
-    caching choice and the shared volume, and ``gpu_step`` its GPUs, node selector and tolerations. Call it last in a
-    ``@dsl.pipeline`` body."""
+    caching choice, the shared volume and the image pull secrets (as ``imagePullSecrets`` and, for the training job
+    it may launch, as ``KFLOOP_IMAGE_PULL_SECRETS``), and ``gpu_step`` its GPUs, node selector and tolerations.
+    Call it last in a ``@dsl.pipeline`` body."""
     options = _ACTIVE.get()
     for task in Pipeline.get_default_pipeline().tasks.values():
         task.set_caching_options(options.enable_caching)
@@ -133,6 +145,9 @@ def apply(*, gpu_step: PipelineTask | None = None) -> None:
         kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in OPTIONAL_KEYS}, optional=True)
         if options.shared_volume_claim:
             kfp_k8s.mount_pvc(task, options.shared_volume_claim, options.shared_mount_path)
+        if options.image_pull_secrets:
+            kfp_k8s.set_image_pull_secrets(task, list(options.image_pull_secrets))
+            task.set_env_variable(PULL_SECRETS_ENV, ",".join(options.image_pull_secrets))
     if gpu_step is not None:
         if options.gpus:
             gpu_step.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(options.gpus)

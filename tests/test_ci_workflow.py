@@ -94,14 +94,28 @@ def test_tests_run_on_every_push_and_kubeflow_only_on_main_with_secrets():
     test, kfp = wf["jobs"]["test"], wf["jobs"]["kubeflow"]
     assert [s.get("run") for s in test["steps"] if s.get("run", "").startswith("make")] == [
         "make setup", "make test", "make audit"]
-    assert kfp["needs"] == ["test", "image"] and "refs/heads/main" in kfp["if"] and "push" in kfp["if"]
+    # deploying needs the kind job: the commit's pipelines ran to the end on a real KFP first
+    assert kfp["needs"] == ["test", "image", "kind-e2e"] and "refs/heads/main" in kfp["if"] and "push" in kfp["if"]
     assert {k: v for k, v in kfp["env"].items() if "secrets." in v} == {
-        "KFP_HOST": "${{ secrets.KFP_HOST }}", "KFP_TOKEN": "${{ secrets.KFP_TOKEN }}"}
+        "KFP_HOST": "${{ secrets.KFP_HOST }}", "KFP_TOKEN": "${{ secrets.KFP_TOKEN }}",
+        "KFP_COOKIES": "${{ secrets.KFP_COOKIES }}"}
     gate, *rest = kfp["steps"]
-    assert "GITHUB_OUTPUT" in gate["run"] and all(s["if"] == "steps.kfp.outputs.configured == 'true'" for s in rest)
+    assert "GITHUB_OUTPUT" in gate["run"] and "KFP_TOKEN" not in gate["run"]  # standalone KFP needs no token
+    assert all(s["if"].startswith("steps.kfp.outputs.configured == 'true'") for s in rest)
     runs = " ".join(s.get("run", "") for s in rest)
-    assert "kfloop compile" in runs and "kfloop upload --host" in runs and "kfloop run training --host" in runs
-    assert "KFP_TOKEN" not in runs  # the token reaches kfloop through the environment only
+    assert "kfloop upload --host" in runs and "--require-image" in runs
+    assert "kfloop run training --host" in runs and "--wait" in runs  # a failed run fails the job
+    assert "kfloop schedule drift --host" in runs and "model_name=$MODEL_NAME" in runs  # re-pointed, one per model
+    assert "KFP_TOKEN" not in runs and "KFP_COOKIES" not in runs  # credentials reach kfloop as env only
+
+
+def test_tests_run_as_the_runners_user_with_user_namespaces_for_the_test_cluster():
+    steps = _workflow()["jobs"]["test"]["steps"]
+    names = [s.get("run", "") for s in steps]
+    (userns,) = [i for i, run in enumerate(names) if "apparmor_restrict_unprivileged_userns" in run]
+    assert userns < names.index("make test") and "sudo sysctl" in names[userns]
+    assert "unshare --user --map-root-user --mount --uts -- true" in names[userns]  # the path k8s_operator takes
+    assert not any(run.startswith("sudo make") for run in names)  # the tests themselves run unprivileged
 
 
 def test_main_builds_the_commits_image_and_the_upload_uses_it():
@@ -110,15 +124,25 @@ def test_main_builds_the_commits_image_and_the_upload_uses_it():
     assert image["needs"] == "test" and "refs/heads/main" in image["if"] and "push" in image["if"]
     assert image["permissions"] == {"contents": "read", "packages": "write"}
     script = "\n".join(s.get("run", "") for s in image["steps"])
-    assert "ghcr.io/${owner}" in script and "kfloop:${GITHUB_SHA}" in script  # GHCR by default, tagged by commit
-    assert "${KFLOOP_IMAGE_REGISTRY:-" in script and image["env"]["KFLOOP_IMAGE_REGISTRY"] == \
-        "${{ vars.KFLOOP_IMAGE_REGISTRY }}"
+    assert 'deploy/image-ref.sh "$GITHUB_REPOSITORY_OWNER" "$GITHUB_SHA"' in script
+    assert image["env"]["KFLOOP_IMAGE_REGISTRY"] == "${{ vars.KFLOOP_IMAGE_REGISTRY }}"
     assert "docker build -f deploy/Dockerfile" in script and 'docker push "$IMAGE"' in script
     assert "--password-stdin" in script
-    # the upload takes the image as KFLOOP_IMAGE, so `kfloop upload` checks its tag against the commit
+    # the upload takes the image as KFLOOP_IMAGE, so `kfloop upload` checks its tag against the commit; it is
+    # computed in the job from the same public values, never a job output GitHub may drop as holding a secret
     kubeflow = jobs["kubeflow"]
-    assert kubeflow["env"]["KFLOOP_IMAGE"] == "${{ needs.image.outputs.image }}"
-    assert "--image" not in " ".join(s.get("run", "") for s in kubeflow["steps"])
+    assert "outputs" not in image and "needs.image.outputs" not in WORKFLOW.read_text()
+    runs = " ".join(s.get("run", "") for s in kubeflow["steps"])
+    assert 'KFLOOP_IMAGE=$(deploy/image-ref.sh "$GITHUB_REPOSITORY_OWNER" "$GITHUB_SHA")' in runs
+    assert "--image " not in runs and kubeflow["env"]["KFLOOP_IMAGE_REGISTRY"] == "${{ vars.KFLOOP_IMAGE_REGISTRY }}"
+
+
+@pytest.mark.parametrize("registry, image", [("", "ghcr.io/acme-ml/kfloop:abc123"),
+                                             ("registry.example.com/team", "registry.example.com/team/kfloop:abc123")])
+def test_the_image_reference_is_computed_from_public_values(registry, image):
+    proc = subprocess.run([str(REPO / "deploy" / "image-ref.sh"), "Acme-ML", "abc123"], capture_output=True,
+                          text=True, env={"PATH": SEARCH_PATH, "KFLOOP_IMAGE_REGISTRY": registry}, check=True)
+    assert proc.stdout.strip() == image
 
 
 def test_kind_job_runs_the_cluster_script_on_main_and_by_hand_and_keeps_its_logs_on_failure():
@@ -129,6 +153,13 @@ def test_kind_job_runs_the_cluster_script_on_main_and_by_hand_and_keeps_its_logs
     runs = [s.get("run", "") for s in kind["steps"]]
     (script,) = [r for r in runs if "deploy/kind-e2e.sh" in r]
     assert 'ARTIFACTS="$RUNNER_TEMP/kind-e2e"' in script and 'IMAGE="kfloop:${GITHUB_SHA}"' in script
+    text = (REPO / "deploy" / "kind-e2e.sh").read_text()
+    # standalone KFP from a pinned release beside the operator; the training pipeline uploaded and run to the end
+    assert re.search(r'^KFP_VERSION="\$\{KFP_VERSION:-2\.\d+\.\d+\}"', text, re.M)
+    assert "/cluster-scoped-resources?ref=${KFP_VERSION}" in text
+    assert "/env/platform-agnostic?ref=${KFP_VERSION}" in text
+    assert '"$KFLOOP" upload --host "$kfp" --image "$IMAGE"' in text
+    assert '"$KFLOOP" run training --host "$kfp" --wait' in text
     (upload,) = [s for s in kind["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert upload["if"] == "failure()" and upload["with"]["path"] == "${{ runner.temp }}/kind-e2e"
     text = (REPO / "deploy" / "kind-e2e.sh").read_text()

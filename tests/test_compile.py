@@ -190,3 +190,30 @@ def test_compile_takes_the_image_from_kfloop_image_unless_given(tmp_path, monkey
     for folder, image in (("env", "ghcr.io/team/kfloop:" + "a" * 40), ("flag", "registry.example/kfloop:v2")):
         executors = _stable(tmp_path / folder / "drift.yaml")["deploymentSpec"]["executors"].values()
         assert {e["container"]["image"] for e in executors} == {image}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_every_step_pulls_with_the_image_pull_secrets_and_knows_its_own_image(name, tmp_path):
+    """Issue 32 items 1-2: `--image-pull-secret ghcr` reaches every step's pod (kfp-kubernetes imagePullSecret) and,
+    as KFLOOP_IMAGE_PULL_SECRETS, the training job it launches; KFLOOP_IMAGE is the step's own image."""
+    image = "ghcr.io/acme/kfloop:" + "c" * 40
+    path = compile_pipeline(name, tmp_path / "p.yaml", image=image,
+                            options=KubernetesOptions.from_flags(image_pull_secrets=["ghcr", "ghcr", "mirror"]))
+    spec, _ = _documents(path)
+    k8s = _k8s_executors(path)
+    assert set(k8s) == set(spec["deploymentSpec"]["executors"])
+    for executor in k8s.values():
+        assert [s["secretName"] for s in executor["imagePullSecret"]] == ["ghcr", "mirror"]
+    for executor in spec["deploymentSpec"]["executors"].values():
+        env = {e["name"]: e["value"] for e in executor["container"]["env"]}
+        assert env["KFLOOP_IMAGE"] == executor["container"]["image"] == image
+        assert env["KFLOOP_IMAGE_PULL_SECRETS"] == "ghcr,mirror"
+    default = _documents(compile_pipeline(name, tmp_path / "d.yaml"))[0]
+    for executor in default["deploymentSpec"]["executors"].values():
+        assert {e["name"]: e["value"] for e in executor["container"]["env"]} == {
+            "KFLOOP_IMAGE": executor["container"]["image"]}
+
+
+def test_an_image_pull_secret_must_be_a_secret_name():
+    with pytest.raises(ValueError, match="GHCR Pull.*Kubernetes Secret name"):
+        KubernetesOptions.from_flags(image_pull_secrets=["GHCR Pull"])

@@ -2,10 +2,14 @@
 (tests/fakes/kfp_server.py; its own tests are in tests/fakes/test_kfp_server.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
+from fakes.k8s_rbac import service_account_user
+from fakes.kfp_multiuser import MultiUser
 from fakes.kfp_server import KfpApiServer
 
 from components import kfp_client
@@ -14,17 +18,38 @@ from pipelines.cli.commands import main
 TOKEN = "kfp-test-token-7c1e"
 COMMIT = "3f2a9c0d1e4b5a6978c0d1e2f3a4b5c6d7e8f901"
 DRIFT_SETTINGS = ["--set", "current_uri=s3://bucket/batch.parquet"]
+PROFILE = "kfloop"
+REPO = Path(__file__).resolve().parents[1]
+"""The profile namespace of deploy/rbac.yaml and deploy/kubeflow-profile.yaml."""
 
 
-@pytest.fixture
-def kfp(monkeypatch, tmp_path):
-    monkeypatch.setenv(kfp_client.TOKEN_ENV, TOKEN)
+@pytest.fixture(params=["standalone", "multi-user"])
+def kfp(request, monkeypatch, tmp_path):
+    """The KFP test server in each mode, with ``target`` (the flags that reach it), ``namespace`` and ``client_token``:
+    standalone behind a token-checking proxy; multi-user with profile ``kfloop`` (deploy/), reached with ``--namespace
+    kfloop`` and the token of a CI service account that is a contributor (``kubeflow-edit``) there."""
+    monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "kfloop"))
+    with kfp_server(monkeypatch, tmp_path, multi_user=request.param == "multi-user") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def kfp_server(monkeypatch, tmp_path, *, multi_user: bool):
+    """The ``kfp`` fixture's server (standalone, or multi-user with profile ``kfloop``) and its client settings."""
     monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "no-token-file"))
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT)
     monkeypatch.delenv("KFLOOP_IMAGE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads ~/.config/kfp/context.json
-    monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "kfloop"))
-    with KfpApiServer(token=TOKEN) as server:
+    users = None
+    if multi_user:
+        users = MultiUser()
+        users.add_profile(PROFILE, owner="alice@example.com")
+        users.bind(PROFILE, service_account_user("ci", "kfloop-deployer"))
+    with KfpApiServer(token=TOKEN, multi_user=users) as server:
+        server.namespace = PROFILE if users else None
+        server.client_token = users.service_account_token("ci", "kfloop-deployer") if users else TOKEN
+        server.target = ["--host", server.url, *(["--namespace", PROFILE] if users else [])]
+        monkeypatch.setenv(kfp_client.TOKEN_ENV, server.client_token)
         yield server
 
 
@@ -35,7 +60,7 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def upload(kfp, capsys) -> list[dict]:
-    code, out, err = cli(capsys, "upload", "--host", kfp.url, "--json")
+    code, out, err = cli(capsys, "upload", *kfp.target, "--json")
     assert code == 0, err
     return json.loads(out)
 
@@ -78,28 +103,28 @@ def test_upload_sends_code_source_url_and_the_bearer_token(kfp, tmp_path):
     from pipelines.compile import compile_pipeline
 
     compile_pipeline("drift", package)
-    ref, created = kfp_client.upload(client, "kfloop-drift", package, version_name="v1",
+    ref, created = kfp_client.upload(client, "kfloop-drift", package, version_name="v1", namespace=kfp.namespace,
                                      source_url="https://github.com/acme/churn/tree/v1")
     assert created and ref.code_source_url == "https://github.com/acme/churn/tree/v1"
     assert kfp.store.versions[ref.pipeline_version_id]["code_source_url"] == ref.code_source_url
     assert {r.headers.get("authorization") for r in kfp.requests if r.path != "/apis/v2beta1/healthz"} == {
-        f"Bearer {TOKEN}"}
+        f"Bearer {kfp.client_token}"}
 
 
 def test_a_wrong_token_is_refused_and_never_printed(kfp, capsys, monkeypatch):
     monkeypatch.setenv(kfp_client.TOKEN_ENV, "wrong-token-91ab")
-    code, out, err = cli(capsys, "upload", "--host", kfp.url)
+    code, out, err = cli(capsys, "upload", *kfp.target)
     assert code == 1 and "401" in err
-    assert "wrong-token-91ab" not in out + err and TOKEN not in out + err
+    assert "wrong-token-91ab" not in out + err and kfp.client_token not in out + err
     assert not kfp.store.pipelines
 
 
 def test_a_dirty_checkout_needs_an_explicit_version(kfp, capsys, monkeypatch):
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT + "-dirty")
-    code, _, err = cli(capsys, "upload", "--host", kfp.url)
+    code, _, err = cli(capsys, "upload", *kfp.target)
     assert code == 1 and "commit your changes" in err and "--version" in err
     assert not kfp.store.pipelines
-    code, out, err = cli(capsys, "upload", "--host", kfp.url, "--version", "rc-1")
+    code, out, err = cli(capsys, "upload", *kfp.target, "--version", "rc-1")
     assert code == 0, err
     assert len(versions_named(kfp, "rc-1")) == 3  # training, drift and quality
 
@@ -113,7 +138,7 @@ def _step_images(version: dict) -> set[str]:
 def test_a_commits_version_never_runs_the_image_of_another_commit(kfp, capsys, monkeypatch):
     other = "9" * 40
     monkeypatch.setenv("KFLOOP_IMAGE", f"ghcr.io/team/kfloop:{other}")
-    code, _, err = cli(capsys, "upload", "--host", kfp.url)
+    code, _, err = cli(capsys, "upload", *kfp.target)
     assert code == 1 and f"tagged for commit {other}" in err and f"named by commit {COMMIT}" in err
     assert "--image" in err and not kfp.store.pipelines  # nothing uploaded
 
@@ -123,7 +148,7 @@ def test_a_commits_version_never_runs_the_image_of_another_commit(kfp, capsys, m
         f"registry.example:5000/team/kfloop:{COMMIT[:12]}"}
 
     monkeypatch.setenv("KFLOOP_IMAGE", f"ghcr.io/team/kfloop:{other}")
-    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "hotfix", "--image",
+    code, _, err = cli(capsys, "upload", *kfp.target, "--version", "hotfix", "--image",
                        f"ghcr.io/team/kfloop:{other}")  # explicit: taken as given
     assert code == 0, err
     assert {img for v in versions_named(kfp, "hotfix") for img in _step_images(v)} == {f"ghcr.io/team/kfloop:{other}"}
@@ -136,8 +161,8 @@ def test_upload_compiles_with_caching_off_unless_enabled(kfp, capsys):
         return {t["cachingOptions"].get("enableCache", False) for t in spec["root"]["dag"]["tasks"].values()
                 if "cachingOptions" in t}  # steps, not the dsl.If sub-DAG
 
-    assert cli(capsys, "upload", "--host", kfp.url, "--version", "plain")[0] == 0
-    assert cli(capsys, "upload", "--host", kfp.url, "--version", "cached", "--enable-caching")[0] == 0
+    assert cli(capsys, "upload", *kfp.target, "--version", "plain")[0] == 0
+    assert cli(capsys, "upload", *kfp.target, "--version", "cached", "--enable-caching")[0] == 0
     assert {c for v in versions_named(kfp, "plain") for c in caching(v)} == {False}
     assert {c for v in versions_named(kfp, "cached") for c in caching(v)} == {True}
 
@@ -151,7 +176,7 @@ def test_image_tag(image, tag):
 
 
 def test_run_needs_the_version_uploaded_first(kfp, capsys):
-    code, _, err = cli(capsys, "run", "training", "--host", kfp.url, "--set", "dataset_uri=s3://b/train.parquet")
+    code, _, err = cli(capsys, "run", "training", *kfp.target, "--set", "dataset_uri=s3://b/train.parquet")
     assert code == 1 and "kfloop upload --host" in err
     assert not kfp.store.runs
 
@@ -179,7 +204,7 @@ def test_run_wait_references_the_version_and_prints_the_contract(isolated_env, k
     kfp.on_run_created = lambda run: _register_what_the_cluster_run_would(run, str(isolated_env.artifact_root))
     kfp.script_states(["SUCCEEDED"])
 
-    code, out, err = cli(capsys, "run", "training", "--host", kfp.url, "--wait", "--json",
+    code, out, err = cli(capsys, "run", "training", *kfp.target, "--wait", "--json",
                          "--set", "dataset_uri=s3://b/train.parquet", "--set", "model_name=churn",
                          "--set", "training.epochs=3")
 
@@ -206,7 +231,7 @@ def test_run_wait_exits_non_zero_on_a_failed_run(kfp, capsys):
     upload(kfp, capsys)
     kfp.script_states(["FAILED"])
 
-    code, out, err = cli(capsys, "run", "drift", "--host", kfp.url, "--wait", "--json", *DRIFT_SETTINGS)
+    code, out, err = cli(capsys, "run", "drift", *kfp.target, "--wait", "--json", *DRIFT_SETTINGS)
 
     assert code == 1
     summary = json.loads(out)
@@ -216,7 +241,7 @@ def test_run_wait_exits_non_zero_on_a_failed_run(kfp, capsys):
 
 def test_drift_runs_pin_the_training_version_of_the_same_commit(kfp, capsys):
     uploaded = {u["pipeline"]: u for u in upload(kfp, capsys)}
-    code, out, err = cli(capsys, "run", "drift", "--host", kfp.url, "--json", *DRIFT_SETTINGS)
+    code, out, err = cli(capsys, "run", "drift", *kfp.target, "--json", *DRIFT_SETTINGS)
     assert code == 0, err
     (run,) = kfp.store.runs.values()
     assert json.loads(out)["state"] == "PENDING"
@@ -227,11 +252,14 @@ def test_drift_runs_pin_the_training_version_of_the_same_commit(kfp, capsys):
 
 def test_runs_and_the_training_runs_they_trigger_use_the_service_account_given(kfp, capsys):
     upload(kfp, capsys)
-    code, _, err = cli(capsys, "run", "drift", "--host", kfp.url, "--service-account", "kfloop", *DRIFT_SETTINGS)
+    code, _, err = cli(capsys, "run", "drift", *kfp.target, *DRIFT_SETTINGS)
     assert code == 0, err
-    (run,) = kfp.store.runs.values()
-    assert run["service_account"] == "kfloop"
-    assert run["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop"
+    code, _, err = cli(capsys, "run", "drift", *kfp.target, "--service-account", "kfloop-batch", *DRIFT_SETTINGS)
+    assert code == 0, err
+    default, given = sorted(kfp.store.runs.values(), key=lambda r: r["created_at"])
+    assert default["service_account"] == "kfloop"  # deploy/rbac.yaml's, never KFP's pipeline-runner
+    assert given["service_account"] == "kfloop-batch"
+    assert given["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop-batch"
 
     code, _, err = cli(capsys, "run", "training", "--local", "--service-account", "kfloop")
     assert code == 1 and "use them with --host" in err  # a local run has no service account to use
@@ -241,19 +269,21 @@ def test_a_new_service_account_replaces_the_schedule(kfp, capsys):
     upload(kfp, capsys)
     assert schedule(kfp, capsys, "--cron", "0 0 * * * *")[0] == 0
     (first,) = kfp.store.recurring_runs.values()
-    assert "service_account" not in first or not first["service_account"]  # the server's default
-    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")[0] == 0
+    assert first["service_account"] == "kfloop"  # deploy/rbac.yaml's, never KFP's pipeline-runner (no Lease verbs)
+    assert first["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop"
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop-batch")[0] == 0
     (replaced,) = kfp.store.recurring_runs.values()
-    assert replaced["service_account"] == "kfloop" and replaced["recurring_run_id"] != first["recurring_run_id"]
-    code, out, _ = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop")
+    assert replaced["service_account"] == "kfloop-batch"
+    assert replaced["recurring_run_id"] != first["recurring_run_id"]
+    code, out, _ = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--service-account", "kfloop-batch")
     assert code == 0 and json.loads(out)["created"] is False
 
 
 def test_wait_reports_each_state_change(kfp, capsys):
     upload(kfp, capsys)
     client = kfp_client.connect(kfp.url)
-    ref = kfp_client.find_version(client, "kfloop-drift", COMMIT)
-    run = kfp_client.create_run(client, ref, {"current_uri": "x.parquet"})
+    ref = kfp_client.find_version(client, "kfloop-drift", COMMIT, kfp.namespace)
+    run = kfp_client.create_run(client, ref, {"current_uri": "x.parquet"}, namespace=kfp.namespace)
     kfp.script_states(["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"], run_id=run.run_id)
 
     final = kfp_client.wait(client, run.run_id, poll_seconds=0.01, timeout_seconds=60)
@@ -264,7 +294,7 @@ def test_wait_reports_each_state_change(kfp, capsys):
 
 
 def schedule(kfp, capsys, *extra: str) -> tuple[int, str, str]:
-    return cli(capsys, "schedule", "drift", "--host", kfp.url, *extra, *DRIFT_SETTINGS)
+    return cli(capsys, "schedule", "drift", *kfp.target, *extra, *DRIFT_SETTINGS)
 
 
 def test_schedule_twice_gives_one_recurring_run_and_a_change_replaces_it(kfp, capsys):
@@ -279,38 +309,39 @@ def test_schedule_twice_gives_one_recurring_run_and_a_change_replaces_it(kfp, ca
     (rec,) = kfp.store.recurring_runs.values()
     assert rec["max_concurrency"] in (1, "1") and rec["no_catchup"] is True and rec["mode"] == "ENABLE"
     assert rec["trigger"]["cron_schedule"]["cron"] == "0 0 * * * *"
-    assert rec["display_name"] == "kfloop-drift-check" and "pipeline_spec" not in rec
+    assert rec["display_name"] == "kfloop-drift-check-kfloop-model" and "pipeline_spec" not in rec
 
     code, out, _ = schedule(kfp, capsys, "--cron", "0 30 */6 * * *")
     (replaced,) = kfp.store.recurring_runs.values()
     assert code == 0 and replaced["recurring_run_id"] == json.loads(out)["recurring_run_id"] != rec["recurring_run_id"]
     assert replaced["trigger"]["cron_schedule"]["cron"] == "0 30 */6 * * *"
 
-    code, _, _ = cli(capsys, "schedule", "drift", "--host", kfp.url, "--disable")
+    code, _, _ = cli(capsys, "schedule", "drift", *kfp.target, "--disable")
     assert code == 0 and replaced["status"] == "DISABLED"
-    code, _, _ = cli(capsys, "schedule", "drift", "--host", kfp.url, "--delete")
+    code, _, _ = cli(capsys, "schedule", "drift", *kfp.target, "--delete")
     assert code == 0 and not kfp.store.recurring_runs
-    code, _, err = cli(capsys, "schedule", "drift", "--host", kfp.url, "--delete")
-    assert code == 1 and "no recurring run named 'kfloop-drift-check'" in err
+    code, _, err = cli(capsys, "schedule", "drift", *kfp.target, "--delete")
+    assert code == 1 and "no recurring run named 'kfloop-drift-check-kfloop-model'" in err
 
 
 def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, capsys):
     upload(kfp, capsys)
     assert schedule(kfp, capsys, "--cron", "0 0 * * * *")[0] == 0
-    code, out, err = cli(capsys, "schedule", "quality", "--host", kfp.url, "--cron", "0 0 6 * * *", "--set",
+    code, out, err = cli(capsys, "schedule", "quality", *kfp.target, "--cron", "0 0 6 * * *", "--set",
                          "labelled_uri=s3://bucket/labelled.parquet", "--set", "quality.max_drop=0.1")
     assert code == 0, err
     by_name = {r["display_name"]: r for r in kfp.store.recurring_runs.values()}
-    assert sorted(by_name) == ["kfloop-drift-check", "kfloop-quality-check"]
-    quality = by_name["kfloop-quality-check"]
+    assert sorted(by_name) == ["kfloop-drift-check-kfloop-model", "kfloop-quality-check-kfloop-model"]
+    quality = by_name["kfloop-quality-check-kfloop-model"]
     (version,) = [v for v in versions_named(kfp, COMMIT) if v["pipeline_version_id"] ==
                   quality["pipeline_version_reference"]["pipeline_version_id"]]
     assert kfp.store.pipelines[version["pipeline_id"]]["name"] == "kfloop-quality"
     params = quality["runtime_config"]["parameters"]
     assert params["labelled_uri"] == "s3://bucket/labelled.parquet" and params["quality_policy"] == {"max_drop": 0.1}
     assert params["training_pipeline_version"]["pipeline_name"] == "kfloop-training"
-    code, _, _ = cli(capsys, "schedule", "quality", "--host", kfp.url, "--delete")
-    assert code == 0 and [r["display_name"] for r in kfp.store.recurring_runs.values()] == ["kfloop-drift-check"]
+    code, _, _ = cli(capsys, "schedule", "quality", *kfp.target, "--delete")
+    assert code == 0
+    assert [r["display_name"] for r in kfp.store.recurring_runs.values()] == ["kfloop-drift-check-kfloop-model"]
 
 
 @pytest.mark.parametrize("cron, fix", [("*/15 * * * *", "use '0 */15 * * * *'"), ("0 0 * * *", "use '0 0 0 * * *'"),
@@ -325,15 +356,16 @@ def test_a_cron_without_six_fields_is_rejected_with_the_fix(kfp, capsys, cron, f
 
 
 @pytest.fixture
-def executing_kfp(isolated_env, kfp, cluster, tmp_path):
-    """The test server executing what it holds (tests/fakes/kfp_executor.py), each step a process given what the
-    cluster gives a step pod: the registry's URI and the cluster's API (its kubeconfig standing in for the
+def executing_kfp(isolated_env, cluster, tmp_path, monkeypatch):
+    """The standalone test server executing what it holds (tests/fakes/kfp_executor.py), each step a process given
+    what the cluster gives a step pod: the registry's URI and the cluster's API (its kubeconfig standing in for the
     in-cluster service account), besides what KFP gives it."""
     from fakes.kfp_executor import KfpExecutor, ProcessEngine
 
     engine = ProcessEngine(root=tmp_path / "pods", env={"MLFLOW_TRACKING_URI": isolated_env.tracking_uri,
                                                         "KUBECONFIG": str(cluster.kubeconfig)})
-    with KfpExecutor(kfp, engine, pipeline_root=tmp_path / "pipeline-root") as executor:
+    with kfp_server(monkeypatch, tmp_path, multi_user=False) as kfp, \
+            KfpExecutor(kfp, engine, pipeline_root=tmp_path / "pipeline-root") as executor:
         yield executor
 
 
@@ -376,10 +408,161 @@ def test_a_failing_step_fails_the_executed_run_with_its_error(executing_kfp, tmp
 def test_a_dirty_image_is_refused_unless_named_with_image(kfp, capsys, monkeypatch):
     dirty = f"ghcr.io/team/kfloop:{COMMIT[:12]}-dirty"  # deploy/image-commit.sh's tag of an uncommitted tree
     monkeypatch.setenv("KFLOOP_IMAGE", dirty)
-    code, _, err = cli(capsys, "upload", "--host", kfp.url)
+    code, _, err = cli(capsys, "upload", *kfp.target)
     assert code == 1 and "uncommitted changes" in err and "--image" in err
     assert not kfp.store.pipelines
 
-    code, _, err = cli(capsys, "upload", "--host", kfp.url, "--version", "wip", "--image", dirty)
+    code, _, err = cli(capsys, "upload", *kfp.target, "--version", "wip", "--image", dirty)
     assert code == 0, err
     assert {img for v in versions_named(kfp, "wip") for img in _step_images(v)} == {dirty}
+
+
+@pytest.mark.parametrize("how", ["ci", "flag"])
+def test_upload_in_ci_or_with_require_image_refuses_an_empty_or_default_image(kfp, capsys, monkeypatch, how):
+    """Issue 32 item 1: a masked (empty) KFLOOP_IMAGE must not silently upload a version running the default image."""
+    from training.settings import DEFAULT_IMAGE
+
+    extra = ["--require-image"] if how == "flag" else []
+    if how == "ci":
+        monkeypatch.setenv("CI", "true")
+    monkeypatch.setenv("KFLOOP_IMAGE", "")
+    code, _, err = cli(capsys, "upload", *kfp.target, "--version", "masked", *extra)
+    assert code == 1 and "KFLOOP_IMAGE is empty or unset" in err and "image job" in err and "--image" in err
+    code, _, err = cli(capsys, "upload", *kfp.target, "--version", "masked", "--image", DEFAULT_IMAGE, *extra)
+    assert code == 1 and "--image is the default image" in err
+    assert not versions_named(kfp, "masked")
+    monkeypatch.setenv("KFLOOP_IMAGE", "ghcr.io/acme/kfloop:" + COMMIT)
+    code, _, err = cli(capsys, "upload", *kfp.target, "--version", "masked", *extra)
+    assert code == 0, err
+    assert {img for v in versions_named(kfp, "masked") for img in _step_images(v)} == {"ghcr.io/acme/kfloop:" + COMMIT}
+
+
+def test_without_a_namespace_multi_user_kfp_refuses_a_shared_upload_and_a_run(kfp, capsys):
+    """Issue 32 item 3: what `--namespace` is for; a standalone KFP has no namespaces and needs none."""
+    host = ["--host", kfp.url]
+    code, _, err = cli(capsys, "upload", *host, "--version", "shared")
+    if kfp.namespace is None:
+        assert code == 0, err
+        return
+    assert code == 1 and "403" in err and not kfp.store.pipelines
+    assert [(r.namespace, r.verb, r.resource, r.allowed) for r in kfp.multi_user.reviews] == [
+        ("kubeflow", "create", "pipelines", False)]  # a shared pipeline is written in KFP's own namespace
+    upload(kfp, capsys)
+    code, _, err = cli(capsys, "run", "drift", *host, *DRIFT_SETTINGS)
+    assert code == 1 and not kfp.store.runs  # its pipelines are in the profile, which the run must name
+    code, _, err = cli(capsys, "run", "drift", *kfp.target, *DRIFT_SETTINGS)
+    assert code == 0, err
+    (run,) = kfp.store.runs.values()
+    assert kfp.store.experiments[run["experiment_id"]]["namespace"] == PROFILE
+
+
+def test_the_trigger_step_reaches_kfp_from_kfp_host_with_its_projected_token_in_the_runs_namespace(
+        isolated_env, kfp, capsys, monkeypatch, tmp_path):
+    """Issue 32 items 3-5: in the drift run's pod the trigger step reaches KFP at ``kfp.host`` (never an address
+    made from the profile namespace) with the pod's token file, and starts the training run in that namespace; in
+    multi-user mode every KFP API call it makes is allowed by what deploy/kubeflow-profile.yaml grants the run's
+    service account ``kfloop`` (deploy/rbac.yaml)."""
+    from kfp.dsl import Artifact
+
+    from components.monitoring import trigger_retraining
+
+    upload(kfp, capsys)
+    code, _, err = cli(capsys, "run", "drift", *kfp.target, *DRIFT_SETTINGS, "--set", f"kfp.host={kfp.url}")
+    assert code == 0, err
+    (drift,) = kfp.store.runs.values()
+    pinned = drift["runtime_config"]["parameters"]["training_pipeline_version"]
+    assert pinned["host"] == kfp.url and pinned["namespace"] == (kfp.namespace or "")
+
+    # the step's pod: no KFP_TOKEN, the projected token file (profile's default-editor), KFP_POD_NAME
+    token_file = tmp_path / "token"
+    if kfp.multi_user:
+        kfp.multi_user.apply(REPO / "deploy" / "kubeflow-profile.yaml")
+        reviewed = len(kfp.multi_user.reviews)
+    token_file.write_text(kfp.multi_user.service_account_token(PROFILE, pinned["service_account"])
+                          if kfp.multi_user else kfp.client_token)
+    monkeypatch.delenv(kfp_client.TOKEN_ENV)
+    monkeypatch.delenv(kfp_client.ENDPOINT_ENV, raising=False)
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(token_file))
+    monkeypatch.setenv("KFP_POD_NAME", "drift-abc-trigger-retraining")
+    run_id = trigger_retraining.python_func(
+        model_name="churn", dataset_uri="s3://bucket/drifted.parquet",
+        drift_result=Artifact(uri=str(tmp_path / "result.json"), metadata={"data_md5": "md5-drifted"}),
+        trigger_policy={"cooldown_seconds": 3600}, training_params={}, training_pipeline_version=pinned)
+
+    run = kfp.store.runs[run_id]
+    assert run["pipeline_version_reference"]["pipeline_version_id"] == pinned["pipeline_version_id"]
+    assert kfp.store.experiments[run["experiment_id"]]["namespace"] == (kfp.namespace or "")
+    if kfp.multi_user:
+        calls = {(r.user, r.namespace, r.verb, r.resource, r.allowed) for r in kfp.multi_user.reviews[reviewed:]}
+        runner = "system:serviceaccount:kfloop:kfloop"
+        assert calls == {(runner, PROFILE, "list", "experiments", True), (runner, PROFILE, "list", "runs", True),
+                         (runner, PROFILE, "create", "runs", True)}
+
+
+def test_a_token_file_is_read_again_for_every_request(tmp_path, monkeypatch):
+    """Issue 32 item 5: a projected token rotates (the kubelet rewrites the file); the next request sends the new
+    one, so a long-lived process (`kfloop serve`) keeps working."""
+    monkeypatch.delenv(kfp_client.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(kfp_client.COOKIES_ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    token_file = tmp_path / "token"
+    token_file.write_text("first-token")
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(token_file))
+    with KfpApiServer(token="first-token") as server:
+        client = kfp_client.connect(server.url)
+        client.list_experiments()
+        server.token = "rotated-token"  # the old token expired
+        token_file.write_text("rotated-token")
+        client.list_experiments()
+    assert [r.headers["authorization"] for r in server.requests if "experiments" in r.path] == [
+        "Bearer first-token", "Bearer rotated-token"]
+
+
+def test_standalone_kfp_needs_no_credentials_and_session_cookies_are_sent_as_given(tmp_path, monkeypatch):
+    """Issue 32 item 5: no KFP_TOKEN for a standalone KFP; KFP_COOKIES for an install behind Dex/oauth2-proxy."""
+    for key in (kfp_client.TOKEN_ENV, kfp_client.COOKIES_ENV):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv(kfp_client.SA_TOKEN_PATH_ENV, str(tmp_path / "none"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with KfpApiServer() as server:
+        kfp_client.connect(server.url).list_experiments()
+        monkeypatch.setenv(kfp_client.COOKIES_ENV, "oauth2_proxy_kubeflow=s3ss10n")
+        kfp_client.connect(server.url).list_experiments()
+    first, second = [r.headers for r in server.requests if "experiments" in r.path]
+    assert "authorization" not in first and "cookie" not in first
+    assert second["cookie"] == "oauth2_proxy_kubeflow=s3ss10n" and "authorization" not in second
+
+
+def test_the_in_cluster_endpoint_is_kf_pipelines_endpoint_else_kfp_host_never_the_namespace(monkeypatch):
+    monkeypatch.delenv(kfp_client.ENDPOINT_ENV, raising=False)
+    assert kfp_client.endpoint(None) == kfp_client.IN_CLUSTER_ENDPOINT == (
+        "http://ml-pipeline.kubeflow.svc.cluster.local:8888")
+    assert kfp_client.endpoint(None, "http://ml-pipeline.kfp.svc:8888") == "http://ml-pipeline.kfp.svc:8888"
+    monkeypatch.setenv(kfp_client.ENDPOINT_ENV, "https://kfp.example.com/pipeline")
+    assert kfp_client.endpoint(None, "http://ml-pipeline.kfp.svc:8888") == "https://kfp.example.com/pipeline"
+    assert kfp_client.endpoint("http://127.0.0.1:8080") == "http://127.0.0.1:8080"
+    with pytest.raises(ValueError, match="kfp.host 'ml-pipeline:8888'"):
+        kfp_client.KfpSettings.from_dict({"host": "ml-pipeline:8888"})
+    monkeypatch.setenv(kfp_client.ENDPOINT_ENV, "ml-pipeline")
+    with pytest.raises(ValueError, match="KF_PIPELINES_ENDPOINT 'ml-pipeline'"):
+        kfp_client.endpoint(None)
+
+
+def test_a_push_re_points_the_models_one_drift_schedule_at_its_version(kfp, capsys, monkeypatch):
+    """Issue 32 item 6: each push to main schedules drift for its version; the model keeps one schedule, now
+    starting its training version, while another model has its own."""
+    upload(kfp, capsys)
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--set", "model_name=churn")[0] == 0
+    assert schedule(kfp, capsys, "--cron", "0 0 * * * *", "--set", "model_name=fraud")[0] == 0
+    later = "4" * 40
+    monkeypatch.setenv("KFLOOP_GIT_COMMIT", later)
+    upload(kfp, capsys)
+    code, out, err = schedule(kfp, capsys, "--cron", "0 0 * * * *", "--set", "model_name=churn")
+    assert code == 0 and json.loads(out)["created"] is True, err
+    by_name = {r["display_name"]: r for r in kfp.store.recurring_runs.values()}
+    assert sorted(by_name) == ["kfloop-drift-check-churn", "kfloop-drift-check-fraud"]
+    pinned = {name: r["runtime_config"]["parameters"]["training_pipeline_version"]["version_name"]
+              for name, r in by_name.items()}
+    assert pinned == {"kfloop-drift-check-churn": later, "kfloop-drift-check-fraud": COMMIT}
+    drift = {v["pipeline_version_id"]: v["name"] for v in kfp.store.versions.values()}
+    assert drift[by_name["kfloop-drift-check-churn"]["pipeline_version_reference"]["pipeline_version_id"]] == later

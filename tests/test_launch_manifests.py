@@ -443,3 +443,40 @@ def test_cluster_config_round_trips_through_a_dict():
     assert config.cpu == "16"  # a YAML int becomes a quantity string
     assert ClusterConfig.from_dict(config.to_dict()) == config
     assert ClusterConfig.from_dict(None) == ClusterConfig()
+
+
+def _job_images_and_pull_secrets(body: dict) -> tuple[set[str], list[set[str]]]:
+    """The image(s) a rendered PyTorchJob or TrainJob runs, and the pull secrets of each of its pod specs."""
+    if body["kind"] == "PyTorchJob":
+        specs = list(pods(body).values())
+        return {c["image"] for s in specs for c in s["containers"]}, [
+            {p["name"] for p in s.get("imagePullSecrets", [])} for s in specs]
+    (patch,) = body["spec"]["runtimePatches"]
+    (job,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = job["template"]["spec"]["template"]["spec"]
+    return {body["spec"]["trainer"]["image"]}, [{p["name"] for p in pod.get("imagePullSecrets", [])}]
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_the_job_runs_the_launching_steps_image_and_pull_secrets_unless_cluster_image_says_otherwise(
+        kind, monkeypatch):
+    """Issue 32 items 1-2: a compiled step carries its image (KFLOOP_IMAGE) and pull secrets
+    (KFLOOP_IMAGE_PULL_SECRETS); the job it launches runs that image and pulls it with those secrets."""
+    commit_image = "ghcr.io/acme/kfloop:" + "c" * 40
+    monkeypatch.setenv("KFLOOP_IMAGE", commit_image)
+    monkeypatch.setenv("KFLOOP_IMAGE_PULL_SECRETS", "ghcr")
+    argv = ["--kind", kind, "--nnodes", "2", "--nproc-per-node", "1"]
+    body = render_cli(argv)
+    images, secrets = _job_images_and_pull_secrets(body)
+    assert images == {commit_image} and all(s == {"ghcr"} for s in secrets)
+    assert validate(body) == []
+
+    body = render_cli([*argv, "--set", "cluster.image=registry.example/train:2", "--set",
+                       "cluster.image_pull_secrets=[team-registry]"])
+    images, secrets = _job_images_and_pull_secrets(body)
+    assert images == {"registry.example/train:2"} and all(s == {"team-registry", "ghcr"} for s in secrets)
+
+    monkeypatch.delenv("KFLOOP_IMAGE")
+    monkeypatch.delenv("KFLOOP_IMAGE_PULL_SECRETS")
+    images, secrets = _job_images_and_pull_secrets(render_cli(argv))
+    assert images == {ClusterConfig().image} and all(not s for s in secrets)

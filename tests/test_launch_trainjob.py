@@ -55,12 +55,18 @@ def _policy(cluster: Cluster, **fields) -> LaunchPolicy:
 
 
 def test_a_2x2_trainjob_trains_to_a_registered_candidate_with_the_trainer_env(cluster, isolated_env, demo_files,
-                                                                                tmp_path, capsys):
+                                                                                tmp_path, capsys, monkeypatch):
     import mlflow
     from kubernetes import client
 
+    # no cluster.image: the job runs the launching step's image (KFLOOP_IMAGE, set on every compiled step) and
+    # pulls it with the step's pull secrets; the lineage records it (issue 32 item 2)
+    commit_image = "ghcr.io/acme/kfloop:" + "c" * 40
+    monkeypatch.setenv("KFLOOP_IMAGE", commit_image)
+    monkeypatch.setenv("KFLOOP_IMAGE_PULL_SECRETS", "ghcr")
+    settings = {k: v for k, v in _settings(cluster).items() if k != "image"}
     prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "tj-model", "run-tj-1",
-                                            _settings(cluster))
+                                            settings)
     description = json.loads((model_dir / "model.json").read_text())
     assert description["world_size"] == 4 and len(description["param_digests"]) == 4
 
@@ -76,6 +82,7 @@ def test_a_2x2_trainjob_trains_to_a_registered_candidate_with_the_trainer_env(cl
     for index, pod in enumerate(pods):
         (container,) = pod.spec.containers
         assert container.name == "node" and pod.status.phase == "Succeeded"
+        assert container.image == commit_image and [s.name for s in pod.spec.image_pull_secrets] == ["ghcr"]
         given = [client.ApiClient().sanitize_for_serialization(e) for e in container.env if e.name in RESERVED_ENV]
         assert given == expected  # the torch plugin's table, node rank from the completion index
         assert pod.metadata.annotations["batch.kubernetes.io/job-completion-index"] == str(index)
@@ -84,14 +91,15 @@ def test_a_2x2_trainjob_trains_to_a_registered_candidate_with_the_trainer_env(cl
     assert "[rank 0]" in log and (isolated_env.workdir / "logs" / "run-tj-1" / "master.log").read_text() == log
 
     version = register_candidate(tmp_path, prepared, model_dir, result.run_id, "tj-model", "run-tj-1")
-    assert mlflow.MlflowClient().get_model_version("tj-model", version).run_id == result.run_id
+    registered = mlflow.MlflowClient().get_model_version("tj-model", version)
+    assert registered.run_id == result.run_id and registered.tags["image"] == commit_image
 
     # the dry run is the launch: `kfloop render-job --kind trainjob` prints the very body the launcher POSTed
     (posted,) = [raw for method, path, raw in cluster.server.received if method == "POST"
                  and path.endswith("/trainjobs")]
     config = tmp_path / "kfloop.yaml"
     config.write_text(yaml.safe_dump({"training": {**FAST, "nnodes": 2, "nproc_per_node": 2},
-                                      "cluster": cluster.settings()}))
+                                      "cluster": settings}))
     capsys.readouterr()
     assert main(["render-job", "--kind", "trainjob", "--run-id", "run-tj-1", "--config", str(config)]) == 0
     assert capsys.readouterr().out == yaml.safe_dump(json.loads(posted), sort_keys=False)

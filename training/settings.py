@@ -18,6 +18,12 @@ DEFAULT_MODEL_NAME = "kfloop-model"
 DEFAULT_IMAGE = "ghcr.io/kfloop/kfloop:0.1.0"
 """The kfloop image (deploy/Dockerfile) of every pipeline step and training pod unless ``kfloop compile --image``
 or ``cluster.image`` names another; pin a digest or a tag per release."""
+IMAGE_ENV = "KFLOOP_IMAGE"
+"""The image of this process: set on every compiled step (``pipelines/compile.py``) to the step's own image, so the
+training job it launches runs the same one; on a CI runner, the image ``kfloop compile | upload`` puts in the steps."""
+PULL_SECRETS_ENV = "KFLOOP_IMAGE_PULL_SECRETS"
+"""Comma-separated image pull secrets of this step's pod (``kfloop compile --image-pull-secret``), passed on to the
+training job it launches."""
 CONFIG_FILE = "kfloop.yaml"
 F = TypeVar("F", bound=Callable[..., Any])
 CODE_ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +49,13 @@ class Environment:
     git_commit: str
     """Commit of the code that runs: ``KFLOOP_GIT_COMMIT`` (set in images), else ``git rev-parse HEAD``."""
     image: str = ""
-    """Step image of ``kfloop compile | upload`` without ``--image``: ``KFLOOP_IMAGE`` (e.g. the image CI built and
-    pushed for this commit); empty: the default image."""
+    """``KFLOOP_IMAGE``: on a CI runner the step image of ``kfloop compile | upload`` without ``--image`` (the image CI
+    built and pushed for this commit); in a step, the step's own image, the default of the training job's; empty:
+    the default image."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """``KFLOOP_IMAGE_PULL_SECRETS``: the step pod's image pull secrets, the training job's too."""
+    ci: bool = False
+    """``CI=true`` (GitHub Actions and most CI systems set it): ``kfloop upload`` then refuses the default image."""
 
     @property
     def artifact_root(self) -> Path:
@@ -97,7 +108,16 @@ def load_environment(workdir: str | os.PathLike | None = None) -> Environment:
     root.mkdir(parents=True, exist_ok=True)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
     commit = os.environ.get("KFLOOP_GIT_COMMIT") or git_commit()
-    return Environment(workdir=root, tracking_uri=uri, git_commit=commit, image=os.environ.get("KFLOOP_IMAGE", ""))
+    image, secrets = own_image()
+    return Environment(workdir=root, tracking_uri=uri, git_commit=commit, image=image, image_pull_secrets=secrets,
+                       ci=os.environ.get("CI", "").lower() == "true")
+
+
+def own_image() -> tuple[str, tuple[str, ...]]:
+    """This process's image and its pull secrets (``KFLOOP_IMAGE``, ``KFLOOP_IMAGE_PULL_SECRETS``); empty when unset.
+    Unlike :func:`load_environment` it creates nothing."""
+    secrets = tuple(s for s in os.environ.get(PULL_SECRETS_ENV, "").split(",") if s)
+    return os.environ.get(IMAGE_ENV, ""), secrets
 
 
 def activate(env: Environment) -> None:

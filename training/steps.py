@@ -108,6 +108,8 @@ def split_step(*, dataset_uri: str, fraction: float, seed: int, train_out: str, 
 # ---------------------------------------------------------------------------------------------------- train
 
 FAILURE_ARTIFACTS = "training-failure"
+IMAGE_TAG = "kfloop.image"
+"""Tag of the training run: the image its processes ran (the job's on Kubernetes), copied into the lineage."""
 """Artifact folder of a failed training run: the launch's logs and error files."""
 
 
@@ -150,7 +152,8 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
     run_id = _unfinished_run(client, experiment_id, pipeline_run_id) if launcher.attaches_to_unfinished_run else None
     if run_id is None:
         run_id = client.create_run(experiment_id, tags={"kfloop.pipeline_run_id": pipeline_run_id,
-                                                        "kfloop.git_commit": env.git_commit}).info.run_id
+                                                        "kfloop.git_commit": env.git_commit,
+                                                        IMAGE_TAG: launcher.image}).info.run_id
         client.log_batch(run_id, params=[Param(k, str(v)) for k, v in shape.to_dict().items()])
     progress(f"train: {shape.nnodes} node(s) x {shape.nproc_per_node} rank(s), MLflow run {run_id}")
     log_dir = env.workdir / "logs" / pipeline_run_id
@@ -307,7 +310,8 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       decision_threshold=description.get("decision_threshold"),
                       holdout_fraction=holdout_fraction, split_seed=split_seed, data_store=kept.data_store,
                       model_module=description["model"]["module"],
-                      model_module_sha256=description["model"]["sha256"])
+                      model_module_sha256=description["model"]["sha256"],
+                      image=mlflow.MlflowClient().get_run(run_id).data.tags.get(IMAGE_TAG, ""))
     model_uri = log_candidate(run_id, model_dir, decision=decision, lineage=lineage, profile=profile)
     version = register_candidate(model_name, run_id=run_id, model_uri=model_uri, decision=decision, lineage=lineage)
     progress(f"register: {model_name} v{version} ({'promote' if decision['blessed'] else 'reject'})")

@@ -86,13 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
                                            "(idempotent)")
     _add_kfp_target(upload, host=True)
     _add_compile_options(upload)
+    upload.add_argument("--require-image", action="store_true",
+                        help="refuse to upload without --image or KFLOOP_IMAGE naming a non-default image (always "
+                             "so when CI=true)")
     upload.add_argument("--json", action="store_true")
 
     sched = sub.add_parser("schedule", help="recurring drift or quality runs on the KFP server (same name replaces)")
     sched.add_argument("pipeline", choices=["drift", "quality"])
     _add_kfp_target(sched, host=True)
     sched.add_argument("--cron", help="6 fields, seconds first, e.g. '0 0 * * * *' (hourly)")
-    sched.add_argument("--name", help="recurring run name (default: kfloop-drift-check, kfloop-quality-check)")
+    sched.add_argument("--name", help="recurring run name (default: kfloop-drift-check-MODEL, "
+                                      "kfloop-quality-check-MODEL: one per model, replaced by the next schedule)")
     action = sched.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="disable the recurring run of that name")
     action.add_argument("--delete", action="store_true", help="delete the recurring run of that name")
@@ -151,6 +155,9 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
                              "set it)")
     parser.add_argument("--shared-mount-path", metavar="PATH",
                         help="where the steps mount it (default: cluster.shared_mount_path, else /shared)")
+    parser.add_argument("--image-pull-secret", action="append", default=[], metavar="NAME",
+                        help="docker-registry Secret the steps and training pods pull the image with (repeatable; "
+                             "default: cluster.image_pull_secrets)")
     options.add_settings(parser)
 
 
@@ -165,7 +172,9 @@ def _compile_options(args: argparse.Namespace):
                                         shared_volume_claim=args.shared_volume_claim
                                         or cluster.get("shared_volume_claim"),
                                         shared_mount_path=args.shared_mount_path or cluster.get("shared_mount_path"),
-                                        enable_caching=args.enable_caching)
+                                        enable_caching=args.enable_caching,
+                                        image_pull_secrets=args.image_pull_secret
+                                        or cluster.get("image_pull_secrets") or ())
 
 
 def _add_kfp_target(parser: argparse.ArgumentParser, *, host: bool) -> None:
@@ -178,7 +187,8 @@ def _add_kfp_target(parser: argparse.ArgumentParser, *, host: bool) -> None:
 
 def _add_service_account(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-account", help="service account the KFP run's pods (and the training runs a "
-                                                  "drift run triggers) run as; default: the server's")
+                                                  "drift run triggers) run as (default: kfloop, made by "
+                                                  "deploy/rbac.yaml)")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -322,7 +332,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
     with options.stdout_for_json(args):
         uploaded = upload_pipelines(args.host, version=args.version, namespace=args.namespace, image=args.image,
-                                    options=_compile_options(args))
+                                    options=_compile_options(args), require_image=args.require_image)
     if args.json:
         options.print_json(uploaded)
     for item in [] if args.json else uploaded:

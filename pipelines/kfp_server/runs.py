@@ -19,11 +19,11 @@ from pipelines.local.runs import training_summary
 from pipelines.quality import PIPELINE_NAME as QUALITY_NAME
 from pipelines.training import PIPELINE_NAME as TRAINING_NAME
 from training.errors import KfloopError
-from training.settings import DEFAULT_MODEL_NAME, load_environment
+from training.settings import DEFAULT_IMAGE, DEFAULT_MODEL_NAME, IMAGE_ENV, load_environment
 
 PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME, "quality": QUALITY_NAME}
 DEFAULT_SCHEDULES = {"drift": "kfloop-drift-check", "quality": "kfloop-quality-check"}
-"""The recurring run of each monitoring pipeline, by default."""
+"""The recurring run of each monitoring pipeline, by default ``<this>-<model_name>``: one per model."""
 DIRTY = "-dirty"
 """The suffix of a commit (and an image tag) of a tree with uncommitted changes."""
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
@@ -52,47 +52,57 @@ def image_tag(image: str) -> str:
     return tag if sep and "/" not in tag else ""
 
 
-def step_image(version: str, explicit: str | None) -> str | None:
+def step_image(version: str, explicit: str | None, *, require: bool = False) -> str | None:
     """The image every step of ``version`` runs: ``explicit`` (``--image``) as given, else ``KFLOOP_IMAGE``, else
     ``None`` (the default image).
 
     Raises:
         ValueError: ``KFLOOP_IMAGE`` is tagged with another commit than the one ``version`` is named by (the
             pipeline version of a commit must run the image built from that commit), or tagged ``-dirty`` (built
-            from a tree with uncommitted changes, deploy/image-commit.sh: no commit names what it holds).
+            from a tree with uncommitted changes, deploy/image-commit.sh: no commit names what it holds); or, with
+            ``require`` or in CI (``CI=true``), the image is empty or the default one.
     """
+    env = load_environment()
+    image = explicit or env.image
+    if (require or env.ci) and image in ("", DEFAULT_IMAGE):
+        where = "--image is the default image" if explicit else (
+            f"{IMAGE_ENV} is {'the default image' if image else 'empty or unset'}")
+        raise ValueError(f"{where}, so version {version} would run {DEFAULT_IMAGE}, not the image built from its "
+                         f"commit: set {IMAGE_ENV} to the image the CI workflow's image job pushed (compute the name "
+                         "in the job that uses it: GitHub drops a job output that contains a secret's value, "
+                         "leaving it empty) or pass --image REGISTRY/NAME:TAG")
     if explicit:
         return explicit
-    image = load_environment().image
     tag = image_tag(image)
     if tag.endswith(DIRTY):
-        raise ValueError(f"KFLOOP_IMAGE={image} was built from a tree with uncommitted changes: commit them and "
+        raise ValueError(f"{IMAGE_ENV}={image} was built from a tree with uncommitted changes: commit them and "
                          "rebuild the image, or pass --image to upload this one knowingly")
     if _COMMIT.fullmatch(version) and _COMMIT.fullmatch(tag) and not (version.startswith(tag)
                                                                        or tag.startswith(version)):
-        raise ValueError(f"KFLOOP_IMAGE={image} is tagged for commit {tag}, but the pipeline version is named by "
+        raise ValueError(f"{IMAGE_ENV}={image} is tagged for commit {tag}, but the pipeline version is named by "
                          f"commit {version}: build and push the image of {version} (the CI workflow's image job "
                          "does), or pass --image explicitly")
     return image or None
 
 
 def upload_pipelines(host: str | None, *, version: str | None = None, namespace: str | None = None,
-                     image: str | None = None, options: KubernetesOptions | None = None) -> list[dict[str, Any]]:
+                     image: str | None = None, options: KubernetesOptions | None = None,
+                     require_image: bool = False) -> list[dict[str, Any]]:
     """Compile every pipeline (``options`` as ``kfloop compile``; the image from :func:`step_image`) and upload them
     as version ``version`` (default: the commit), idempotently; ``code_source_url`` is set when the checkout is
     clean.
 
     Raises:
         ValueError: no usable version name (see :func:`version_name`), or ``KFLOOP_IMAGE`` is the image of another
-            commit (see :func:`step_image`).
+            commit, or (``require_image`` or in CI) no image is named (see :func:`step_image`).
         kfp_server_api.ApiException: the server refused.
     """
     name = version_name(version)
-    image = step_image(name, image)
+    image = step_image(name, image, require=require_image)
     commit = load_environment().git_commit
     clean = commit != "unknown" and not commit.endswith(DIRTY)
     source = kfp_client.code_source_url(commit) if clean else ""
-    client = kfp_client.connect(host, namespace=namespace)
+    client = kfp_client.connect(host)
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for key, pipeline in PIPELINES.items():
@@ -107,7 +117,8 @@ def upload_pipelines(host: str | None, *, version: str | None = None, namespace:
 def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: str,
                   namespace: str | None, service_account: str | None = None) -> dict[str, Any]:
     """The pipeline's parameters; a monitoring pipeline (drift, quality) also gets the training version of the same
-    name pinned, which its trigger step starts through the in-cluster KFP service as ``service_account``.
+    name pinned, which its trigger step starts in ``namespace`` as ``service_account`` through the in-cluster KFP
+    service (``KF_PIPELINES_ENDPOINT`` of the step's pod, else ``kfp.host``).
 
     Raises:
         ValueError: bad settings.
@@ -119,8 +130,9 @@ def remote_params(name: str, settings: dict[str, Any], client: Any, *, version: 
         params["training_pipeline_version"] = {
             "pipeline_name": TRAINING_NAME, "pipeline_id": training.pipeline_id,
             "pipeline_version_id": training.pipeline_version_id, "version_name": version,
-            "experiment": kfp_client.DEFAULT_EXPERIMENT, "namespace": namespace or "", "host": "",
-            "service_account": service_account or ""}
+            "experiment": kfp_client.DEFAULT_EXPERIMENT, "namespace": namespace or "",
+            "host": kfp_client.KfpSettings.from_dict(settings.get("kfp")).host,
+            "service_account": service_account or kfp_client.DEFAULT_SERVICE_ACCOUNT}
     return params
 
 
@@ -137,7 +149,7 @@ def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str |
         RunFailed: the run ended in another state than SUCCEEDED (``wait`` only).
     """
     name_ = version_name(version)
-    client = kfp_client.connect(host, namespace=namespace)
+    client = kfp_client.connect(host)
     ref = kfp_client.find_version(client, PIPELINE_NAMES[name], name_, namespace)
     params = remote_params(name, settings, client, version=name_, namespace=namespace,
                            service_account=service_account)
@@ -173,15 +185,16 @@ def schedule_check(pipeline: str, settings: dict[str, Any], host: str, *, cron: 
                    action: str = "schedule", version: str | None = None, namespace: str | None = None,
                    service_account: str | None = None) -> dict[str, Any]:
     """Create or replace (``action="schedule"``), ``disable`` or ``delete`` the recurring run ``name`` (default:
-    :data:`DEFAULT_SCHEDULES`) of the monitoring ``pipeline`` (``drift`` or ``quality``); its runs, and the training
-    runs they trigger, run as ``service_account``.
+    :data:`DEFAULT_SCHEDULES` and the model's name: one schedule per model, which a push re-points at its commit's
+    version) of the monitoring ``pipeline`` (``drift`` or ``quality``); its runs, and the training runs they
+    trigger, run as ``service_account``.
 
     Raises:
         ValueError: a missing or non-6-field cron.
         LookupError: the version is not uploaded, or no recurring run ``name`` to disable/delete.
     """
-    name = name or DEFAULT_SCHEDULES[pipeline]
-    client = kfp_client.connect(host, namespace=namespace)
+    name = name or f"{DEFAULT_SCHEDULES[pipeline]}-{settings.get('model_name') or DEFAULT_MODEL_NAME}"
+    client = kfp_client.connect(host)
     if action != "schedule":
         ids = kfp_client.set_schedule_enabled(client, name, enabled=False if action == "disable" else None,
                                               namespace=namespace)
@@ -208,7 +221,7 @@ def alert_starter(settings: dict[str, Any], *, host: str | None, version: str | 
     Raises:
         LookupError: the training pipeline has no such version.
     """
-    client = kfp_client.connect(host, namespace=namespace)
+    client = kfp_client.connect(host, in_cluster_host=kfp_client.KfpSettings.from_dict(settings.get("kfp")).host)
     ref = kfp_client.find_version(client, TRAINING_NAME, version_name(version), namespace)
 
     def start(alert: Any) -> str:

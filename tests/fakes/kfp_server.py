@@ -6,7 +6,9 @@ AlreadyExists); checks every query parameter, and every JSON body against the sw
 ``tests/fakes/specs/kfp_v2beta1.swagger.json`` (types, enums, no unknown fields); parses multipart uploads; and
 filters lists with the ``filter`` JSON predicates. Run states are driven by the test (:meth:`set_run_state`,
 or a per-run script of states that each GET advances), or by tests/fakes/kfp_executor.py, which executes the runs.
-Every request is recorded (:attr:`requests`).
+Every request is recorded (:attr:`requests`). Standalone (single-user) by default, where a namespace in a request
+is ignored; ``multi_user=MultiUser()`` (tests/fakes/kfp_multiuser.py) checks callers and namespaces as multi-user
+Kubeflow does (403 PermissionDenied).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import yaml
 
 SWAGGER = json.loads((Path(__file__).parent / "specs" / "kfp_v2beta1.swagger.json").read_text())
 API = "/apis/v2beta1"
-GRPC = {HTTPStatus.BAD_REQUEST: 3, HTTPStatus.NOT_FOUND: 5, HTTPStatus.CONFLICT: 6,
+GRPC = {HTTPStatus.BAD_REQUEST: 3, HTTPStatus.NOT_FOUND: 5, HTTPStatus.CONFLICT: 6, HTTPStatus.FORBIDDEN: 7,
         HTTPStatus.UNAUTHORIZED: 16, HTTPStatus.NOT_IMPLEMENTED: 12}
 OPERATIONS = {1: "EQUALS", 2: "NOT_EQUALS", 3: "GREATER_THAN", 5: "GREATER_THAN_EQUALS", 6: "LESS_THAN",
               7: "LESS_THAN_EQUALS", 8: "IN", 9: "IS_SUBSTRING"}
@@ -175,12 +177,20 @@ def _snake(filter_spec: Any) -> Any:
     return filter_spec
 
 
+def _replace_namespace(query: dict[str, str], body: Any) -> tuple[dict[str, str], Any]:
+    """Single-user mode (``resource_manager.go`` ``ReplaceNamespace``): a request's namespace becomes the empty one."""
+    query = {k: v for k, v in query.items() if k != "namespace"}
+    return query, ({**body, "namespace": ""} if isinstance(body, dict) and "namespace" in body else body)
+
+
 class KfpApiServer:
     """``with KfpApiServer(token="t") as kfp: kfp.Client(host=kfp.url, existing_token="t")``."""
 
-    def __init__(self, *, token: str | None = None, multi_user: bool = False):
+    def __init__(self, *, token: str | None = None, multi_user: Any = None):
         self.token = token
+        """Standalone mode: the bearer token an auth proxy in front of KFP would demand; None: no auth."""
         self.multi_user = multi_user
+        """``fakes.kfp_multiuser.MultiUser``: KFP's multi-user mode (identity, SubjectAccessReview, namespaces)."""
         self.store = Store()
         self.requests: list[Request] = []
         self.state_scripts: dict[str, list[str]] = {}
@@ -233,8 +243,9 @@ class KfpApiServer:
         with self.lock:
             self.requests.append(Request(method, path, query, headers, body))
         if path == f"{API}/healthz":
-            return HTTPStatus.OK, {"multi_user": self.multi_user, "pipeline_store": "database"}
-        if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
+            return HTTPStatus.OK, {"multi_user": self.multi_user is not None, "pipeline_store": "database"}
+        if self.multi_user is None and self.token is not None \
+                and headers.get("authorization") != f"Bearer {self.token}":
             raise ApiError(HTTPStatus.UNAUTHORIZED, "Failed to authenticate: missing or invalid bearer token")
         op, path_params = _operation(method, path)
         declared = {p["name"]: p for p in op.get("parameters", [])}
@@ -250,6 +261,10 @@ class KfpApiServer:
                 raise ApiError(HTTPStatus.BAD_REQUEST, "request body is not valid JSON") from None
             check_schema(payload, body_param["schema"], body_param["name"])
         with self.lock:
+            if self.multi_user is None:
+                query, payload = _replace_namespace(query, payload)
+            else:
+                self.multi_user.authorize(self, op["operationId"], path_params, query, payload, headers)
             return getattr(self, f"_{op['operationId']}")(path_params=path_params, query=query, body=payload,
                                                           headers=headers, raw=body)
 

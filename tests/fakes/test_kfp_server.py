@@ -150,3 +150,72 @@ def test_a_recurring_run_needs_a_six_field_cron(client, server, package):
     rec = client.create_recurring_run(cron_expression="0 0 3 * * *", **args)
     client.disable_recurring_run(rec.recurring_run_id)
     assert server.store.recurring_runs[rec.recurring_run_id]["status"] == "DISABLED"
+
+
+# -- multi-user mode (tests/fakes/kfp_multiuser.py) -------------------------------------------------------------
+
+@pytest.fixture
+def multi_user(tmp_path, monkeypatch):
+    """A multi-user server with profile ``team-a`` (owner alice) and a token of its ``default-editor``."""
+    from fakes.kfp_multiuser import MultiUser
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    users = MultiUser()
+    users.add_profile("team-a", owner="alice@example.com")
+    with KfpApiServer(multi_user=users) as kfp_server:
+        yield kfp_server, users.service_account_token("team-a", "default-editor")
+
+
+def test_multi_user_refuses_shared_uploads_and_empty_namespaces_as_kfp_does(multi_user, package):
+    server, token = multi_user
+    client = kfp.Client(host=server.url, existing_token=token)
+    assert call(server, "GET", "/apis/v2beta1/healthz", token=None)[1]["multi_user"] is True
+
+    # a profile's service account may not write shared pipelines (reviewed in KFP's namespace), only its own
+    with pytest.raises(ApiException) as err:
+        client.upload_pipeline(package, pipeline_name="echo")
+    assert err.value.status == 403 and "system:serviceaccount:team-a:default-editor" in err.value.body
+    pipeline = client.upload_pipeline(package, pipeline_name="echo", namespace="team-a")
+    assert server.store.pipelines[pipeline.pipeline_id]["namespace"] == "team-a"
+    review = server.multi_user.reviews
+    assert [(r.namespace, r.verb, r.resource, r.allowed) for r in review] == [
+        ("kubeflow", "create", "pipelines", False), ("team-a", "create", "pipelines", True)]
+
+    # experiments and runs need a namespace: empty is 400, as in experiment_server.go and run_server.go
+    for namespace in (None, ""):
+        with pytest.raises(ApiException) as err:
+            client.create_experiment("kfloop", namespace=namespace)
+        assert err.value.status == 400 and "empty namespace in multi-user mode" in err.value.body
+    assert call(server, "GET", "/apis/v2beta1/runs", token=token)[0] == 400
+    exp = client.create_experiment("kfloop", namespace="team-a")
+    run = client.run_pipeline(exp.experiment_id, "r", pipeline_id=pipeline.pipeline_id,
+                              version_id=client.list_pipeline_versions(pipeline.pipeline_id).pipeline_versions[0]
+                              .pipeline_version_id, params={"text": "hi"})
+    assert client.get_run(run.run_id).state == "PENDING"
+    status, body = call(server, "POST", "/apis/v2beta1/runs", {"display_name": "r", "pipeline_version_reference": {
+        "pipeline_id": pipeline.pipeline_id, "pipeline_version_id": run.pipeline_version_reference
+        .pipeline_version_id}, "runtime_config": {"parameters": {"text": "x"}}}, token=token)
+    assert status == 400 and "Experiment id can not be empty" in body["message"]
+
+
+def test_multi_user_identity_is_the_userid_header_or_a_token_for_kfps_audience(multi_user):
+    server, _ = multi_user
+    users = server.multi_user
+    other = users.service_account_token("team-a", "default-editor", audience="https://kubernetes.default.svc")
+    assert call(server, "GET", "/apis/v2beta1/experiments?namespace=team-a", token=other)[0] == 401
+    assert call(server, "GET", "/apis/v2beta1/experiments?namespace=team-a", token=None)[0] == 401
+    outsider = users.service_account_token("team-b", "default-editor")
+    status, body = call(server, "GET", "/apis/v2beta1/experiments?namespace=team-a", token=outsider)
+    assert status == 403 and body["code"] == 7
+    req = urllib.request.Request(server.url + "/apis/v2beta1/experiments?namespace=team-a",
+                                 headers={"kubeflow-userid": "alice@example.com"})
+    with urllib.request.urlopen(req) as resp:  # the owner through the Istio gateway's header
+        assert resp.status == 200
+    assert users.reviews[-1].user == "alice@example.com" and users.reviews[-1].allowed
+
+
+def test_standalone_ignores_namespaces_as_single_user_kfp_does(client, server, package):
+    pipeline = client.upload_pipeline(package, pipeline_name="echo", namespace="team-a")
+    assert server.store.pipelines[pipeline.pipeline_id]["namespace"] == ""
+    assert [p.pipeline_id for p in client.list_pipelines(namespace="team-a").pipelines] == [pipeline.pipeline_id]
+    assert client.create_experiment("kfloop", namespace="team-a").namespace in ("", None)

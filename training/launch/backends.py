@@ -25,6 +25,7 @@ from training.config import BACKENDS, JobShape, TrainingConfig
 from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 from training.launch.local import TrainResult, train_local
 from training.registry.lock import promotion_lock
+from training.settings import own_image
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -51,6 +52,11 @@ class Backend(ABC):
             ValueError: ``shape`` does not fit the backend (the message says the fix).
         """
 
+    @property
+    @abstractmethod
+    def image(self) -> str:
+        """The image the training processes run (recorded in the lineage); empty when not known (outside a step)."""
+
     @abstractmethod
     def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
         """The lock held while ``champion`` of ``model_name`` moves (:mod:`training.registry.lock`)."""
@@ -72,6 +78,11 @@ class LocalBackend(Backend):
                checkpoint_dir: Path, log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
         return train_local(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=config,
                            shape=shape, mlflow_run_id=mlflow_run_id, log_dir=log_dir)
+
+    @property
+    def image(self) -> str:
+        """This process's own image (torchrun runs beside it): ``KFLOOP_IMAGE`` of a compiled step."""
+        return own_image()[0]
 
     def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
         return promotion_lock(model_name, workdir, timeout_s=timeout_s, kind="file")
@@ -96,6 +107,11 @@ class KubernetesBackend(Backend):
                                 cluster=self.config.cluster,
                                 policy=self.config.launcher, pipeline_run_id=run_name, log_dir=log_dir,
                                 mlflow_run_id=mlflow_run_id)
+
+    @property
+    def image(self) -> str:
+        """The job's image: ``cluster.image``, else the launching step's."""
+        return self.config.cluster.image
 
     def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
         return promotion_lock(model_name, workdir, timeout_s=timeout_s, kind="lease",

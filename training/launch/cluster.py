@@ -68,11 +68,13 @@ class ClusterConfig:
     namespace: str = "default"
     """Namespace of the job (and of the RBAC in deploy/rbac.yaml)."""
     image: str = DEFAULT_IMAGE
-    """Image with kfloop and its pins installed (deploy/Dockerfile); pin a digest or a tag per release."""
+    """Image with kfloop and its pins installed (deploy/Dockerfile); pin a digest or a tag per release. Unset: the
+    image of the pipeline step that launches the job (``KFLOOP_IMAGE``, the commit's), else the kfloop image."""
     image_pull_policy: str = "IfNotPresent"
     """``IfNotPresent``, ``Always`` or ``Never``."""
     image_pull_secrets: list[str] = field(default_factory=list)
-    """Names of docker-registry Secrets for a private registry."""
+    """Names of docker-registry Secrets for a private registry (e.g. GHCR); the launching step's own
+    (``kfloop compile --image-pull-secret``) are added."""
     service_account_name: str = ""
     """Service account of the training pods (e.g. for workload identity to object storage); empty: the namespace's
     default. The pods never call the Kubernetes API, so its token is not mounted."""

@@ -51,7 +51,7 @@ from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render
 from training.model_files import MODEL_FILE, MODULE_FILE
 from training.progress import progress
-from training.settings import section_from_dict
+from training.settings import own_image, section_from_dict
 
 
 
@@ -159,7 +159,9 @@ class LaunchPolicy:
 @dataclass(kw_only=True, slots=True)
 class KubernetesSettings:
     """kfloop.yaml's ``cluster:`` section (the pipeline's ``cluster_config``): the job's :class:`ClusterConfig`
-    fields, and the :class:`LaunchPolicy` under the ``launcher`` key."""
+    fields, and the :class:`LaunchPolicy` under the ``launcher`` key. Unless ``cluster.image`` names one, the job
+    runs the image of the process that launches it (``KFLOOP_IMAGE``: a compiled step's own image); the pods also
+    get that step's image pull secrets (``KFLOOP_IMAGE_PULL_SECRETS``) besides ``cluster.image_pull_secrets``."""
 
     cluster: ClusterConfig
     """Where and how the job runs."""
@@ -175,6 +177,11 @@ class KubernetesSettings:
         """
         settings = dict(d or {})
         launcher = dict(settings.pop("launcher", None) or {})
+        image, secrets = own_image()  # the launching step's: the job runs the commit's image the step runs
+        if image and "image" not in settings:
+            settings["image"] = image
+        if secrets:
+            settings["image_pull_secrets"] = list(dict.fromkeys([*settings.get("image_pull_secrets", []), *secrets]))
         return cls(cluster=ClusterConfig.from_dict(settings),
                    launcher=section_from_dict(LaunchPolicy, launcher, "cluster.launcher"))
 

@@ -116,6 +116,9 @@ class Lineage:
     version (``model_dir/model_module.py``)."""
     model_module_sha256: str = ""
     """sha256 of that source, checked before every import of the version's module."""
+    image: str = ""
+    """The container image the training processes ran (the PyTorchJob's or TrainJob's on Kubernetes); empty when
+    they ran outside an image (locally, outside a pipeline step)."""
 
     def __post_init__(self) -> None:
         for name, length in (("data_md5", 32), ("holdout_sha256", 64)):
@@ -142,7 +145,8 @@ class Lineage:
                 **({} if self.holdout_fraction is None else {"holdout_fraction": str(self.holdout_fraction)}),
                 **({} if self.split_seed is None else {"split_seed": str(self.split_seed)}),
                 **({"data_store": self.data_store[:MAX_TAG_CHARS]} if self.data_store else {}),
-                **({"model_module": self.model_module[:MAX_TAG_CHARS]} if self.model_module else {})}
+                **({"model_module": self.model_module[:MAX_TAG_CHARS]} if self.model_module else {}),
+                **({"image": self.image[:MAX_TAG_CHARS]} if self.image else {})}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
