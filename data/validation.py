@@ -83,6 +83,13 @@ class SchemaRoles:
     """Identifier columns: validated (unique), never used as features."""
 
 
+def rows_named(rows: list) -> str:
+    """``data rows [0, 7] (counted from 0, header excluded)``: how every message names rows of a file. A file's rows
+    are numbered like pandas' default index (``df.iloc[7]``), whatever the format: a spreadsheet shows row 7 of a CSV
+    file on its line 9."""
+    return f"data rows {rows} (counted from 0, header excluded)"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Failure:
     """One rule that failed, summarised over all the rows it failed on."""
@@ -97,7 +104,7 @@ class Failure:
     count: int
     """How many values failed (0 for a missing or extra column)."""
     rows: list = field(default_factory=list)
-    """Index labels of up to five failing rows."""
+    """Index labels of up to five failing rows: for a file, data rows counted from 0 (:func:`rows_named`)."""
 
     def describe(self) -> str:
         """The failure as one line without the file name."""
@@ -109,7 +116,7 @@ class Failure:
         if self.rule == "strict":
             return f"{where}: the column is not in the schema"
         text = f"{where}: {self.count} value(s), e.g. {self.examples}"
-        return f"{text} at rows {self.rows}" if self.rows else text
+        return f"{text} at {rows_named(self.rows)}" if self.rows else text
 
 
 @dataclass(kw_only=True, slots=True)
