@@ -51,9 +51,12 @@ def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     shape set once. Returns ``settings`` unchanged.
 
     Raises:
-        ValueError: an unknown key (the message lists the valid ones), a section that is not a mapping, a value a
+        ValueError: an unknown key (the message lists the valid ones; ``launcher`` lives in ``cluster``), a section that is not a mapping, a value a
             typed config rejects, or the job's shape set twice.
     """
+    if "launcher" in settings:
+        raise ValueError("the launcher's settings live in the cluster section: --set cluster.launcher.KEY=VALUE, "
+                         "or in kfloop.yaml 'cluster: {launcher: {KEY: VALUE}}' (not a top-level 'launcher')")
     check_known_keys(settings, SETTINGS_KEYS, where="setting")
     for key in SECTIONS:
         if key in settings and not isinstance(settings[key], dict):

@@ -207,8 +207,8 @@ def check_known_keys(values: Iterable[str], known: Iterable[str], *, where: str)
     unknown = sorted(set(values) - set(known))
     if not unknown:
         return
-    close = sorted({m for key in unknown for m in difflib.get_close_matches(str(key), known, n=3, cutoff=0.6)})
-    guess = f"did you mean {' or '.join(map(repr, close))}?" if close else "did you mean one of them?"
+    close = [match for key in unknown for match in difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)]
+    guess = f"did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?" if close else "did you mean one of them?"
     raise ValueError(f"unknown {where}(s) {unknown}; valid keys are {known}: {guess}")
 
 

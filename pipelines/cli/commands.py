@@ -267,7 +267,7 @@ def cmd_infer_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from data.validation import load_schema, validate
+    from data.validation import ROW_NUMBERS, load_schema, validate
 
     report = validate(args.data, load_schema(args.schema))
     if args.report_csv:
@@ -276,7 +276,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         atomic_write_text(args.report_csv, report.to_csv())
     if args.json:
         options.print_json({"valid": report.ok, "data": redact(args.data), "schema": redact(args.schema),
-                            "rows": report.n_rows, "schema_diff": report.schema_diff,
+                            "rows": report.n_rows, "row_numbers": ROW_NUMBERS, "schema_diff": report.schema_diff,
                             "failures": [{"column": f.column, "rule": f.rule, "count": f.count,
                                           "examples": f.examples, "rows": f.rows} for f in report.failures]})
         return 0 if report.ok else EXIT_FAILED
@@ -309,12 +309,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_drift(args: argparse.Namespace) -> int:
     from monitoring.drift import ALL_NULL_METHOD, score_direction
     from monitoring.steps import drift_step
-    from training.settings import activate, load_environment
 
     settings = options.settings(args)
     model = options.model_name(args, required_default=False)
     if model:  # only a check of the champion's predictions reads (and records to) MLflow
-        activate(load_environment(args.workdir))
+        options.registry_environment(args, model)
     with options.stdout_for_json(args):
         result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
                             model_name=model, policy=settings.get("drift", {}), report_out=args.report or "",

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 
 import pipelines.cli.options as options
 from training.progress import activity
-from training.settings import CODE_ROOT, activate, load_environment
+from training.settings import CODE_ROOT
 
 
 def add_parsers(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
@@ -52,22 +51,11 @@ def _model(args: argparse.Namespace) -> str:
     return legacy if legacy and args.model is None else options.model_name(args)
 
 
-def _env(args: argparse.Namespace, *, read_only: bool = False):
-    """The environment, activated; ``read_only``: refuse before touching MLflow when its local database does not
-    exist (MLflow would create and migrate one, printing its INFO lines, to answer that nothing is there)."""
-    model = _model(args)  # reads (and so checks) the settings first
-    env = load_environment(args.workdir)
-    if read_only and env.tracking_uri.startswith("sqlite:///") and not Path(env.tracking_uri[10:]).exists():
-        raise ValueError(f"model '{model}' is not registered in {env.tracking_uri}: no MLflow database there "
-                         "yet; pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first (kfloop demo)")
-    activate(env)
-    return env
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     from pipelines.operations.status import format_status, status
 
-    result = status(_model(args), env=_env(args, read_only=True),
+    model = _model(args)
+    result = status(model, env=options.registry_environment(args, model),
                     trigger_policy=options.settings(args).get("trigger", {}))
     options.print_json(result) if args.json else print(format_status(result))
     return 0
@@ -76,7 +64,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from pipelines.operations.status import format_history, history
 
-    result = history(_model(args), env=_env(args, read_only=True))
+    model = _model(args)
+    result = history(model, env=options.registry_environment(args, model))
     options.print_json(result) if args.json else print(format_history(result))
     return 0
 
@@ -84,7 +73,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from pipelines.operations.status import rollback_champion
 
-    result = rollback_champion(_model(args), to=args.to, reason=args.reason, env=_env(args, read_only=True))
+    model = _model(args)
+    result = rollback_champion(model, to=args.to, reason=args.reason, env=options.registry_environment(args, model))
     if args.json:
         options.print_json(result)
     else:
@@ -96,7 +86,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from data.dvc_store import DataStoreConfig
     from training.reproduce import reproduce
-    env, model = _env(args, read_only=True), _model(args)
+    model = _model(args)
+    env = options.registry_environment(args, model)
     configured = options.settings(args)
     data_store = DataStoreConfig.from_dict(configured.get("data_store")).url(env.workdir)
     with options.stdout_for_json(args), activity(f"reproducing {model} v{args.version}", quiet=args.json):
@@ -123,7 +114,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipelines.operations.status import history, status
     from pipelines.operations.report import write_report
 
-    env, model = _env(args, read_only=True), _model(args)
+    model = _model(args)
+    env = options.registry_environment(args, model)
     path = write_report(args.out, model_name=model, history=history(model, env=env), drift=drift_checks(model),
                         quality=quality_checks(model), status=status(model, env=env, trigger_policy={}))
     options.print_json({"report": str(path), "model_name": model}) if args.json else print(path)

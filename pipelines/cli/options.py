@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from training.config import with_module_path
-from training.settings import DEFAULT_MODEL_NAME, load_config_file, merge, parse_overrides
+from training.settings import (DEFAULT_MODEL_NAME, Environment, activate, load_config_file, load_environment, merge,
+                               parse_overrides)
 
 HIDDEN = argparse.SUPPRESS
 """Help of an old flag spelling kept so scripts keep working; ``--help`` shows only the current one."""
@@ -72,6 +73,23 @@ def model_name(args: argparse.Namespace, *, required_default: bool = True) -> st
         return args.model
     configured = settings(args).get("model_name") if hasattr(args, "overrides") else None
     return configured or (DEFAULT_MODEL_NAME if required_default else "")
+
+
+def registry_environment(args: argparse.Namespace, model: str) -> Environment:
+    """The environment of a command that reads ``model``'s registry, activated. A local MLflow database that does
+    not exist is refused before MLflow is touched: MLflow would create and migrate one, printing its INFO lines,
+    only to answer that the model is not there.
+
+    Raises:
+        ValueError: the tracking URI is a SQLite file that does not exist.
+    """
+    env = load_environment(args.workdir)
+    database = env.tracking_uri.removeprefix("sqlite:///")
+    if database != env.tracking_uri and not Path(database).exists():
+        raise ValueError(f"model '{model}' is not registered in {env.tracking_uri}: no MLflow database there yet; "
+                         "pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first (kfloop demo)")
+    activate(env)
+    return env
 
 
 def stdout_for_json(args: argparse.Namespace):
