@@ -277,6 +277,7 @@ def test_every_command_refuses_an_unknown_setting(command, tmp_path, monkeypatch
                              ("modle_name=x", "did you mean 'model_name'?"),
                              ("training.epoch=2", "did you mean 'epochs'?"),
                              ("cluster.launcher.timeout_second=5", "did you mean 'timeout_seconds'?"),
+                             ("cluster.lancher.timeout_seconds=5", "did you mean 'launcher'?"),
                              ("launcher.timeout_seconds=5", "--set cluster.launcher.KEY=VALUE")):
         assert main([*command, "--set", setting]) == EXIT_FAILED, setting
         assert message in capsys.readouterr().err, setting
