@@ -360,3 +360,14 @@ def test_validation_numbers_rows_one_way_everywhere(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["row_numbers"] == "data rows counted from 0, header excluded"
     assert out["failures"][0]["rows"] == [3] and out["failures"][0]["examples"] == [-4]
+
+
+def test_scripts_get_json_from_infer_schema_and_render_job(demo_files, capsys):
+    assert main(["infer-schema", "--json", "--data", str(demo_files["train.parquet"]), "--target", "churned",
+                 "--id-column", "customer_id"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["target"] == "churned" and out["task"] == "classification" and out["id_columns"] == ["customer_id"]
+    assert set(out["numeric"]) | set(out["categorical"]) == FEATURES and "churned:" in out["schema"]
+    assert main(["render-job", "--json", "--nnodes", "3"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["kind"] == "PyTorchJob" and manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2

@@ -521,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     as_json = getattr(args, "json", False)
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:  # the reader left early (`kfloop render-job | head`): nothing more can reach it; the
+        # recipe of https://docs.python.org/3/library/signal.html#note-on-sigpipe, so exiting flushes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except Exception as exc:  # one readable line per failure; --debug shows the trace
         from data.validation import ValidationError
 
