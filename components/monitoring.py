@@ -11,10 +11,12 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
     Returns ``drifted`` (drives ``dsl.If``); ``result`` is the JSON verdict with the data's md5."""
     from monitoring.steps import drift_step
     from training.fileio import atomic_write_json
+    from training.progress import progress
     from training.settings import from_struct
 
     checked = drift_step(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
                         model_name=model_name, policy=from_struct(drift_policy), report_out=report.path)
+    progress(checked.summary())
     metrics.log_metric("share_drifted_columns", checked.drift.share_drifted_columns)
     for name, col in checked.drift.columns.items():
         metrics.log_metric(f"drift_score_{name}", col.score)

@@ -83,6 +83,17 @@ class SchemaRoles:
     """Identifier columns: validated (unique), never used as features."""
 
 
+ROW_NUMBERS = "data rows counted from 0, header excluded"
+"""How every message, report and JSON field numbers a file's rows: like pandas' default index (``df.iloc[7]``),
+whatever the format, so a spreadsheet shows data row 7 of a CSV file on its line 9."""
+
+
+def rows_named(rows: list) -> str:
+    """``data rows [0, 7] (counted from 0, header excluded)``: how every message names rows of a file
+    (:data:`ROW_NUMBERS`)."""
+    return f"data rows {rows} (counted from 0, header excluded)"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Failure:
     """One rule that failed, summarised over all the rows it failed on."""
@@ -97,7 +108,7 @@ class Failure:
     count: int
     """How many values failed (0 for a missing or extra column)."""
     rows: list = field(default_factory=list)
-    """Index labels of up to five failing rows."""
+    """Index labels of up to five failing rows: for a file, data rows counted from 0 (:func:`rows_named`)."""
 
     def describe(self) -> str:
         """The failure as one line without the file name."""
@@ -109,7 +120,7 @@ class Failure:
         if self.rule == "strict":
             return f"{where}: the column is not in the schema"
         text = f"{where}: {self.count} value(s), e.g. {self.examples}"
-        return f"{text} at rows {self.rows}" if self.rows else text
+        return f"{text} at {rows_named(self.rows)}" if self.rows else text
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,13 +150,14 @@ class ValidationReport:
         return "\n".join(f"{self.source}: schema diff: {line}" for line in self.schema_diff)
 
     def to_csv(self) -> str:
-        """The failures as CSV (file, column, rule, count, examples and rows ``;``-separated) for spreadsheets.
+        """The failures as CSV (file, column, rule, count, examples and rows ``;``-separated, :data:`ROW_NUMBERS`) for
+        spreadsheets.
 
         A cell starting with ``=``, ``+``, ``-``, ``@``, tab or carriage return gets a leading ``'``, so a
         spreadsheet shows it as text instead of running it as a formula (CSV injection)."""
         out = io.StringIO()
         writer = csv.writer(out)  # RFC 4180: CRLF rows, so a CR or LF inside a cell gets quoted
-        writer.writerow(["file", "column", "rule", "count", "examples", "rows"])
+        writer.writerow(["file", "column", "rule", "count", "examples", "data_rows_from_0"])
         for f in self.failures:
             row = [self.source, f.column or "", f.rule, f.count, "; ".join(map(str, f.examples)),
                    "; ".join(map(str, f.rows))]

@@ -30,6 +30,7 @@ from evidently import BinaryClassification, DataDefinition, Dataset, MulticlassC
 from evidently.presets import ClassificationPreset, RegressionPreset
 
 from data.tables import DataFileError
+from data.validation import rows_named
 from training.features import encode_target
 from training.fileio import atomic_write_text
 from training.gate import (LOWER_IS_BETTER, METRICS, REGRESSION_METRICS, Scored, bootstrap_interval,
@@ -287,7 +288,8 @@ def join_labels(data: pd.DataFrame, labels: pd.DataFrame, *, id_column: str, tar
         ids = frame[id_column]
         if ids.isna().any():
             rows = frame.index[ids.isna()].tolist()[:5]
-            raise DataFileError(uri, f"column '{id_column}' has {int(ids.isna().sum())} null id(s), at rows {rows}")
+            raise DataFileError(uri, f"column '{id_column}' has {int(ids.isna().sum())} null id(s), at "
+                                     f"{rows_named(rows)}")
         repeated = ids[ids.duplicated()].unique().tolist()[:5]
         if repeated:
             raise DataFileError(uri, f"column '{id_column}' repeats ids {repeated}: each row needs its own id")

@@ -7,7 +7,7 @@ import copy
 import hashlib
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -36,6 +36,8 @@ class DriftStepResult:
     """md5 (DVC's hash) of the current data file: the trigger dedupes on it."""
     data_version: str
     """The object store's version id or ETag of the current data; empty for a local file."""
+    current_uri: str
+    """The current data, credentials removed."""
     reference_uri: str
     """The reference data, credentials removed."""
     schema_source: str
@@ -43,19 +45,28 @@ class DriftStepResult:
     champion_version: str | None
     reference_profile: bool = False
     """Whether the check compared with the champion's stored profile of ``reference_uri`` (not the file itself)."""
+    id_columns: list[str] = field(default_factory=list)
+    """The schema's id columns, left out of the check (unique per row, they differ between any two batches)."""
+
+    def summary(self) -> str:
+        """The verdict in one line: what was compared with what, drifted or not, and why."""
+        against = "the champion's reference profile of " if self.reference_profile else ""
+        return (f"drift: {self.current_uri} vs {against}{self.reference_uri}: drifted={self.drift.drifted} "
+                f"({self.drift.reason})")
 
     def to_dict(self) -> dict[str, Any]:
         """``kfloop drift --json``: the DriftResult contract plus data hash and version, reference, schema source
         and champion."""
         return {**self.drift.to_dict(), "data_md5": self.data_md5, "data_version": self.data_version,
                 "reference_uri": self.reference_uri, "reference_profile": self.reference_profile,
-                "schema_source": self.schema_source, "champion_version": self.champion_version}
+                "schema_source": self.schema_source, "champion_version": self.champion_version,
+                "id_columns": self.id_columns}
 
 
 def _no_champion_data(model_name: str, champion: Any, what: str) -> str:
     """Why the champion cannot supply ``what``: no model named, no champion, or nothing recorded."""
     if not model_name:
-        return f"no --model-name (model_name) whose champion's {what} to use"
+        return f"no --model (model_name) whose champion's {what} to use"
     if champion is None:
         return f"model '{model_name}' has no champion to take the {what} from"
     return f"model '{model_name}' champion v{champion.version} records no {what}"
@@ -141,15 +152,12 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                 frame["prediction"] = predictions.astype(str) if kind == "categorical" else predictions
         result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical,
                              policy=rules, report_path=report_path, schema=schema, prediction_kind=kind)
-    against = "the champion's reference profile of " if profile is not None else ""
-    progress(f"drift: {redact(current_uri)} vs {against}{redact(reference_uri)}: drifted={result.drifted} "
-             f"({result.reason})")
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
-                              reference_uri=redact(reference_uri), reference_profile=profile is not None,
-                              schema_source=schema_source,
-                              champion_version=champion.version if champion else None)
+                              current_uri=redact(current_uri), reference_uri=redact(reference_uri),
+                              reference_profile=profile is not None, schema_source=schema_source,
+                              champion_version=champion.version if champion else None, id_columns=roles.ids)
     if model_name:
-        record_drift_check(model_name, checked, current_uri=redact(current_uri), report_path=report_path)
+        record_drift_check(model_name, checked, current_uri=checked.current_uri, report_path=report_path)
     return checked
 
 

@@ -14,7 +14,7 @@ from monitoring.trigger import TriggerPolicy
 from training.config import SHAPE_PARAMETERS, ModelSpec, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.kubernetes import KubernetesSettings
-from training.settings import SECTION_PARAMETERS
+from training.settings import SECTION_PARAMETERS, check_known_keys
 
 SECTIONS: dict[str, type] = {
     "training": TrainingSection,
@@ -34,6 +34,9 @@ SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "tar
                *SHAPE_PARAMETERS, "holdout_fraction", "seed"}
 """Parameters of some pipeline; one kfloop.yaml serves them all, so each pipeline ignores the others'."""
 
+SETTINGS_KEYS = {*SECTIONS, *SHARED_KEYS, "training_pipeline_version"}
+"""Every top-level key of kfloop.yaml / ``--set`` (``training_pipeline_version``: pinned by ``run --host``)."""
+
 TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", *SHAPE_PARAMETERS, "holdout_fraction",
                  "seed"}
 """Settings the drift and quality pipelines hand to the training runs they trigger."""
@@ -42,6 +45,29 @@ TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", *SHA
 def typed_config(section: str, values: dict[str, Any]) -> Any:
     """Build the typed config of ``section`` (it raises ValueError naming the fix)."""
     return SECTIONS[section].from_dict(values)
+
+
+def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The one check of kfloop.yaml and ``--set``, whichever command reads them: every key known (a typo is refused
+    with ``did you mean``, at the top level and in every section), every section a valid typed config, the job's
+    shape set once. Returns ``settings`` unchanged.
+
+    Raises:
+        ValueError: an unknown key (the message lists the valid ones; ``launcher`` lives in ``cluster``), a section that is not a mapping, a value a
+            typed config rejects, or the job's shape set twice.
+    """
+    if "launcher" in settings:
+        raise ValueError("the launcher's settings live in the cluster section: --set cluster.launcher.KEY=VALUE, "
+                         "or in kfloop.yaml 'cluster: {launcher: {KEY: VALUE}}' (not a top-level 'launcher')")
+    check_known_keys(settings, SETTINGS_KEYS, where="setting")
+    for key in SECTIONS:
+        if key in settings and not isinstance(settings[key], dict):
+            raise ValueError(f"'{key}' must be a mapping of settings, e.g. --set {key}.FIELD=VALUE")
+    flat = resolved(settings)
+    TrainingSection.from_dict(training_settings(flat))
+    for key in SECTIONS.keys() & flat.keys():
+        typed_config(key, flat[key])
+    return settings
 
 
 def job_shape(settings: dict[str, Any], **overrides: Any) -> dict[str, Any]:
@@ -108,23 +134,14 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
     it becomes the top-level parameter either way.
 
     Raises:
-        ValueError: an unknown key, a missing required parameter, the job's shape set twice, a URI holding
-            credentials, or a value a typed config rejects.
+        ValueError: settings :func:`check_settings` refuses, a missing required parameter, or a URI holding
+            credentials.
     """
     declared = pipeline.component_spec.inputs or {}
-    unknown = sorted(set(settings) - set(declared) - set(SECTIONS) - SHARED_KEYS)
-    if unknown:
-        raise ValueError(f"unknown setting(s) {unknown}; parameters are {sorted(declared)} and the sections "
-                         f"{sorted(SECTIONS)} (e.g. --set training.epochs=5)")
-    for key in SECTIONS:
-        if key in settings and not isinstance(settings[key], dict):
-            raise ValueError(f"'{key}' must be a mapping of settings, e.g. --set {key}.FIELD=VALUE")
-    settings = resolved(settings)
-    TrainingSection.from_dict(training_settings(settings))
+    settings = resolved(check_settings(settings))
     params: dict[str, Any] = {}
     for key, value in settings.items():
         if key in SECTIONS:
-            typed_config(key, value)
             if SECTION_PARAMETERS.get(key) in declared:
                 params[SECTION_PARAMETERS[key]] = value
         elif key in declared:

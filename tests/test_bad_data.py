@@ -144,7 +144,7 @@ def test_failure_report_csv_neutralises_formula_cells(tmp_path, evil):
         == EXIT_FAILED
     rows = list(csv.DictReader(io.StringIO(out.read_bytes().decode(), newline="")))
     [plan] = [r for r in rows if r["column"] == "plan"]
-    assert plan["examples"] == "'" + evil and plan["rows"] == "4", plan
+    assert plan["examples"] == "'" + evil and plan["data_rows_from_0"] == "4", plan
     assert [r["rule"] for r in rows if r["column"] == "'" + evil] == ["strict"]
     for row in rows:
         assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for cell in row.values()), row
@@ -155,7 +155,7 @@ def test_a_valid_file_writes_a_header_only_report(tmp_path):
     generate(200, seed=4).to_csv(data, index=False)
     out = tmp_path / "report.csv"
     assert main(["validate", "--data", str(data), "--schema", str(DEMO_SCHEMA), "--report-csv", str(out)]) == 0
-    assert out.read_bytes() == b"file,column,rule,count,examples,rows\r\n"
+    assert out.read_bytes() == b"file,column,rule,count,examples,data_rows_from_0\r\n"
 
 
 # --------------------------------------------------------------------------------------------- 22: schema skew

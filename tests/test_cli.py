@@ -17,33 +17,38 @@ REPO = Path(__file__).resolve().parents[1]
 GLOBAL = ["--debug", "--workdir"]
 """Accepted before the command and after it, by every command."""
 SURFACE = {
-    "": GLOBAL,
+    "": ["--debug", "--version", "--workdir"],
     "bench": ["--max-bytes", "--nproc", "--out"],
     "compile": ["--config", "--credentials-secret", "--enable-caching", "--gpu-node-selector", "--gpu-toleration",
-                "--gpus", "--image", "--image-pull-secret", "--out", "--set", "--shared-mount-path",
+                "--gpus", "--image", "--image-pull-secret", "--json", "--out", "--set", "--shared-mount-path",
                 "--shared-volume-claim"],
     "demo": ["--json"],
-    "drift": ["--config", "--current", "--json", "--model-name", "--reference", "--report", "--schema", "--set"],
-    "infer-schema": ["--data", "--id-column", "--target", "--task"],
+    "drift": ["--config", "--current", "--fail-on-drift", "--json", "--model", "--model-name", "--reference",
+              "--report", "--schema", "--set"],
+    "infer-schema": ["--data", "--id-column", "--json", "--target", "--task"],
     "quality": ["--config", "--data", "--id-column", "--json", "--labels", "--model", "--report", "--set"],
-    "render-job": ["--config", "--gpus-per-node", "--kind", "--nnodes", "--nproc-per-node", "--run-id", "--set"],
-    "run": ["--config", "--host", "--json", "--local", "--namespace", "--service-account", "--set", "--version",
-            "--wait"],
-    "schedule": ["--config", "--cron", "--delete", "--disable", "--host", "--name", "--namespace",
-                 "--service-account", "--set", "--version"],
-    "serve": ["--bind", "--config", "--kfp-host", "--local", "--max-body-bytes", "--namespace", "--open-metrics",
-              "--port", "--service-account", "--set", "--version"],
+    "render-job": ["--config", "--gpus-per-node", "--json", "--kind", "--nnodes", "--nproc-per-node", "--run-id",
+                   "--set"],
+    "run": ["--config", "--host", "--json", "--local", "--model", "--namespace", "--service-account", "--set",
+            "--version", "--wait"],
+    "schedule": ["--config", "--cron", "--delete", "--disable", "--host", "--json", "--model", "--name",
+                 "--namespace", "--service-account", "--set", "--version"],
+    "serve": ["--bind", "--config", "--host", "--kfp-host", "--local", "--max-body-bytes", "--namespace",
+              "--open-metrics", "--port", "--service-account", "--set", "--version"],
     "upload": ["--config", "--credentials-secret", "--enable-caching", "--gpu-node-selector", "--gpu-toleration",
                "--gpus", "--host", "--image", "--image-pull-secret", "--json", "--namespace", "--require-image",
                "--set", "--shared-mount-path", "--shared-volume-claim", "--version"],
-    "train": ["--backend", "--config", "--data", "--model-dir", "--nnodes", "--nproc-per-node", "--schema", "--set"],
-    "validate": ["--data", "--report-csv", "--schema"],
+    "train": ["--backend", "--config", "--data", "--json", "--model-dir", "--nnodes", "--nproc-per-node", "--schema",
+              "--set"],
+    "validate": ["--data", "--json", "--report-csv", "--schema"],
     "status": ["--config", "--json", "--model", "--set"],
-    "history": ["--json", "--model"],
-    "rollback": ["--json", "--model", "--reason", "--to"],
-    "reproduce": ["--config", "--json", "--set"],
-    "report": ["--model", "--out"],
+    "history": ["--config", "--json", "--model", "--set"],
+    "rollback": ["--config", "--json", "--model", "--reason", "--set", "--to"],
+    "reproduce": ["--config", "--json", "--model", "--set"],
+    "report": ["--config", "--json", "--model", "--out", "--set"],
 }
+"""Every flag of every command, hidden old spellings included (``--model-name``, ``--kfp-host``: scripts keep
+working)."""
 
 
 def _flags(parser: argparse.ArgumentParser) -> list[str]:
@@ -122,9 +127,12 @@ def test_train_two_nodes_of_two_ranks_ends_with_identical_parameters(tmp_path, d
     model_dir = tmp_path / "model"
     code = main(["--workdir", str(tmp_path / "w"), "train", "--data", str(demo_files["train.parquet"]), "--schema",
                  str(REPO / "data" / "schema.yaml"), "--nnodes", "2", "--nproc-per-node", "2", "--model-dir",
-                 str(model_dir), "--set", "training.epochs=2"])
-    assert code == 0, capsys.readouterr().err
-    assert f"model: {model_dir}" in capsys.readouterr().out
+                 str(model_dir), "--set", "training.epochs=2", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out = json.loads(captured.out)  # stdout holds only the JSON; the ranks' lines went to stderr
+    assert out["model_dir"] == str(model_dir) and out["metrics"]
+    assert all(isinstance(value, float) for value in out["metrics"].values())
     description = json.loads((model_dir / "model.json").read_text())
     assert description["world_size"] == 4
     assert len(description["param_digests"]) == 4 and len(set(description["param_digests"])) == 1
@@ -154,15 +162,15 @@ def test_drift_without_schema_names_what_is_missing(tmp_path, demo_files, capsys
     code = main(args)
     err = capsys.readouterr().err.splitlines()[0]
     assert code == EXIT_FAILED
-    assert err == (f"kfloop drift: error: no schema: no --model-name (model_name) whose champion's schema to use, "
+    assert err == (f"kfloop drift: error: no schema: no --model (model_name) whose champion's schema to use, "
                    f"and the target column cannot be told from the data ({demo_files['train.parquet']} and the "
                    "current data share every column); pass --schema FILE (schema_uri), or --set target=COLUMN to "
                    "infer the schema from the reference")
     assert "has no champion" not in err
     code = main([*args, "--set", "target=churned"])
     out = capsys.readouterr().out
-    assert code == 0 and out.startswith("schema: inferred from the reference (target 'churned', classification)\n")
-    assert "drifted: False" in out
+    assert code == 0 and out.startswith("drifted: False ")
+    assert "\nschema: inferred from the reference (target 'churned', classification)\n" in out
     code = main([*args, "--set", "target=churn"])
     assert code == EXIT_FAILED and "target 'churn' is not a column of the reference" in capsys.readouterr().err
 
@@ -172,7 +180,7 @@ def test_drift_without_reference_names_what_is_missing(isolated_env, demo_files)
 
     check = dict(current_uri=str(demo_files["batch_stable.parquet"]), reference_uri="", schema_uri="", policy={},
                  report_out="")
-    with pytest.raises(ValueError, match=r"^no reference data: no --model-name \(model_name\) whose champion's "
+    with pytest.raises(ValueError, match=r"^no reference data: no --model \(model_name\) whose champion's "
                                          r"training data to use; pass --reference FILE \(reference_uri\)$"):
         drift_step(**check, model_name="")
     with pytest.raises(ValueError, match=r"^no reference data: model 'ghost' has no champion to take the training "
@@ -191,7 +199,176 @@ def test_drift_json_contract(tmp_path, demo_files, capsys):
     assert set(out["columns"]) == FEATURES and out["schema_source"] == str(REPO / "data" / "schema.yaml")
     for col in out["columns"].values():
         assert set(col) == {"method", "score", "threshold", "drifted"}
+    assert out["id_columns"] == ["customer_id"]
     assert report.stat().st_size > 0 and out["report_path"] == str(report)
     assert set(out["schema_violations"]) == set(out["columns"])  # the drifted demo batch stays inside the schema
     assert all(shares["share"] == 0.0 for shares in out["schema_violations"].values())
     assert out["reason"].startswith(f"{sum(c['drifted'] for c in out['columns'].values())} of 9 columns drifted")
+
+
+HIDDEN_ALIASES = {("drift", "--model-name"), ("serve", "--kfp-host"), ("reproduce", "MODEL")}
+"""Old spellings kept for scripts, left out of ``--help``."""
+
+
+def test_every_flag_has_help_and_every_command_a_description():
+    parser = build_parser()
+    missing, hidden = [], set()
+    for name, sub in {"": parser, **_subparsers(parser)}.items():
+        if name and not sub.description:
+            missing.append(f"kfloop {name}: no description")
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                assert all(choice.help for choice in action._choices_actions)  # the one-liners of `kfloop --help`
+                continue
+            label = action.option_strings[0] if action.option_strings else action.metavar or action.dest
+            if action.help == argparse.SUPPRESS:
+                hidden.add((name, label))
+            elif not action.help:
+                missing.append(f"kfloop {name} {label}: no help")
+    assert missing == []
+    assert hidden == HIDDEN_ALIASES
+
+
+def test_old_spellings_are_hidden_aliases_of_the_one_name():
+    parser = build_parser()
+    for argv in (["drift", "--reference", "r", "--current", "c", "--model", "m"],
+                 ["drift", "--reference", "r", "--current", "c", "--model-name", "m"]):
+        assert parser.parse_args(argv).model == "m"
+    assert parser.parse_args(["serve", "--host", "http://k"]).host == "http://k"
+    assert parser.parse_args(["serve", "--kfp-host", "http://k"]).host == "http://k"
+    new, old = parser.parse_args(["reproduce", "3", "--model", "m"]), parser.parse_args(["reproduce", "m", "3"])
+    assert (new.model, new.legacy_model, new.version) == ("m", None, "3")
+    assert (old.model, old.legacy_model, old.version) == (None, "m", "3")
+    subparsers = _subparsers(parser)
+    for command, alias in HIDDEN_ALIASES - {("reproduce", "MODEL")}:
+        assert alias not in subparsers[command].format_help()
+    for command in ("quality", "run", "schedule", "status", "history", "rollback", "reproduce", "report", "drift"):
+        assert "--model" in _flags(subparsers[command]), command
+    for command in ("run", "upload", "schedule", "serve"):
+        assert "--host" in _flags(subparsers[command]), command
+
+
+def test_version_names_the_release_and_the_commit(capsys, monkeypatch):
+    from pipelines.cli.commands import version_line
+
+    monkeypatch.delenv("KFLOOP_GIT_COMMIT", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("kfloop 0.") and f"(commit {head}" in line, line
+    monkeypatch.setenv("KFLOOP_GIT_COMMIT", "abc123")
+    assert version_line(REPO).endswith("(commit abc123)")
+    monkeypatch.delenv("KFLOOP_GIT_COMMIT")
+    assert "commit unknown: " in version_line(REPO / "pipelines")  # not the top of a checkout: it cannot tell
+
+
+@pytest.mark.parametrize("command", [
+    ["status"], ["history"], ["report", "--out", "r.html"], ["rollback", "--reason", "r"], ["reproduce", "1"],
+    ["train", "--data", "d.csv", "--schema", "s.yaml"], ["drift", "--reference", "r.csv", "--current", "c.csv"],
+    ["quality", "--data", "d.csv"], ["run", "training", "--local"], ["render-job"], ["compile"],
+    ["schedule", "drift", "--host", "http://127.0.0.1:1"], ["serve", "--port", "0"]])
+def test_every_command_refuses_an_unknown_setting(command, tmp_path, monkeypatch, capsys):
+    """The one settings check: a typo in --set or kfloop.yaml is refused before anything runs, naming the keys."""
+    monkeypatch.chdir(tmp_path)
+    for setting, message in (("foo=bar", "unknown setting(s) ['foo']; valid keys are ['backend', 'cluster', "),
+                             ("drift.nonsense=1", "unknown drift key(s) ['nonsense']; valid keys are "),
+                             ("modle_name=x", "did you mean 'model_name'?"),
+                             ("training.epoch=2", "did you mean 'epochs'?"),
+                             ("cluster.launcher.timeout_second=5", "did you mean 'timeout_seconds'?"),
+                             ("cluster.lancher.timeout_seconds=5", "did you mean 'launcher'?"),
+                             ("launcher.timeout_seconds=5", "--set cluster.launcher.KEY=VALUE")):
+        assert main([*command, "--set", setting]) == EXIT_FAILED, setting
+        assert message in capsys.readouterr().err, setting
+    (tmp_path / "kfloop.yaml").write_text("drift:\n  treshold: 0.1\n")
+    assert main(command) == EXIT_FAILED
+    assert "unknown drift key(s) ['treshold']" in capsys.readouterr().err
+    assert not (tmp_path / ".kfloop" / "mlflow.db").exists()
+
+
+def test_errors_are_json_under_json(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["status", "--json", "--set", "drift.nonsense=1"]) == EXIT_FAILED
+    captured = capsys.readouterr()
+    error = json.loads(captured.out)
+    assert set(error) == {"error", "hint", "exit_code"} and error["exit_code"] == EXIT_FAILED
+    assert error["error"].startswith("unknown drift key(s) ['nonsense']") and captured.err == ""
+    missing = tmp_path / "missing.parquet"
+    assert main(["validate", "--json", "--data", str(missing), "--schema", str(REPO / "data" / "schema.yaml")]) \
+        == EXIT_DATA_FILE
+    error = json.loads(capsys.readouterr().out)
+    assert error["exit_code"] == EXIT_DATA_FILE and str(missing) in error["error"]
+    with pytest.raises(SystemExit) as exited:  # a usage error too, with argparse's exit code
+        main(["validate", "--json", "--data", "x.csv"])
+    assert exited.value.code == 2
+    error = json.loads(capsys.readouterr().out)
+    assert error["exit_code"] == 2 and "--schema" in error["error"]
+
+
+def test_read_only_commands_take_the_model_from_kfloop_yaml_and_create_nothing(tmp_path, monkeypatch, capfd):
+    """A newcomer's first `kfloop status` in a project: the model of ./kfloop.yaml, no MLflow database made (MLflow
+    would print its INFO lines making one: the process's stderr, read at the file descriptor, holds none)."""
+    (tmp_path / "kfloop.yaml").write_text("model_name: churn-yaml\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("KFLOOP_HOME", raising=False)
+    for command in (["status"], ["history"], ["report", "--out", "r.html"], ["status", "--set", "model_name=other"]):
+        assert main(command) == EXIT_FAILED
+        out, err = capfd.readouterr()
+        assert f"model '{'other' if '--set' in command else 'churn-yaml'}' is not registered" in err, command
+        assert "INFO" not in err and out == "", command
+    assert not (tmp_path / ".kfloop" / "mlflow.db").exists() and not (tmp_path / "r.html").exists()
+
+
+def test_drift_says_it_once_with_ids_directions_and_an_exit_code(tmp_path, demo_files, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    args = ["--workdir", str(tmp_path / "w"), "drift", "--reference", str(demo_files["train.parquet"]),
+            "--schema", str(REPO / "data" / "schema.yaml"), "--current"]
+    assert main([*args, str(demo_files["batch_drifted.parquet"])]) == 0  # the check ran: exit 0 by default
+    captured = capsys.readouterr()
+    assert captured.out.count("drifted: True") == 1 and "drifted" not in captured.err
+    assert "not checked: id column(s) customer_id (identifiers are unique per row" in captured.out
+    lines = [line for line in captured.out.splitlines() if "score=" in line]
+    assert len(lines) == len(FEATURES)
+    assert all(line.rstrip().endswith(("DRIFT", "ok")) or "outside schema" in line for line in lines)
+    assert all("(p-value, lower = drift)" in line or "(distance, higher = drift)" in line for line in lines)
+    assert main([*args, str(demo_files["batch_drifted.parquet"]), "--fail-on-drift"]) == EXIT_FAILED
+    assert main([*args, str(demo_files["batch_stable.parquet"]), "--fail-on-drift"]) == 0
+    assert "drifted: False" in capsys.readouterr().out
+    assert not (tmp_path / "w").exists()  # no model: no MLflow database, nothing written
+    help_text = " ".join(_subparsers(build_parser())["drift"].format_help().split())
+    assert "kfloop's summary page" in help_text and "Evidently's HTML report" not in help_text
+
+
+def test_validation_numbers_rows_one_way_everywhere(tmp_path, capsys):
+    """Data rows counted from 0, header excluded: the message, the CSV report and --json agree, and the row named
+    is the one holding the bad value (line row+2 of the CSV file)."""
+    data = tmp_path / "rows.csv"
+    pd.DataFrame({"x": [1, 2, 3, -4, 5]}).to_csv(data, index=False)
+    schema = tmp_path / "schema.yaml"
+    schema.write_text("schema_type: dataframe\nversion: 0.35.0\ncolumns:\n  x:\n    dtype: int64\n    nullable: false\n"
+                      "    checks:\n      greater_than_or_equal_to: 0\n")
+    report = tmp_path / "failures.csv"
+    assert main(["validate", "--data", str(data), "--schema", str(schema), "--report-csv", str(report)]) \
+        == EXIT_FAILED
+    assert "at data rows [3] (counted from 0, header excluded)" in capsys.readouterr().err
+    assert data.read_text().splitlines()[3 + 1] == "-4"  # line 5 of the file: header, then data rows 0..3
+    assert report.read_text().splitlines()[1].endswith(",3")
+    assert main(["validate", "--json", "--data", str(data), "--schema", str(schema)]) == EXIT_FAILED
+    out = json.loads(capsys.readouterr().out)
+    assert out["row_numbers"] == "data rows counted from 0, header excluded"
+    assert out["failures"][0]["rows"] == [3] and out["failures"][0]["examples"] == [-4]
+
+
+def test_scripts_get_json_from_infer_schema_and_render_job(demo_files, capsys):
+    assert main(["infer-schema", "--json", "--data", str(demo_files["train.parquet"]), "--target", "churned",
+                 "--id-column", "customer_id"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["target"] == "churned" and out["task"] == "classification" and out["id_columns"] == ["customer_id"]
+    assert set(out["numeric"]) | set(out["categorical"]) == FEATURES and "churned:" in out["schema"]
+    assert main(["render-job", "--json", "--nnodes", "3"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["kind"] == "PyTorchJob" and manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2

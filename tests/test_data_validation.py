@@ -289,7 +289,7 @@ def test_one_run_reports_every_failure(tmp_path, schema, good):
     value_line = re.compile(rf"^{re.escape(str(path))}: column '[a-z_]+' failed .+: \d+ value\(s\), e\.g\. \[.*\]")
     assert sum(bool(value_line.match(line)) for line in lines) == 7
     assert f"{path}: column 'payment_method' failed isin(['bank-transfer', 'credit-card', 'electronic-check', " \
-           f"'mailed-check']): 1 value(s), e.g. ['cash'] at rows [3]" in lines
+           f"'mailed-check']): 1 value(s), e.g. ['cash'] at data rows [3] (counted from 0, header excluded)" in lines
     with pytest.raises(ValidationError) as info:
         raise ValidationError(report)
     assert info.value.report is report and str(info.value) == report.format()

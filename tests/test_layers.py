@@ -108,6 +108,7 @@ def test_every_error_kfloop_raises_of_its_own_is_a_kfloop_error():
 LAZY_IMPORTS = {
     "pipelines.cli.commands": "*",  # each handler imports its stack when it runs: `kfloop --help` stays fast
     "pipelines.cli.operate": "*",  # the same, for the operating commands (commands imports this module)
+    "pipelines.cli.options": {"pipelines.config"},  # the settings check loads every typed config (Evidently's too)
     "monitoring.steps": {"monitoring.drift", "monitoring.quality"},  # Evidently: only the step that checks loads it
     "training.train": {"mlflow"},  # only rank 0 of a run that logs pays for the import
 }

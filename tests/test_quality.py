@@ -117,7 +117,7 @@ def test_a_bad_file_exits_3_naming_file_and_column_and_records_nothing(champion,
         code, out, err = run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL, "--data", data,
                                  *extra, "--json")
         assert code == EXIT_DATA_FILE and message in err and out == "", (data, err)
-    assert "1 value(s), e.g. [400] at rows [3]" in run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL,
+    assert "1 value(s), e.g. [400] at data rows [3]" in run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL,
                                                             "--data", str(bad_age))[2]
     assert len(quality_checks(MODEL)) == before
 

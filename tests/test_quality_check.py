@@ -187,7 +187,8 @@ def test_labels_join_on_the_id_and_leave_unlabelled_rows_out():
 @pytest.mark.parametrize("data, labels, message", [
     ({"key": [1]}, {"id": [1], "y": [0]}, r"rows\.csv: column\(s\) \['id'\] missing; its columns are \['key'\]"),
     ({"id": [1]}, {"id": [1], "label": [0]}, r"labels\.csv: column\(s\) \['y'\] missing"),
-    ({"id": [1, None]}, {"id": [1], "y": [0]}, r"rows\.csv: column 'id' has 1 null id\(s\), at rows \[1\]"),
+    ({"id": [1, None]}, {"id": [1], "y": [0]},
+     r"rows\.csv: column 'id' has 1 null id\(s\), at data rows \[1\] \(counted from 0, header excluded\)"),
     ({"id": [1, 2]}, {"id": [2, 2], "y": [0, 1]}, r"labels\.csv: column 'id' repeats ids \[2\]"),
     ({"id": [1, 2]}, {"id": [2, 7], "y": [0, 1]},
      r"labels\.csv: 1 label\(s\) for 'id' values not in rows\.csv, e\.g\. \[7\]"),

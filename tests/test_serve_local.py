@@ -81,7 +81,7 @@ def test_serve_without_a_kfp_host_trains_locally_once_per_alert(isolated_env, de
     try:
         listening = serve.event("listening", timeout=180)
         assert listening["mode"].startswith("local: accepted alerts run the training pipeline under kfp.local")
-        assert "(no --kfp-host and not in a cluster)" in listening["mode"]
+        assert "(no --host and not in a cluster)" in listening["mode"]
         port = listening["port"]
 
         first = serve.post(port, alertmanager("f1"))

@@ -1,6 +1,7 @@
 """Where kfloop keeps its state, and the one place that reads the environment and ``kfloop.yaml``."""
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import subprocess
@@ -74,10 +75,13 @@ class Environment:
 
 
 def git_commit(cwd: Path = CODE_ROOT) -> str:
-    """HEAD's sha of the code's checkout, with ``-dirty`` when tracked files changed; ``unknown`` outside git."""
+    """HEAD's sha of the code's checkout, with ``-dirty`` when tracked files changed; ``unknown`` when ``cwd`` is
+    not the top of a git checkout (an installed package, even one inside another project's repository)."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True,
-                             check=True).stdout.strip()
+        top, sha = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=cwd, capture_output=True,
+                                  text=True, check=True).stdout.split()
+        if Path(top).resolve() != Path(cwd).resolve():  # installed inside another checkout (a venv in a repo)
+            return "unknown"
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
@@ -208,10 +212,24 @@ def section_mapping(values: Mapping[str, Any] | None, section: str, known: Itera
         values = {}
     if not isinstance(values, Mapping):
         raise ValueError(f"'{section}' must be a mapping of settings, e.g. --set {section}.FIELD=VALUE")
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"unknown {section} key(s) {unknown}; valid keys are {sorted(known)}")
+    check_known_keys(values, known, where=f"{section} key")
     return values
+
+
+def check_known_keys(values: Iterable[str], known: Iterable[str], *, where: str) -> None:
+    """Refuse keys of ``values`` that are not ``known``, suggesting the closest valid ones (a typo is a mistake,
+    never a silently ignored setting).
+
+    Raises:
+        ValueError: ``unknown <where>(s) [...]; valid keys are [...]``, with ``did you mean ...?``.
+    """
+    known = sorted(known)
+    unknown = sorted(set(values) - set(known))
+    if not unknown:
+        return
+    close = [match for key in unknown for match in difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)]
+    guess = f"did you mean {' or '.join(map(repr, dict.fromkeys(close)))}?" if close else "did you mean one of them?"
+    raise ValueError(f"unknown {where}(s) {unknown}; valid keys are {known}: {guess}")
 
 
 def section_from_dict(cls: type[T], values: Mapping[str, Any] | None, section: str) -> T:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -17,125 +18,187 @@ from data.storage import redact
 from training.errors import EXIT_FAILED, KfloopError
 
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
-"""Set by the kubelet in every pod: ``kfloop serve`` without ``--kfp-host`` then uses the in-cluster KFP service."""
+"""Set by the kubelet in every pod: ``kfloop serve`` without ``--host`` then uses the in-cluster KFP service."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full CLI surface (pinned by tests/test_cli.py)."""
-    p = argparse.ArgumentParser(prog="kfloop", description="The continuous-training loop on Kubeflow.")
+    """The full CLI surface (pinned by tests/test_cli.py; every flag has help, every command a description)."""
+    p = options.Parser(prog="kfloop", description="The continuous-training loop on Kubeflow.")
+    p.add_argument("--version", action=_Version, help="print kfloop's version and the git commit it runs from")
     options.add_global_flags(p)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="the whole loop locally on the demo data")
-    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
-    infer = sub.add_parser("infer-schema", help="pandera schema YAML from a Parquet/CSV file")
-    infer.add_argument("--data", required=True)
-    infer.add_argument("--target", required=True)
-    infer.add_argument("--task", choices=["classification", "regression"], default="classification")
+    demo = command("demo", "the whole loop locally on the demo data")
+    options.add_json(demo, "the summary")
+
+    infer = command("infer-schema", "pandera schema YAML from a Parquet/CSV file")
+    infer.add_argument("--data", required=True, help="known-good Parquet or CSV file (path or s3://, gs://, az:// "
+                                                     "URI) the schema describes")
+    infer.add_argument("--target", required=True, help="the column the model predicts")
+    infer.add_argument("--task", choices=["classification", "regression"], default="classification",
+                       help="what the target holds: classes or a number (default: %(default)s)")
     infer.add_argument("--id-column", action="append", dest="id_columns", help="unique key column (repeatable)")
+    options.add_json(infer, "the schema (YAML text) and the column roles")
 
-    val = sub.add_parser("validate", help="validate one dataset against a schema")
-    val.add_argument("--data", required=True)
-    val.add_argument("--schema", required=True)
+    val = command("validate", "validate one dataset against a schema")
+    val.add_argument("--data", required=True, help="Parquet or CSV file (path or URI) to check")
+    val.add_argument("--schema", required=True, help="pandera schema YAML (e.g. from kfloop infer-schema)")
     val.add_argument("--report-csv", help="also write the failures as CSV here (cells safe to open in a spreadsheet)")
+    options.add_json(val, "the verdict and every failure")
 
-    train = sub.add_parser("train", help="train only (DDP with torchrun processes)")
-    train.add_argument("--data", required=True)
-    train.add_argument("--schema", required=True)
-    train.add_argument("--nnodes", type=int)
-    train.add_argument("--nproc-per-node", type=int)
-    train.add_argument("--backend", choices=["local", "kubernetes"])
+    train = command("train", "train only (DDP with torchrun processes)")
+    train.add_argument("--data", required=True, help="training data: Parquet or CSV file (path or URI)")
+    train.add_argument("--schema", required=True, help="pandera schema YAML the data must pass")
+    train.add_argument("--nnodes", type=int, help="nodes: local torchrun agents or pods (default: the settings', "
+                                                  "else 1)")
+    train.add_argument("--nproc-per-node", type=int, help="training processes per node (default: the settings', "
+                                                          "else 2; one per GPU on GPU nodes)")
+    train.add_argument("--backend", choices=["local", "kubernetes"],
+                       help="torchrun on this machine, or a PyTorchJob/TrainJob (default: the settings', else local)")
     train.add_argument("--model-dir", help="where to write the model (default: under the workdir)")
+    options.add_json(train, "the model directory and metrics")
     options.add_settings(train)
 
-    drift = sub.add_parser("drift", help="one drift check")
-    drift.add_argument("--reference", required=True)
-    drift.add_argument("--current", required=True)
-    drift.add_argument("--schema")
-    drift.add_argument("--model-name", help="also check drift of this model's champion predictions")
-    drift.add_argument("--report", help="write Evidently's HTML report here")
-    drift.add_argument("--json", action="store_true")
+    drift = command("drift", "one drift check of a current batch against reference data")
+    drift.add_argument("--reference", required=True, help="data the batch is compared with, e.g. the training "
+                                                           "data (Parquet or CSV, path or URI)")
+    drift.add_argument("--current", required=True, help="the new batch to check (Parquet or CSV, path or URI)")
+    drift.add_argument("--schema", help="pandera schema YAML naming the features (default: the champion's, else one "
+                                        "inferred from the reference); id columns are never checked")
+    options.add_model(drift, "also check the drift of this registered model's champion predictions, and record "
+                      "the check", required_default=False, legacy="--model-name")
+    drift.add_argument("--report", help="write an HTML page here: kfloop's summary page (verdicts, scores and both "
+                                        "sides' summaries) by default; Evidently's own report with --set "
+                                        "drift.report=evidently_sample or evidently_full")
+    drift.add_argument("--fail-on-drift", action="store_true",
+                       help="exit 1 when the batch drifted (default: exit 0 whenever the check ran)")
+    options.add_json(drift, "the verdict and per-column scores")
     options.add_settings(drift)
 
-    quality = sub.add_parser("quality", help="the champion's quality on rows whose labels arrived")
-    quality.add_argument("--model", required=True, help="registered model whose champion is checked")
+    quality = command("quality", "the champion's quality on rows whose labels arrived")
+    options.add_model(quality)
     quality.add_argument("--data", required=True, help="rows with the schema's features and, unless --labels, target")
     quality.add_argument("--labels", help="the labels, arrived separately: the id column and the target")
     quality.add_argument("--id-column", help="column joining --labels to --data")
     quality.add_argument("--report", help="also write Evidently's HTML report here")
-    quality.add_argument("--json", action="store_true")
+    options.add_json(quality, "the verdict")
     options.add_settings(quality)
 
-    run = sub.add_parser("run", help="run a pipeline")
-    run.add_argument("pipeline", choices=["training", "drift", "quality"])
+    run = command("run", "run a pipeline locally (kfp.local) or on a Kubeflow Pipelines server")
+    run.add_argument("pipeline", choices=["training", "drift", "quality"], help="the pipeline to run")
     where = run.add_mutually_exclusive_group(required=True)
     where.add_argument("--local", action="store_true", help="kfp.local on this machine")
-    where.add_argument("--host", help="Kubeflow Pipelines API URL")
-    run.add_argument("--json", action="store_true")
+    _add_host(where, required=False)
+    run.add_argument("--model", help="registered model the run trains or checks (sets model_name; default: the "
+                                     "settings', else kfloop-model)")
+    options.add_json(run, "the run's summary")
     run.add_argument("--wait", action="store_true", help="wait for the run to finish (always so with --local)")
-    _add_kfp_target(run, host=False)
+    _add_kfp_target(run)
     _add_service_account(run)
     options.add_settings(run)
 
-    comp = sub.add_parser("compile", help="KFP IR YAML for every pipeline")
-    comp.add_argument("--out", default="pipelines/compiled")
+    comp = command("compile", "KFP IR YAML for every pipeline")
+    comp.add_argument("--out", default="pipelines/compiled", help="folder of the YAML files (default: %(default)s)")
+    options.add_json(comp, "the written files")
     _add_compile_options(comp)
 
-    upload = sub.add_parser("upload", help="compile and upload every pipeline as the version of this git commit "
-                                           "(idempotent)")
-    _add_kfp_target(upload, host=True)
+    upload = command("upload", "compile and upload every pipeline as the version of this git commit (idempotent)")
+    _add_host(upload)
+    _add_kfp_target(upload)
     _add_compile_options(upload)
     upload.add_argument("--require-image", action="store_true",
                         help="refuse to upload without --image or KFLOOP_IMAGE naming a non-default image (always "
                              "so when CI=true)")
-    upload.add_argument("--json", action="store_true")
+    options.add_json(upload, "the pipeline and version ids")
 
-    sched = sub.add_parser("schedule", help="recurring drift or quality runs on the KFP server (same name replaces)")
-    sched.add_argument("pipeline", choices=["drift", "quality"])
-    _add_kfp_target(sched, host=True)
+    sched = command("schedule", "recurring drift or quality runs on the KFP server (same name replaces)")
+    sched.add_argument("pipeline", choices=["drift", "quality"], help="the check to run on a schedule")
+    _add_host(sched)
+    _add_kfp_target(sched)
     sched.add_argument("--cron", help="6 fields, seconds first, e.g. '0 0 * * * *' (hourly)")
     sched.add_argument("--name", help="recurring run name (default: kfloop-drift-check-MODEL, "
                                       "kfloop-quality-check-MODEL: one per model, replaced by the next schedule)")
+    sched.add_argument("--model", help="registered model the runs check (sets model_name; default: the settings', "
+                                       "else kfloop-model)")
     action = sched.add_mutually_exclusive_group()
     action.add_argument("--disable", action="store_true", help="disable the recurring run of that name")
     action.add_argument("--delete", action="store_true", help="delete the recurring run of that name")
+    options.add_json(sched, "the recurring run (always JSON)")
     _add_service_account(sched)
     options.add_settings(sched)
 
-    serve = sub.add_parser("serve", help="alert webhook: Alertmanager or {model, reason} -> retrain; /metrics")
-    serve.add_argument("--port", type=int, default=8080)
+    serve = command("serve", "alert webhook: Alertmanager or {model, reason} -> retrain; /metrics")
+    serve.add_argument("--port", type=int, default=8080, help="listen port; 0 picks a free one (default: "
+                                                              "%(default)s)")
     serve.add_argument("--bind", default="0.0.0.0", help="listen address (default: %(default)s)")
-    serve.add_argument("--kfp-host", help="KFP API URL (default: the in-cluster service)")
+    _add_host(serve, required=False, default="the in-cluster service")
+    serve.add_argument("--kfp-host", dest="host", help=options.HIDDEN)
     serve.add_argument("--local", action="store_true",
                        help="accepted alerts run the training pipeline under kfp.local on this machine (the default "
-                            "when no --kfp-host is given outside a cluster)")
+                            "when no --host is given outside a cluster)")
     serve.add_argument("--version", help="training pipeline version to start (default: this git commit)")
     serve.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
-    serve.add_argument("--max-body-bytes", type=int, default=65536)
+    serve.add_argument("--max-body-bytes", type=int, default=65536,
+                       help="largest alert body accepted; larger ones get 413 (default: %(default)s)")
     serve.add_argument("--open-metrics", action="store_true",
                        help="serve /metrics without the bearer token (in-cluster scraping behind a NetworkPolicy)")
     _add_service_account(serve)
     options.add_settings(serve)
 
-    render = sub.add_parser("render-job", help="the training job's manifest as YAML (dry run)")
+    render = command("render-job", "the training job's manifest as YAML (dry run)")
     render.add_argument("--kind", choices=["pytorchjob", "trainjob"],
                         help="PyTorchJob (Training Operator v1.9) or TrainJob (Trainer v2.3); default: cluster.kind")
-    render.add_argument("--nnodes", type=int)
+    render.add_argument("--nnodes", type=int, help="pods (default: the settings', else 1)")
     render.add_argument("--nproc-per-node", type=int, help="default: one per GPU (or MIG device) with GPUs")
-    render.add_argument("--gpus-per-node", type=int)
+    render.add_argument("--gpus-per-node", type=int, help="GPUs each pod requests (default: cluster.gpus_per_node)")
     render.add_argument("--run-id", help="pipeline run id the job name derives from (default: the name kfloop-train)")
+    options.add_json(render, "the manifest (instead of YAML)")
     options.add_settings(render)
 
-    bench = sub.add_parser("bench", help="benchmarks from a source checkout (benchmarks/<name>.py)")
+    bench = command("bench", "benchmarks from a source checkout (benchmarks/<name>.py)")
     bench.add_argument("name", choices=["collectives"], help="collectives: nccl-tests-style table, ceilings, gRPC")
-    bench.add_argument("--nproc", type=int, default=2, help="local ranks")
-    bench.add_argument("--max-bytes", default="256M", help="largest size, e.g. 256M")
-    bench.add_argument("--out", default="benchmarks/results/collectives.json")
-    operate_cli.add_parsers(sub)
-    for command in sub.choices.values():
-        options.add_global_flags(command, on_subcommand=True)
+    bench.add_argument("--nproc", type=int, default=2, help="local ranks (default: %(default)s)")
+    bench.add_argument("--max-bytes", default="256M", help="largest size, e.g. 256M (default: %(default)s)")
+    bench.add_argument("--out", default="benchmarks/results/collectives.json",
+                       help="JSON results file (default: %(default)s)")
+    operate_cli.add_parsers(command)
+    for parser in sub.choices.values():
+        options.add_global_flags(parser, on_subcommand=True)
     return p
+
+
+class _Version(argparse.Action):
+    """``kfloop --version``: the installed version and the commit of the checkout it runs from (or why there is
+    none), computed only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, help: str) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from training.settings import CODE_ROOT
+
+        print(version_line(CODE_ROOT))
+        parser.exit()
+
+
+def version_line(code_root: Path) -> str:
+    """``kfloop VERSION (commit SHA)`` for the code in ``code_root``; the commit is ``KFLOOP_GIT_COMMIT`` (set in
+    images), else the checkout's HEAD (``-dirty`` when tracked files changed), else the line says it cannot tell."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from training.settings import git_commit
+
+    try:
+        installed = version("kfloop")
+    except PackageNotFoundError:
+        installed = "(not installed: running from a source tree)"
+    commit = os.environ.get("KFLOOP_GIT_COMMIT") or git_commit(code_root)
+    where = (f"commit {commit}" if commit != "unknown" else
+             f"commit unknown: {code_root} is not the top of a git checkout and KFLOOP_GIT_COMMIT is not set")
+    return f"kfloop {installed} ({where})"
 
 
 def _add_compile_options(parser: argparse.ArgumentParser) -> None:
@@ -177,10 +240,14 @@ def _compile_options(args: argparse.Namespace):
                                         or cluster.get("image_pull_secrets") or ())
 
 
-def _add_kfp_target(parser: argparse.ArgumentParser, *, host: bool) -> None:
-    if host:
-        parser.add_argument("--host", required=True, help="Kubeflow Pipelines API URL (token: $KFP_TOKEN or the "
-                                                          "service-account token file)")
+def _add_host(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, *, required: bool = True,
+              default: str = "") -> None:
+    """``--host URL``, the Kubeflow Pipelines API, the one name of it in every command."""
+    parser.add_argument("--host", required=required, help="Kubeflow Pipelines API URL (token: $KFP_TOKEN or the "
+                        "service-account token file)" + (f"; default: {default}" if default else ""))
+
+
+def _add_kfp_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", help="pipeline version name (default: this git commit)")
     parser.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
 
@@ -203,21 +270,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_infer_schema(args: argparse.Namespace) -> int:
     from data.tables import read_table
-    from data.validation import infer_schema, schema_to_yaml
+    from data.validation import infer_schema, schema_roles, schema_to_yaml
 
     schema = infer_schema(read_table(args.data), target=args.target, task=args.task, id_columns=args.id_columns)
-    sys.stdout.write(schema_to_yaml(schema))
+    if args.json:
+        roles = schema_roles(schema)
+        options.print_json({"schema": schema_to_yaml(schema), "data": redact(args.data), "target": roles.target,
+                            "task": roles.task, "numeric": roles.numeric, "categorical": roles.categorical,
+                            "id_columns": roles.ids})
+    else:
+        sys.stdout.write(schema_to_yaml(schema))
     return 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from data.validation import load_schema, validate
+    from data.validation import ROW_NUMBERS, load_schema, validate
 
     report = validate(args.data, load_schema(args.schema))
     if args.report_csv:
         from training.fileio import atomic_write_text
 
         atomic_write_text(args.report_csv, report.to_csv())
+    if args.json:
+        options.print_json({"valid": report.ok, "data": redact(args.data), "schema": redact(args.schema),
+                            "rows": report.n_rows, "row_numbers": ROW_NUMBERS, "schema_diff": report.schema_diff,
+                            "failures": [{"column": f.column, "rule": f.rule, "count": f.count,
+                                          "examples": f.examples, "rows": f.rows} for f in report.failures]})
+        return 0 if report.ok else EXIT_FAILED
     if report.ok:
         print(f"{redact(args.data)}: valid against {redact(args.schema)}")
         return 0
@@ -233,35 +312,50 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     settings = options.settings(args)
     training = training_settings(settings, **{key: getattr(args, key) for key in SHAPE_PARAMETERS})
-    result = train_only(data=args.data, schema=args.schema, training=training, env=load_environment(args.workdir),
-                        model_dir=args.model_dir, cluster=settings.get("cluster"))
+    with options.stdout_for_json(args):
+        result = train_only(data=args.data, schema=args.schema, training=training, env=load_environment(args.workdir),
+                            model_dir=args.model_dir, cluster=settings.get("cluster"))
+    if args.json:
+        options.print_json({"model_dir": str(result.model_dir), "metrics": result.metrics})
+        return 0
     print(f"model: {result.model_dir}")
     print("metrics: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items())))
     return 0
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
+    from monitoring.drift import ALL_NULL_METHOD, score_direction
     from monitoring.steps import drift_step
-    from training.settings import activate, load_environment
 
-    activate(load_environment(args.workdir))
     settings = options.settings(args)
+    model = options.model_name(args, required_default=False)
+    if model:  # only a check of the champion's predictions reads (and records to) MLflow
+        options.registry_environment(args, model)
     with options.stdout_for_json(args):
         result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
-                            model_name=args.model_name or "", policy=settings.get("drift", {}),
-                            report_out=args.report or "", target=settings.get("target", ""))
+                            model_name=model, policy=settings.get("drift", {}), report_out=args.report or "",
+                            target=settings.get("target", ""))
+    drift = result.drift
     if args.json:
         options.print_json(result.to_dict())
     else:
-        drift = result.drift
-        print(f"schema: {result.schema_source}")
         print(f"drifted: {drift.drifted} ({drift.reason})")
+        print(f"schema: {result.schema_source}")
+        if result.id_columns:
+            print(f"not checked: id column(s) {', '.join(result.id_columns)} (identifiers are unique per row, so "
+                  "they always differ between batches; the schema marks them as ids)")
+        print("scores: a p-value drifts when lower than its threshold, a distance when higher or equal")
         for name, col in drift.columns.items():
             outside = drift.schema_violations.get(name)
-            print(f"  {name:<24} {col.method:<14} score={col.score:.4g} threshold={col.threshold} "
+            kind = ("share of nulls" if col.method == ALL_NULL_METHOD else
+                    "p-value, lower = drift" if score_direction(col.method) == "p_value" else
+                    "distance, higher = drift")
+            print(f"  {name:<24} {col.method:<14} score={col.score:.4g} threshold={col.threshold} ({kind}) "
                   f"{'DRIFT' if col.drifted else 'ok'}"
                   + ("" if outside is None else f"  outside schema {outside['share']:.2%}"))
-    return 0
+        if drift.report_path is not None:
+            print(f"report: {drift.report_path}")
+    return EXIT_FAILED if args.fail_on_drift and drift.drifted else 0
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
@@ -273,7 +367,8 @@ def cmd_quality(args: argparse.Namespace) -> int:
     activate(load_environment(args.workdir))
     with options.stdout_for_json(args):
         checked = quality_step(labelled_uri=args.data, labels_uri=args.labels or "", id_column=args.id_column or "",
-                               model_name=args.model, policy=options.settings(args).get("quality", {}),
+                               model_name=options.model_name(args),
+                               policy=options.settings(args).get("quality", {}),
                                report_out=args.report or "")
     if args.json:
         options.print_json(checked.to_dict())
@@ -295,10 +390,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipelines.local.runs import run_pipeline
 
     failed = None
+    settings = {**options.settings(args), **({"model_name": args.model} if args.model else {})}
     with options.stdout_for_json(args):
         if args.host:
             try:
-                summary = run_remote(args.pipeline, options.settings(args), args.host, version=args.version,
+                summary = run_remote(args.pipeline, settings, args.host, version=args.version,
                                      namespace=args.namespace, service_account=args.service_account, wait=args.wait)
             except RunFailed as exc:  # the run's fields are printed, then the error
                 failed, summary = exc, exc.summary
@@ -306,7 +402,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if args.version or args.namespace or args.service_account:
                 raise ValueError("--version, --namespace and --service-account are for a run on the KFP server: use "
                                  "them with --host")
-            summary = run_pipeline(args.pipeline, options.settings(args), workdir=args.workdir)
+            summary = run_pipeline(args.pipeline, settings, workdir=args.workdir)
     if args.json:
         options.print_json(summary)
     else:
@@ -322,8 +418,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from training.settings import load_environment
 
     image = args.image or load_environment().image or None
-    for path in compile_all(Path(args.out), image=image, options=_compile_options(args)):
-        print(path)
+    paths = compile_all(Path(args.out), image=image, options=_compile_options(args))
+    if args.json:
+        options.print_json({"files": [str(path) for path in paths]})
+    else:
+        print("\n".join(map(str, paths)))
     return 0
 
 
@@ -346,7 +445,8 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
     action = "delete" if args.delete else "disable" if args.disable else "schedule"
     with contextlib.redirect_stdout(sys.stderr):
-        result = schedule_check(args.pipeline, options.settings(args), args.host, cron=args.cron, name=args.name,
+        settings = {**options.settings(args), **({"model_name": args.model} if args.model else {})}
+        result = schedule_check(args.pipeline, settings, args.host, cron=args.cron, name=args.name,
                                 action=action, version=args.version, namespace=args.namespace,
                                 service_account=args.service_account)
     options.print_json(result)
@@ -354,7 +454,6 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
 
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
@@ -364,16 +463,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from training.launch.backends import backend_named
     from training.settings import activate, load_environment
 
-    if args.local and (args.kfp_host or args.version or args.namespace or args.service_account):
-        raise ValueError("--kfp-host, --version, --namespace and --service-account are for runs on the KFP server: "
+    if args.local and (args.host or args.version or args.namespace or args.service_account):
+        raise ValueError("--host, --version, --namespace and --service-account are for runs on the KFP server: "
                          "drop them with --local")
     in_cluster = bool(os.environ.get(IN_CLUSTER_ENV))
-    local = args.local or not (args.kfp_host or in_cluster)
+    local = args.local or not (args.host or in_cluster)
+    settings = options.settings(args)
     env = load_environment(args.workdir)
     activate(env)
     # where alerts start runs, and where the trigger state lives: this machine's workdir, or MLflow for KFP runs
     backend = backend_named("local" if local else "kubernetes")
-    settings = options.settings(args)
 
     def store_for(model: str):
         return backend.trigger_store(model, env.workdir)
@@ -385,11 +484,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log=str(env.workdir / "alert-runs" / f"{run_id}.log")))
         start = local_runs.start
         mode = ("local: accepted alerts run the training pipeline under kfp.local on this machine"
-                + ("" if args.local else " (no --kfp-host and not in a cluster)"))
+                + ("" if args.local else " (no --host and not in a cluster)"))
     else:
-        start = alert_starter(settings, host=args.kfp_host, version=args.version, namespace=args.namespace,
+        start = alert_starter(settings, host=args.host, version=args.version, namespace=args.namespace,
                               service_account=args.service_account)
-        mode = f"kfp: accepted alerts start training runs on {args.kfp_host or 'the in-cluster KFP service'}"
+        mode = f"kfp: accepted alerts start training runs on {args.host or 'the in-cluster KFP service'}"
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ, open_metrics=args.open_metrics),
                            policy=TriggerPolicy.from_dict(settings.get("trigger", {})), start=start,
                            store_for=store_for, metrics=RecordsCollector(models=registered_models, store_for=store_for),
@@ -428,7 +527,7 @@ def cmd_render_job(args: argparse.Namespace) -> int:
                                  nproc_per_node=args.nproc_per_node, backend="kubernetes")
     section = TrainingSection.from_dict(training)
     body = job_manifest(section.config, section.shape, cluster, run_id=args.run_id)
-    sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
+    options.print_json(body) if args.json else sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0
 
 
@@ -448,24 +547,40 @@ COMMANDS = {"demo": cmd_demo, "infer-schema": cmd_infer_schema, "validate": cmd_
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``kfloop`` console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the ``kfloop`` console script; returns the exit code. Every failure ends here, in one shape:
+    ``kfloop CMD: error: ...`` and a hint on stderr, or under ``--json`` ``{"error", "hint", "exit_code"}`` on
+    stdout; the exit code is the error's either way."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
+    for each in _parsers(parser):
+        each.json_errors = "--json" in argv
+    args = parser.parse_args(argv)
+    as_json = getattr(args, "json", False)
     try:
         return COMMANDS[args.command](args)
+    except BrokenPipeError:  # the reader left early (`kfloop render-job | head`): nothing more can reach it; the
+        # recipe of https://docs.python.org/3/library/signal.html#note-on-sigpipe, so exiting flushes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except Exception as exc:  # one readable line per failure; --debug shows the trace
         from data.validation import ValidationError
 
         if args.debug:
             traceback.print_exc()
-        if isinstance(exc, ValidationError):
+        code = exc.exit_code if isinstance(exc, KfloopError) else EXIT_FAILED
+        if isinstance(exc, ValidationError) and not as_json:
             print(exc.report.format(), file=sys.stderr)
-            return exc.exit_code
-        print(f"kfloop {args.command}: error: {exc}", file=sys.stderr)
-        if isinstance(exc, KfloopError) and exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
-        if not args.debug:
-            print("hint: rerun with --debug for the full traceback", file=sys.stderr)
-        return exc.exit_code if isinstance(exc, KfloopError) else EXIT_FAILED
+            return code
+        hints = [exc.hint] if isinstance(exc, KfloopError) and exc.hint else []
+        hints += [] if args.debug else ["rerun with --debug for the full traceback"]
+        options.print_error(args.command, str(exc), hints=hints, exit_code=code, as_json=as_json)
+        return code
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and its subcommands' parsers."""
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [parser, *(p for action in subparsers for p in action.choices.values())]
 
 
 if __name__ == "__main__":

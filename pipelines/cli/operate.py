@@ -5,54 +5,58 @@ when it runs, so ``kfloop --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import pipelines.cli.options as options
 from training.progress import activity
-from training.settings import CODE_ROOT, DEFAULT_MODEL_NAME, activate, load_environment
+from training.settings import CODE_ROOT
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Add the operating subcommands to ``kfloop``'s subparsers."""
-    status = sub.add_parser("status", help="champion, last drift and quality checks, trigger cooldown, recent runs")
-    _model(status)
-    status.add_argument("--json", action="store_true")
+def add_parsers(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Add the operating subcommands through ``command(name, one-line description)``, which makes a subparser."""
+    status = command("status", "champion, last drift and quality checks, trigger cooldown, recent runs")
+    options.add_model(status)
+    options.add_json(status)
     options.add_settings(status)
 
-    history = sub.add_parser("history", help="every version and every move of champion")
-    _model(history)
-    history.add_argument("--json", action="store_true")
+    history = command("history", "every version and every move of champion")
+    options.add_model(history)
+    options.add_json(history)
+    options.add_settings(history)
 
-    rollback = sub.add_parser("rollback", help="move champion back (default: to the champion it replaced)")
-    _model(rollback)
+    rollback = command("rollback", "move champion back (default: to the champion it replaced)")
+    options.add_model(rollback)
     rollback.add_argument("--to", help="version to make champion")
     rollback.add_argument("--reason", required=True, help="why; recorded in the champion history")
-    rollback.add_argument("--json", action="store_true")
+    options.add_json(rollback)
+    options.add_settings(rollback)
 
-    reproduce = sub.add_parser("reproduce", help="retrain a version from its lineage on CPU and compare")
-    reproduce.add_argument("model")
-    reproduce.add_argument("version")
-    reproduce.add_argument("--json", action="store_true")
+    reproduce = command("reproduce", "retrain a version from its lineage on CPU and compare")
+    reproduce.add_argument("legacy_model", nargs="?", metavar="MODEL", help=options.HIDDEN)  # `reproduce MODEL VERSION`
+    reproduce.add_argument("version", help="the model version to retrain")
+    options.add_model(reproduce)
+    options.add_json(reproduce)
     options.add_settings(reproduce)
 
-    report = sub.add_parser("report", help="one self-contained HTML page of the model's history, drift and quality")
-    _model(report)
+    report = command("report", "one self-contained HTML page of the model's history, drift and quality")
+    options.add_model(report)
     report.add_argument("--out", required=True, help="HTML file to write")
+    options.add_json(report, "the written page's path")
+    options.add_settings(report)
 
 
-def _model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL_NAME, help="registered model (default: %(default)s)")
-
-
-def _env(args: argparse.Namespace):
-    env = load_environment(args.workdir)
-    activate(env)
-    return env
+def _model(args: argparse.Namespace) -> str:
+    """``--model``, else (``reproduce``) the old positional MODEL, else the settings' ``model_name``."""
+    legacy = getattr(args, "legacy_model", None)
+    return legacy if legacy and args.model is None else options.model_name(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from pipelines.operations.status import format_status, status
 
-    result = status(args.model, env=_env(args), trigger_policy=options.settings(args).get("trigger", {}))
+    model = _model(args)
+    result = status(model, env=options.registry_environment(args, model),
+                    trigger_policy=options.settings(args).get("trigger", {}))
     options.print_json(result) if args.json else print(format_status(result))
     return 0
 
@@ -60,7 +64,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from pipelines.operations.status import format_history, history
 
-    result = history(args.model, env=_env(args))
+    model = _model(args)
+    result = history(model, env=options.registry_environment(args, model))
     options.print_json(result) if args.json else print(format_history(result))
     return 0
 
@@ -68,11 +73,12 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_rollback(args: argparse.Namespace) -> int:
     from pipelines.operations.status import rollback_champion
 
-    result = rollback_champion(args.model, to=args.to, reason=args.reason, env=_env(args))
+    model = _model(args)
+    result = rollback_champion(model, to=args.to, reason=args.reason, env=options.registry_environment(args, model))
     if args.json:
         options.print_json(result)
     else:
-        print(f"{args.model}: champion v{result['previous_champion']} -> v{result['champion_version']} "
+        print(f"{result['model_name']}: champion v{result['previous_champion']} -> v{result['champion_version']} "
               f"({result['reason']})")
     return 0
 
@@ -80,17 +86,18 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from data.dvc_store import DataStoreConfig
     from training.reproduce import reproduce
-    env = _env(args)
+    model = _model(args)
+    env = options.registry_environment(args, model)
     configured = options.settings(args)
     data_store = DataStoreConfig.from_dict(configured.get("data_store")).url(env.workdir)
-    with options.stdout_for_json(args), activity(f"reproducing {args.model} v{args.version}", quiet=args.json):
-        result = reproduce(args.model, args.version, workdir=env.workdir, current_commit=env.git_commit,
+    with options.stdout_for_json(args), activity(f"reproducing {model} v{args.version}", quiet=args.json):
+        result = reproduce(model, args.version, workdir=env.workdir, current_commit=env.git_commit,
                            repo_root=CODE_ROOT, holdout_fraction=configured.get("holdout_fraction"),
                            split_seed=configured.get("seed"), data_store=data_store)
     if args.json:
         options.print_json(result.to_dict())
     else:
-        print(f"{args.model} v{args.version}: {'IDENTICAL' if result.identical else 'DIFFERENT'} "
+        print(f"{model} v{args.version}: {'IDENTICAL' if result.identical else 'DIFFERENT'} "
               f"(data {result.data_md5} from {result.data_source}, commit {result.git_commit}, seed {result.seed}, "
               f"{result.world_size} rank(s) on CPU)")
         print(f"  weights sha256 recorded {result.weights_sha256['recorded']}")
@@ -107,11 +114,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pipelines.operations.status import history, status
     from pipelines.operations.report import write_report
 
-    env = _env(args)
-    path = write_report(args.out, model_name=args.model, history=history(args.model, env=env),
-                        drift=drift_checks(args.model), quality=quality_checks(args.model),
-                        status=status(args.model, env=env, trigger_policy={}))
-    print(path)
+    model = _model(args)
+    env = options.registry_environment(args, model)
+    path = write_report(args.out, model_name=model, history=history(model, env=env), drift=drift_checks(model),
+                        quality=quality_checks(model), status=status(model, env=env, trigger_policy={}))
+    options.print_json({"report": str(path), "model_name": model}) if args.json else print(path)
     return 0
 
 

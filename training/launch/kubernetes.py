@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render
 from training.model_files import MODEL_FILE, MODULE_FILE
 from training.progress import progress
-from training.settings import own_image, section_from_dict
+from training.settings import own_image, section_from_dict, section_mapping
 
 
 
@@ -143,16 +143,16 @@ class LaunchPolicy:
         for name in ("timeout_seconds", "unschedulable_timeout_seconds", "log_tail_lines", "preflight_timeout_seconds"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"launcher.{name}={value!r}: use an integer >= 1")
+                raise ValueError(f"cluster.launcher.{name}={value!r}: use an integer >= 1")
         if not isinstance(self.restart_cap, int) or isinstance(self.restart_cap, bool) or self.restart_cap < 0:
-            raise ValueError(f"launcher.restart_cap={self.restart_cap!r}: use an integer >= 0 (0: no restarts)")
+            raise ValueError(f"cluster.launcher.restart_cap={self.restart_cap!r}: use an integer >= 0 (0: no restarts)")
         if not self.poll_seconds > 0:
-            raise ValueError(f"launcher.poll_seconds={self.poll_seconds!r}: use a positive number such as 2")
+            raise ValueError(f"cluster.launcher.poll_seconds={self.poll_seconds!r}: use a positive number such as 2")
         if not self.preflight_min_busbw_gbps >= 0:
-            raise ValueError(f"launcher.preflight_min_busbw_gbps={self.preflight_min_busbw_gbps!r}: use a bandwidth "
+            raise ValueError(f"cluster.launcher.preflight_min_busbw_gbps={self.preflight_min_busbw_gbps!r}: use a bandwidth "
                              "in GB/s, or 0 to skip the preflight")
         if self.kubeconfig and not Path(self.kubeconfig).is_file():
-            raise ValueError(f"launcher.kubeconfig={self.kubeconfig!r}: file not found; give a kubeconfig path or "
+            raise ValueError(f"cluster.launcher.kubeconfig={self.kubeconfig!r}: file not found; give a kubeconfig path or "
                              "leave it empty for $KUBECONFIG / in-cluster")
 
 
@@ -175,7 +175,7 @@ class KubernetesSettings:
         Raises:
             ValueError: an unknown or invalid key (the message lists the valid ones).
         """
-        settings = dict(d or {})
+        settings = dict(section_mapping(d, "cluster", [*(f.name for f in fields(ClusterConfig)), "launcher"]))
         launcher = dict(settings.pop("launcher", None) or {})
         image, secrets = own_image()  # the launching step's: the job runs the commit's image the step runs
         if image and "image" not in settings:
