@@ -146,8 +146,9 @@ def _parts(section: str, cls: type) -> list[tuple[str, type]]:
 
 
 def _section(section: str, cls: type, out: list[str]) -> None:
-    out += [f"## `{section}`", "", f"`{cls.__module__}.{cls.__name__}`: {_one_line(cls.__doc__)} "
-            f"Pipeline parameter: `{SECTION_PARAMETERS[section]}`.", ""]
+    parameter = (f"Pipeline parameter: `{SECTION_PARAMETERS[section]}`." if section in SECTION_PARAMETERS
+                 else "Read by the CLI and the steps, not a pipeline parameter.")
+    out += [f"## `{section}`", "", f"`{cls.__module__}.{cls.__name__}`: {_one_line(cls.__doc__)} {parameter}", ""]
     groups = _parts(section, cls)
     composite = groups != [("", cls)]
     nested: list[tuple[str, type]] = []
