@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--schema", required=True)
     train.add_argument("--nnodes", type=int)
     train.add_argument("--nproc-per-node", type=int)
-    train.add_argument("--backend", choices=["local", "kubernetes"])
+    train.add_argument("--backend", choices=["local", "kubernetes", "ray"])
     train.add_argument("--model-dir", help="where to write the model (default: under the workdir)")
     options.add_settings(train)
 
