@@ -7,6 +7,7 @@ process title and the ``KFLOOP_HOME`` the driver hands every worker) and sends i
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -17,10 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import mlflow
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from pipelines.cli import main
 from polling import wait_for
 from test_faults_training import _environ
 from test_training import write_training_files
@@ -71,6 +74,15 @@ def _reported(storage: Path) -> list[Path]:
     return sorted(p for p in (storage / "ray-test").glob("checkpoint_*") if p.is_dir())
 
 
+def _registered(storage: Path) -> list[str]:
+    """Checkpoints Ray Train's controller has registered (the ones a restarted group resumes from): its snapshot."""
+    try:
+        snapshot = json.loads((storage / "ray-test" / "checkpoint_manager_snapshot.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or being replaced
+        return []
+    return [r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]]
+
+
 def _train_workers(marker: str) -> list[int]:
     """Pids of Ray Train workers whose environment carries ``marker`` (this test's KFLOOP_HOME)."""
     found = []
@@ -102,7 +114,7 @@ def test_ray_train_trains_the_model_torchrun_trains(tmp_path, files, uninterrupt
     for name in ("val_accuracy", "val_loss"):
         assert ray_result.metrics[name] == pytest.approx(torchrun.metrics[name], abs=0.02), name
     log = (uninterrupted.root / "logs" / DRIVER_LOG).read_text()
-    assert "training worker group of size 2" in log
+    assert log.count("Started training worker group of size 2") == 1
     reported = _reported(uninterrupted.root / "ckpt")
     assert 1 <= len(reported) <= TINY.checkpoint_keep, "Ray keeps the newest checkpoints (CheckpointConfig)"
 
@@ -117,12 +129,13 @@ def test_a_killed_ray_worker_restarts_the_group_from_the_checkpoint(tmp_path, fi
         launch = pool.submit(_launch, tmp_path, files, shape)
         victims = wait_for("two Ray Train workers", lambda: _train_workers(marker) if len(
             _train_workers(marker)) == 2 else None, timeout=DEADLINE_S, interval=0.05)
-        wait_for("the first reported checkpoint", lambda: _reported(tmp_path / "ckpt"), timeout=DEADLINE_S,
+        wait_for("a checkpoint Ray registered", lambda: _registered(tmp_path / "ckpt"), timeout=DEADLINE_S,
                  interval=0.05)
         os.kill(victims[-1], signal.SIGKILL)
         result = launch.result(timeout=DEADLINE_S)
     log = (tmp_path / "logs" / DRIVER_LOG).read_text()
-    assert log.count("training worker group of size 2") == 2, "Ray started the group again"
+    assert "[FailurePolicy] RETRY" in log
+    assert log.count("Started training worker group of size 2") == 2, "Ray started the group again"
     assert "resuming from checkpoint step" in log
     ours = load_file(result.model_dir / WEIGHTS_FILE)
     theirs = load_file(uninterrupted.result.model_dir / WEIGHTS_FILE)
@@ -140,3 +153,20 @@ def test_a_failing_ray_worker_fails_the_launch_with_its_error(tmp_path, files, r
     assert "no such layer: warp9" in str(failed.value)
     assert str(tmp_path / "logs" / DRIVER_LOG) in str(failed.value)
     assert not (tmp_path / "model").exists(), "no model dir after a failure"
+
+
+@pytest.mark.timeout(900)
+def test_the_training_pipeline_trains_on_ray_and_records_it(isolated_env, demo_files, ray_head, capsys):
+    capsys.readouterr()
+    code = main(["--workdir", str(isolated_env.workdir), "run", "training", "--local", "--json",
+                 "--set", f"dataset_uri={demo_files['train.parquet']}", "--set", "target=churned",
+                 "--set", "model_name=on-ray", "--set", "backend=ray", "--set", f"training.ray_address={ray_head}",
+                 "--set", "training.epochs=2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["model_version"] == "1" and result["promoted"], result["reason"]
+    version = mlflow.MlflowClient().get_model_version("on-ray", "1")
+    assert version.tags["decision"] == "promote"
+    shape = mlflow.artifacts.load_dict(f"runs:/{version.run_id}/lineage.json")["job_shape"]
+    assert (shape["backend"], shape["ray_address"], shape["nproc_per_node"]) == ("ray", ray_head, 2)
