@@ -190,7 +190,7 @@ class JobShape:
     """How long a node waits for the others to join before failing."""
     ray_address: str = ""
     """The Ray cluster ``backend: ray`` trains on (``ray://HEAD:10001``; ``auto`` inside a Ray pod); empty: a local
-    Ray started for the run. Ray Train runs ``nnodes * nproc_per_node`` workers; ``max_restarts`` is its
+    Ray started for the run. Only ``backend: ray`` reads it. Ray Train runs ``nnodes * nproc_per_node`` workers; ``max_restarts`` is its
     ``FailureConfig(max_failures)``."""
 
     def __post_init__(self) -> None:
@@ -198,9 +198,6 @@ class JobShape:
         check_ints(self, ("max_restarts",), least=0)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend={self.backend!r}: use one of {BACKENDS}")
-        if self.ray_address and self.backend != "ray":
-            raise ValueError(f"ray_address={self.ray_address!r} is only read by backend: ray (backend is "
-                             f"{self.backend!r}); set backend=ray or drop ray_address")
 
     @property
     def world_size(self) -> int:
