@@ -12,7 +12,7 @@ from typing import Any
 from training.settings import check_ints, section_from_dict, section_mapping
 from training.threshold import THRESHOLD_METRICS
 
-BACKENDS = ("local", "kubernetes")
+BACKENDS = ("local", "kubernetes", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 CLASS_WEIGHTS = ("none", "balanced")
 REGRESSION_LOSSES = ("mse", "huber")
@@ -182,11 +182,16 @@ class JobShape:
     nproc_per_node: int = 2
     """Training processes per node (one per GPU on GPU nodes)."""
     backend: str = "local"
-    """``local`` runs torchrun agents on this machine; ``kubernetes`` submits a training job."""
+    """``local`` runs torchrun agents on this machine; ``kubernetes`` submits a training job; ``ray`` runs Ray
+    Train's TorchTrainer on ``ray_address`` (or a local Ray started for the run)."""
     max_restarts: int = 0
     """How often torchrun restarts the workers of a node after a failure; they resume from the last checkpoint."""
     rdzv_timeout_seconds: int = 60
     """How long a node waits for the others to join before failing."""
+    ray_address: str = ""
+    """The Ray cluster ``backend: ray`` trains on (``ray://HEAD:10001``; ``auto`` inside a Ray pod); empty: a local
+    Ray started for the run. Only ``backend: ray`` reads it. Ray Train runs ``nnodes * nproc_per_node`` workers; ``max_restarts`` is its
+    ``FailureConfig(max_failures)``."""
 
     def __post_init__(self) -> None:
         check_ints(self, ("nnodes", "nproc_per_node", "rdzv_timeout_seconds"), least=1)

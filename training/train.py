@@ -53,6 +53,8 @@ the model module's sha256, builder and params."""
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``loss(outputs [batch, n_outputs], targets) -> mean loss``; targets are class indices (int64) for
 classification, standardised values (float32) for regression."""
+EpochReport = Callable[[dict[str, float], Path | None], None]
+"""``report(metrics, checkpoint_dir)`` after each epoch, on every rank (see :func:`train_in_process_group`)."""
 RESTARTS_TAG = "kfloop.restarts"
 """MLflow run tag: worker-group restarts torchrun made (``TORCHELASTIC_RESTART_COUNT`` of the last attempt)."""
 
@@ -69,9 +71,10 @@ class _Rank:
     """``cuda:<LOCAL_RANK>``, ``cuda:0`` on a MIG device (training/devices.py), or ``cpu``."""
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line arguments of the entry point."""
-    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n\n")[0])
+def argument_parser(**kwargs: Any) -> argparse.ArgumentParser:
+    """The entry point's arguments (``training.ray_train`` adds its own to them); ``kwargs`` go to the parser."""
+    parser = argparse.ArgumentParser(**{"prog": "python -m training.train",
+                                        "description": __doc__.split("\n\n")[0], **kwargs})
     parser.add_argument("--data", required=True, help="training data (Parquet or CSV): a path or s3://, gs://, az://")
     parser.add_argument("--schema", required=True, help="kfloop pandera schema YAML: a path or s3://, gs://, az://")
     parser.add_argument("--model-dir", required=True, type=Path, help="where rank 0 writes the model dir")
@@ -83,7 +86,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mlflow-run-id-file", type=Path,
                         help="a file holding that run id, when it exists (a Kubernetes job's launcher stages it in "
                              "the job's folder, so the manifest is the same before and after the run is created)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments of the entry point."""
+    return argument_parser().parse_args(argv)
 
 
 @record
@@ -149,7 +157,19 @@ def _attempt_store(timeout: timedelta) -> dist.Store:
     return dist.PrefixStore(f"kfloop/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
-def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
+def train_in_process_group(args: argparse.Namespace, device: torch.device, report: EpochReport) -> None:
+    """Train on this rank of a process group another launcher already formed (Ray Train's ``TorchConfig``), on
+    ``device``; ``report(metrics, checkpoint_dir)`` runs on every rank after each epoch (``checkpoint_dir`` on rank 0,
+    which has just written a checkpoint there; None elsewhere)."""
+    cfg = TrainingConfig.from_dict(json.loads(args.config.read_text()))
+    torch.set_num_threads(cfg.threads_per_rank)
+    me = _Rank(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+    logging.basicConfig(level=logging.INFO if me.rank == 0 else logging.WARNING, force=True,
+                        format=f"%(asctime)s [rank {me.rank}] %(levelname)s %(name)s: %(message)s")
+    _train(args, cfg, me, report)
+
+
+def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, report: EpochReport | None = None) -> None:
     schema = load_schema(Path(args.schema) if not is_remote(args.schema) else args.schema)
     roles = schema_roles(schema)
     code = ModelCode.load(cfg.model)
@@ -163,11 +183,11 @@ def _train(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank) -> None:
                        "model_sha256": code.sha256, "model_builder": cfg.model.builder,
                        "model_params": cfg.model.params,
                        **{k: v for k, v in cfg.to_dict().items() if k in RESUME_KEYS}}
-        _train_model(args, cfg, me, data, code, roles.task, fingerprint)
+        _train_model(args, cfg, me, data, code, roles.task, fingerprint, report)
 
 
 def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data: RankInput, code: ModelCode,
-                 task: str, fingerprint: dict[str, Any]) -> None:
+                 task: str, fingerprint: dict[str, Any], report: EpochReport | None) -> None:
     """Train ``code``'s network on ``data`` from the newest good checkpoint on; rank 0 logs, checkpoints and writes
     the model dir."""
     transform, target = data.fitted.transform, data.fitted.target
@@ -213,6 +233,8 @@ def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data:
             checkpoints.save(args.checkpoint_dir, step, state, keep=cfg.checkpoint_keep)
             logger.info("epoch %d/%d step %d %s (%.2fs)", epoch + 1, cfg.epochs, step,
                         " ".join(f"{k}={v:.4f}" for k, v in metrics.items()), time.perf_counter() - started)
+        if report:
+            report({**metrics, "epoch": epoch + 1}, args.checkpoint_dir if me.rank == 0 else None)
 
     final = _evaluate(model, data.validation(), me.device, loss_fn, target)
     digests = _all_gather_json(param_digest(model), me.device)

@@ -3,6 +3,8 @@ picks one by its backend config's type), then asked everything that differs betw
 
 * :class:`LocalConfig` -> :class:`LocalBackend`: this machine. Training as torchrun agents here, a file lock on
   ``champion`` and the retrain trigger's state in the workdir.
+* :class:`RayConfig` -> :class:`RayBackend`: training as Ray Train's TorchTrainer on ``training.ray_address`` (or
+  a local Ray started for the run), driven from this machine; lock and trigger state as :class:`LocalBackend`'s.
 * :class:`~training.launch.kubernetes.KubernetesSettings` (the ``cluster:`` section) -> :class:`KubernetesBackend`:
   a Kubernetes cluster. Training as a PyTorchJob or TrainJob (``cluster.kind``), a Lease on ``champion`` and the
   trigger's state on the registered model in MLflow (it outlives the pods that decide).
@@ -24,6 +26,7 @@ from monitoring.trigger_registry import RegistryTriggerStore
 from training.config import BACKENDS, JobShape, TrainingConfig
 from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 from training.launch.local import TrainResult, train_local
+from training.launch.ray import train_ray
 from training.registry.lock import promotion_lock
 from training.settings import own_image
 
@@ -91,6 +94,20 @@ class LocalBackend(Backend):
         return TriggerStore.in_workdir(workdir, model_name)
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RayConfig:
+    """Train on Ray from this machine: the cluster is the job shape's ``ray_address``, nothing else to configure."""
+
+
+class RayBackend(LocalBackend):
+    """Ray Train on a Ray cluster (see the module docstring); the steps still act on this machine."""
+
+    def launch(self, config: TrainingConfig, shape: JobShape, data: str, schema: str, *, model_dir: Path,
+               checkpoint_dir: Path, log_dir: Path, run_name: str, mlflow_run_id: str | None = None) -> TrainResult:
+        return train_ray(data, schema, model_dir=model_dir, checkpoint_dir=checkpoint_dir, config=config,
+                         shape=shape, log_dir=log_dir, mlflow_run_id=mlflow_run_id, run_name=run_name)
+
+
 class KubernetesBackend(Backend):
     """A Kubernetes cluster (see the module docstring); ``config.launcher.kubeconfig`` reaches its API."""
 
@@ -127,11 +144,12 @@ KFP step pod, else ``local`` (any other pod, e.g. a CI runner's, stays local: it
 KFP_POD_ENV = "KFP_POD_NAME"
 """Set by Kubeflow Pipelines in every step's pod (the pod's name)."""
 
-BACKEND_TYPES: dict[type, type[Backend]] = {LocalConfig: LocalBackend, KubernetesSettings: KubernetesBackend}
+BACKEND_TYPES: dict[type, type[Backend]] = {LocalConfig: LocalBackend, RayConfig: RayBackend,
+                                            KubernetesSettings: KubernetesBackend}
 """Config type -> its backend."""
 
 
-def backend_for(config: LocalConfig | KubernetesSettings) -> Backend:
+def backend_for(config: LocalConfig | RayConfig | KubernetesSettings) -> Backend:
     """The backend of ``config``'s type.
 
     Raises:
@@ -144,7 +162,7 @@ def backend_for(config: LocalConfig | KubernetesSettings) -> Backend:
 
 
 def backend_named(name: str, cluster: dict[str, Any] | None = None) -> Backend:
-    """The backend of the ``backend`` setting (``local`` or ``kubernetes``, as :class:`JobShape` checks it),
+    """The backend of the ``backend`` setting (``local``, ``kubernetes`` or ``ray``, as :class:`JobShape` checks it),
     a Kubernetes one configured by the ``cluster`` settings.
 
     Raises:
@@ -154,6 +172,8 @@ def backend_named(name: str, cluster: dict[str, Any] | None = None) -> Backend:
         return backend_for(KubernetesSettings.from_dict(cluster))
     if name == "local":
         return backend_for(LocalConfig())
+    if name == "ray":
+        return backend_for(RayConfig())
     raise ValueError(f"backend={name!r}: use one of {BACKENDS}")
 
 
