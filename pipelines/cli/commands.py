@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc-per-node", type=int, help="training processes per node (default: the settings', "
                                                           "else 2; one per GPU on GPU nodes)")
     train.add_argument("--backend", choices=["local", "kubernetes", "ray"],
-                       help="torchrun on this machine, or a PyTorchJob/TrainJob (default: the settings', else local)")
+                       help="torchrun on this machine, a PyTorchJob/TrainJob, or Ray Train on a Ray cluster (default: "
+                            "the settings', else local)")
     train.add_argument("--model-dir", help="where to write the model (default: under the workdir)")
     options.add_json(train, "the model directory and metrics")
     options.add_settings(train)
