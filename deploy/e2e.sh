@@ -109,7 +109,7 @@ main() {
 
   PYTHONPATH=$ROOT "$PYTHON" tests/e2e_docker.py --image "$IMAGE"
   # the KFP test server's Docker engine on this image: each task a container, as its user, read-only root
-  KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/fakes/test_kfp_executor_docker.py
+  KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kfp_executor_docker.py
 }
 
 main "$@"
