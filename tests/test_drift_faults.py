@@ -55,8 +55,9 @@ def test_a_crashing_drift_check_leaves_no_verdict_no_retrain_and_the_previous_st
                "too few rows": (few, reference, "5 rows, fewer than min_rows=30")}
     for case, (current, ref, words) in crashes.items():
         code, out, err = _run_drift(capsys, isolated_env.workdir, current, ref)
-        assert code != 0 and words in err, (case, err)
-        assert out.strip() == "", f"{case}: no verdict is printed (status unknown)"
+        error = json.loads(out)  # --json: the error as JSON on stdout, instead of a verdict
+        assert code != 0 and words in error["error"] and error["exit_code"] == code, (case, out, err)
+        assert "drifted" not in error, f"{case}: no verdict is printed (status unknown)"
         assert _state(isolated_env.workdir) == before, f"{case}: no retrain, nothing recorded, state kept"
 
     code, out, err = _run_drift(capsys, isolated_env.workdir, stable, reference)
