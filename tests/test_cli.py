@@ -294,7 +294,8 @@ def test_errors_are_json_under_json(tmp_path, monkeypatch, capsys):
     captured = capsys.readouterr()
     error = json.loads(captured.out)
     assert set(error) == {"error", "hint", "exit_code"} and error["exit_code"] == EXIT_FAILED
-    assert error["error"].startswith("unknown drift key(s) ['nonsense']") and captured.err == ""
+    assert error["error"].startswith("unknown drift key(s) ['nonsense']")
+    assert "error: unknown drift key(s) ['nonsense']" in captured.err, "the readable line stays on stderr"
     missing = tmp_path / "missing.parquet"
     assert main(["validate", "--json", "--data", str(missing), "--schema", str(REPO / "data" / "schema.yaml")]) \
         == EXIT_DATA_FILE

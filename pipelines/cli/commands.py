@@ -549,8 +549,8 @@ COMMANDS = {"demo": cmd_demo, "infer-schema": cmd_infer_schema, "validate": cmd_
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kfloop`` console script; returns the exit code. Every failure ends here, in one shape:
-    ``kfloop CMD: error: ...`` and a hint on stderr, or under ``--json`` ``{"error", "hint", "exit_code"}`` on
-    stdout; the exit code is the error's either way."""
+    ``kfloop CMD: error: ...`` and a hint on stderr, and under ``--json`` also ``{"error", "hint", "exit_code"}``
+    on stdout; the exit code is the error's either way."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     for each in _parsers(parser):

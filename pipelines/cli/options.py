@@ -51,7 +51,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
-    """``--json``: ``what`` as JSON on stdout, and an error as ``{"error", "hint", "exit_code"}`` there too."""
+    """``--json``: ``what`` as JSON on stdout, and an error as ``{"error", "hint", "exit_code"}`` there too (its
+    readable lines still on stderr)."""
     parser.add_argument("--json", action="store_true",
                         help=f"print {what} as JSON on stdout (errors too: {{error, hint, exit_code}})")
 
@@ -103,11 +104,11 @@ def print_json(obj: Any) -> None:
 
 
 def print_error(where: str, message: str, *, hints: list[str], exit_code: int, as_json: bool) -> None:
-    """A failed command's error: ``{"error", "hint", "exit_code"}`` on stdout under ``--json`` (``hint``: the
-    hints joined, or null), else ``kfloop CMD: error: ...`` and one ``hint: ...`` line per hint on stderr."""
+    """A failed command's error: ``kfloop CMD: error: ...`` and one ``hint: ...`` line per hint on stderr, for the
+    person reading the log; under ``--json`` also ``{"error", "hint", "exit_code"}`` on stdout (``hint``: the hints
+    joined, or null), for the script reading stdout."""
     if as_json:
         print_json({"error": message, "hint": "; ".join(hints) or None, "exit_code": exit_code})
-        return
     print(f"kfloop {where}: error: {message}", file=sys.stderr)
     for hint in hints:
         print(f"hint: {hint}", file=sys.stderr)
