@@ -409,8 +409,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         for key, value in summary.items():
             print(f"{key}: {value}")
-    if failed is not None:
-        raise failed
+    if failed is not None:  # the summary on stdout is the run's record (JSON or not): the error goes to stderr only
+        code = failed.exit_code if isinstance(failed, KfloopError) else EXIT_FAILED
+        options.print_error("run", str(failed), hints=[], exit_code=code, as_json=False)
+        return code
     return 0
 
 
