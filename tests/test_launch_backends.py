@@ -10,8 +10,8 @@ from kubernetes import client
 from fakes.k8s_server import K8sServer
 from monitoring.trigger import TriggerStore
 from monitoring.trigger_registry import RegistryTriggerStore
-from training.launch.backends import (KubernetesBackend, LocalBackend, LocalConfig, backend_for, backend_named,
-                                      step_backend)
+from training.launch.backends import (KubernetesBackend, LocalBackend, LocalConfig, RayBackend, RayConfig,
+                                      backend_for, backend_named, step_backend)
 from training.launch.kube_client import api_client
 from training.launch.kubernetes import KubernetesSettings
 from training.registry.lock import LeaseLock, lease_name
@@ -24,9 +24,10 @@ def test_the_config_type_picks_the_backend():
     assert type(backend) is KubernetesBackend and backend.config is settings
     assert type(backend_named("local", {"namespace": "ignored-here"})) is LocalBackend
     assert backend_named("kubernetes", {"namespace": "ml"}).config.cluster.namespace == "ml"
+    assert type(backend_named("ray")) is RayBackend and type(backend_for(RayConfig())) is RayBackend
     with pytest.raises(TypeError, match="dict is no backend config: use one of .*KubernetesSettings.*LocalConfig"):
         backend_for({"namespace": "ml"})
-    with pytest.raises(ValueError, match=r"backend='slurm': use one of \('local', 'kubernetes'\)"):
+    with pytest.raises(ValueError, match=r"backend='slurm': use one of \('local', 'kubernetes', 'ray'\)"):
         backend_named("slurm")
 
 

@@ -116,7 +116,10 @@ def test_a_bad_file_exits_3_naming_file_and_column_and_records_nothing(champion,
     for (data, *extra), message in cases.items():
         code, out, err = run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL, "--data", data,
                                  *extra, "--json")
-        assert code == EXIT_DATA_FILE and message in err and out == "", (data, err)
+        assert code == EXIT_DATA_FILE and message in err, (data, err)
+        error = json.loads(out)  # --json: the error, never a verdict
+        assert set(error) == {"error", "hint", "exit_code"} and error["exit_code"] == EXIT_DATA_FILE
+        assert message in error["error"]
     assert "1 value(s), e.g. [400] at data rows [3]" in run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL,
                                                             "--data", str(bad_age))[2]
     assert len(quality_checks(MODEL)) == before
