@@ -519,12 +519,12 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     from training.launch.kubernetes import KubernetesSettings
     from training.launch.manifests import job_manifest
 
+    # the flags are overrides of the cluster section, checked with it (NCCL settings need the flag's GPUs)
+    args.overrides = [*(args.overrides or []),
+                      *([f"cluster.gpus_per_node={args.gpus_per_node}"] if args.gpus_per_node is not None else []),
+                      *([f"cluster.kind={args.kind}"] if args.kind is not None else [])]
     settings = options.settings(args)
     cluster_settings = dict(settings.get("cluster", {}))
-    if args.gpus_per_node is not None:
-        cluster_settings["gpus_per_node"] = args.gpus_per_node
-    if args.kind is not None:
-        cluster_settings["kind"] = args.kind
     cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
     training = training_settings({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
                                  nproc_per_node=args.nproc_per_node, backend="kubernetes")
