@@ -102,7 +102,7 @@ def test_config_errors_state_the_fix(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"backend": "slurm"}, r"backend='slurm': use one of \('local', 'kubernetes'\)"),
+    ({"backend": "slurm"}, r"backend='slurm': use one of \('local', 'kubernetes', 'ray'\)"),
     ({"nnodes": 0}, "nnodes=0: use an integer >= 1"),
     ({"max_restarts": -1}, "max_restarts=-1: use an integer >= 0"),
 ])
