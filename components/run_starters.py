@@ -12,8 +12,8 @@ from typing import Any, Callable
 import yaml
 
 from components.kfp_client import DEFAULT_EXPERIMENT, VersionRef, connect, start_training
+from data.settings import SECTION_PARAMETERS
 from training.launch.backends import Backend, KubernetesBackend, LocalBackend
-from training.settings import SECTION_PARAMETERS
 
 
 def start_local_training(settings: dict[str, Any]) -> str:

@@ -21,9 +21,9 @@ from dvc.data_cloud import Remote
 from dvc.fs import LocalFileSystem, get_cloud_fs
 from dvc.repo import Repo
 
+from data.errors import KfloopError
+from data.settings import section_from_dict
 from data.storage import download, holds_credentials, redact, stat
-from training.errors import KfloopError
-from training.settings import section_from_dict
 
 DEFAULT_MAX_BYTES = 10 * 2**30
 DEFAULT_STORE_DIR = "dvc-store"

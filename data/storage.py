@@ -19,7 +19,7 @@ import fsspec
 from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
                                  PartialCredentialsError)
 
-from training.errors import EXIT_DATA_FILE, KfloopError
+from data.errors import EXIT_DATA_FILE, KfloopError
 
 REMOTE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
                    "abfss": "adlfs"}

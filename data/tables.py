@@ -19,8 +19,8 @@ import pyarrow
 import pyarrow.parquet as pq
 
 from data import storage
-from training.errors import EXIT_DATA_FILE, KfloopError
-from training.fileio import file_digest
+from data.errors import EXIT_DATA_FILE, KfloopError
+from data.fileio import file_digest
 
 PARQUET_MAGIC = b"PAR1"
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")

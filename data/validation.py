@@ -28,9 +28,9 @@ from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
 from data import storage
+from data.errors import KfloopError
 from data.schema_rules import RuleSet
 from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, iter_table, local_copy
-from training.errors import KfloopError
 
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")

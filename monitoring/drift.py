@@ -35,10 +35,10 @@ from evidently.legacy.core import ColumnType
 from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
+from data.fileio import atomic_write_text
 from data.schema_rules import KINDS, RuleSet
+from data.settings import section_from_dict
 from monitoring.profiles import PREDICTION_COLUMN, ColumnProfile, ReferenceProfile, as_text, normalised_columns
-from training.fileio import atomic_write_text
-from training.settings import section_from_dict
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
                              "g_test", "ks", "mannw", "t_test", "TVD", "z"})

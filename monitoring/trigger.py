@@ -12,9 +12,9 @@ from typing import Any, Callable, Mapping
 
 from filelock import FileLock
 
-from training.errors import KfloopError
-from training.fileio import atomic_write_json
-from training.settings import section_from_dict
+from data.errors import KfloopError
+from data.fileio import atomic_write_json
+from data.settings import section_from_dict
 
 HISTORY_LIMIT = 100
 """Fired triggers kept per model (oldest dropped first)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from data.dvc_store import DataStoreConfig
+from data.settings import SECTION_PARAMETERS
 from data.storage import holds_credentials, redact
 from monitoring.drift import DriftPolicy
 from monitoring.quality import QualityPolicy
@@ -13,7 +14,6 @@ from monitoring.trigger import TriggerPolicy
 from training.config import SHAPE_PARAMETERS, ModelSpec, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.kubernetes import KubernetesSettings
-from training.settings import SECTION_PARAMETERS
 
 SECTIONS: dict[str, type] = {
     "training": TrainingSection,

@@ -31,7 +31,7 @@ from pipelines.local.runner import run_local
 from pipelines.config import pipeline_params
 from training.registry.versions import list_versions
 from fakes.s3_server import S3Server
-from training.settings import load_environment
+from data.settings import load_environment
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "kfloop-e2e"

@@ -90,7 +90,7 @@ BUILTIN_ERRORS = {"Exception", "RuntimeError", "ValueError", "TimeoutError", "OS
 
 
 def test_every_error_kfloop_raises_of_its_own_is_a_kfloop_error():
-    """One base, so ``kfloop``'s main maps an error to its exit code by type (training/errors.py)."""
+    """One base, so ``kfloop``'s main maps an error to its exit code by type (data/errors.py)."""
     bases = {}
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):

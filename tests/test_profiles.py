@@ -16,9 +16,9 @@ from monitoring.drift import DriftPolicy, check_drift, check_drift_profile, same
 from monitoring.profiles import PROFILE_ARTIFACT, ProfileSettings, ReferenceProfile, build_profile
 from monitoring.steps import drift_step
 from test_registry_versions import TARGET, build_model, make_frame
-from training.fileio import file_digest
-from training.gate import PromotionPolicy, evaluate
+from data.fileio import file_digest
 from training.config import JobShape, TrainingConfig
+from training.gate import PromotionPolicy, evaluate
 from training.model import Predictor
 from training.model_files import JOB_SHAPE_FILE, MODEL_FILE
 from training.registry.versions import champion_profile

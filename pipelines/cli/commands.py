@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
+from data.errors import EXIT_FAILED, KfloopError
 from data.storage import redact
-from training.errors import EXIT_FAILED, KfloopError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,8 +175,8 @@ def _add_service_account(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from data.settings import load_environment
     from pipelines.operations.demo_loop import format_summary, run_demo
-    from training.settings import load_environment
 
     with options.stdout_for_json(args):
         summary = run_demo(load_environment(args.workdir).workdir)
@@ -198,7 +198,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     report = validate(args.data, load_schema(args.schema))
     if args.report_csv:
-        from training.fileio import atomic_write_text
+        from data.fileio import atomic_write_text
 
         atomic_write_text(args.report_csv, report.to_csv())
     if report.ok:
@@ -209,9 +209,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from data.settings import load_environment
     from pipelines.config import training_settings
     from training.config import SHAPE_PARAMETERS
-    from training.settings import load_environment
     from training.steps import train_only
 
     settings = options.settings(args)
@@ -224,8 +224,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
+    from data.settings import activate, load_environment
     from monitoring.steps import drift_step
-    from training.settings import activate, load_environment
 
     activate(load_environment(args.workdir))
     settings = options.settings(args)
@@ -248,8 +248,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
+    from data.settings import activate, load_environment
     from monitoring.steps import quality_step
-    from training.settings import activate, load_environment
 
     if args.id_column and not args.labels:
         raise ValueError("--id-column joins --labels to --data: pass --labels FILE too, or drop --id-column")
@@ -301,8 +301,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from data.settings import load_environment
     from pipelines.compile import compile_all
-    from training.settings import load_environment
 
     image = args.image or load_environment().image or None
     for path in compile_all(Path(args.out), image=image, options=_compile_options(args)):
@@ -339,12 +339,12 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
+    from data.settings import activate, load_environment
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
     from monitoring.webhook import AlertWebhook, WebhookAuth
     from pipelines.kfp_server.runs import alert_starter
     from training.launch.backends import backend_named
-    from training.settings import activate, load_environment
 
     env = load_environment(args.workdir)
     activate(env)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 
 import pipelines.cli.options as options
+from data.settings import CODE_ROOT, DEFAULT_MODEL_NAME, activate, load_environment
 from training.progress import activity
-from training.settings import CODE_ROOT, DEFAULT_MODEL_NAME, activate, load_environment
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from data.settings import load_config_file, merge, parse_overrides
 from training.config import with_module_path
-from training.settings import load_config_file, merge, parse_overrides
 
 
 def add_global_flags(parser: argparse.ArgumentParser, *, on_subcommand: bool = False) -> None:

@@ -10,11 +10,11 @@ from urllib.parse import urlsplit
 import mlflow
 from mlflow.exceptions import MlflowException
 
+from data.settings import Environment
 from monitoring.records import drift_checks, quality_checks, trigger_status
 from monitoring.trigger import TriggerPolicy, utc_iso
 from training.launch.backends import step_backend
 from training.registry.versions import champion_history, get_champion, holdout_metrics, list_versions, rollback
-from training.settings import Environment
 
 RECENT_RUNS = 5
 

@@ -30,15 +30,15 @@ from mlflow.models import Model, ModelSignature
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
+from data.errors import KfloopError
+from data.fileio import file_digest
+from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
 from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from monitoring.trigger import utc_iso
-from training.errors import KfloopError
-from training.fileio import file_digest
 from training.gate import Decision, kfp_metrics
 from training.model import Predictor
 from training.model_code import ModelCodeError
 from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
-from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -122,7 +122,7 @@ class Lineage:
             value = getattr(self, name)
             if len(value) != length or any(ch not in "0123456789abcdef" for ch in value):
                 raise ValueError(f"{name}={value!r}: expected {length} lowercase hex digits "
-                                 "(training.fileio.file_digest)")
+                                 "(data.fileio.file_digest)")
         if not self.schema_yaml.strip():
             raise ValueError("schema_yaml is empty: pass the validated schema's to_yaml() text")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
