@@ -14,11 +14,11 @@ from typing import Any, Callable
 import mlflow
 import pandas as pd
 
+from data.profiles import prediction_kind
 from data.settings import load_environment, step_function
 from data.storage import redact
 from data.tables import DataFileError, read_table, read_table_source, table_chunks
 from data.validation import infer_schema, load_schema, schema_roles, validate
-from monitoring.profiles import prediction_kind
 from monitoring.records import record_drift_check, record_quality_check
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.progress import progress

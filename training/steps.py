@@ -14,11 +14,11 @@ from mlflow.entities import Param
 from data.dvc_store import DataStoreConfig, keep
 from data.fileio import atomic_write_json, atomic_write_text
 from data.holdout import split_holdout, verify_pinned, write_parquet
+from data.profiles import profile_table
 from data.settings import CODE_ROOT, Environment, load_environment, step_function
 from data.storage import record_uri, redact
 from data.tables import local_copy, read_table
 from data.validation import ValidationError, infer_schema, load_schema, schema_roles, schema_to_yaml, validate
-from monitoring.profiles import profile_table
 from training.config import TrainingConfig, TrainingSection
 from training.figures import log_evaluation_figures
 from training.gate import PromotionPolicy, align_proba, evaluate, kfp_metrics

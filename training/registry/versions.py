@@ -32,8 +32,8 @@ from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
 from data.errors import KfloopError
 from data.fileio import file_digest
+from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
-from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from monitoring.trigger import utc_iso
 from training.gate import Decision, kfp_metrics
 from training.model import Predictor
@@ -407,7 +407,7 @@ def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = N
 
 
 def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> ReferenceProfile | None:
-    """The reference profile stored with the champion (:mod:`monitoring.profiles`), or ``None`` when there is no
+    """The reference profile stored with the champion (:mod:`data.profiles`), or ``None`` when there is no
     champion or it was registered before kfloop stored profiles (drift checks then read its training data).
 
     Raises:
