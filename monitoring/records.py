@@ -9,8 +9,8 @@ from typing import Any
 import mlflow
 from mlflow.entities import Metric, Param
 
+from data.fileio import utc_iso
 from data.settings import load_environment
-from monitoring.trigger import utc_iso
 from training.registry.experiments import ensure_experiment
 from training.registry.versions import DRIFT_REPORT_URI_TAG, QUALITY_REPORT_URI_TAG
 

@@ -10,9 +10,10 @@ from urllib.parse import urlsplit
 import mlflow
 from mlflow.exceptions import MlflowException
 
+from data.fileio import utc_iso
 from data.settings import Environment
 from monitoring.records import drift_checks, quality_checks, trigger_status
-from monitoring.trigger import TriggerPolicy, utc_iso
+from monitoring.trigger import TriggerPolicy
 from training.launch.backends import step_backend
 from training.registry.versions import champion_history, get_champion, holdout_metrics, list_versions, rollback
 

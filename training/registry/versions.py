@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,10 +31,9 @@ from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_
 from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
 from data.errors import KfloopError
-from data.fileio import file_digest
+from data.fileio import file_digest, utc_iso
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
-from monitoring.trigger import utc_iso
 from training.gate import Decision, kfp_metrics
 from training.model import Predictor
 from training.model_code import ModelCodeError
@@ -695,7 +694,7 @@ def _move_champion(client: "mlflow.MlflowClient", model_name: str, version: str,
         move = last
     else:
         move = ChampionMove(seq=(last.seq if last else 0) + 1, previous=previous, version=version, action=action,
-                            at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            at=utc_iso(time.time()),
                             reason=reason[:MAX_TAG_CHARS // 2], actor=actor)
         client.set_registered_model_tag(model_name, f"{HISTORY_TAG_PREFIX}{move.seq:06d}",
                                         json.dumps(move.to_dict()))
