@@ -60,7 +60,7 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     Kubernetes (a KFP step pod) the run is ``training_pipeline_version`` (pinned by ``kfloop run/schedule --host``)
     on the KFP server and the trigger state lives on the registered model in MLflow; on this machine the run is the
     training pipeline under kfp.local (its id the registered version) and the state a file in the workdir."""
-    from components.run_starters import run_starter
+    from components.run_starters import run_starter, trigger_store
     from data.settings import from_struct, load_environment
     from monitoring.steps import trigger_step
     from training.launch.backends import step_backend
@@ -70,5 +70,5 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     settings = {**from_struct(training_params), "dataset_uri": dataset_uri, "model_name": model_name}
     decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"],
                             policy=from_struct(trigger_policy), start=run_starter(backend, pinned, settings),
-                            store=backend.trigger_store(model_name, load_environment().workdir))
+                            store=trigger_store(backend, model_name, load_environment().workdir))
     return decision.run_id or ""

@@ -1,5 +1,7 @@
-"""How the retrain trigger step starts a training run, by its backend's type (:mod:`training.launch.backends`):
-under kfp.local on this machine, or as a run of the pinned training version on the KFP server."""
+"""The retrain trigger's part of a backend, picked by the backend's type (:mod:`training.launch.backends`): where
+the trigger keeps its state (a file in the workdir on this machine, the registered model in MLflow on Kubernetes)
+and how it starts a training run (under kfp.local on this machine, or as a run of the pinned training version on
+the KFP server). Domain code cannot hold this role without training/ importing monitoring/."""
 from __future__ import annotations
 
 import json
@@ -7,12 +9,15 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
 from components.kfp_client import DEFAULT_EXPERIMENT, VersionRef, connect, start_training
 from data.settings import SECTION_PARAMETERS
+from monitoring.trigger import TriggerStore
+from monitoring.trigger_registry import RegistryTriggerStore
 from training.launch.backends import Backend, KubernetesBackend, LocalBackend
 
 
@@ -67,3 +72,13 @@ def run_starter(backend: Backend, pinned: dict[str, Any], settings: dict[str, An
         KubernetesBackend: lambda: start_pinned_training(pinned, settings),
     }
     return starters[type(backend)]
+
+
+def trigger_store(backend: Backend, model_name: str, workdir: Path) -> TriggerStore:
+    """Where the retrain trigger of ``model_name`` keeps its cooldown and dedupe state on ``backend``: a file in
+    ``workdir`` on this machine, the registered model in MLflow on Kubernetes (it outlives the pods that decide)."""
+    stores: dict[type[Backend], Callable[[], TriggerStore]] = {
+        LocalBackend: lambda: TriggerStore.in_workdir(workdir, model_name),
+        KubernetesBackend: lambda: RegistryTriggerStore(model_name),
+    }
+    return stores[type(backend)]()

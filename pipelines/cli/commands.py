@@ -339,6 +339,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
 
+    from components.run_starters import trigger_store
     from data.settings import activate, load_environment
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
@@ -352,7 +353,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = options.settings(args)
 
     def store_for(model: str):
-        return backend.trigger_store(model, env.workdir)
+        return trigger_store(backend, model, env.workdir)
 
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ, open_metrics=args.open_metrics),
                            policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
