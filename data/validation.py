@@ -486,8 +486,8 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
     if isinstance(df_or_path, pd.DataFrame):
         return _StreamedValidation(schema).run(lambda: [df_or_path], "<dataframe>")
     if storage.is_remote(df_or_path):
-        with local_copy(df_or_path, limits=limits) as (path, _):
-            return replace(validate(path, schema, limits=limits), source=storage.redact(df_or_path))
+        with local_copy(df_or_path, limits=limits) as (path, source):
+            return replace(validate(path, schema, limits=limits), source=source.uri)
     return _StreamedValidation(schema).run(lambda: iter_table(df_or_path, limits=limits), str(df_or_path))
 
 

@@ -142,14 +142,14 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical,
                              policy=rules, report_path=report_path, schema=schema, prediction_kind=kind)
     against = "the champion's reference profile of " if profile is not None else ""
-    progress(f"drift: {redact(current_uri)} vs {against}{redact(reference_uri)}: drifted={result.drifted} "
+    progress(f"drift: {source.uri} vs {against}{redact(reference_uri)}: drifted={result.drifted} "
              f"({result.reason})")
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
                               reference_uri=redact(reference_uri), reference_profile=profile is not None,
                               schema_source=schema_source,
                               champion_version=champion.version if champion else None)
     if model_name:
-        record_drift_check(model_name, checked, current_uri=redact(current_uri), report_path=report_path)
+        record_drift_check(model_name, checked, current_uri=source.uri, report_path=report_path)
     return checked
 
 

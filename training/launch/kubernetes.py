@@ -600,7 +600,7 @@ def _stage(source: str | Path, target: Path) -> None:
         return
     with tempfile.TemporaryDirectory(prefix=".stage-", dir=target.parent) as tmp:
         try:
-            storage.download(str(source), Path(tmp) / target.name, max_bytes=DEFAULT_LIMITS.max_bytes)
+            storage.download(storage.resolve(source), Path(tmp) / target.name, max_bytes=DEFAULT_LIMITS.max_bytes)
         except storage.StorageError as exc:
             raise DataFileError(exc.uri, exc.problem) from exc
         os.replace(Path(tmp) / target.name, target)
