@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.fileio import atomic_write_json
 from training.collectives import OPS, parse_bytes, sizes
-from training.fileio import atomic_write_json
 
 SHARE_GOAL = 0.8
 RATIO_GOAL = 5.0

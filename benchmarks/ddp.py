@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from training.fileio import atomic_write_json
+    from data.fileio import atomic_write_json
 
     gpus = torch.cuda.device_count()
     if gpus and args.ranks > gpus:

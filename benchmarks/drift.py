@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from data.fileio import atomic_write_json
 from monitoring.drift import DriftPolicy, check_drift, evidently_drift, same_verdict
-from training.fileio import atomic_write_json
 
 SPEEDUP_GOAL = 10.0
 NUMERIC = [f"num_{i:02d}" for i in range(12)]

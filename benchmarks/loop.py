@@ -43,10 +43,10 @@ def _direct_seconds(code: str) -> float:
 def measure_overhead(workdir: Path) -> dict[str, dict[str, float]]:
     """Run the training pipeline ``REPEATS`` times and each re-callable step directly as often; medians."""
     from data.demo import DATA_DIR, DEMO_DIR
-    from pipelines.local.runner import run_local
+    from data.settings import activate, load_environment
     from pipelines.config import pipeline_params
+    from pipelines.local.runner import run_local
     from pipelines.training import training_pipeline
-    from training.settings import activate, load_environment
 
     env = load_environment(workdir)
     activate(env)

@@ -35,13 +35,13 @@ import pyarrow.parquet as pq
 import torch
 
 from benchmarks.drift import CATEGORICAL, NUMERIC, make_frame
+from data.fileio import atomic_write_json
+from data.profiles import ReferenceProfile, profile_table
 from data.tables import table_chunks
 from data.validation import infer_schema, load_schema, schema_to_yaml, validate
 from monitoring.drift import DriftPolicy, check_drift_profile, evidently_drift
-from monitoring.profiles import ReferenceProfile, profile_table
-from training.features import FeatureTransform, encode_target, target_classes
-from training.fileio import atomic_write_json
 from training.config import ModelSpec
+from training.features import FeatureTransform, encode_target, target_classes
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
 

@@ -26,15 +26,15 @@ import numpy as np
 import pandas as pd
 import torch
 
+from data.fileio import atomic_write_json
 from data.generate import write_demo
-from training.features import FeatureTransform, target_classes
-from training.fileio import atomic_write_json
-from training.model_files import MODULE_SHA256_KEY
+from data.validation import load_schema, schema_roles
 from training.config import ModelSpec
+from training.features import FeatureTransform, target_classes
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
+from training.model_files import MODULE_SHA256_KEY
 from training.registry.versions import PYFUNC_MODEL_FILE, _input_example, _signature
-from data.validation import load_schema, schema_roles
 
 OVERHEAD_GOAL = 0.10
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"

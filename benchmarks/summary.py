@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.fileio import atomic_write_json, atomic_write_text
+from data.fileio import atomic_write_json, atomic_write_text
 
 
 def rows(results: Path) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ def evaluate_vs_champion(model: Input[Model], holdout_data: Input[Dataset], hold
     """Score both models on the holdout and apply the PromotionPolicy. Returns ``blessed``, which drives
     ``dsl.If`` (a single output: kfp.local resolves conditions only on a task's ``Output``); the report's
     metadata holds the champion compared against and the reason."""
-    from training.settings import from_struct
+    from data.settings import from_struct
     from training.steps import evaluate_step
 
     result = evaluate_step(model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,

@@ -30,9 +30,9 @@ import kfp.dsl.component_factory  # noqa: F401
 from kfp.client import Client, ServiceAccountTokenVolumeCredentials
 from kfp_server_api import ApiException
 
+from data.settings import CODE_ROOT, section_from_dict
 from monitoring.trigger import RunInFlight
 from training.progress import progress
-from training.settings import CODE_ROOT, section_from_dict
 
 TOKEN_ENV = "KFP_TOKEN"
 SA_TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"

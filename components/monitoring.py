@@ -9,10 +9,10 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
                 report: Output[HTML], metrics: Output[Metrics], result: Output[Artifact]) -> bool:
     """Evidently drift of the schema's features and the champion's predictions, current against reference.
     Returns ``drifted`` (drives ``dsl.If``); ``result`` is the JSON verdict with the data's md5."""
+    from data.fileio import atomic_write_json
+    from data.settings import from_struct
     from monitoring.steps import drift_step
-    from training.fileio import atomic_write_json
     from training.progress import progress
-    from training.settings import from_struct
 
     checked = drift_step(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
                         model_name=model_name, policy=from_struct(drift_policy), report_out=report.path)
@@ -36,9 +36,9 @@ def check_quality(labelled_uri: str, labels_uri: str, id_column: str, retrain_ur
     rows); ``result`` is the JSON verdict with the data's md5."""
     from pathlib import Path
 
+    from data.fileio import atomic_write_json
+    from data.settings import from_struct
     from monitoring.steps import quality_step, retrain_data
-    from training.fileio import atomic_write_json
-    from training.settings import from_struct
 
     retrain = retrain_data(labelled_uri=labelled_uri, labels_uri=labels_uri, retrain_uri=retrain_uri)
     checked = quality_step(labelled_uri=labelled_uri, labels_uri=labels_uri, id_column=id_column,
@@ -62,15 +62,15 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     Kubernetes (a KFP step pod) the run is ``training_pipeline_version`` (pinned by ``kfloop run/schedule --host``)
     on the KFP server and the trigger state lives on the registered model in MLflow; on this machine the run is the
     training pipeline under kfp.local (its id the registered version) and the state a file in the workdir."""
-    from components.run_starters import run_starter
+    from components.run_starters import run_starter, trigger_store
+    from data.settings import from_struct, load_environment
     from monitoring.steps import trigger_step
     from training.launch.backends import step_backend
-    from training.settings import from_struct, load_environment
 
     pinned = from_struct(training_pipeline_version)
     backend = step_backend()
     settings = {**from_struct(training_params), "dataset_uri": dataset_uri, "model_name": model_name}
     decision = trigger_step(model_name=model_name, data_md5=drift_result.metadata["data_md5"],
                             policy=from_struct(trigger_policy), start=run_starter(backend, pinned, settings),
-                            store=backend.trigger_store(model_name, load_environment().workdir))
+                            store=trigger_store(backend, model_name, load_environment().workdir))
     return decision.run_id or ""

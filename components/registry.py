@@ -11,7 +11,7 @@ def register_candidate(model: Input[Model], report: Input[Artifact], schema: Inp
                        data_store_config: dict) -> str:
     """Keep the training data where DVC finds it by md5, then register the candidate with its decision, reason and
     lineage; returns the version."""
-    from training.settings import from_struct
+    from data.settings import from_struct
     from training.steps import register_step
 
     return register_step(model_dir=model.path, report_path=report.path, schema_path=schema.path, run_id=run_id,
@@ -25,7 +25,7 @@ def register_candidate(model: Input[Model], report: Input[Artifact], schema: Inp
 def promote(model_name: str, version: str, report: Input[Artifact], model: Input[Model],
             holdout_data: Input[Dataset], holdout_sha256: str, promotion_policy: dict) -> bool:
     """Move ``champion`` to ``version`` under the lock, after re-reading the champion and re-checking."""
-    from training.settings import from_struct
+    from data.settings import from_struct
     from training.steps import promote_step
 
     return promote_step(model_name=model_name, version=version, compared_against=report.metadata["champion_version"],

@@ -1,5 +1,7 @@
-"""How the retrain trigger step starts a training run, by its backend's type (:mod:`training.launch.backends`):
-under kfp.local on this machine, or as a run of the pinned training version on the KFP server."""
+"""The retrain trigger's part of a backend, picked by the backend's type (:mod:`training.launch.backends`): where
+the trigger keeps its state (a file in the workdir on this machine, the registered model in MLflow on Kubernetes)
+and how it starts a training run (under kfp.local on this machine, or as a run of the pinned training version on
+the KFP server). Domain code cannot hold this role without training/ importing monitoring/."""
 from __future__ import annotations
 
 import json
@@ -13,8 +15,10 @@ from typing import Any, Callable
 import yaml
 
 from components.kfp_client import DEFAULT_EXPERIMENT, IN_CLUSTER_ENDPOINT, VersionRef, connect, start_training
-from training.launch.backends import Backend, KubernetesBackend, LocalBackend
-from training.settings import SECTION_PARAMETERS
+from data.settings import SECTION_PARAMETERS
+from monitoring.trigger import TriggerStore
+from monitoring.trigger_registry import RegistryTriggerStore
+from training.launch.backends import Backend, KubernetesBackend
 
 
 def local_training_process(settings: dict[str, Any], config: Path, **popen: Any) -> subprocess.Popen:
@@ -70,9 +74,15 @@ def start_pinned_training(pinned: dict[str, Any], settings: dict[str, Any]) -> s
 
 def run_starter(backend: Backend, pinned: dict[str, Any], settings: dict[str, Any]) -> Callable[[], str]:
     """The trigger's ``start()`` on ``backend``: :func:`start_pinned_training` of ``pinned`` on Kubernetes,
-    :func:`start_local_training` on this machine; either with ``settings`` as the run's settings."""
-    starters: dict[type[Backend], Callable[[], str]] = {
-        LocalBackend: lambda: start_local_training(settings),
-        KubernetesBackend: lambda: start_pinned_training(pinned, settings),
-    }
-    return starters[type(backend)]
+    :func:`start_local_training` on this machine (local and Ray backends); either with ``settings`` as the run's settings."""
+    if isinstance(backend, KubernetesBackend):
+        return lambda: start_pinned_training(pinned, settings)
+    return lambda: start_local_training(settings)
+
+
+def trigger_store(backend: Backend, model_name: str, workdir: Path) -> TriggerStore:
+    """Where the retrain trigger of ``model_name`` keeps its cooldown and dedupe state on ``backend``: a file in
+    ``workdir`` on this machine, the registered model in MLflow on Kubernetes (it outlives the pods that decide)."""
+    if isinstance(backend, KubernetesBackend):
+        return RegistryTriggerStore(model_name)
+    return TriggerStore.in_workdir(workdir, model_name)

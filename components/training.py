@@ -11,7 +11,7 @@ def launch_training(train_data: Input[Dataset], schema: Input[Artifact], model_n
     """Train the ``model_config`` module (:class:`training.config.ModelSpec`) with DDP on ``nnodes`` x
     ``nproc_per_node`` ranks (``backend=kubernetes``: a PyTorchJob on ``cluster_config``); returns the MLflow run
     id."""
-    from training.settings import from_struct
+    from data.settings import from_struct
     from training.steps import train_step
 
     result = train_step(train_path=train_data.path, schema_path=schema.path, model_name=model_name,

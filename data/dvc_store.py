@@ -21,9 +21,9 @@ from dvc.data_cloud import Remote
 from dvc.fs import LocalFileSystem, get_cloud_fs
 from dvc.repo import Repo
 
-from data.storage import download, holds_credentials, redact, stat
-from training.errors import KfloopError
-from training.settings import section_from_dict
+from data.errors import KfloopError
+from data.settings import section_from_dict
+from data.storage import download, holds_credentials, redact, resolve
 
 DEFAULT_MAX_BYTES = 10 * 2**30
 DEFAULT_STORE_DIR = "dvc-store"
@@ -123,17 +123,18 @@ def keep(source_uri: str, md5: str, *, config: DataStoreConfig, workdir: Path, r
         found = locate(md5, stores)
         if found is not None:
             return Kept(md5=md5, location=found[0], data_store=redact(url) if found[1] is store else "", copied=False)
-        size = stat(source_uri).size
+        source = resolve(source_uri)
+        size = source.size
         if size > config.max_bytes:
             raise DataStoreError(
-                f"{redact(source_uri)}: {size} bytes, over data_store.max_bytes={config.max_bytes}: no DVC cache or "
+                f"{source.uri}: {size} bytes, over data_store.max_bytes={config.max_bytes}: no DVC cache or "
                 f"remote holds this training data (md5 {md5}), and registration copies at most that much into the "
                 f"{label} so the version can be reproduced; raise it (--set data_store.max_bytes={size}) or add the "
                 "file to DVC yourself (`dvc add`, `dvc push`) before training")
         with tempfile.TemporaryDirectory(prefix="kfloop-keep-") as tmp:
-            copy = download(source_uri, Path(tmp) / "data", max_bytes=config.max_bytes)
+            copy = download(source, Path(tmp) / "data", max_bytes=config.max_bytes)
             if copy.md5 != md5:
-                raise DataStoreError(f"{redact(source_uri)}: its bytes now hash to md5 {copy.md5}, not the {md5} this "
+                raise DataStoreError(f"{source.uri}: its bytes now hash to md5 {copy.md5}, not the {md5} this "
                                      "run validated and trained on: the data changed during the run; run the "
                                      "pipeline again on data that stays put")
             try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from training.fileio import atomic_write_bytes, parquet_bytes
+from data.fileio import atomic_write_bytes, parquet_bytes
 
 TARGET = "churned"
 ID_COLUMN = "customer_id"

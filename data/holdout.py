@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from training.fileio import atomic_write_bytes, file_digest, parquet_bytes
+from data.fileio import atomic_write_bytes, file_digest, parquet_bytes
 
 DEFAULT_HOLDOUT_FRACTION = 0.2
 """Share of the rows held out for the gate (the training pipeline's ``holdout_fraction``)."""

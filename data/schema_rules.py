@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
-from training.errors import KfloopError
+from data.errors import KfloopError
 
 Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check"]
 KINDS: tuple[Kind, ...] = get_args(Kind)

@@ -6,12 +6,15 @@ only from each library's standard environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECR
 ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL`` for S3-compatible endpoints; ``GOOGLE_APPLICATION_CREDENTIALS``;
 ``AZURE_STORAGE_ACCOUNT_NAME`` / ``AZURE_STORAGE_KEY`` / ``AZURE_STORAGE_CONNECTION_STRING``). A URI that is logged,
 recorded in lineage or printed goes through :func:`redact` first: user info and query parameters are dropped.
+A URI is resolved once (:func:`resolve`) into a :class:`Resolved` that the readers take: its file system, size,
+version, md5 and the name it is shown by.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -19,7 +22,7 @@ import fsspec
 from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
                                  PartialCredentialsError)
 
-from training.errors import EXIT_DATA_FILE, KfloopError
+from data.errors import EXIT_DATA_FILE, KfloopError
 
 REMOTE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
                    "abfss": "adlfs"}
@@ -47,25 +50,43 @@ class StorageError(KfloopError):
         super().__init__(f"{self.uri}: {problem}")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ObjectInfo:
-    """What the store says about one object (or local file) before it is read."""
+@dataclass(frozen=True, kw_only=True)
+class Resolved:
+    """One file, a local or mounted path or an object in storage, resolved once (:func:`resolve`): the file system
+    that reads it and what the store says about it. Readers take it instead of the URI, so the URI is parsed,
+    checked, stat'ed and redacted once."""
 
     uri: str
-    """The URI as it may be recorded: credentials removed; a local path made absolute."""
+    """The name it is shown and recorded by: credentials removed, a local path made absolute (:func:`record_uri`)."""
     size: int
     """Bytes."""
     version: str
     """The store's version id, else its ETag; empty for local files and stores that have neither."""
+    fs: fsspec.AbstractFileSystem = field(repr=False)
+    """The file system that reads it, made with the credentials and endpoint in the environment when resolved."""
+    path: str = field(repr=False)
+    """Its path on :attr:`fs`."""
+    given: str = field(repr=False)
+    """The URI as given (a presigned URL's query included): error messages name it redacted."""
 
+    @property
+    def remote(self) -> bool:
+        """Whether it is an object in storage (else a local or mounted file)."""
+        return is_remote(self.uri)
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Download:
-    """An object copied to a local file, with the hash of the bytes that were read."""
+    @functools.cached_property
+    def md5(self) -> str:
+        """md5 of its bytes (the hash DVC records for a file), read on first use, once; :func:`download` hashes the
+        bytes it copies on the way.
 
-    info: ObjectInfo
-    md5: str
-    """md5 of the bytes read (the hash DVC records for a file)."""
+        Raises:
+            StorageError: the file cannot be read.
+        """
+        try:
+            with self.fs.open(self.path, "rb") as f:
+                return hashlib.file_digest(f, "md5").hexdigest()
+        except Exception as exc:  # every store raises its own types; _problem says which problem it is
+            raise _unreadable(self.given, exc) from exc
 
 
 def is_remote(uri: str | os.PathLike) -> bool:
@@ -101,67 +122,66 @@ def record_uri(uri: str | os.PathLike) -> str:
     return redact(absolute(uri))
 
 
-def stat(uri: str) -> ObjectInfo:
-    """Size and version of the object at ``uri``.
+def resolve(uri: str | os.PathLike) -> Resolved:
+    """The file at ``uri`` (a local or mounted path, or an object URI) with its file system, size and version.
 
     Raises:
-        StorageError: not found, not a file, no credentials, access denied, unreachable endpoint, or the scheme's
-            package is not installed.
+        StorageError: not found, not a file, credentials in the URI, no credentials, access denied, unreachable
+            endpoint, or the scheme's package is not installed.
     """
-    return _stat(*_filesystem(uri), uri)
-
-
-def download(uri: str, dest: str | os.PathLike, *, max_bytes: int) -> Download:
-    """Stream the object at ``uri`` into the new file ``dest``, hashing it on the way; at most ``max_bytes``.
-
-    Raises:
-        StorageError: see :func:`stat`; or the object grew past ``max_bytes`` while it was read.
-    """
-    fs, path = _filesystem(uri)
-    info = _stat(fs, path, uri)
-    md5 = hashlib.md5()
-    read = 0
+    given = str(uri)
+    fs, path = _filesystem(given)
     try:
-        with fs.open(path, "rb") as src, open(dest, "xb") as out:
+        info = fs.info(path)
+    except Exception as exc:  # every store raises its own types; _problem says which problem it is
+        raise _unreadable(given, exc) from exc
+    if info.get("type") != "file":
+        raise StorageError(given, "not a file (a directory or prefix): give the URI of one Parquet or CSV object")
+    return Resolved(uri=record_uri(given), size=int(info["size"]), version=_version(info), fs=fs, path=path,
+                    given=given)
+
+
+def download(source: Resolved, dest: str | os.PathLike, *, max_bytes: int) -> Resolved:
+    """Stream ``source`` into the new file ``dest``, hashing it on the way; at most ``max_bytes``. Returns what was
+    read: ``source`` with the size and version the read saw and the md5 of the bytes (not read again).
+
+    Raises:
+        StorageError: the file cannot be read, or it grew past ``max_bytes`` while it was read.
+    """
+    md5 = hashlib.md5()
+    size = 0
+    try:
+        with source.fs.open(source.path, "rb") as src, open(dest, "xb") as out:
             for chunk in iter(lambda: src.read(CHUNK_BYTES), b""):
-                read += len(chunk)
-                if read > max_bytes:
-                    raise StorageError(uri, f"more than {max_bytes} bytes read, over the limit: split the data or "
-                                            "raise ReadLimits.max_bytes")
+                size += len(chunk)
+                if size > max_bytes:
+                    raise StorageError(source.given, f"more than {max_bytes} bytes read, over the limit: split the "
+                                                     "data or raise ReadLimits.max_bytes")
                 md5.update(chunk)
                 out.write(chunk)
-            version = _version(getattr(src, "details", None) or {}) or info.version
+            version = _version(getattr(src, "details", None) or {}) or source.version
     except StorageError:
         raise
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
-        raise StorageError(uri, _problem(exc, uri)) from exc
-    return Download(info=ObjectInfo(uri=info.uri, size=read, version=version), md5=md5.hexdigest())
+        raise _unreadable(source.given, exc) from exc
+    read = replace(source, size=size, version=version)
+    read.__dict__["md5"] = md5.hexdigest()  # where Resolved.md5 (a cached_property) keeps its value
+    return read
 
 
 def read_bytes(uri: str, *, max_bytes: int) -> bytes:
     """The whole (small) object at ``uri``, e.g. a schema.
 
     Raises:
-        StorageError: see :func:`stat`; or the object is larger than ``max_bytes``.
+        StorageError: see :func:`resolve`; or the object is larger than ``max_bytes``.
     """
-    fs, path = _filesystem(uri)
-    info = _stat(fs, path, uri)
-    if info.size > max_bytes:
-        raise StorageError(uri, f"{info.size} bytes, over the limit of {max_bytes} for this file")
+    source = resolve(uri)
+    if source.size > max_bytes:
+        raise StorageError(uri, f"{source.size} bytes, over the limit of {max_bytes} for this file")
     try:
-        return fs.cat_file(path)
-    except Exception as exc:
-        raise StorageError(uri, _problem(exc, uri)) from exc
-
-
-def _stat(fs: fsspec.AbstractFileSystem, path: str, uri: str) -> ObjectInfo:
-    try:
-        info = fs.info(path)
+        return source.fs.cat_file(source.path)
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
-        raise StorageError(uri, _problem(exc, uri)) from exc
-    if info.get("type") != "file":
-        raise StorageError(uri, "not a file (a directory or prefix): give the URI of one Parquet or CSV object")
-    return ObjectInfo(uri=record_uri(uri), size=int(info["size"]), version=_version(info))
+        raise _unreadable(uri, exc) from exc
 
 
 def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -180,6 +200,11 @@ def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
         extra = EXTRAS[package]
         raise StorageError(uri, f"reading this URI needs the {package} package: pip install 'kfloop[{extra}]'") \
             from None
+
+
+def _unreadable(uri: str, exc: Exception) -> StorageError:
+    """The error for ``exc`` raised reading ``uri``."""
+    return StorageError(uri, _problem(exc, uri))
 
 
 def _version(info: dict) -> str:

@@ -1,7 +1,8 @@
 """Reading data files as tables: whole (:func:`read_table`) or chunk by chunk in bounded memory (:func:`iter_table`
 for a local file, :func:`table_chunks` for a local path or an object in storage), from a local or mounted path or
-object storage (an object is streamed to a local temp file first: :func:`local_copy`). Every problem is a
-:class:`DataFileError` naming the file and saying the fix.
+object storage (an object is streamed to a local temp file first: :func:`local_copy`); these take a URI or the
+:class:`data.storage.Resolved` it was resolved to. Every problem is a :class:`DataFileError` naming the file and
+saying the fix.
 """
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ import pyarrow
 import pyarrow.parquet as pq
 
 from data import storage
-from training.errors import EXIT_DATA_FILE, KfloopError
-from training.fileio import file_digest
+from data.errors import EXIT_DATA_FILE, KfloopError
 
 PARQUET_MAGIC = b"PAR1"
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
@@ -61,54 +61,40 @@ class ReadLimits:
 DEFAULT_LIMITS = ReadLimits()
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TableSource:
-    """Where a table was read from, as lineage records it."""
-
-    uri: str
-    """The URI without credentials (:func:`data.storage.record_uri`)."""
-    md5: str
-    """md5 of the bytes read: the hash DVC records for the file."""
-    version: str
-    """The object store's version id or ETag; empty for a local file."""
-
-
 @contextmanager
-def local_copy(uri: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[Path, TableSource]]:
-    """A local path holding the table at ``uri``, and what was read. A local path is used as is; an object in
-    storage is streamed to a temp file (size checked first, md5 computed on the way) removed on exit. A
-    :class:`DataFileError` raised inside names the URI (without credentials), not the temp file.
+def local_copy(uri: str | Path | storage.Resolved, *,
+               limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[Path, storage.Resolved]]:
+    """A local path holding the table at ``uri``, and what was read (its name, version and md5, the md5 read once
+    on first use). A local file is used where it is; an object in storage is streamed to a temp file (size checked
+    first, md5 computed on the way) removed on exit. A :class:`DataFileError` raised inside names the URI (without
+    credentials), not the temp file.
 
     Raises:
-        DataFileError: for object storage: too large, not found, no credentials, access denied or an unreachable
-            endpoint.
+        DataFileError: not found or not a file; for object storage also: too large, no credentials, access denied
+            or an unreachable endpoint.
     """
-    if not storage.is_remote(uri):
-        yield Path(uri), TableSource(uri=storage.record_uri(uri), md5=_local_md5(Path(uri)), version="")
-        return
     try:
-        info = storage.stat(uri)
-        if info.size > limits.max_bytes:
-            raise _too_large(info.uri, info.size, limits)
+        source = uri if isinstance(uri, storage.Resolved) else storage.resolve(uri)
+        if not source.remote:
+            yield Path(source.path), source
+            return
+        if source.size > limits.max_bytes:
+            raise _too_large(source.uri, source.size, limits)
         with tempfile.TemporaryDirectory(prefix="kfloop-read-") as tmp:
-            local = Path(tmp) / (Path(urlsplit(str(uri)).path).name or "data")
-            copy = storage.download(uri, local, max_bytes=limits.max_bytes)
+            local = Path(tmp) / (Path(urlsplit(source.uri).path).name or "data")
+            read = storage.download(source, local, max_bytes=limits.max_bytes)
             try:
-                yield local, TableSource(uri=copy.info.uri, md5=copy.md5, version=copy.info.version)
+                yield local, read
             except DataFileError as exc:
                 if exc.path != str(local):
                     raise
-                raise DataFileError(info.uri, exc.problem) from None
+                raise DataFileError(source.uri, exc.problem) from None
     except storage.StorageError as exc:
         raise DataFileError(exc.uri, exc.problem) from exc
 
 
-def _local_md5(path: Path) -> str:
-    """md5 of a local file; empty when it cannot be read (reading it then says why, naming the file)."""
-    return file_digest(path, "md5") if path.is_file() else ""
-
-
-def read_table_source(uri: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> tuple[pd.DataFrame, TableSource]:
+def read_table_source(uri: str | Path | storage.Resolved, *,
+                      limits: ReadLimits = DEFAULT_LIMITS) -> tuple[pd.DataFrame, storage.Resolved]:
     """:func:`read_table`, and what was read (:func:`local_copy`).
 
     Raises:
@@ -176,8 +162,9 @@ def iter_table(path: str | Path, *, columns: list[str] | None = None, text_colum
 
 
 @contextmanager
-def table_chunks(uri: str | Path, *, columns: list[str] | None = None, text_columns: list[str] | None = None,
-                 limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[Iterator[pd.DataFrame], TableSource]]:
+def table_chunks(uri: str | Path | storage.Resolved, *, columns: list[str] | None = None,
+                 text_columns: list[str] | None = None,
+                 limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[Iterator[pd.DataFrame], storage.Resolved]]:
     """The table at ``uri`` (local path or object storage) read by :func:`iter_table`, and what is read
     (:func:`local_copy`: an object in storage is streamed to a temp file first, removed on exit; errors name the
     URI). Iterate the chunks inside the ``with`` block.

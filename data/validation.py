@@ -28,9 +28,9 @@ from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
 from data import storage
+from data.errors import KfloopError
 from data.schema_rules import RuleSet
 from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, iter_table, local_copy
-from training.errors import KfloopError
 
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")
@@ -498,8 +498,8 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
     if isinstance(df_or_path, pd.DataFrame):
         return _StreamedValidation(schema).run(lambda: [df_or_path], "<dataframe>")
     if storage.is_remote(df_or_path):
-        with local_copy(df_or_path, limits=limits) as (path, _):
-            return replace(validate(path, schema, limits=limits), source=storage.redact(df_or_path))
+        with local_copy(df_or_path, limits=limits) as (path, source):
+            return replace(validate(path, schema, limits=limits), source=source.uri)
     return _StreamedValidation(schema).run(lambda: iter_table(df_or_path, limits=limits), str(df_or_path))
 
 

@@ -3,7 +3,7 @@ predictions) and one for the dataset, equal to Evidently's ``DataDriftPreset`` b
 report (about 30x faster on 1M rows, see ``benchmarks/drift.py``).
 
 The reference is a table (:func:`check_drift`) or the champion's stored profile (:func:`check_drift_profile`,
-:mod:`monitoring.profiles`), the current batch then streamed in chunks. Against a profile, columns kept exactly
+:mod:`data.profiles`), the current batch then streamed in chunks. Against a profile, columns kept exactly
 (categories, predictions of a class, whole numbers, any column with at most ``exact_values`` distinct values) give
 the full reference's verdicts exactly. A numeric column with more distinct values is kept as a seeded sample of
 ``sample_size`` values with the exact size, mean and standard deviation: its Wasserstein score (Evidently's method
@@ -35,10 +35,10 @@ from evidently.legacy.core import ColumnType
 from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
+from data.fileio import atomic_write_text
+from data.profiles import PREDICTION_COLUMN, ColumnProfile, ReferenceProfile, as_text, normalised_columns
 from data.schema_rules import KINDS, RuleSet
-from monitoring.profiles import PREDICTION_COLUMN, ColumnProfile, ReferenceProfile, as_text, normalised_columns
-from training.fileio import atomic_write_text
-from training.settings import section_from_dict
+from data.settings import section_from_dict
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
                              "g_test", "ks", "mannw", "t_test", "TVD", "z"})

@@ -29,14 +29,14 @@ import pandas as pd
 from evidently import BinaryClassification, DataDefinition, Dataset, MulticlassClassification, Regression, Report
 from evidently.presets import ClassificationPreset, RegressionPreset
 
+from data.fileio import atomic_write_text
+from data.settings import section_from_dict
 from data.tables import DataFileError
 from data.validation import rows_named
 from training.features import encode_target
-from training.fileio import atomic_write_text
 from training.gate import (LOWER_IS_BETTER, METRICS, REGRESSION_METRICS, Scored, bootstrap_interval,
                            bootstrap_metric, compute_metrics, json_ready, majority_baseline, regression_metrics,
                            slice_masks)
-from training.settings import section_from_dict
 
 BOOTSTRAP_METHODS = ("percentile", "paired")
 PREDICTION_COLUMN = "prediction"

@@ -9,10 +9,10 @@ from typing import Any
 import mlflow
 from mlflow.entities import Metric, Param
 
-from monitoring.trigger import utc_iso
+from data.fileio import utc_iso
+from data.settings import load_environment
 from training.registry.experiments import ensure_experiment
 from training.registry.versions import DRIFT_REPORT_URI_TAG, QUALITY_REPORT_URI_TAG
-from training.settings import load_environment
 
 DRIFT_EXPERIMENT_SUFFIX = "-drift"
 """Drift checks of model ``M`` are runs of experiment ``M-drift``."""

@@ -14,16 +14,16 @@ from typing import Any, Callable
 import mlflow
 import pandas as pd
 
+from data.profiles import prediction_kind
+from data.settings import load_environment, step_function
 from data.storage import redact
 from data.tables import DataFileError, read_table, read_table_source, table_chunks
 from data.validation import infer_schema, load_schema, schema_roles, validate
-from monitoring.profiles import prediction_kind
 from monitoring.records import record_drift_check, record_quality_check
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.progress import progress
 from training.registry.versions import (EVALUATION_ARTIFACT, champion_profile, champion_schema, get_champion,
                                         holdout_metrics, load_version_predictor)
-from training.settings import load_environment, step_function
 
 
 @dataclass(kw_only=True, slots=True)

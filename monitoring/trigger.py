@@ -6,15 +6,14 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from filelock import FileLock
 
-from training.errors import KfloopError
-from training.fileio import atomic_write_json
-from training.settings import section_from_dict
+from data.errors import KfloopError
+from data.fileio import atomic_write_json, utc_iso
+from data.settings import section_from_dict
 
 HISTORY_LIMIT = 100
 """Fired triggers kept per model (oldest dropped first)."""
@@ -213,11 +212,6 @@ def outcome_counts(entry: dict[str, Any]) -> dict[str, int]:
     """How many decisions of one model's state ``entry`` came to each outcome; a state written before the counts
     were kept starts from its fired history (capped at ``HISTORY_LIMIT``)."""
     return dict(entry.get("counts") or {"fired": len(entry["fired"])})
-
-
-def utc_iso(at: float) -> str:
-    """``at`` (seconds since the epoch) as UTC ISO 8601, seconds precision."""
-    return datetime.fromtimestamp(at, tz=timezone.utc).isoformat(timespec="seconds")
 
 
 def _state_problem(state: Any) -> str | None:

@@ -19,9 +19,9 @@ from typing import Any, Callable, Mapping, TextIO
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from data.errors import KfloopError
 from monitoring.metrics import exposition
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
-from training.errors import KfloopError
 
 TOKEN_ENV = "KFLOOP_WEBHOOK_TOKEN"
 HMAC_ENV = "KFLOOP_WEBHOOK_HMAC_SECRET"

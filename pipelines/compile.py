@@ -7,12 +7,12 @@ import yaml
 from kfp import compiler, dsl
 from kfp.dsl.graph_component import GraphComponent
 
+from data.settings import IMAGE_ENV
 from pipelines import kubernetes_options
 from pipelines.drift import drift_pipeline
 from pipelines.kubernetes_options import KubernetesOptions
 from pipelines.quality import quality_pipeline
 from pipelines.training import training_pipeline
-from training.settings import IMAGE_ENV
 
 PIPELINES = {"training": training_pipeline, "drift": drift_pipeline, "quality": quality_pipeline}
 

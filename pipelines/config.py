@@ -7,6 +7,7 @@ from typing import Any
 
 from components.kfp_client import KfpSettings
 from data.dvc_store import DataStoreConfig
+from data.settings import SECTION_PARAMETERS, check_known_keys
 from data.storage import holds_credentials, redact
 from monitoring.drift import DriftPolicy
 from monitoring.quality import QualityPolicy
@@ -14,7 +15,6 @@ from monitoring.trigger import TriggerPolicy
 from training.config import SHAPE_PARAMETERS, ModelSpec, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.kubernetes import KubernetesSettings
-from training.settings import SECTION_PARAMETERS, check_known_keys
 
 SECTIONS: dict[str, type] = {
     "training": TrainingSection,

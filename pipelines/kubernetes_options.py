@@ -19,8 +19,8 @@ from kfp import kubernetes as kfp_k8s  # aliased: ``kubernetes`` is the Kubernet
 from kfp.dsl import PipelineTask
 from kfp.dsl.pipeline_context import Pipeline
 
+from data.settings import PULL_SECRETS_ENV
 from training.launch.cluster import CREDENTIAL_KEYS
-from training.settings import PULL_SECRETS_ENV
 
 DEFAULT_SECRET = "kfloop-mlflow"
 REQUIRED_KEYS = ("MLFLOW_TRACKING_URI",)

@@ -3,8 +3,8 @@ from kfp import dsl
 from kfp.dsl import Artifact
 
 from components.monitoring import check_quality, trigger_retraining
+from data.settings import DEFAULT_MODEL_NAME
 from pipelines import kubernetes_options
-from training.settings import DEFAULT_MODEL_NAME
 
 PIPELINE_NAME = "kfloop-quality"
 

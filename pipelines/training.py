@@ -6,9 +6,9 @@ from components.evaluation import evaluate_vs_champion
 from components.registry import promote, register_candidate
 from components.training import launch_training
 from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
+from data.settings import DEFAULT_MODEL_NAME
 from pipelines import kubernetes_options
 from training.config import JobShape
-from training.settings import DEFAULT_MODEL_NAME
 
 PIPELINE_NAME = "kfloop-training"
 DEFAULT_SHAPE = JobShape()

@@ -26,7 +26,7 @@ def demo_files(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture
 def isolated_env(tmp_path, monkeypatch):
     """A fresh workdir with its own MLflow database; the environment variables are restored afterwards."""
-    from training.settings import activate, load_environment
+    from data.settings import activate, load_environment
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     for key in ("KFLOOP_HOME", "KFLOOP_GIT_COMMIT"):

@@ -26,13 +26,13 @@ import s3fs
 from kfp import components, local
 
 from data.generate import write_demo
+from data.settings import load_environment
 from fakes.mlflow_server import MlflowServer
-from pipelines.compile import compile_pipeline
-from pipelines.local.runner import run_local
-from pipelines.config import pipeline_params
-from training.registry.versions import list_versions
 from fakes.s3_server import S3Server
-from training.settings import load_environment
+from pipelines.compile import compile_pipeline
+from pipelines.config import pipeline_params
+from pipelines.local.runner import run_local
+from training.registry.versions import list_versions
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "kfloop-e2e"

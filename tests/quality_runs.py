@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import mlflow
 
+from data.settings import load_environment
 from monitoring.records import QUALITY_EXPERIMENT_SUFFIX, QUALITY_RESULT_ARTIFACT
-from training.settings import load_environment
 from training.registry.experiments import ensure_experiment
 
 

@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from data.errors import EXIT_FAILED
 from data.generate import generate
-from pipelines.cli.commands import main
-from training.errors import EXIT_FAILED
 from data.tables import DataFileError, ReadLimits, read_table
 from data.validation import load_schema, schema_diff, validate
+from pipelines.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_SCHEMA = REPO / "data" / "schema.yaml"

@@ -16,10 +16,10 @@ import pandas as pd
 import pytest
 from cli_run import cli
 
+from data.settings import CODE_ROOT as REPO_ROOT
 from monitoring.steps import drift_step
 from pipelines.cli.commands import main
 from training.model_files import MODULE_FILE
-from training.settings import CODE_ROOT as REPO_ROOT
 
 EXAMPLES = REPO_ROOT / "examples"
 MODEL = "byo-demo"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from data.fileio import file_digest
 from training import checkpoints
-from training.fileio import file_digest
 
 
 def _trained_state(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, dict]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from data.errors import EXIT_DATA_FILE, EXIT_FAILED
 from pipelines.cli.commands import build_parser, main
-from training.errors import EXIT_DATA_FILE, EXIT_FAILED
 
 REPO = Path(__file__).resolve().parents[1]
 GLOBAL = ["--debug", "--workdir"]

@@ -1,9 +1,10 @@
 """The config root (pipelines/config.py) and the one section check every typed config shares
-(training/settings.py:section_from_dict): a value set once in kfloop.yaml is the value every path uses."""
+(data/settings.py:section_from_dict): a value set once in kfloop.yaml is the value every path uses."""
 from __future__ import annotations
 
 import pytest
 
+from data.settings import SECTION_PARAMETERS
 from monitoring.drift import DriftPolicy
 from monitoring.quality import QualityPolicy
 from monitoring.trigger import TriggerPolicy
@@ -16,7 +17,6 @@ from training.gate import PromotionPolicy
 from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
 from training.launch.kubernetes import KubernetesSettings
-from training.settings import SECTION_PARAMETERS
 
 DATA = {"dataset_uri": "/data/train.parquet"}
 

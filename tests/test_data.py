@@ -17,8 +17,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
+from data.fileio import file_digest
 from data.generate import CONTRACTS, PLANS, generate, write_demo
-from training.fileio import file_digest
 
 REPO = Path(__file__).resolve().parents[1]
 NUMERIC = ["age", "tenure_months", "monthly_charges", "total_charges", "support_calls"]

@@ -14,11 +14,11 @@ import pytest
 from cli_run import cli
 
 from data.dvc_store import DataStoreConfig, DataStoreError, keep
+from data.errors import EXIT_FAILED
+from data.fileio import file_digest
+from data.settings import CODE_ROOT
 from pipelines.config import pipeline_params
 from pipelines.training import training_pipeline
-from training.errors import EXIT_FAILED
-from training.fileio import file_digest
-from training.settings import CODE_ROOT
 
 FAST = ["--set", "training.epochs=1", "--set", "nproc_per_node=1", "--set", "model.params.hidden=[8]",
         "--set", "target=churned"]

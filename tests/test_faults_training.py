@@ -122,8 +122,8 @@ def test_a_killed_rank_restarts_every_rank_and_resumes_to_the_planned_step(tmp_p
 
 def test_a_rank_failing_on_every_attempt_fails_the_run_and_registers_nothing(tmp_path, isolated_env, capsys,
                                                                               demo_files):
+    from data.errors import EXIT_FAILED
     from pipelines.cli.commands import main
-    from training.errors import EXIT_FAILED
 
     (isolated_env.workdir / "checkpoints").write_text("a file where rank 0 must create its checkpoint directory")
     capsys.readouterr()

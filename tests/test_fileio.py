@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from training.fileio import atomic_copy, atomic_write_bytes
+from data.fileio import atomic_copy, atomic_write_bytes
 
 
 def test_atomic_copy_replaces_the_target_with_the_whole_source(tmp_path):

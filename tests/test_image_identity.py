@@ -65,11 +65,11 @@ def test_the_image_is_tagged_and_labelled_with_that_commit():
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     final_stage = dockerfile[dockerfile.rindex("\nFROM "):]
     assert re.search(r"^LABEL GIT_COMMIT=\$\{GIT_COMMIT\}", final_stage, re.M)
-    assert "KFLOOP_GIT_COMMIT=${GIT_COMMIT}" in final_stage  # what the lineage records (training.settings)
+    assert "KFLOOP_GIT_COMMIT=${GIT_COMMIT}" in final_stage  # what the lineage records (data.settings)
 
 
 def test_the_lineage_records_the_images_commit(monkeypatch, tmp_path):
-    from training.settings import load_environment
+    from data.settings import load_environment
 
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", "3f2a9c0d1e4b5a6978c0d1e2f3a4b5c6d7e8f901-dirty")  # as the image sets it
     assert load_environment(tmp_path / "w").git_commit == "3f2a9c0d1e4b5a6978c0d1e2f3a4b5c6d7e8f901-dirty"

@@ -420,7 +420,7 @@ def test_a_dirty_image_is_refused_unless_named_with_image(kfp, capsys, monkeypat
 @pytest.mark.parametrize("how", ["ci", "flag"])
 def test_upload_in_ci_or_with_require_image_refuses_an_empty_or_default_image(kfp, capsys, monkeypatch, how):
     """Issue 32 item 1: a masked (empty) KFLOOP_IMAGE must not silently upload a version running the default image."""
-    from training.settings import DEFAULT_IMAGE
+    from data.settings import DEFAULT_IMAGE
 
     extra = ["--require-image"] if how == "flag" else []
     if how == "ci":

@@ -1,12 +1,14 @@
-"""Local or cluster decided once, by the backend config's type: one backend object chooses the launcher, the
-promotion lock and the trigger store (training/launch/backends.py); the Kubernetes one reaches the test API server
-over HTTP with the real `kubernetes` client through its own kubeconfig."""
+"""Local or cluster decided once, by the backend config's type: one backend object chooses the launcher and the
+promotion lock (training/launch/backends.py), and by its type the step layer picks the trigger store
+(components/run_starters.py); the Kubernetes one reaches the test API server over HTTP with the real `kubernetes`
+client through its own kubeconfig."""
 from __future__ import annotations
 
 import pytest
 from filelock import FileLock
 from kubernetes import client
 
+from components.run_starters import trigger_store
 from fakes.k8s_server import K8sServer
 from monitoring.trigger import TriggerStore
 from monitoring.trigger_registry import RegistryTriggerStore
@@ -36,7 +38,7 @@ def test_the_local_backend_keeps_its_lock_and_trigger_state_in_the_workdir(tmp_p
     backend = backend_for(LocalConfig())
     lock = backend.promotion_lock("churn", tmp_path, timeout_s=1)
     assert isinstance(lock, FileLock) and lock.lock_file == str(tmp_path / "locks" / "churn.lock")
-    store = backend.trigger_store("churn", tmp_path)
+    store = trigger_store(backend, "churn", tmp_path)
     assert type(store) is TriggerStore and store.path == tmp_path / "trigger" / "churn.json"
     assert not backend.attaches_to_unfinished_run
 
@@ -53,7 +55,7 @@ def test_the_kubernetes_backend_takes_a_lease_through_its_own_kubeconfig(tmp_pat
             lease = client.CoordinationV1Api(api_client(str(kubeconfig))).read_namespaced_lease(lock.name, "default")
             assert lease.spec.holder_identity == lock.holder
         assert not (tmp_path / "locks").exists()
-    store = backend.trigger_store("churn", tmp_path)
+    store = trigger_store(backend, "churn", tmp_path)
     assert type(store) is RegistryTriggerStore and store.model_name == "churn"
     assert backend.attaches_to_unfinished_run
 

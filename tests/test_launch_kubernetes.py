@@ -352,7 +352,7 @@ def test_preflight_fails_fast_when_the_bandwidth_is_below_the_floor(cluster, tmp
 
 _LAUNCH_STEP = """
 import json, sys
-from training.settings import activate, load_environment
+from data.settings import activate, load_environment
 from training.steps import train_step
 args = json.loads(sys.argv[1])
 activate(load_environment())

@@ -1,7 +1,8 @@
 """The layer rules of the package, read from the source (every import, at the top or inside a function):
 domain code (training/, monitoring/, data/) knows nothing about KFP or the layers above it, components/ never
-import pipelines/, and no two of our modules import each other, directly or around a cycle. Imports sit at the top
-except in the few places listed in LAZY_IMPORTS, each for a reason the last tests check."""
+import pipelines/, our packages point one way (data <- training <- monitoring <- components <- pipelines), and no
+two of our modules import each other, directly or around a cycle. Imports sit at the top except in the few places
+listed in LAZY_IMPORTS, each for a reason the last tests check."""
 from __future__ import annotations
 
 import ast
@@ -15,6 +16,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipelines", "components", "training", "monitoring", "data")
 DOMAIN = ("training", "monitoring", "data")
+PACKAGE_LAYERS = ("data", "training", "monitoring", "components", "pipelines")
+"""Our packages from the ground floor up: each imports only packages below it."""
 
 
 def module_name(path: Path) -> str:
@@ -44,6 +47,31 @@ def test_the_scan_sees_our_modules_and_their_imports():
     assert {"training.train", "training.launch.kubernetes", "data.validation", "pipelines.cli.commands"} <= set(MODULES)
     assert "kfp" in GRAPH["components.base"] or "kfp.dsl" in GRAPH["components.base"]
     assert "training.launch.jobspec" in GRAPH["training.launch.local"]
+    assert "training.steps" in GRAPH["components.data"]  # imported inside the component's body only
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Package -> the other packages of ours its modules import (inside functions too)."""
+    graph: dict[str, set[str]] = {package: set() for package in PACKAGES}
+    for name, deps in GRAPH.items():
+        package = name.split(".")[0]
+        graph[package] |= {m.split(".")[0] for m in deps} & set(PACKAGES) - {package}
+    return graph
+
+
+def test_packages_point_one_way():
+    """``data`` imports no package of ours; ``training`` imports ``data``; ``monitoring`` imports ``data`` and
+    ``training``, never the other way: monitoring watches what training made (it reads the champion and its
+    recorded metrics from the registry, scores with its predictor, compares in the gate's metric units), while
+    training never needs to know it is watched. What training once took from monitoring sits below both: the
+    reference profile is a property of a table (data/profiles.py), time stamps are shared base (data/fileio.py),
+    and the step layer picks the retrain trigger's store by the backend's type (components/run_starters.py).
+    ``components`` and ``pipelines`` sit above them, in that order."""
+    graph = package_graph()
+    upward = {package: sorted(deps - set(PACKAGE_LAYERS[:PACKAGE_LAYERS.index(package)]))
+              for package, deps in graph.items()}
+    assert {package: deps for package, deps in upward.items() if deps} == {}
+    assert graph["data"] == set() and graph["monitoring"] >= {"data", "training"}  # the direction is in use
 
 
 def test_domain_code_imports_no_pipeline_layer_and_no_kfp():
@@ -90,7 +118,7 @@ BUILTIN_ERRORS = {"Exception", "RuntimeError", "ValueError", "TimeoutError", "OS
 
 
 def test_every_error_kfloop_raises_of_its_own_is_a_kfloop_error():
-    """One base, so ``kfloop``'s main maps an error to its exit code by type (training/errors.py)."""
+    """One base, so ``kfloop``'s main maps an error to its exit code by type (data/errors.py)."""
     bases = {}
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from data.errors import EXIT_DATA_FILE, EXIT_FAILED
+from data.fileio import file_digest
 from pipelines.cli.commands import main
-from training.errors import EXIT_DATA_FILE, EXIT_FAILED
-from training.fileio import file_digest
 
 MODEL = "loop-test"
 FAST = ["--set", "training.epochs=3"]
@@ -29,7 +29,7 @@ def run_cli(capsys, workdir, *args: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def champion_env(tmp_path_factory, demo_files):
     """A workdir whose model ``loop-test`` has champion v1, trained through the CLI."""
-    from training.settings import load_environment
+    from data.settings import load_environment
 
     with pytest.MonkeyPatch.context() as mp:
         for key in ("MLFLOW_TRACKING_URI", "KFLOOP_HOME", "KFLOOP_GIT_COMMIT"):

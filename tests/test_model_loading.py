@@ -96,7 +96,7 @@ mlflow.models.set_model(Foreign())
 def test_a_version_whose_mlmodel_points_at_foreign_code_is_never_loaded(tmp_path, monkeypatch):
     """A version outside our experiment, logged with its own code but carrying a genuine kfloop model dir and a
     matching weights tag: the evaluator refuses it and never runs its code."""
-    from training.fileio import file_digest
+    from data.fileio import file_digest
     from training.registry.versions import WEIGHTS_TAG, ForeignModelError, load_version_predictor
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -11,10 +11,10 @@ import mlflow
 import pytest
 from cli_run import cli
 
+from data.errors import EXIT_FAILED
+from data.fileio import file_digest
+from data.settings import CODE_ROOT as REPO_ROOT
 from pipelines.cli.commands import main
-from training.errors import EXIT_FAILED
-from training.fileio import file_digest
-from training.settings import CODE_ROOT as REPO_ROOT
 
 MODEL = "operate-demo"
 TINY = ["--set", "model.params.hidden=[8]", "--set", "training.nproc_per_node=2", "--set", "training.batch_size=256",

@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from data.profiles import PROFILE_ARTIFACT, ProfileSettings, ReferenceProfile, build_profile
 from data.tables import ReadLimits, read_table, table_chunks
 from data.validation import infer_schema, schema_to_yaml
 from monitoring.drift import DriftPolicy, check_drift, check_drift_profile, same_verdict
-from monitoring.profiles import PROFILE_ARTIFACT, ProfileSettings, ReferenceProfile, build_profile
 from monitoring.steps import drift_step
 from test_registry_versions import TARGET, build_model, make_frame
-from training.fileio import file_digest
-from training.gate import PromotionPolicy, evaluate
+from data.fileio import file_digest
 from training.config import JobShape, TrainingConfig
+from training.gate import PromotionPolicy, evaluate
 from training.model import Predictor
 from training.model_files import JOB_SHAPE_FILE, MODEL_FILE
 from training.registry.versions import champion_profile

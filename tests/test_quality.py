@@ -10,9 +10,9 @@ import mlflow
 import pandas as pd
 import pytest
 
+from data.errors import EXIT_DATA_FILE
 from monitoring.records import QUALITY_REPORT_ARTIFACT, quality_checks
 from pipelines.cli.commands import main
-from training.errors import EXIT_DATA_FILE
 from training.registry.versions import QUALITY_REPORT_URI_TAG
 
 MODEL = "quality-test"
@@ -30,8 +30,8 @@ def run_cli(capsys, workdir, *args: str) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def champion(tmp_path_factory, demo_files):
     """A workdir whose model ``quality-test`` has champion v1; the stable batch as labelled rows, and flipped."""
+    from data.settings import load_environment
     from pipelines.local.runs import run_pipeline
-    from training.settings import load_environment
 
     root = tmp_path_factory.mktemp("quality")
     with pytest.MonkeyPatch.context() as mp:

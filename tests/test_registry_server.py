@@ -235,7 +235,7 @@ def test_rollback_moves_champion_back_and_every_consumer_follows(served, tmp_pat
         mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(rows).filter(like="proba_").to_numpy(),
         Predictor.load(served.medium).predict_proba(rows), rtol=1e-12)
     holdout = served.root / "holdout.csv"
-    from training.fileio import file_digest
+    from data.fileio import file_digest
 
     decision, champion = score_against_champion(model_dir=str(served.good), holdout_path=str(holdout),
                                                 holdout_sha256=file_digest(holdout), model_name=name,

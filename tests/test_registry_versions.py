@@ -16,9 +16,9 @@ import pytest
 import torch
 from filelock import FileLock, Timeout
 
-from training.features import FeatureTransform, encode_target, target_classes
-from training.fileio import file_digest
+from data.fileio import file_digest
 from training.config import ModelSpec
+from training.features import FeatureTransform, encode_target, target_classes
 from training.gate import Decision, PromotionPolicy, evaluate
 from training.model import WEIGHTS_FILE, Predictor, save_model_dir
 from training.model_code import ModelCode, ModelCodeError

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from kfp.dsl import constants
 
-from training import settings
-from training.settings import load_environment
+from data import settings
+from data.settings import load_environment
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,13 +15,13 @@ import mlflow
 import pytest
 
 from data import storage
-from fakes.server_process import free_port
-from training.errors import EXIT_DATA_FILE
-from fakes.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
-from training.fileio import file_digest
-from training.model_files import MODEL_FILE
+from data.errors import EXIT_DATA_FILE
+from data.fileio import file_digest
 from data.tables import DataFileError, ReadLimits, read_table, read_table_source
 from data.validation import load_schema
+from fakes.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
+from fakes.server_process import free_port
+from training.model_files import MODEL_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "data" / "schema.yaml"

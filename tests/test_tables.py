@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from data import storage
+from data.fileio import file_digest
 from data.tables import DataFileError, ReadLimits, iter_table, table_chunks
 
 COLUMNS = ["id", "x", "color"]
@@ -50,6 +52,20 @@ def test_a_missing_column_names_the_file_and_its_columns(tmp_path, suffix):
         with table_chunks(path, columns=["x", "size"]) as (chunks, _):
             next(chunks)
     assert info.value.path == str(path)
+
+
+def test_a_uri_is_resolved_once_into_the_object_the_readers_take(tmp_path):
+    path = _write(_frame(), tmp_path / "data.csv")
+    source = storage.resolve(str(path))
+    assert (source.uri, source.size, source.version, source.remote) == (str(path), path.stat().st_size, "", False)
+    with table_chunks(source, limits=ReadLimits(chunk_rows=10)) as (chunks, read):
+        assert read is source and [len(c) for c in chunks] == [10, 10, 3]
+    md5 = file_digest(path, "md5")
+    assert source.md5 == md5
+    path.write_text("id\n1\n")
+    assert source.md5 == md5  # read once: the object keeps the digest of the bytes it saw
+    with pytest.raises(storage.StorageError, match="file not found"):
+        storage.resolve(str(tmp_path / "gone.csv"))
 
 
 def test_chunks_of_an_object_in_storage_name_its_uri_not_the_temp_copy(s3_bucket, tmp_path):

@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from training.errors import KfloopError
-from training.fileio import atomic_write_bytes, atomic_write_json
+from data.errors import KfloopError
+from data.fileio import atomic_write_bytes, atomic_write_json
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from data.fileio import atomic_write_json
 from training.devices import pin_local_device
-from training.fileio import atomic_write_json
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 PREFLIGHT_BYTES = 64 << 20

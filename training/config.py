@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from training.settings import check_ints, section_from_dict, section_mapping
+from data.settings import check_ints, section_from_dict, section_mapping
 from training.threshold import THRESHOLD_METRICS
 
 BACKENDS = ("local", "kubernetes", "ray")

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import accuracy_score, f1_score, log_loss, precision_recall_fscore_support, roc_auc_score
 
+from data.settings import section_from_dict
 from training.features import encode_target
-from training.settings import section_from_dict
 from training.threshold import predicted_index
 
 METRICS = ("accuracy", "f1_macro", "roc_auc", "log_loss")

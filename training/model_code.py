@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import torch
 
+from data.errors import KfloopError
 from training.config import ModelSpec
-from training.errors import KfloopError
 
 
 class ModelCodeError(KfloopError):

@@ -21,11 +21,11 @@ import mlflow
 from safetensors.torch import load_file
 
 from data.dvc_store import locate, object_stores
+from data.errors import KfloopError
+from data.fileio import file_digest
 from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED, split_holdout, write_parquet
 from data.tables import read_table
 from training.config import TrainingSection
-from training.errors import KfloopError
-from training.fileio import file_digest
 from training.gate import compute_metrics
 from training.launch.local import train_local
 from training.model import Predictor

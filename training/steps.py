@@ -12,14 +12,15 @@ import numpy as np
 from mlflow.entities import Param
 
 from data.dvc_store import DataStoreConfig, keep
+from data.fileio import atomic_write_json, atomic_write_text
 from data.holdout import split_holdout, verify_pinned, write_parquet
+from data.profiles import profile_table
+from data.settings import CODE_ROOT, Environment, load_environment, step_function
 from data.storage import record_uri, redact
 from data.tables import local_copy, read_table
 from data.validation import ValidationError, infer_schema, load_schema, schema_roles, schema_to_yaml, validate
-from monitoring.profiles import profile_table
 from training.config import TrainingConfig, TrainingSection
 from training.figures import log_evaluation_figures
-from training.fileio import atomic_write_json, atomic_write_text
 from training.gate import PromotionPolicy, align_proba, evaluate, kfp_metrics
 from training.launch.backends import backend_named, step_backend
 from training.model import Predictor
@@ -28,7 +29,6 @@ from training.progress import progress
 from training.registry.experiments import ensure_experiment
 from training.registry.versions import (Lineage, champion_schema, get_champion, load_version_predictor, log_candidate,
                                         promote, register_candidate)
-from training.settings import CODE_ROOT, Environment, load_environment, step_function
 
 
 # ---------------------------------------------------------------------------------------------------- validate

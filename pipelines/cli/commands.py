@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
+from data.errors import EXIT_FAILED, KfloopError
 from data.storage import redact
-from training.errors import EXIT_FAILED, KfloopError
 
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 """Set by the kubelet in every pod: ``kfloop serve`` without ``--host`` then uses the in-cluster KFP service."""
@@ -179,7 +179,7 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-        from training.settings import CODE_ROOT
+        from data.settings import CODE_ROOT
 
         print(version_line(CODE_ROOT))
         parser.exit()
@@ -190,7 +190,7 @@ def version_line(code_root: Path) -> str:
     images), else the checkout's HEAD (``-dirty`` when tracked files changed), else the line says it cannot tell."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from training.settings import git_commit
+    from data.settings import git_commit
 
     try:
         installed = version("kfloop")
@@ -260,8 +260,8 @@ def _add_service_account(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from data.settings import load_environment
     from pipelines.operations.demo_loop import format_summary, run_demo
-    from training.settings import load_environment
 
     with options.stdout_for_json(args):
         summary = run_demo(load_environment(args.workdir).workdir)
@@ -289,7 +289,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     report = validate(args.data, load_schema(args.schema))
     if args.report_csv:
-        from training.fileio import atomic_write_text
+        from data.fileio import atomic_write_text
 
         atomic_write_text(args.report_csv, report.to_csv())
     if args.json:
@@ -306,9 +306,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from data.settings import load_environment
     from pipelines.config import training_settings
     from training.config import SHAPE_PARAMETERS
-    from training.settings import load_environment
     from training.steps import train_only
 
     settings = options.settings(args)
@@ -360,8 +360,8 @@ def cmd_drift(args: argparse.Namespace) -> int:
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
+    from data.settings import activate, load_environment
     from monitoring.steps import quality_step
-    from training.settings import activate, load_environment
 
     if args.id_column and not args.labels:
         raise ValueError("--id-column joins --labels to --data: pass --labels FILE too, or drop --id-column")
@@ -417,8 +417,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
+    from data.settings import load_environment
     from pipelines.compile import compile_all
-    from training.settings import load_environment
 
     image = args.image or load_environment().image or None
     paths = compile_all(Path(args.out), image=image, options=_compile_options(args))
@@ -458,13 +458,14 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
 
+    from components.run_starters import trigger_store
+    from data.settings import activate, load_environment
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
     from monitoring.webhook import AlertWebhook, WebhookAuth
     from pipelines.alerts import LocalAlertRuns
     from pipelines.kfp_server.runs import alert_starter
     from training.launch.backends import backend_named
-    from training.settings import activate, load_environment
 
     if args.local and (args.host or args.version or args.namespace or args.service_account):
         raise ValueError("--host, --version, --namespace and --service-account are for runs on the KFP server: "
@@ -478,7 +479,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     backend = backend_named("local" if local else "kubernetes")
 
     def store_for(model: str):
-        return backend.trigger_store(model, env.workdir)
+        return trigger_store(backend, model, env.workdir)
 
     local_runs = None
     if local:

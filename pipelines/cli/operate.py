@@ -8,8 +8,8 @@ import argparse
 from collections.abc import Callable
 
 import pipelines.cli.options as options
+from data.settings import CODE_ROOT
 from training.progress import activity
-from training.settings import CODE_ROOT
 
 
 def add_parsers(command: Callable[[str, str], argparse.ArgumentParser]) -> None:

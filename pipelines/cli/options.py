@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from data.settings import (DEFAULT_MODEL_NAME, Environment, activate, load_config_file, load_environment, merge,
+                           parse_overrides)
 from training.config import with_module_path
-from training.settings import (DEFAULT_MODEL_NAME, Environment, activate, load_config_file, load_environment, merge,
-                               parse_overrides)
 
 HIDDEN = argparse.SUPPRESS
 """Help of an old flag spelling kept so scripts keep working; ``--help`` shows only the current one."""

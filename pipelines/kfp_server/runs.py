@@ -10,6 +10,8 @@ from typing import Any, Callable
 import mlflow
 
 from components import kfp_client
+from data.errors import KfloopError
+from data.settings import DEFAULT_IMAGE, DEFAULT_MODEL_NAME, IMAGE_ENV, load_environment
 from pipelines.alerts import alert_settings
 from pipelines.compile import PIPELINES, compile_pipeline
 from pipelines.config import pipeline_params
@@ -18,8 +20,6 @@ from pipelines.kubernetes_options import KubernetesOptions
 from pipelines.local.runs import training_summary
 from pipelines.quality import PIPELINE_NAME as QUALITY_NAME
 from pipelines.training import PIPELINE_NAME as TRAINING_NAME
-from training.errors import KfloopError
-from training.settings import DEFAULT_IMAGE, DEFAULT_MODEL_NAME, IMAGE_ENV, load_environment
 
 PIPELINE_NAMES = {"training": TRAINING_NAME, "drift": DRIFT_NAME, "quality": QUALITY_NAME}
 DEFAULT_SCHEDULES = {"drift": "kfloop-drift-check", "quality": "kfloop-quality-check"}

@@ -13,10 +13,10 @@ from typing import Any, Callable, TextIO
 
 from kfp import local
 
+from data.errors import KfloopError
+from data.settings import Environment, activate
 from data.tables import DataFileError
-from training.errors import KfloopError
 from training.progress import PREFIX as PROGRESS_PREFIX
-from training.settings import Environment, activate
 
 _TASK_START = re.compile(r"Executing task \W*'([\w-]+)'")
 _TASK_DONE = re.compile(r"Task \W*'([\w-]+)'\W* finished with status \W*(\w+)")

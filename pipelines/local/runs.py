@@ -8,12 +8,12 @@ from typing import Any
 
 import mlflow
 
+from data.settings import DEFAULT_MODEL_NAME, Environment, load_environment
 from monitoring.steps import last_trigger
 from pipelines.compile import PIPELINES
 from pipelines.config import pipeline_params
 from pipelines.local.runner import run_local
 from training.registry.versions import VersionRecord, get_champion, holdout_metrics
-from training.settings import DEFAULT_MODEL_NAME, Environment, load_environment
 
 
 def run_pipeline(name: str, settings: dict[str, Any], *, workdir: str | None = None,

@@ -12,10 +12,10 @@ import pandas as pd
 
 from data.demo import DATA_DIR, ensure_demo_data
 from data.dvc_store import DEFAULT_STORE_DIR
+from data.settings import activate, load_environment
 from pipelines.local.runs import run_pipeline
 from training.progress import progress
 from training.registry.versions import list_versions
-from training.settings import activate, load_environment
 
 MODEL_NAME = "kfloop-demo"
 SCHEMA = "schema.yaml"

@@ -9,8 +9,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from data.fileio import atomic_write_text
 from training.figures import pyplot
-from training.fileio import atomic_write_text
 
 CHART_IDS = ("champion-timeline", "metrics-by-version", "drift-share", "last-drift-columns", "quality-over-time")
 """The ``id`` of each chart's ``<figure>`` (a test renders the page and looks for them)."""

@@ -10,11 +10,13 @@ from urllib.parse import urlsplit
 import mlflow
 from mlflow.exceptions import MlflowException
 
+from components.run_starters import trigger_store
+from data.fileio import utc_iso
+from data.settings import Environment
 from monitoring.records import drift_checks, quality_checks, trigger_status
-from monitoring.trigger import TriggerPolicy, utc_iso
+from monitoring.trigger import TriggerPolicy
 from training.launch.backends import step_backend
 from training.registry.versions import champion_history, get_champion, holdout_metrics, list_versions, rollback
-from training.settings import Environment
 
 RECENT_RUNS = 5
 
@@ -137,7 +139,7 @@ def _require_model(client: Any, model_name: str, env: Environment) -> None:
 def _trigger_store(model_name: str, env: Environment):
     """The trigger state where this place's backend keeps it (:func:`training.launch.backends.step_backend`): on the
     registered model (Kubernetes), else the workdir's file (this machine)."""
-    return step_backend().trigger_store(model_name, env.workdir)
+    return trigger_store(step_backend(), model_name, env.workdir)
 
 
 def _fired_runs(model_name: str, env: Environment) -> dict[str, str]:

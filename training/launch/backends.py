@@ -2,15 +2,14 @@
 picks one by its backend config's type), then asked everything that differs between the two.
 
 * :class:`LocalConfig` -> :class:`LocalBackend`: this machine. Training as torchrun agents here, a file lock on
-  ``champion`` and the retrain trigger's state in the workdir.
+  ``champion`` in the workdir.
 * :class:`RayConfig` -> :class:`RayBackend`: training as Ray Train's TorchTrainer on ``training.ray_address`` (or
-  a local Ray started for the run), driven from this machine; lock and trigger state as :class:`LocalBackend`'s.
+  a local Ray started for the run), driven from this machine; lock as :class:`LocalBackend`'s.
 * :class:`~training.launch.kubernetes.KubernetesSettings` (the ``cluster:`` section) -> :class:`KubernetesBackend`:
-  a Kubernetes cluster. Training as a PyTorchJob or TrainJob (``cluster.kind``), a Lease on ``champion`` and the
-  trigger's state on the registered model in MLflow (it outlives the pods that decide).
+  a Kubernetes cluster. Training as a PyTorchJob or TrainJob (``cluster.kind``), a Lease on ``champion``.
 
-How a training run is started by the retrain trigger (kfp.local here, or the pinned version on the KFP server) is
-the one role domain code cannot hold: ``components/run_starters.py`` picks it by the same backend's type.
+The retrain trigger's part (where it keeps its state, how it starts a training run) belongs to the step layer:
+``components/run_starters.py`` picks it by the same backend's type, so training/ knows nothing of monitoring/.
 """
 from __future__ import annotations
 
@@ -21,14 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from monitoring.trigger import TriggerStore
-from monitoring.trigger_registry import RegistryTriggerStore
+from data.settings import own_image
 from training.config import BACKENDS, JobShape, TrainingConfig
 from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 from training.launch.local import TrainResult, train_local
 from training.launch.ray import train_ray
 from training.registry.lock import promotion_lock
-from training.settings import own_image
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -37,8 +34,8 @@ class LocalConfig:
 
 
 class Backend(ABC):
-    """Where the loop's work runs: how training is launched, which lock guards ``champion``, where the retrain
-    trigger keeps its state. Build one with :func:`backend_for`."""
+    """Where the loop's work runs: how training is launched, which lock guards ``champion``. Build one with
+    :func:`backend_for`."""
 
     attaches_to_unfinished_run: ClassVar[bool]
     """Whether a retried launch step continues the MLflow run its killed attempt left RUNNING (the job that
@@ -64,10 +61,6 @@ class Backend(ABC):
     def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
         """The lock held while ``champion`` of ``model_name`` moves (:mod:`training.registry.lock`)."""
 
-    @abstractmethod
-    def trigger_store(self, model_name: str, workdir: Path) -> TriggerStore:
-        """Where the retrain trigger of ``model_name`` keeps its cooldown and dedupe state."""
-
 
 class LocalBackend(Backend):
     """This machine (see the module docstring)."""
@@ -89,9 +82,6 @@ class LocalBackend(Backend):
 
     def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
         return promotion_lock(model_name, workdir, timeout_s=timeout_s, kind="file")
-
-    def trigger_store(self, model_name: str, workdir: Path) -> TriggerStore:
-        return TriggerStore.in_workdir(workdir, model_name)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -133,9 +123,6 @@ class KubernetesBackend(Backend):
     def promotion_lock(self, model_name: str, workdir: Path, *, timeout_s: float = 600) -> AbstractContextManager:
         return promotion_lock(model_name, workdir, timeout_s=timeout_s, kind="lease",
                               kubeconfig=self.config.launcher.kubeconfig)
-
-    def trigger_store(self, model_name: str, workdir: Path) -> TriggerStore:
-        return RegistryTriggerStore(model_name)
 
 
 BACKEND_ENV = "KFLOOP_BACKEND"
@@ -179,9 +166,10 @@ def backend_named(name: str, cluster: dict[str, Any] | None = None) -> Backend:
 
 def step_backend() -> Backend:
     """The backend of the place this process acts: ``KFLOOP_BACKEND`` (``local`` or ``kubernetes``), else
-    Kubernetes in a KFP step pod, else this machine. Steps take their promotion lock and trigger store from it, and
-    so do ``kfloop rollback`` and ``kfloop status`` (``KFLOOP_BACKEND=kubernetes`` with a kubeconfig on a laptop
-    takes the cluster's Lease and reads the trigger state kept on the registered model).
+    Kubernetes in a KFP step pod, else this machine. Steps take their promotion lock from it (and the step layer
+    their trigger store, by its type), and so do ``kfloop rollback`` and ``kfloop status``
+    (``KFLOOP_BACKEND=kubernetes`` with a kubeconfig on a laptop takes the cluster's Lease and reads the trigger
+    state kept on the registered model).
 
     Raises:
         ValueError: ``KFLOOP_BACKEND`` is neither ``local`` nor ``kubernetes``.

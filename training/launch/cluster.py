@@ -10,7 +10,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from training.settings import DEFAULT_IMAGE, section_from_dict
+from data.settings import DEFAULT_IMAGE, section_from_dict
 
 GPU_VENDORS = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
 """Device-plugin resource of whole GPUs per vendor (``amd`` for ROCm builds, whose RCCL reads the NCCL_* env)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from data.settings import check_ints
 from training.config import JobShape, TrainingConfig
-from training.settings import check_ints
 
 PYTORCHJOB_PORT = 23456
 """The port the Training Operator opens on the master pod (``pytorchjob-port``) and puts into ``MASTER_PORT``."""

@@ -41,9 +41,10 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from data import storage
+from data.fileio import atomic_copy, atomic_write_json, atomic_write_text
+from data.settings import own_image, section_from_dict, section_mapping
 from data.tables import DEFAULT_LIMITS, DataFileError
 from training.config import JobShape, TrainingConfig
-from training.fileio import atomic_copy, atomic_write_json, atomic_write_text
 from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
 from training.launch.kube_client import api_client
@@ -51,7 +52,6 @@ from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render
 from training.model_files import MODEL_FILE, MODULE_FILE
 from training.progress import progress
-from training.settings import own_image, section_from_dict, section_mapping
 
 
 
@@ -607,7 +607,7 @@ def _stage(source: str | Path, target: Path) -> None:
         return
     with tempfile.TemporaryDirectory(prefix=".stage-", dir=target.parent) as tmp:
         try:
-            storage.download(str(source), Path(tmp) / target.name, max_bytes=DEFAULT_LIMITS.max_bytes)
+            storage.download(storage.resolve(source), Path(tmp) / target.name, max_bytes=DEFAULT_LIMITS.max_bytes)
         except storage.StorageError as exc:
             raise DataFileError(exc.uri, exc.problem) from exc
         os.replace(Path(tmp) / target.name, target)

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from data.errors import KfloopError
+from data.fileio import atomic_write_json
 from data.storage import absolute
 from training.config import JobShape, TrainingConfig
-from training.errors import KfloopError
-from training.fileio import atomic_write_json
 from training.launch.jobspec import JobSpec, training_run_spec
 from training.model import MODEL_FILE
 

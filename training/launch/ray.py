@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
+from data.fileio import atomic_write_json
 from data.storage import absolute
 from training.config import JobShape, TrainingConfig
-from training.fileio import atomic_write_json
 from training.launch.local import ERROR_TAIL_LINES, LaunchError, TrainResult
 from training.model import MODEL_FILE
 

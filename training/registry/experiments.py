@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlflow
 
-from training.settings import Environment
+from data.settings import Environment
 
 
 def ensure_experiment(name: str, env: Environment) -> str:

@@ -28,7 +28,7 @@ from filelock import FileLock
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from training.errors import KfloopError
+from data.errors import KfloopError
 from training.launch.kube_client import api_client
 from training.progress import progress
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,15 +30,14 @@ from mlflow.models import Model, ModelSignature
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
 
-from monitoring.profiles import PROFILE_ARTIFACT, ReferenceProfile
-from monitoring.trigger import utc_iso
-from training.errors import KfloopError
-from training.fileio import file_digest
+from data.errors import KfloopError
+from data.fileio import file_digest, utc_iso
+from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
+from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
 from training.gate import Decision, kfp_metrics
 from training.model import Predictor
 from training.model_code import ModelCodeError
 from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
-from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -125,7 +124,7 @@ class Lineage:
             value = getattr(self, name)
             if len(value) != length or any(ch not in "0123456789abcdef" for ch in value):
                 raise ValueError(f"{name}={value!r}: expected {length} lowercase hex digits "
-                                 "(training.fileio.file_digest)")
+                                 "(data.fileio.file_digest)")
         if not self.schema_yaml.strip():
             raise ValueError("schema_yaml is empty: pass the validated schema's to_yaml() text")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -411,7 +410,7 @@ def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = N
 
 
 def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> ReferenceProfile | None:
-    """The reference profile stored with the champion (:mod:`monitoring.profiles`), or ``None`` when there is no
+    """The reference profile stored with the champion (:mod:`data.profiles`), or ``None`` when there is no
     champion or it was registered before kfloop stored profiles (drift checks then read its training data).
 
     Raises:
@@ -699,7 +698,7 @@ def _move_champion(client: "mlflow.MlflowClient", model_name: str, version: str,
         move = last
     else:
         move = ChampionMove(seq=(last.seq if last else 0) + 1, previous=previous, version=version, action=action,
-                            at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            at=utc_iso(time.time()),
                             reason=reason[:MAX_TAG_CHARS // 2], actor=actor)
         client.set_registered_model_tag(model_name, f"{HISTORY_TAG_PREFIX}{move.seq:06d}",
                                         json.dumps(move.to_dict()))

@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 import pandera.pandas as pa
 
+from data.fileio import atomic_write_text
 from data.tables import table_chunks
 from data.validation import schema_roles
-from training.fileio import atomic_write_text
 
 PROFILE_ARTIFACT = "reference_profile.json"
 """The profile's artifact name in the version's MLflow run."""

@@ -1,4 +1,4 @@
-"""Atomic file writes and content hashes shared by checkpoints, schemas, state files and lineage."""
+"""Atomic file writes, content hashes and UTC timestamps shared by checkpoints, schemas, state files and lineage."""
 from __future__ import annotations
 
 import hashlib
@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
@@ -79,3 +80,8 @@ def parquet_bytes(df: "pd.DataFrame") -> bytes:
     pq.write_table(table, buf, compression="zstd", compression_level=3, use_dictionary=True,
                    write_statistics=True, version="2.6", data_page_version="1.0", store_schema=True)
     return buf.getvalue()
+
+
+def utc_iso(at: float) -> str:
+    """``at`` (seconds since the epoch) as UTC ISO 8601, seconds precision."""
+    return datetime.fromtimestamp(at, tz=timezone.utc).isoformat(timespec="seconds")
