@@ -2,15 +2,13 @@
 predictions) and one for the dataset, equal to Evidently's ``DataDriftPreset`` but computed without building its
 report (about 30x faster on 1M rows, see ``benchmarks/drift.py``).
 
-The reference is a table (:func:`check_drift`) or the champion's stored profile (:func:`check_drift_profile`,
-:mod:`monitoring.profiles`), the current batch then streamed in chunks. Against a profile, columns kept exactly
-(categories, predictions of a class, whole numbers, any column with at most ``exact_values`` distinct values) give
-the full reference's verdicts exactly. A numeric column with more distinct values is kept as a seeded sample of
-``sample_size`` values with the exact size, mean and standard deviation: its Wasserstein score (Evidently's method
-for large numeric references) is the sample's distance over the exact standard deviation, which differs from the
-full reference's by the sampling error, a small multiple of ``1/sqrt(sample_size)`` (0.003 at the default 100k;
-0.007 the largest seen in ``benchmarks/scale.py`` at 1M rows), against a threshold of 0.1; a configured p-value test (``ks``, ...) on a sampled column runs
-Evidently's own function on the sample, so its p-value is that of the sample's size, not the full reference's.
+The reference is a table (:func:`check_drift`: every value, Evidently's verdicts to rounding) or the champion's
+stored profile of mergeable sketches (:func:`check_drift_profile`, :mod:`monitoring.profiles`), the current batch
+then streamed into the same sketches chunk by chunk. Columns both sides keep exactly (at most ``exact_values``
+distinct values: categories, predicted classes, whole numbers) give the full data's verdicts; the others
+Evidently's stattests from the KLL and frequent-items sketches, each score with an error bound, and a difference
+within that bound is never called drift (:mod:`monitoring.sketch_drift`). A stattest without a sketch form runs
+Evidently's own function on the exact values or a seeded sample, and says so (``basis``).
 
 The HTML report (``DriftPolicy.report``) is by default a summary built from the verdicts and both sides' summaries;
 Evidently's report runs on a seeded sample, or on all rows only when asked for."""
@@ -504,7 +502,7 @@ def column_drift(reference: np.ndarray, current: np.ndarray, *, kind: Literal["n
 
 def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
              threshold: float | None) -> ColumnDrift:
-    """:func:`column_drift` of two sides; a sampled reference brings its exact size and standard deviation."""
+    """:func:`column_drift` of two sides' values."""
     null = _all_null(reference.missing, current.missing)
     if null is not None:
         return null
@@ -515,8 +513,6 @@ def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
         n_values = (len(ref_values) if len(ref_values) > 5
                     else len(np.union1d(ref_values, cur[np.r_[True, cur[1:] != cur[:-1]]])))
         binned = len(ref_values) > 20  # Evidently bins numbers with more than 20 reference values (Sturges)
-        if reference.sampled:  # the full reference has more than ProfileSettings.exact_values (>= 1000) values
-            n_values, binned = math.inf, True
     else:
         ref_counts, cur_counts = reference.value_counts(), current.value_counts()
         n_values, binned = len(ref_counts.index.union(cur_counts.index)), False
@@ -526,8 +522,7 @@ def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
     stattest = _STATTESTS[method]  # Evidently's rule picks z and chisquare for numbers too, unregistered for them
     threshold = stattest.default_threshold if threshold is None else threshold
     if method == "wasserstein":
-        std = reference.std if reference.sampled else float(np.std(ref))
-        score = _wasserstein_normed(ref, cur, std)
+        score = _wasserstein_normed(ref, cur, float(np.std(ref)))
     elif method == "jensenshannon" and not binned:
         if numbers:
             ref_counts, cur_counts = pd.Series(ref).value_counts(), pd.Series(cur).value_counts()
@@ -594,7 +589,8 @@ def compare_sketches(reference: ColumnSketch, current: ColumnSketch, *, method: 
         effect, error = sketch_drift.ks_statistic(reference, current)
         score = sketch_drift.ks_p_value(effect, reference.count, current.count)
     else:
-        if numbers and sketch_drift.is_binned(reference):
+        cumulative = numbers and sketch_drift.is_binned(reference)
+        if cumulative:
             ref_shares, cur_shares, ref_error, cur_error = sketch_drift.sturges_shares(reference, current)
         else:
             if numbers:
@@ -610,7 +606,8 @@ def compare_sketches(reference: ColumnSketch, current: ColumnSketch, *, method: 
             effect, error = sketch_drift.max_share_difference(ref_shares, cur_shares), ref_error + cur_error
         else:
             score = sketch_drift.binned_distance(method, ref_shares, cur_shares)
-            error = sketch_drift.distance_error(method, ref_shares, cur_shares, ref_error, cur_error)
+            error = sketch_drift.distance_error(method, ref_shares, cur_shares, ref_error, cur_error,
+                                                cumulative=cumulative)
             effect = score
     if method in _P_VALUE_DRIFTED:
         drifted = _P_VALUE_DRIFTED[method](score, threshold)

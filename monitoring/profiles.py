@@ -156,6 +156,6 @@ def profile_table(uri: str | Path, schema: pa.DataFrameSchema, *,
     """
     roles = schema_roles(schema)
     kinds = {c: "numeric" for c in roles.numeric} | {c: "categorical" for c in roles.categorical}
-    with table_chunks(uri, text_columns=roles.categorical) as (chunks, source):
+    with table_chunks(uri, text_columns=roles.categorical, categories=True) as (chunks, source):
         return build_profile(chunks, kinds, predict=predict, prediction_kind=prediction_kind(roles.task),
                              settings=settings, source=source.uri)

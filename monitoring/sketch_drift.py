@@ -13,7 +13,8 @@ Exact sketches (every distinct value counted) give Evidently's scores to roundin
 A KLL sketch's CDF is within ``rank_error`` of the truth everywhere, so: a bin's share within twice that; KS's
 statistic within both sides' errors added; the Wasserstein distance (the area between the CDFs) within each side's
 error times its range, plus the rank grid's error (both ranges over :data:`RANK_GRID`), over the standard deviation;
-binned distances within the first-order change of the score when each share moves by its error."""
+binned distances within the largest change of the score when the CDF at each bin edge (or each count) moves by its
+error, added up over the edges."""
 from __future__ import annotations
 
 import math
@@ -94,12 +95,12 @@ def ks_p_value(statistic: float, n_ref: int, n_cur: int) -> float:
 
 def sturges_shares(ref: NumericSketch, cur: NumericSketch) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Each side's share of values per bin of ``np.histogram_bin_edges(both sides, bins="sturges")`` (Evidently's
-    bins for numbers with more than 20 reference values), and each side's error per share."""
+    bins for numbers with more than 20 reference values), and each side's error of the CDF at a bin edge."""
     a, b = Numbers(ref), Numbers(cur)
     low, high = min(ref.min, cur.min), max(ref.max, cur.max)
     edges = _sturges_edges(low, high, ref.count + cur.count)
     shares = [np.diff(np.concatenate([[0.0], side.cdf(edges[1:-1], inclusive=False), [1.0]])) for side in (a, b)]
-    return shares[0], shares[1], 2 * a.error, 2 * b.error
+    return shares[0], shares[1], a.error, b.error
 
 
 def _sturges_edges(low: float, high: float, n: int) -> np.ndarray:
@@ -162,19 +163,24 @@ def _fill_zeroes(shares: np.ndarray) -> np.ndarray:
     return shares
 
 
-def distance_error(method: str, ref: np.ndarray, cur: np.ndarray, ref_error: float, cur_error: float) -> float:
-    """First-order bound on the change of :func:`binned_distance` when each share moves by its side's error."""
-    if ref_error == 0 and cur_error == 0:
-        return 0.0
+def distance_error(method: str, ref: np.ndarray, cur: np.ndarray, ref_error: float, cur_error: float, *,
+                   cumulative: bool) -> float:
+    """Bound on the change of :func:`binned_distance` when the shares move within their error: each share by its
+    side's error (``cumulative`` False: counts), or each CDF value at an inner bin edge by it, moving the two
+    adjacent shares in opposite directions (``cumulative``: bins of a KLL CDF). Adds up, per share or edge, the
+    larger change of the two directions."""
     base, total = binned_distance(method, ref, cur), 0.0
     for side, error in ((0, ref_error), (1, cur_error)):
-        if error == 0:
-            continue
-        for i in range(len(ref)):
-            step = min(error, 1e-3)
-            moved = [ref.copy(), cur.copy()]
-            moved[side][i] += step
-            total += abs(binned_distance(method, *moved) - base) / step * error
+        for j in range(len(ref) - 1 if cumulative else len(ref)) if error else ():
+            worst = 0.0
+            for sign in (1.0, -1.0):
+                moved = [ref.copy(), cur.copy()]
+                moved[side][j] += sign * error
+                if cumulative:
+                    moved[side][j + 1] -= sign * error
+                moved[side] = np.clip(moved[side], 0.0, 1.0)
+                worst = max(worst, abs(binned_distance(method, *moved) - base))
+            total += worst
     return total
 
 

@@ -116,8 +116,8 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     at all), else the training data itself (versions registered before profiles). With a reference but neither a
     schema nor a champion, the schema is inferred from the reference (its target: ``target``, else the one
     reference column the current data lacks); when no target can be told either, every column the two share is
-    compared (types from the reference, no schema rules) and ``schema_source`` says so. With a ``model_name`` the check is recorded in MLflow
-    (:func:`monitoring.records.record_drift_check`).
+    compared (types from the reference, no schema rules) and ``schema_source`` says so. With a ``model_name`` the
+    check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
 
     Raises:
         ValueError: no reference data, or a ``target`` the reference lacks; the message names what is missing.
@@ -148,7 +148,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                  if champion is not None and rules.include_predictions else None)
     report_path = report_out or None
     if profile is not None:
-        with table_chunks(current_uri, text_columns=categorical) as (chunks, source):
+        with table_chunks(current_uri, text_columns=categorical, categories=True) as (chunks, source):
             result = check_drift_profile(profile, chunks, numeric=numeric, categorical=categorical,
                                          policy=rules, report_path=report_path, schema=schema,
                                          predict=predictor.predict if predictor is not None else None)
