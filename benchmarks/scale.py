@@ -213,14 +213,17 @@ def run(args: argparse.Namespace) -> int:
         if not big_current.exists():
             generate(big_current, args.drift_rows, seed=3, drift=True)
         big = measure(_stage("drift", work, work / "profile.json", big_current), **caps)
-    validation = measure(_stage("validate", work, current), **caps)
-    train_input = {}
-    for size in sorted({min(1_000_000, rows), rows}):
+    skipped = {"seconds": None, "cpu_seconds": None, "peak_rss_gib": None, "error": "not run (--profile-and-drift-only)"}
+    only = args.profile_and_drift_only
+    validation = skipped if only else measure(_stage("validate", work, current), **caps)
+    train_input = {rows: skipped} if only else {}
+    for size in [] if only else sorted({min(1_000_000, rows), rows}):
         path = reference if size == rows else head(reference, size, work / f"reference-head-{size}.parquet")
         train_input[size] = measure([sys.executable, "-m", "benchmarks.train_input", str(path), "--rank", "0",
                                      "--world-size", "2", "--target", TARGET], **caps)
     ladder, finished = [], None
-    for size in [n for n in (100_000, 1_000_000, 10_000_000) if n <= min(rows, args.evidently_max_rows)]:
+    sizes = [] if only else (100_000, 1_000_000, 10_000_000)
+    for size in [n for n in sizes if n <= min(rows, args.evidently_max_rows)]:
         ref_n = reference if size == rows else head(reference, size, work / f"reference-head-{size}.parquet")
         cur_n = current if size == rows else head(current, size, work / f"current-head-{size}.parquet")
         step = measure(_stage("evidently", work, ref_n, cur_n), **caps)
@@ -245,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         "rows": rows, "columns": len(NUMERIC) + len(CATEGORICAL),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "memory_cap_gib": args.memory_cap_gib, "time_cap_s": args.time_cap,
-        "evidently_max_rows": args.evidently_max_rows,
+        "evidently_max_rows": args.evidently_max_rows, "profile_and_drift_only": only,
         "drift_seconds": drift["seconds"], "drift_cpu_seconds": drift["cpu_seconds"],
         "drift_peak_rss_gib": drift["peak_rss_gib"], "drift_error": drift["error"],
         "validate_seconds": validation["seconds"], "validate_peak_rss_gib": validation["peak_rss_gib"],
@@ -288,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--evidently-max-rows", type=int, default=10_000_000,
                         help="largest size of Evidently's ladder (it runs out of memory at 10M under the 8 GiB cap)")
+    parser.add_argument("--profile-and-drift-only", action="store_true",
+                        help="measure only the profile build and the drift check (validation, training input and "
+                             "Evidently's ladder not run: their keys null)")
     parser.add_argument("--drift-rows", type=int, default=0,
                         help="also check a current file of this many rows (e.g. 100000000) against the profile")
     parser.add_argument("--workdir", type=Path, default=Path("benchmarks/results/scale-data"))

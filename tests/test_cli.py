@@ -191,7 +191,7 @@ def test_drift_json_contract(tmp_path, demo_files, capsys):
     assert out["drifted"] is True and out["share_drifted_columns"] >= 0.3
     assert set(out["columns"]) == FEATURES and out["schema_source"] == str(REPO / "data" / "schema.yaml")
     for col in out["columns"].values():
-        assert set(col) == {"method", "score", "threshold", "drifted"}
+        assert set(col) == {"method", "score", "threshold", "drifted", "error", "basis"}
     assert report.stat().st_size > 0 and out["report_path"] == str(report)
     assert set(out["schema_violations"]) == set(out["columns"])  # the drifted demo batch stays inside the schema
     assert all(shares["share"] == 0.0 for shares in out["schema_violations"].values())
