@@ -121,6 +121,9 @@ class _ColumnRules:
             failures.append(RuleFailures(self.wrong_type, positions[bad], values[bad]))
             positions = positions[~bad]
             values = pd.Series(numbers[~bad], index=values.index[~bad])
+        elif isinstance(values.dtype, pd.CategoricalDtype):  # an Arrow dictionary: check each category once
+            failures += self._check_categories(values, positions)
+            return [failed for failed in failures if len(failed.positions)]
         elif self.values == "text" and not pd.api.types.is_string_dtype(values.dtype):
             values = values.astype(str)
         for rule in self.checks:
@@ -130,6 +133,17 @@ class _ColumnRules:
                 shown = shown.map(lambda v: int(v) if math.isfinite(v) else v)
             failures.append(RuleFailures(rule, positions[failed], shown))
         return [failed for failed in failures if len(failed.positions)]
+
+    def _check_categories(self, values: pd.Series, positions: np.ndarray) -> list[RuleFailures]:
+        """The checks on a Categorical's categories (the dictionary), taken to its non-null rows by their codes."""
+        categories = pd.Series(values.cat.categories)
+        categories = categories.astype(str) if self.values == "text" else categories
+        codes = values.cat.codes.to_numpy()
+        out = []
+        for rule in self.checks:
+            failed = np.asarray(rule.fails(categories), dtype=bool)[codes]
+            out.append(RuleFailures(rule, positions[failed], values[failed].astype(categories.dtype)))
+        return out
 
 
 def _column_rules(name: str, column: pa.Column) -> _ColumnRules:

@@ -129,12 +129,14 @@ def read_table(path: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> pd.D
 
 
 def iter_table(path: str | Path, *, columns: list[str] | None = None, text_columns: list[str] | None = None,
-               limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[pd.DataFrame]:
+               limits: ReadLimits = DEFAULT_LIMITS, categories: bool = False) -> Iterator[pd.DataFrame]:
     """The local file at ``path`` as frames of at most ``limits.chunk_rows`` rows holding ``columns`` (all when
     None, else these in this order), in file order, each indexed by its rows' 0-based positions in the whole file.
     Parquet is read row group by row group, batch by batch, CSV ``chunk_rows`` lines at a time, so memory holds one
     chunk (object storage: :func:`table_chunks`). CSV chunks type ``text_columns`` as text, so a category's type
-    does not change from one chunk to the next.
+    does not change from one chunk to the next. With ``categories``, Parquet's ``text_columns`` are read as Arrow
+    dictionaries and come as pandas Categoricals: one string per distinct value, not per row (sketches count the
+    codes, :mod:`data.sketches`).
 
     Raises:
         DataFileError: see :func:`read_table`; the file lacks one of ``columns`` (the message lists the file's
@@ -145,7 +147,7 @@ def iter_table(path: str | Path, *, columns: list[str] | None = None, text_colum
         yield from _csv_chunks(path, limits, chunk_rows=limits.chunk_rows, columns=columns,
                                text_columns=text_columns)
         return
-    parquet = _parquet_file(path, limits)
+    parquet = _parquet_file(path, limits, read_dictionary=text_columns if categories else None)
     _check_columns(path, columns, parquet.schema_arrow.names)
     offset = 0
     try:  # one row group at a time: over the whole file, iter_batches reads ahead (1.2 GiB for 10M x 21 columns)
@@ -163,8 +165,8 @@ def iter_table(path: str | Path, *, columns: list[str] | None = None, text_colum
 
 @contextmanager
 def table_chunks(uri: str | Path | storage.Resolved, *, columns: list[str] | None = None,
-                 text_columns: list[str] | None = None,
-                 limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[Iterator[pd.DataFrame], storage.Resolved]]:
+                 text_columns: list[str] | None = None, limits: ReadLimits = DEFAULT_LIMITS,
+                 categories: bool = False) -> Iterator[tuple[Iterator[pd.DataFrame], storage.Resolved]]:
     """The table at ``uri`` (local path or object storage) read by :func:`iter_table`, and what is read
     (:func:`local_copy`: an object in storage is streamed to a temp file first, removed on exit; errors name the
     URI). Iterate the chunks inside the ``with`` block.
@@ -173,7 +175,8 @@ def table_chunks(uri: str | Path | storage.Resolved, *, columns: list[str] | Non
         DataFileError: see :func:`iter_table` and :func:`local_copy`.
     """
     with local_copy(uri, limits=limits) as (path, source):
-        yield iter_table(path, columns=columns, text_columns=text_columns, limits=limits), source
+        yield iter_table(path, columns=columns, text_columns=text_columns, limits=limits,
+                         categories=categories), source
 
 
 def table_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
@@ -230,10 +233,10 @@ def _check_columns(path: Path, columns: list[str] | None, names: list[str]) -> N
         raise DataFileError(path, f"lacks columns {missing}; its columns are {names}")
 
 
-def _parquet_file(path: Path, limits: ReadLimits) -> pq.ParquetFile:
+def _parquet_file(path: Path, limits: ReadLimits, read_dictionary: list[str] | None = None) -> pq.ParquetFile:
     """The opened Parquet file, its footer checked: unique column names, 1 to ``limits.max_rows`` rows."""
     try:
-        parquet = pq.ParquetFile(path)
+        parquet = pq.ParquetFile(path, read_dictionary=read_dictionary)
     except (pyarrow.ArrowException, OSError) as exc:
         raise DataFileError(path, f"unreadable Parquet file: {exc}") from exc
     duplicated = _duplicates(parquet.schema_arrow.names)

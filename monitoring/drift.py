@@ -2,15 +2,13 @@
 predictions) and one for the dataset, equal to Evidently's ``DataDriftPreset`` but computed without building its
 report (about 30x faster on 1M rows, see ``benchmarks/drift.py``).
 
-The reference is a table (:func:`check_drift`) or the champion's stored profile (:func:`check_drift_profile`,
-:mod:`data.profiles`), the current batch then streamed in chunks. Against a profile, columns kept exactly
-(categories, predictions of a class, whole numbers, any column with at most ``exact_values`` distinct values) give
-the full reference's verdicts exactly. A numeric column with more distinct values is kept as a seeded sample of
-``sample_size`` values with the exact size, mean and standard deviation: its Wasserstein score (Evidently's method
-for large numeric references) is the sample's distance over the exact standard deviation, which differs from the
-full reference's by the sampling error, a small multiple of ``1/sqrt(sample_size)`` (0.003 at the default 100k;
-0.007 the largest seen in ``benchmarks/scale.py`` at 1M rows), against a threshold of 0.1; a configured p-value test (``ks``, ...) on a sampled column runs
-Evidently's own function on the sample, so its p-value is that of the sample's size, not the full reference's.
+The reference is a table (:func:`check_drift`: every value, Evidently's verdicts to rounding) or the champion's
+stored profile of mergeable sketches (:func:`check_drift_profile`, :mod:`data.profiles`), the current batch
+then streamed into the same sketches chunk by chunk. Columns both sides keep exactly (at most ``exact_values``
+distinct values: categories, predicted classes, whole numbers) give the full data's verdicts; the others
+Evidently's stattests from the KLL and frequent-items sketches, each score with an error bound, and a difference
+within that bound is never called drift (:mod:`monitoring.sketch_drift`). A stattest without a sketch form runs
+Evidently's own function on the exact values or a seeded sample, and says so (``basis``).
 
 The HTML report (``DriftPolicy.report``) is by default a summary built from the verdicts and both sides' summaries;
 Evidently's report runs on a seeded sample, or on all rows only when asked for."""
@@ -36,9 +34,11 @@ from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
 from data.fileio import atomic_write_text
-from data.profiles import PREDICTION_COLUMN, ColumnProfile, ReferenceProfile, as_text, normalised_columns
+from data.profiles import PREDICTION_COLUMN, ReferenceProfile, normalised_columns, with_predictions
 from data.schema_rules import KINDS, RuleSet
 from data.settings import section_from_dict
+from data.sketches import ColumnSketch, SketchSettings, merge_sketches, sketch_chunk
+from monitoring import sketch_drift
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
                              "g_test", "ks", "mannw", "t_test", "TVD", "z"})
@@ -232,12 +232,20 @@ class ColumnDrift:
     threshold: float | None
     """The threshold the score was compared with; None for ``all_null``."""
     drifted: bool
-    """Evidently's verdict for the column; for ``all_null``: exactly one frame has no values."""
+    """Evidently's verdict for the column; for ``all_null``: exactly one frame has no values. From sketches, a
+    difference within ``error`` is never called drift."""
+    error: float = 0.0
+    """Bound on how far the sketches can move the score (p-value methods: the statistic behind it, a CDF or share
+    difference); 0 when computed from exact values or counts."""
+    basis: Literal["exact", "sketch", "sample"] = "exact"
+    """What the score was computed from: every value (or exact counts), the sketches (within ``error``), or a
+    seeded sample of the values (a stattest that needs raw values, on a side too large to keep)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; a NaN score becomes None."""
         score = self.score if math.isfinite(self.score) else None
-        return {"method": self.method, "score": score, "threshold": self.threshold, "drifted": self.drifted}
+        return {"method": self.method, "score": score, "threshold": self.threshold, "drifted": self.drifted,
+                "error": self.error, "basis": self.basis}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -300,18 +308,21 @@ def check_drift(reference: pd.DataFrame, current: pd.DataFrame, *, numeric: list
     sides = {name: (_Side.of(ref[name].to_numpy()), _Side.of(cur[name].to_numpy())) for name in kinds}
     violations = {} if schema is None else RuleSet(schema, [*numeric, *categorical]).shares(current)
     reference_text = f"the reference table ({len(reference)} rows)"
-    return _decide(sides, kinds, policy, violations, report_path, reference_text, frames=(ref, cur))
+    columns = {name: _compare(*sides[name], kind=kind, method=policy.method_for(name),
+                              threshold=policy.threshold_for(name)) for name, kind in kinds.items()}
+    return _decide(columns, sides, kinds, policy, violations, report_path, reference_text, frames=(ref, cur))
 
 
 def check_drift_profile(profile: ReferenceProfile, chunks: Iterable[pd.DataFrame], *, numeric: list[str],
                         categorical: list[str], policy: DriftPolicy, report_path: str | Path | None = None,
                         schema: pa.DataFrameSchema | None = None,
                         predict: Callable[[pd.DataFrame], np.ndarray] | None = None) -> DriftResult:
-    """:func:`check_drift` against a stored reference profile, the current batch given as ``chunks`` (read once;
-    memory holds the chunk, the current numeric values and category counts). With ``predict`` the champion's
-    predictions of each chunk are compared with the profile's ``prediction`` column. Verdicts equal
-    :func:`check_drift`'s on the profiled table for columns the profile keeps exactly, within the sampling error
-    for sampled ones (see the module's docstring).
+    """:func:`check_drift` against a stored reference profile, the current batch given as ``chunks`` (read once,
+    each chunk streamed into the profile's kind of sketches: memory holds a chunk and the sketches, whatever the
+    rows). With ``predict`` the champion scores each chunk as it is read and its predictions are compared with the
+    profile's ``prediction`` column. Columns whose both sides are exact (at most ``exact_values`` distinct values)
+    get :func:`check_drift`'s verdicts on the profiled table; the others Evidently's stattests from the sketches,
+    each verdict with its error bound (:mod:`monitoring.sketch_drift`).
 
     Raises:
         ValueError: as :func:`check_drift`; the profile lacks a checked column, or ``policy.report`` is
@@ -336,19 +347,44 @@ def check_drift_profile(profile: ReferenceProfile, chunks: Iterable[pd.DataFrame
             raise ValueError(f"column {name!r} is {kind} in the schema but {profile.columns[name].kind} in the "
                              "reference profile: profile the reference with this schema again")
     _check_rows("reference", profile.rows, policy)
-    batch = _StreamedBatch(kinds, RuleSet(schema, [*numeric, *categorical]) if schema is not None else None)
-    for chunk in itertools.chain([first], chunks):
-        if predicting:
-            chunk = chunk.assign(**{PREDICTION_COLUMN: np.asarray(predict(chunk))})
-        batch.add(chunk)
-    _check_rows("current", batch.rows, policy)
-    sides = {name: (_Side.of_profile(profile.columns[name]), batch.side(name)) for name in kinds}
-    sampled = [name for name in kinds if not profile.columns[name].exact]
+    current, violations = stream_current(itertools.chain([first], chunks), kinds, profile.settings,
+                                         rules=RuleSet(schema, [*numeric, *categorical]) if schema else None,
+                                         predict=predict if predicting else None)
+    rows = next(iter(current.values())).rows
+    _check_rows("current", rows, policy)
+    columns = {name: compare_sketches(profile.columns[name], current[name], method=policy.method_for(name),
+                                      threshold=policy.threshold_for(name)) for name in kinds}
+    sketched = [name for name, column in columns.items() if column.basis != "exact"]
     reference_text = (f"the champion's reference profile of {profile.source or 'its training data'} "
-                      f"({profile.rows} rows; " + (f"a seeded sample of {profile.settings.sample_size} values kept "
-                                                   f"of {', '.join(sampled)}, every other column exactly)"
-                                                   if sampled else "every column kept exactly)"))
-    return _decide(sides, kinds, policy, batch.violations(), report_path, reference_text)
+                      f"({profile.rows} rows; sketches with rank error {profile.settings.rank_error:.3%}"
+                      + (f", used for {', '.join(sketched)}; every other column exact)" if sketched
+                         else "; every column compared exactly)"))
+    sides = {name: (_Side.of_sketch(profile.columns[name]), _Side.of_sketch(current[name])) for name in kinds}
+    return _decide(columns, sides, kinds, policy, violations, report_path, reference_text)
+
+
+def stream_current(chunks: Iterable[pd.DataFrame], kinds: dict[str, str], settings: SketchSettings, *,
+                   rules: RuleSet | None = None, predict: Callable[[pd.DataFrame], np.ndarray] | None = None,
+                   ) -> tuple[dict[str, ColumnSketch], dict[str, dict[str, float]]]:
+    """The current batch's sketches (the champion scoring each chunk as it is read, with ``predict``) and, with
+    ``rules``, per feature column the share of rows outside the schema."""
+    outside: dict[str, dict[str, float]] = {}
+    rows = 0
+
+    def sketches() -> Iterable[dict[str, ColumnSketch]]:
+        nonlocal rows
+        for index, chunk in enumerate(chunks):
+            if rules is not None:
+                for name, shares in rules.shares(chunk).items():
+                    total = outside.setdefault(name, dict.fromkeys(shares, 0.0))
+                    for kind, share in shares.items():
+                        total[kind] += share * len(chunk)
+            rows += len(chunk)
+            yield sketch_chunk(with_predictions(chunk, predict, kinds), kinds, settings=settings,
+                               chunk_index=index, label="current")
+
+    merged = merge_sketches(sketches())
+    return merged, {name: {kind: total / rows for kind, total in kinds_.items()} for name, kinds_ in outside.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,64 +426,21 @@ class _Side:
         return cls(values=values, rows=len(column), present=len(values))
 
     @classmethod
-    def of_profile(cls, column: ColumnProfile) -> _Side:
-        if column.exact and column.kind == "categorical":
-            counts = pd.Series(column.counts, index=pd.Index(column.values, dtype=object), dtype="int64")
-            return cls(values=None, counts=counts, rows=column.rows, present=column.present)
-        return cls(values=column.non_null(), rows=column.rows, present=column.present,
-                   std=None if column.exact or column.kind != "numeric" else column.std)
+    def of_sketch(cls, sketch: ColumnSketch) -> _Side:
+        """For reports: a numeric sketch's seeded sample (with the exact standard deviation), a categorical one's
+        counts."""
+        if sketch.kind == "categorical":
+            values, counts = sketch.category_counts()
+            return cls(values=None, counts=pd.Series(counts, index=pd.Index(values, dtype=object), dtype="int64"),
+                       rows=sketch.rows, present=sketch.count)
+        return cls(values=np.sort(sketch.sample), rows=sketch.rows, present=sketch.count,
+                   std=None if len(sketch.sample) == sketch.count else sketch.std)
 
 
-class _StreamedBatch:
-    """The current batch read chunk by chunk: per column its non-null numbers (categories counted), and the
-    rows outside the schema."""
-
-    def __init__(self, kinds: dict[str, str], rules: RuleSet | None):
-        self.kinds, self.rules, self.rows = kinds, rules, 0
-        self.numbers: dict[str, list[np.ndarray]] = {n: [] for n, k in kinds.items() if k == "numeric"}
-        self.counts = {n: pd.Series(dtype="int64") for n, k in kinds.items() if k == "categorical"}
-        self.present = dict.fromkeys(kinds, 0)
-        self.outside: dict[str, dict[str, float]] = {}
-
-    def add(self, chunk: pd.DataFrame) -> None:
-        missing = [name for name in self.kinds if name not in chunk.columns]
-        if missing:
-            raise ValueError(f"the current data lacks feature columns {missing}; its columns are "
-                             f"{list(chunk.columns)}")
-        frame = normalised_columns(chunk, self.kinds, "current")
-        for name in self.kinds:
-            column = frame[name].to_numpy()
-            values = column[~pd.isna(column)]
-            self.present[name] += len(values)
-            if name in self.numbers:
-                self.numbers[name].append(values)
-            else:
-                self.counts[name] = self.counts[name].add(pd.Series(as_text(values)).value_counts(), fill_value=0)
-        if self.rules is not None:
-            for name, shares in self.rules.shares(chunk).items():
-                total = self.outside.setdefault(name, dict.fromkeys(shares, 0.0))
-                for kind, share in shares.items():
-                    total[kind] += share * len(chunk)
-        self.rows += len(chunk)
-
-    def side(self, name: str) -> _Side:
-        if name in self.numbers:
-            values = np.concatenate(self.numbers.pop(name) or [np.empty(0)])
-            return _Side(values=values, rows=self.rows, present=self.present[name])
-        return _Side(values=None, counts=self.counts.pop(name).astype("int64"), rows=self.rows,
-                     present=self.present[name])
-
-    def violations(self) -> dict[str, dict[str, float]]:
-        return {name: {kind: total / self.rows for kind, total in kinds.items()}
-                for name, kinds in self.outside.items()}
-
-
-def _decide(sides: dict[str, tuple[_Side, _Side]], kinds: dict[str, str], policy: DriftPolicy,
-            violations: dict[str, dict[str, float]], report_path: str | Path | None, reference_text: str,
-            frames: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> DriftResult:
-    """The verdicts, the dataset's verdict and its reason, and the report when asked for."""
-    columns = {name: _compare(*sides[name], kind=kind, method=policy.method_for(name),
-                              threshold=policy.threshold_for(name)) for name, kind in kinds.items()}
+def _decide(columns: dict[str, ColumnDrift], sides: dict[str, tuple[_Side, _Side]], kinds: dict[str, str],
+            policy: DriftPolicy, violations: dict[str, dict[str, float]], report_path: str | Path | None,
+            reference_text: str, frames: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> DriftResult:
+    """The dataset's verdict from the columns' and its reason, and the report when asked for."""
     share = sum(col.drifted for col in columns.values()) / len(columns)
     limit = policy.max_schema_violation_share
     outside = {} if limit is None else {name: v for name, v in violations.items() if v["share"] > limit}
@@ -509,7 +502,7 @@ def column_drift(reference: np.ndarray, current: np.ndarray, *, kind: Literal["n
 
 def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
              threshold: float | None) -> ColumnDrift:
-    """:func:`column_drift` of two sides; a sampled reference brings its exact size and standard deviation."""
+    """:func:`column_drift` of two sides' values."""
     null = _all_null(reference.missing, current.missing)
     if null is not None:
         return null
@@ -520,8 +513,6 @@ def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
         n_values = (len(ref_values) if len(ref_values) > 5
                     else len(np.union1d(ref_values, cur[np.r_[True, cur[1:] != cur[:-1]]])))
         binned = len(ref_values) > 20  # Evidently bins numbers with more than 20 reference values (Sturges)
-        if reference.sampled:  # the full reference has more than ProfileSettings.exact_values (>= 1000) values
-            n_values, binned = math.inf, True
     else:
         ref_counts, cur_counts = reference.value_counts(), current.value_counts()
         n_values, binned = len(ref_counts.index.union(cur_counts.index)), False
@@ -531,8 +522,7 @@ def _compare(reference: _Side, current: _Side, *, kind: str, method: str | None,
     stattest = _STATTESTS[method]  # Evidently's rule picks z and chisquare for numbers too, unregistered for them
     threshold = stattest.default_threshold if threshold is None else threshold
     if method == "wasserstein":
-        std = reference.std if reference.sampled else float(np.std(ref))
-        score = _wasserstein_normed(ref, cur, std)
+        score = _wasserstein_normed(ref, cur, float(np.std(ref)))
     elif method == "jensenshannon" and not binned:
         if numbers:
             ref_counts, cur_counts = pd.Series(ref).value_counts(), pd.Series(cur).value_counts()
@@ -556,6 +546,90 @@ def _default_method(kind: str, reference_rows: int, n_values: float) -> str:
             return "ks"
         return "chisquare" if n_values > 2 else "z"
     return "wasserstein" if kind == "numeric" and n_values > 5 else "jensenshannon"
+
+
+RAW_VALUES_LIMIT = 1_000_000
+"""Most values of one side expanded from exact counts for a stattest that needs raw values (else the sample)."""
+_P_VALUE_DRIFTED = {"ks": lambda score, threshold: score <= threshold}
+"""Evidently's comparison where it is not ``score < threshold`` (p-values) or ``>=`` (distances)."""
+
+
+def compare_sketches(reference: ColumnSketch, current: ColumnSketch, *, method: str | None,
+                     threshold: float | None) -> ColumnDrift:
+    """One column's verdict from the two sides' sketches, by Evidently's rules (method and threshold as
+    :func:`column_drift`): exact when both sides are exact, else from the sketches within the stated error
+    (:mod:`monitoring.sketch_drift`), or, for a stattest that needs raw values, Evidently's own function on the
+    values (a seeded sample of a side with more than :data:`RAW_VALUES_LIMIT`, or not kept exactly)."""
+    kind = reference.kind
+    null = _all_null(1 - reference.count / reference.rows, 1 - current.count / current.rows)
+    if null is not None:
+        return null
+    numbers = kind == "numeric"
+    if numbers:
+        n_values = sketch_drift.distinct_in_both(reference, current)
+    else:
+        ref_values, ref_counts = sketch_drift.category_counts(reference)
+        cur_values, cur_counts = sketch_drift.category_counts(current)
+        n_values = len(np.union1d(ref_values, cur_values))
+    if method is None:
+        method = _default_method(kind, reference.count, n_values)
+    stattest = _STATTESTS[method]
+    threshold = float(stattest.default_threshold if threshold is None else threshold)
+    small_ks = method == "ks" and max(reference.count, current.count) <= 10_000  # scipy's exact mode
+    if method not in sketch_drift.SKETCH_METHODS or small_ks:
+        ref_raw, ref_exact = _raw_values(reference)
+        cur_raw, cur_exact = _raw_values(current)
+        result = stattest(pd.Series(ref_raw), pd.Series(cur_raw), _COLUMN_TYPES[kind], threshold)
+        return ColumnDrift(method=method, score=float(result.drift_score), threshold=float(result.actual_threshold),
+                           drifted=bool(result.drifted), basis="exact" if ref_exact and cur_exact else "sample")
+    if method == "wasserstein":
+        score, error = sketch_drift.wasserstein_normed(reference, current)
+        effect = score
+    elif method == "ks":
+        effect, error = sketch_drift.ks_statistic(reference, current)
+        score = sketch_drift.ks_p_value(effect, reference.count, current.count)
+    else:
+        cumulative = numbers and sketch_drift.is_binned(reference)
+        if cumulative:
+            ref_shares, cur_shares, ref_error, cur_error = sketch_drift.sturges_shares(reference, current)
+        else:
+            if numbers:
+                (ref_values, ref_counts), (cur_values, cur_counts) = map(sketch_drift.numeric_counts,
+                                                                         (reference, current))
+                ref_error, cur_error = reference.rank_error * 2, current.rank_error * 2
+            else:
+                ref_error, cur_error = reference.count_error, current.count_error
+            ref_shares, cur_shares = sketch_drift.value_shares(ref_values, ref_counts, cur_values, cur_counts,
+                                                               reference.count, current.count)
+        if method == "chisquare":
+            score = sketch_drift.chisquare_p_value(ref_shares, cur_shares, current.count)
+            effect, error = sketch_drift.max_share_difference(ref_shares, cur_shares), ref_error + cur_error
+        else:
+            score = sketch_drift.binned_distance(method, ref_shares, cur_shares)
+            error = sketch_drift.distance_error(method, ref_shares, cur_shares, ref_error, cur_error,
+                                                cumulative=cumulative)
+            effect = score
+    if method in _P_VALUE_DRIFTED:
+        drifted = _P_VALUE_DRIFTED[method](score, threshold)
+    else:
+        drifted = score < threshold if score_direction(method) == "p_value" else score >= threshold
+    return ColumnDrift(method=method, score=score, threshold=threshold,
+                       drifted=bool(drifted) and sketch_drift.resolvable(effect, error), error=error,
+                       basis="exact" if error == 0 else "sketch")
+
+
+def _raw_values(sketch: ColumnSketch) -> tuple[np.ndarray, bool]:
+    """A side's non-null values for a stattest that needs them, and whether they are all of them: expanded from
+    exact counts (up to :data:`RAW_VALUES_LIMIT`), else the seeded sample (numbers) or a seeded draw of
+    ``sample_size`` rows from the counts (categories)."""
+    if sketch.exact and sketch.count <= RAW_VALUES_LIMIT:
+        dtype = "float64" if sketch.kind == "numeric" else object
+        return np.repeat(sketch.values.astype(dtype), sketch.counts), True
+    if sketch.kind == "numeric":
+        return sketch.sample, len(sketch.sample) == sketch.count
+    values, counts = sketch.category_counts()
+    rng = np.random.default_rng(sketch.settings.seed)
+    return rng.choice(values, size=sketch.settings.sample_size, p=counts / counts.sum()), False
 
 
 def _wasserstein_normed(ref_sorted: np.ndarray, cur_sorted: np.ndarray, ref_std: float) -> float:

@@ -75,10 +75,11 @@ def _no_champion_data(model_name: str, champion: Any, what: str) -> str:
 def _drift_schema(schema_uri: str, *, model_name: str, champion: Any, target: str, reference: Callable[[], Any],
                   current_columns: list[str], reference_uri: str):
     """The schema of a drift check and where it came from: ``schema_uri``, else the champion's, else one inferred
-    from the reference (``reference()`` reads it).
+    from the reference (``reference()`` reads it), else, when the target cannot be told, None: the check then
+    compares every column the two tables share.
 
     Raises:
-        ValueError: nothing to infer the target from (the message says what to pass).
+        ValueError: the ``target`` given is not a column of the reference.
     """
     if schema_uri:
         return load_schema(schema_uri), redact(schema_uri)
@@ -89,10 +90,10 @@ def _drift_schema(schema_uri: str, *, model_name: str, champion: Any, target: st
     unlabelled = [c for c in reference.columns if c not in current_columns]
     target = target or (unlabelled[0] if len(unlabelled) == 1 else "")
     if not target:
-        raise ValueError(f"no schema: {_no_champion_data(model_name, champion, 'schema')}, and the target column "
-                         f"cannot be told from the data ({redact(reference_uri)} and the current data share "
-                         "every column); pass --schema FILE (schema_uri), or --set target=COLUMN to infer the "
-                         "schema from the reference")
+        progress(f"drift: no schema ({_no_champion_data(model_name, champion, 'schema')}) and no target: comparing "
+                 "every column the reference and the current data share, types from the reference; pass --schema "
+                 "FILE or --set target=COLUMN to check features only and apply the schema's rules")
+        return None, NO_SCHEMA_SOURCE
     if target not in reference.columns:
         raise ValueError(f"target '{target}' is not a column of the reference {redact(reference_uri)}; columns: "
                          f"{list(reference.columns)}")
@@ -100,6 +101,19 @@ def _drift_schema(schema_uri: str, *, model_name: str, champion: Any, target: st
     source = f"inferred from the reference (target '{target}', {task})"
     progress(f"drift: no schema given: {source}")
     return infer_schema(reference, target=target, task=task), source
+
+
+NO_SCHEMA_SOURCE = "none: every column the reference and the current data share (types from the reference, no target)"
+"""``schema_source`` of a drift check run without a schema, a champion or a target."""
+
+
+def shared_columns(reference: pd.DataFrame, current_columns: list[str]) -> tuple[list[str], list[str]]:
+    """The numeric and the categorical columns of ``reference`` that the current data has too (numbers and bools
+    numeric, anything else categorical), in the reference's order."""
+    shared = [c for c in reference.columns if c in current_columns]
+    numeric = [c for c in shared if pd.api.types.is_numeric_dtype(reference[c]) or
+               pd.api.types.is_bool_dtype(reference[c])]
+    return numeric, [c for c in shared if c not in numeric]
 
 
 @step_function
@@ -112,11 +126,12 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     stored reference profile when it has one (the current data is then read in chunks and the training data not
     at all), else the training data itself (versions registered before profiles). With a reference but neither a
     schema nor a champion, the schema is inferred from the reference (its target: ``target``, else the one
-    reference column the current data lacks). With a ``model_name`` the check is recorded in MLflow
-    (:func:`monitoring.records.record_drift_check`).
+    reference column the current data lacks); when no target can be told either, every column the two share is
+    compared (types from the reference, no schema rules) and ``schema_source`` says so. With a ``model_name`` the
+    check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
 
     Raises:
-        ValueError: no reference data, or no schema and no target to infer one; the message names what is missing.
+        ValueError: no reference data, or a ``target`` the reference lacks; the message names what is missing.
         data.tables.DataFileError: a data file is unusable.
     """
     from monitoring.drift import DriftPolicy, check_drift, check_drift_profile
@@ -135,14 +150,17 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     schema, schema_source = _drift_schema(schema_uri, model_name=model_name, champion=champion, target=target,
                                           reference=read_reference, current_columns=columns,
                                           reference_uri=reference_uri)
-    roles = schema_roles(schema)
-    kind = prediction_kind(roles.task)
+    if schema is not None:
+        roles = schema_roles(schema)
+        numeric, categorical, kind, ids = roles.numeric, roles.categorical, prediction_kind(roles.task), roles.ids
+    else:
+        (numeric, categorical), kind, ids = shared_columns(read_reference(), columns), "categorical", []
     predictor = (load_version_predictor(model_name, champion.version)
                  if champion is not None and rules.include_predictions else None)
     report_path = report_out or None
     if profile is not None:
-        with table_chunks(current_uri, text_columns=roles.categorical) as (chunks, source):
-            result = check_drift_profile(profile, chunks, numeric=roles.numeric, categorical=roles.categorical,
+        with table_chunks(current_uri, text_columns=categorical, categories=True) as (chunks, source):
+            result = check_drift_profile(profile, chunks, numeric=numeric, categorical=categorical,
                                          policy=rules, report_path=report_path, schema=schema,
                                          predict=predictor.predict if predictor is not None else None)
     else:
@@ -150,12 +168,12 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
             for frame in (reference, current):
                 predictions = predictor.predict(frame)
                 frame["prediction"] = predictions.astype(str) if kind == "categorical" else predictions
-        result = check_drift(reference, current, numeric=roles.numeric, categorical=roles.categorical,
+        result = check_drift(reference, current, numeric=numeric, categorical=categorical,
                              policy=rules, report_path=report_path, schema=schema, prediction_kind=kind)
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
                               current_uri=redact(current_uri), reference_uri=redact(reference_uri),
                               reference_profile=profile is not None, schema_source=schema_source,
-                              champion_version=champion.version if champion else None, id_columns=roles.ids)
+                              champion_version=champion.version if champion else None, id_columns=ids)
     if model_name:
         record_drift_check(model_name, checked, current_uri=checked.current_uri, report_path=report_path)
     return checked

@@ -156,17 +156,19 @@ def test_drift_without_schema_infers_it_from_the_reference_and_says_so(tmp_path,
     assert set(out["columns"]) == FEATURES and out["drifted"] is True  # customer_id is an id, churned the target
 
 
-def test_drift_without_schema_names_what_is_missing(tmp_path, demo_files, capsys):
+def test_drift_without_schema_or_target_compares_every_shared_column(tmp_path, demo_files, capsys):
     args = ["--workdir", str(tmp_path / "w"), "drift", "--reference", str(demo_files["train.parquet"]), "--current",
             str(demo_files["batch_stable.parquet"])]
-    code = main(args)
-    err = capsys.readouterr().err.splitlines()[0]
-    assert code == EXIT_FAILED
-    assert err == (f"kfloop drift: error: no schema: no --model (model_name) whose champion's schema to use, "
-                   f"and the target column cannot be told from the data ({demo_files['train.parquet']} and the "
-                   "current data share every column); pass --schema FILE (schema_uri), or --set target=COLUMN to "
-                   "infer the schema from the reference")
-    assert "has no champion" not in err
+    code = main([*args, "--json"])
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert code == 0, captured.err
+    assert out["schema_source"] == ("none: every column the reference and the current data share (types from the "
+                                    "reference, no target)")
+    assert "comparing every column the reference and the current data share" in captured.err
+    assert set(out["columns"]) == FEATURES | {"customer_id", "churned"}
+    assert out["columns"]["churned"]["method"] == "jensenshannon"  # 0/1 as a number with 2 values
+    assert out["columns"]["customer_id"]["drifted"]  # ids of new customers: nothing excludes them without a schema
     code = main([*args, "--set", "target=churned"])
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("drifted: False ")
@@ -198,7 +200,7 @@ def test_drift_json_contract(tmp_path, demo_files, capsys):
     assert out["drifted"] is True and out["share_drifted_columns"] >= 0.3
     assert set(out["columns"]) == FEATURES and out["schema_source"] == str(REPO / "data" / "schema.yaml")
     for col in out["columns"].values():
-        assert set(col) == {"method", "score", "threshold", "drifted"}
+        assert set(col) == {"method", "score", "threshold", "drifted", "error", "basis"}
     assert out["id_columns"] == ["customer_id"]
     assert report.stat().st_size > 0 and out["report_path"] == str(report)
     assert set(out["schema_violations"]) == set(out["columns"])  # the drifted demo batch stays inside the schema
