@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
     serve.add_argument("--max-body-bytes", type=int, default=65536)
     serve.add_argument("--open-metrics", action="store_true",
-                       help="serve /metrics without the bearer token (in-cluster scraping behind a NetworkPolicy)")
+                       help="serve /metrics without its token KFLOOP_METRICS_TOKEN (in-cluster scraping behind a "
+                            "NetworkPolicy)")
     _add_service_account(serve)
     options.add_settings(serve)
 
@@ -341,7 +342,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
-    from monitoring.webhook import AlertWebhook, WebhookAuth
+    from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
     from pipelines.kfp_server.runs import alert_starter
     from training.launch.backends import backend_named
     from training.settings import activate, load_environment
@@ -354,8 +355,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def store_for(model: str):
         return backend.trigger_store(model, env.workdir)
 
+    policy = TriggerPolicy.from_dict(settings.get("trigger", {}))
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ, open_metrics=args.open_metrics),
-                           policy=TriggerPolicy.from_dict(settings.get("trigger", {})),
+                           scope=AlertScope(allowed_data_prefixes=policy.allowed_data_prefixes,
+                                            default_dataset_uri=settings.get("dataset_uri", "")),
+                           policy=policy,
                            start=alert_starter(settings, host=args.kfp_host, version=args.version,
                                                namespace=args.namespace, service_account=args.service_account),
                            store_for=store_for, metrics=RecordsCollector(models=registered_models, store_for=store_for),
