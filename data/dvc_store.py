@@ -21,7 +21,7 @@ from dvc.data_cloud import Remote
 from dvc.fs import LocalFileSystem, get_cloud_fs
 from dvc.repo import Repo
 
-from data.storage import download, holds_credentials, redact, stat
+from data.storage import download, holds_credentials, redact, redact_text, stat
 from training.errors import KfloopError
 from training.settings import section_from_dict
 
@@ -140,7 +140,7 @@ def keep(source_uri: str, md5: str, *, config: DataStoreConfig, workdir: Path, r
                 store.add(str(Path(tmp) / "data"), LocalFileSystem(), md5)
             except Exception as exc:  # each file system raises its own types
                 raise DataStoreError(f"{label}: cannot write the training data (md5 {md5}) there: "
-                                     f"{type(exc).__name__}: {exc}; check data_store.remote and the credentials in "
-                                     "the environment") from exc
+                                     f"{type(exc).__name__}: {redact_text(str(exc))}; check data_store.remote and "
+                                     "the credentials in the environment") from None  # its text may hold them
         assert locate(md5, [(label, store)]) is not None, f"{label} does not show md5 {md5} after adding it"
         return Kept(md5=md5, location=label, data_store=redact(url), copied=True)

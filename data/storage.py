@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -134,7 +135,7 @@ def download(uri: str, dest: str | os.PathLike, *, max_bytes: int) -> Download:
     except StorageError:
         raise
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
-        raise StorageError(uri, _problem(exc, uri)) from exc
+        raise StorageError(uri, _problem(exc, uri)) from None  # the library's text may hold credentials
     return Download(info=ObjectInfo(uri=info.uri, size=read, version=version), md5=md5.hexdigest())
 
 
@@ -151,14 +152,14 @@ def read_bytes(uri: str, *, max_bytes: int) -> bytes:
     try:
         return fs.cat_file(path)
     except Exception as exc:
-        raise StorageError(uri, _problem(exc, uri)) from exc
+        raise StorageError(uri, _problem(exc, uri)) from None  # the library's text may hold credentials
 
 
 def _stat(fs: fsspec.AbstractFileSystem, path: str, uri: str) -> ObjectInfo:
     try:
         info = fs.info(path)
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
-        raise StorageError(uri, _problem(exc, uri)) from exc
+        raise StorageError(uri, _problem(exc, uri)) from None  # the library's text may hold credentials
     if info.get("type") != "file":
         raise StorageError(uri, "not a file (a directory or prefix): give the URI of one Parquet or CSV object")
     return ObjectInfo(uri=record_uri(uri), size=int(info["size"]), version=_version(info))
@@ -204,4 +205,14 @@ def _problem(exc: Exception, uri: str) -> str:
         endpoint = urlsplit(exc.kwargs.get("endpoint_url", ""))
         endpoint = redact(f"{endpoint.scheme}://{endpoint.netloc}")
         return f"cannot reach the endpoint {endpoint}: check AWS_ENDPOINT_URL and that the store is running"
-    return f"cannot read it: {type(exc).__name__}: {str(exc).replace(uri, redact(uri))}"
+    return f"cannot read it: {type(exc).__name__}: {redact_text(str(exc).replace(str(uri), redact(uri)))}"
+
+
+_URL = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^\s/@'\"<>]*@)?(?P<rest>[^\s'\"<>?#]*)"
+                  r"(?P<query>[?#][^\s'\"<>]*)?")
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a library's error message) with every URL in it :func:`redact`-ed: no ``user:secret@``, query or
+    fragment."""
+    return _URL.sub(lambda m: m["scheme"] + m["rest"], text)

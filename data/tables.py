@@ -100,7 +100,7 @@ def local_copy(uri: str | Path, *, limits: ReadLimits = DEFAULT_LIMITS) -> Itera
                     raise
                 raise DataFileError(info.uri, exc.problem) from None
     except storage.StorageError as exc:
-        raise DataFileError(exc.uri, exc.problem) from exc
+        raise DataFileError(exc.uri, exc.problem) from None  # the same (redacted) text, no library chain
 
 
 def _local_md5(path: Path) -> str:
