@@ -24,7 +24,7 @@ Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category
 KINDS: tuple[Kind, ...] = get_args(Kind)
 """How a value can fall outside the schema, the keys of :meth:`RuleSet.shares`."""
 
-SMALL_BATCH = 10_000
+SMALL_BATCH = 2_000
 """Up to this many values, :func:`_isin` looks each up in a Python set (serving's batches: no pandas overhead);
 above it pandas' hash table is faster."""
 _LOWER = {"greater_than": False, "greater_than_or_equal_to": True}
