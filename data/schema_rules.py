@@ -9,7 +9,6 @@ uniqueness, row counts) stay with pandera in :func:`data.validation.validate`.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
