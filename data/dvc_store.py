@@ -23,7 +23,7 @@ from dvc.repo import Repo
 
 from data.errors import KfloopError
 from data.settings import section_from_dict
-from data.storage import download, holds_credentials, redact, resolve
+from data.storage import download, holds_credentials, redact, redact_text, resolve
 
 DEFAULT_MAX_BYTES = 10 * 2**30
 DEFAULT_STORE_DIR = "dvc-store"
@@ -141,7 +141,7 @@ def keep(source_uri: str, md5: str, *, config: DataStoreConfig, workdir: Path, r
                 store.add(str(Path(tmp) / "data"), LocalFileSystem(), md5)
             except Exception as exc:  # each file system raises its own types
                 raise DataStoreError(f"{label}: cannot write the training data (md5 {md5}) there: "
-                                     f"{type(exc).__name__}: {exc}; check data_store.remote and the credentials in "
-                                     "the environment") from exc
+                                     f"{type(exc).__name__}: {redact_text(str(exc))}; check data_store.remote and "
+                                     "the credentials in the environment") from None  # its text may hold them
         assert locate(md5, [(label, store)]) is not None, f"{label} does not show md5 {md5} after adding it"
         return Kept(md5=md5, location=label, data_store=redact(url), copied=True)

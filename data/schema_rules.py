@@ -9,7 +9,6 @@ uniqueness, row counts) stay with pandera in :func:`data.validation.validate`.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -24,8 +23,9 @@ Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category
 KINDS: tuple[Kind, ...] = get_args(Kind)
 """How a value can fall outside the schema, the keys of :meth:`RuleSet.shares`."""
 
-SHORT_LIST = 32
-"""Up to this many allowed values, :func:`_isin` compares with each instead of hashing every value."""
+SMALL_BATCH = 2_000
+"""Up to this many values, :func:`_isin` looks each up in a Python set (serving's batches: no pandas overhead);
+above it pandas' hash table is faster."""
 _LOWER = {"greater_than": False, "greater_than_or_equal_to": True}
 _UPPER = {"less_than": False, "less_than_or_equal_to": True}
 
@@ -40,9 +40,9 @@ class Rule:
     kind: Kind
     describe: Callable[[Any], str]
     """One failing value as text, e.g. ``unseen category 'atlantis'``."""
-    fails: Callable[[pd.Series], np.ndarray] | None = None
-    """Failing mask over the column's non-null values of the right type; None for the null and type rules, which
-    the column applies itself."""
+    fails: Callable[[np.ndarray], np.ndarray] | None = None
+    """Failing mask over the column's non-null values of the right type (finite float64 for a numeric column);
+    None for the null, type and finite rules, which the column applies itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +62,8 @@ class RuleSet:
     def __init__(self, schema: pa.DataFrameSchema, columns: Iterable[str] | None = None):
         names = list(schema.columns) if columns is None else [c for c in columns if c in schema.columns]
         self.columns = {name: _column_rules(name, schema.columns[name]) for name in names}
+        self.known = frozenset(schema.columns)
+        """Every column the schema names (features or not)."""
 
     def check(self, df: pd.DataFrame) -> list[RuleFailures]:
         """Every rule that fails on at least one row of ``df``, in column order (columns ``df`` lacks are skipped:
@@ -100,50 +102,74 @@ class _ColumnRules:
     """Set unless the column is nullable."""
     wrong_type: Rule | None
     """Set for numeric columns."""
+    infinite: Rule | None
+    """Set for numeric columns: ``inf`` and ``-inf`` are outside every schema, with or without a range."""
     checks: list[Rule]
 
     @property
     def rules(self) -> list[Rule]:
         """All of the column's rules, in the order they apply."""
-        return [rule for rule in (self.null, self.wrong_type) if rule is not None] + self.checks
+        return [rule for rule in (self.null, self.wrong_type, self.infinite) if rule is not None] + self.checks
 
     def check(self, series: pd.Series) -> list[RuleFailures]:
-        """The rules that fail on ``series``: nulls, then the type, then each check on the values of the type."""
-        null = series.isna().to_numpy()
-        failures = [] if self.null is None else [RuleFailures(self.null, np.flatnonzero(null), series[null])]
-        positions = np.flatnonzero(~null)
-        values = series.iloc[positions] if len(positions) < len(series) else series
+        """The rules that fail on ``series``: nulls, then the type, then infinities, then each check on the (finite)
+        values of the type. Works on numpy arrays: pandas' per-operation overhead would cost more than the checks."""
+        if isinstance(series.dtype, pd.CategoricalDtype):  # an Arrow dictionary: check each category once
+            return self._check_categories(series)
+        array = series.to_numpy()
+        null = pd.isna(array)
+        failures = [] if self.null is None else [_failed(self.null, np.flatnonzero(null), array, series)]
+        positions = np.flatnonzero(~null) if null.any() else np.arange(len(array))
+        values = array[positions] if len(positions) < len(array) else array
         if self.wrong_type is not None:
-            numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+            numbers = values.astype("float64") if values.dtype.kind in "iuf" else \
+                pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype="float64",
+                                                                                      na_value=np.nan)
+            infinite = np.isinf(numbers)
             bad = np.isnan(numbers)
             if self.values == "whole number":
-                bad |= ~bad & (np.mod(numbers, 1) != 0)
-            failures.append(RuleFailures(self.wrong_type, positions[bad], values[bad]))
-            positions = positions[~bad]
-            values = pd.Series(numbers[~bad], index=values.index[~bad])
-        elif isinstance(values.dtype, pd.CategoricalDtype):  # an Arrow dictionary: check each category once
-            failures += self._check_categories(values, positions)
-            return [failed for failed in failures if len(failed.positions)]
-        elif self.values == "text" and not pd.api.types.is_string_dtype(values.dtype):
+                bad |= ~bad & ~infinite & (np.mod(numbers, 1) != 0)
+            failures.append(_failed(self.wrong_type, positions[bad], array, series))
+            failures.append(_failed(self.infinite, positions[infinite], array, series))
+            keep = ~(bad | infinite)
+            positions, values = positions[keep], numbers[keep]
+        elif self.values == "text" and values.dtype.kind not in "OUS":
             values = values.astype(str)
         for rule in self.checks:
             failed = rule.fails(values)
-            shown = values[failed]
-            if self.values == "whole number":
-                shown = shown.map(lambda v: int(v) if math.isfinite(v) else v)
-            failures.append(RuleFailures(rule, positions[failed], shown))
-        return [failed for failed in failures if len(failed.positions)]
+            if failed.any():  # pandas objects only for what failed: their overhead exceeds the checks
+                shown = values[failed]
+                if self.values == "whole number":
+                    shown = [int(v) for v in shown]
+                failures.append(RuleFailures(rule, positions[failed], pd.Series(
+                    shown, index=series.index[positions[failed]], dtype=object if self.values == "whole number"
+                    else None)))
+        return [failed for failed in failures if failed is not None]
 
-    def _check_categories(self, values: pd.Series, positions: np.ndarray) -> list[RuleFailures]:
-        """The checks on a Categorical's categories (the dictionary), taken to its non-null rows by their codes."""
-        categories = pd.Series(values.cat.categories)
-        categories = categories.astype(str) if self.values == "text" else categories
-        codes = values.cat.codes.to_numpy()
-        out = []
+    def _check_categories(self, series: pd.Series) -> list[RuleFailures]:
+        """The null rule on a Categorical's codes, then each check on its categories (the dictionary) once, taken
+        to the rows by their codes."""
+        codes = series.cat.codes.to_numpy()
+        null = codes < 0
+        nulls = np.flatnonzero(null)
+        failures = [] if self.null is None or not len(nulls) else [
+            RuleFailures(self.null, nulls, pd.Series(None, index=series.index[nulls], dtype=object))]
+        categories = pd.Series(series.cat.categories)
+        categories = categories.astype(str).to_numpy() if self.values == "text" else categories.to_numpy()
+        positions = np.flatnonzero(~null)
         for rule in self.checks:
-            failed = np.asarray(rule.fails(categories), dtype=bool)[codes]
-            out.append(RuleFailures(rule, positions[failed], values[failed].astype(categories.dtype)))
-        return out
+            failed = positions[np.asarray(rule.fails(categories), dtype=bool)[codes[positions]]]
+            if len(failed):
+                failures.append(RuleFailures(rule, failed, pd.Series(categories[codes[failed]],
+                                                                     index=series.index[failed], dtype=object)))
+        return [failed for failed in failures if failed is not None]
+
+
+def _failed(rule: Rule, positions: np.ndarray, array: np.ndarray, series: pd.Series) -> RuleFailures | None:
+    """``rule`` failing at ``positions``, with the values there as given; None when it failed nowhere."""
+    if not len(positions):
+        return None
+    return RuleFailures(rule, positions, pd.Series(array[positions], index=series.index[positions], dtype=object))
 
 
 def _column_rules(name: str, column: pa.Column) -> _ColumnRules:
@@ -159,11 +185,12 @@ def _column_rules(name: str, column: pa.Column) -> _ColumnRules:
     else:
         values = "as is"
     null = None if column.nullable else Rule(name, "not_nullable", "unexpected_null", lambda v: "unexpected null")
-    wrong_type = None
+    wrong_type = infinite = None
     if values in ("number", "whole number"):
         wrong_type = Rule(name, f"dtype('{column.dtype}')", "wrong_type",
                           lambda v: f"{_shown(v)} is not a {values} ({column.dtype})")
-    return _ColumnRules(values=values, null=null, wrong_type=wrong_type,
+        infinite = Rule(name, "finite", "out_of_range", lambda v: f"{float(v):g} is not a finite number")
+    return _ColumnRules(values=values, null=null, wrong_type=wrong_type, infinite=infinite,
                         checks=[_check_rule(name, check) for check in column.checks])
 
 
@@ -181,8 +208,8 @@ def _check_rule(column: str, check: pa.Check) -> Rule:
         def above(v):
             return hi is not None and (v > hi if hi_incl else v >= hi)
 
-        def fails(values: pd.Series) -> np.ndarray:
-            v = values.to_numpy(dtype="float64")
+        def fails(values: np.ndarray) -> np.ndarray:
+            v = values.astype("float64", copy=False)
             return np.asarray(below(v), dtype=bool) | np.asarray(above(v), dtype=bool)
 
         def describe(v):
@@ -191,29 +218,29 @@ def _check_rule(column: str, check: pa.Check) -> Rule:
 
         return Rule(column, name, "out_of_range", describe, fails)
     if check.name == "isin":
-        allowed = list(stats["allowed_values"])
+        allowed = frozenset(stats["allowed_values"])
         return Rule(column, name, "unseen_category", lambda v: f"unseen category {_shown(v)}",
                     lambda v: ~_isin(v, allowed))
     if check.name == "notin":
         forbidden = list(stats["forbidden_values"])
         return Rule(column, name, "failed_check", lambda v: f"forbidden value {_shown(v)}",
-                    lambda v: v.isin(forbidden).to_numpy())
+                    lambda v: pd.Series(v).isin(forbidden).to_numpy())
     return Rule(column, name, "failed_check", lambda v: f"{_shown(v)} failed {name}",
                 lambda v: _pandera_fails(check, v))
 
 
-def _isin(values: pd.Series, allowed: list) -> np.ndarray:
-    """``values.isin(allowed)``; for a few allowed values one numpy comparison each, several times faster."""
-    if len(allowed) > SHORT_LIST:
-        return values.isin(allowed).to_numpy()
-    array = values.to_numpy()
-    found = np.zeros(len(array), dtype=bool)
-    for value in allowed:
-        found |= array == value
-    return found
+def _isin(values: np.ndarray, allowed: frozenset) -> np.ndarray:
+    """Per value: it is one of ``allowed`` (set lookups for a small batch, else pandas' hash table)."""
+    if len(values) <= SMALL_BATCH:
+        try:
+            return np.fromiter(map(allowed.__contains__, values), dtype=bool, count=len(values))
+        except TypeError:  # an unhashable value (a list in an untyped column): pandas compares those
+            pass
+    return pd.Series(values).isin(list(allowed)).to_numpy()
 
 
-def _pandera_fails(check: pa.Check, values: pd.Series) -> np.ndarray:
+def _pandera_fails(check: pa.Check, array: np.ndarray) -> np.ndarray:
+    values = pd.Series(array)
     output = check(values).check_output
     if isinstance(output, pd.Series):
         return ~output.reindex(values.index, fill_value=True).to_numpy(dtype=bool)
@@ -241,21 +268,50 @@ class SchemaViolationError(KfloopError, ValueError):
     """Rows to score fall outside the schema the model was trained on (``on_schema_violation="error"``)."""
 
 
-def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFrame, mode: str) -> pd.DataFrame:
-    """``scored`` (one output row per input row) as ``mode`` asks: with :data:`VIOLATIONS_COLUMN` (``flag``),
-    unchanged (``ignore``), or unchanged once every row is clean (``error``).
+def check_mode(params: dict | None) -> str:
+    """The mode ``params`` asks for (:data:`ON_VIOLATION_PARAM`, default ``flag``).
+
+    Raises:
+        ValueError: not one of :data:`ON_VIOLATION_MODES`.
+    """
+    mode = (params or {}).get(ON_VIOLATION_PARAM, ON_VIOLATION_MODES[0])
+    if mode not in ON_VIOLATION_MODES:
+        raise ValueError(f"{ON_VIOLATION_PARAM}={mode!r}: use one of {list(ON_VIOLATION_MODES)}")
+    return mode
+
+
+def column_problems(rules: RuleSet, columns: Iterable[str], required: Iterable[str]) -> list[str]:
+    """``missing column 'x'`` for each of ``required`` not in ``columns``, then ``unexpected column 'y'`` for each of
+    ``columns`` the schema does not know."""
+    present = set(columns)
+    return [*(f"missing column {name!r}" for name in required if name not in present),
+            *(f"unexpected column {name!r}" for name in columns if name not in rules.known)]
+
+
+def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFrame, mode: str, *,
+                         required: Iterable[str] = ()) -> pd.DataFrame:
+    """``scored`` (one output row per input row) as ``mode`` asks: with :data:`VIOLATIONS_COLUMN` (``flag``; a
+    missing ``required`` column or one the schema does not know is flagged on every row), unchanged (``ignore``),
+    or unchanged once the columns are the schema's and every row is clean (``error``).
 
     Raises:
         ValueError: ``mode`` is not one of :data:`ON_VIOLATION_MODES`.
-        SchemaViolationError: ``mode`` is ``error`` and a row breaks a rule; names up to five rows and their
-            columns.
+        SchemaViolationError: ``mode`` is ``error`` and a column is missing or unknown (named), or a row breaks a
+            rule (up to five rows and their columns named).
     """
-    if mode not in ON_VIOLATION_MODES:
-        raise ValueError(f"{ON_VIOLATION_PARAM}={mode!r}: use one of {list(ON_VIOLATION_MODES)}")
+    mode = check_mode({ON_VIOLATION_PARAM: mode})
     if mode == "ignore":
         return scored
+    problems = column_problems(rules, rows.columns, required)
+    if problems and mode == "error":
+        raise SchemaViolationError(f"the rows' columns differ from the model's training schema: {', '.join(problems)}"
+                                   f"; send the schema's columns, or pass {ON_VIOLATION_PARAM}='flag' to score them "
+                                   f"with a {VIOLATIONS_COLUMN} column")
     messages = rules.row_messages(rows)
     if mode == "flag":
+        if problems:
+            shared = "; ".join(problems)
+            messages = np.where(messages == "", shared, shared + "; " + messages)
         return scored.assign(**{VIOLATIONS_COLUMN: messages})
     bad = np.flatnonzero(messages != "")
     if len(bad):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -86,7 +87,7 @@ class Resolved:
             with self.fs.open(self.path, "rb") as f:
                 return hashlib.file_digest(f, "md5").hexdigest()
         except Exception as exc:  # every store raises its own types; _problem says which problem it is
-            raise _unreadable(self.given, exc) from exc
+            raise _unreadable(self.given, exc) from None  # the library's text may hold credentials
 
 
 def is_remote(uri: str | os.PathLike) -> bool:
@@ -134,7 +135,7 @@ def resolve(uri: str | os.PathLike) -> Resolved:
     try:
         info = fs.info(path)
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
-        raise _unreadable(given, exc) from exc
+        raise _unreadable(given, exc) from None  # the library's text may hold credentials
     if info.get("type") != "file":
         raise StorageError(given, "not a file (a directory or prefix): give the URI of one Parquet or CSV object")
     return Resolved(uri=record_uri(given), size=int(info["size"]), version=_version(info), fs=fs, path=path,
@@ -163,7 +164,7 @@ def download(source: Resolved, dest: str | os.PathLike, *, max_bytes: int) -> Re
     except StorageError:
         raise
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
-        raise _unreadable(source.given, exc) from exc
+        raise _unreadable(source.given, exc) from None  # the library's text may hold credentials
     read = replace(source, size=size, version=version)
     read.__dict__["md5"] = md5.hexdigest()  # where Resolved.md5 (a cached_property) keeps its value
     return read
@@ -181,7 +182,7 @@ def read_bytes(uri: str, *, max_bytes: int) -> bytes:
     try:
         return source.fs.cat_file(source.path)
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
-        raise _unreadable(uri, exc) from exc
+        raise _unreadable(uri, exc) from None  # the library's text may hold credentials
 
 
 def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -229,4 +230,14 @@ def _problem(exc: Exception, uri: str) -> str:
         endpoint = urlsplit(exc.kwargs.get("endpoint_url", ""))
         endpoint = redact(f"{endpoint.scheme}://{endpoint.netloc}")
         return f"cannot reach the endpoint {endpoint}: check AWS_ENDPOINT_URL and that the store is running"
-    return f"cannot read it: {type(exc).__name__}: {str(exc).replace(uri, redact(uri))}"
+    return f"cannot read it: {type(exc).__name__}: {redact_text(str(exc).replace(str(uri), redact(uri)))}"
+
+
+_URL = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^\s/@'\"<>]*@)?(?P<rest>[^\s'\"<>?#]*)"
+                  r"(?P<query>[?#][^\s'\"<>]*)?")
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a library's error message) with every URL in it :func:`redact`-ed: no ``user:secret@``, query or
+    fragment."""
+    return _URL.sub(lambda m: m["scheme"] + m["rest"], text)

@@ -90,7 +90,7 @@ def local_copy(uri: str | Path | storage.Resolved, *,
                     raise
                 raise DataFileError(source.uri, exc.problem) from None
     except storage.StorageError as exc:
-        raise DataFileError(exc.uri, exc.problem) from exc
+        raise DataFileError(exc.uri, exc.problem) from None  # the same (redacted) text, no library chain
 
 
 def read_table_source(uri: str | Path | storage.Resolved, *,

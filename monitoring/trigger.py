@@ -30,8 +30,18 @@ class TriggerPolicy:
     """After a model's trigger fires, no other trigger fires for that model for this long (any data)."""
     window_seconds: float = 86400
     """Dedupe window: the same model and data hash fire at most once per window (``floor(now / window)``)."""
+    allowed_data_prefixes: tuple[str, ...] | None = None
+    """Folders or bucket prefixes (``s3://bucket/churn/``, ``/mnt/data/churn/``) an alert to ``kfloop serve`` may
+    start training on; ``None``: the folder of the champion's training data (its lineage). Data anywhere else is
+    refused (403)."""
 
     def __post_init__(self) -> None:
+        if self.allowed_data_prefixes is not None:
+            prefixes = self.allowed_data_prefixes
+            if isinstance(prefixes, str) or not all(isinstance(p, str) and p.strip("/") for p in prefixes):
+                raise ValueError(f"allowed_data_prefixes={prefixes!r}: use a list of folders or bucket prefixes, "
+                                 "e.g. ['s3://bucket/churn/'], or null for the folder of the champion's training data")
+            self.allowed_data_prefixes = tuple(prefixes)
         for name in ("cooldown_seconds", "window_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:

@@ -1,30 +1,38 @@
 """The alert webhook: Prometheus Alertmanager (webhook payload version 4) or a plain ``{"model", "reason"}``
 POSTed to ``/alerts`` starts retraining through the same trigger decision as the drift pipeline (dedupe,
-cooldown, one run in flight). Bearer token or HMAC-SHA256 auth, a body size bound, 4xx with a reason, ``/healthz``,
-``/metrics`` for Prometheus (the records, see :mod:`monitoring.metrics`), one JSON log line per event (never a
-credential). Knows nothing about KFP: the caller passes ``start``.
+cooldown, one run in flight), for registered models on data under the allowed prefixes only (403 otherwise).
+Bearer token or HMAC-SHA256 auth for ``/alerts``, a read-only token of its own for ``/metrics`` (Prometheus text:
+the records, see :mod:`monitoring.metrics`), a body size bound, 4xx with a reason, ``/healthz``, one JSON log line
+per event (never a credential). Knows nothing about KFP: the caller passes ``start``.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
+import os
+import posixpath
 import sys
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping, TextIO
+from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from data.errors import KfloopError
+from data.storage import is_remote, redact
 from monitoring.metrics import exposition
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
+from training.registry.versions import get_champion, registered_model
 
 TOKEN_ENV = "KFLOOP_WEBHOOK_TOKEN"
 HMAC_ENV = "KFLOOP_WEBHOOK_HMAC_SECRET"
+METRICS_TOKEN_ENV = "KFLOOP_METRICS_TOKEN"
 SIGNATURE_HEADER = "X-Kfloop-Signature"
 """``sha256=<hex HMAC-SHA256 of the raw body>`` when HMAC auth is configured."""
 MODEL_LABELS = ("model", "model_name")
@@ -32,56 +40,66 @@ MODEL_LABELS = ("model", "model_name")
 
 @dataclass(kw_only=True, slots=True)
 class WebhookAuth:
-    """Who may post alerts (at least one of token and HMAC key must be set) and read ``/metrics``."""
+    """Who may post alerts (the webhook token or the HMAC signature; at least one must be set) and who may read
+    ``/metrics`` (its own read token, which ``/alerts`` refuses, as ``/metrics`` refuses the webhook token)."""
 
     token: str = field(default="", repr=False)
-    """Bearer token (``Authorization: Bearer <token>``), from ``KFLOOP_WEBHOOK_TOKEN``."""
+    """Bearer token of ``/alerts`` (``Authorization: Bearer <token>``), from ``KFLOOP_WEBHOOK_TOKEN``."""
     hmac_secret: str = field(default="", repr=False)
     """HMAC-SHA256 key of the ``X-Kfloop-Signature`` header, from ``KFLOOP_WEBHOOK_HMAC_SECRET``."""
+    metrics_token: str = field(default="", repr=False)
+    """Bearer token of ``/metrics`` (Prometheus: ``authorization: {credentials_file: ...}``), from
+    ``KFLOOP_METRICS_TOKEN``; read-only: it starts nothing."""
     open_metrics: bool = False
-    """``/metrics`` answers without auth (in-cluster scraping where a NetworkPolicy limits who reaches the port);
-    otherwise it takes the bearer token, as Prometheus sends it (``authorization: {credentials_file: ...}``)."""
+    """``/metrics`` answers without auth (in-cluster scraping where a NetworkPolicy limits who reaches the port)."""
 
     def __post_init__(self) -> None:
         if not self.token and not self.hmac_secret:
             raise ValueError(f"the webhook needs auth: set {TOKEN_ENV} (bearer token) or {HMAC_ENV} (HMAC-SHA256 "
                              "key), e.g. from a Kubernetes Secret")
+        if self.metrics_token and self.metrics_token in (self.token, self.hmac_secret):
+            raise ValueError(f"{METRICS_TOKEN_ENV} equals the webhook's token or HMAC key: give /metrics its own "
+                             "token, so whoever scrapes metrics cannot start training")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], *, open_metrics: bool = False) -> WebhookAuth:
-        """Read the token and HMAC key from ``environ`` (the only place they come from).
+        """Read the tokens and HMAC key from ``environ`` (the only place they come from).
 
         Raises:
-            ValueError: neither is set.
+            ValueError: neither the webhook token nor the HMAC key is set, or the metrics token repeats one.
         """
         return cls(token=environ.get(TOKEN_ENV, ""), hmac_secret=environ.get(HMAC_ENV, ""),
-                   open_metrics=open_metrics)
+                   metrics_token=environ.get(METRICS_TOKEN_ENV, ""), open_metrics=open_metrics)
 
     def check(self, headers: Mapping[str, str], body: bytes) -> str | None:
-        """None when the request is authorised, else the reason."""
-        if self._bearer(headers):
+        """None when the request may post alerts, else the reason."""
+        if _bearer(headers, self.token):
             return None
         if self.hmac_secret:
             expected = "sha256=" + hmac.new(self.hmac_secret.encode(), body, hashlib.sha256).hexdigest()
             if hmac.compare_digest(headers.get(SIGNATURE_HEADER, "").encode(), expected.encode()):
                 return None
+        if _bearer(headers, self.metrics_token):
+            return f"the metrics token ({METRICS_TOKEN_ENV}) only reads /metrics: post alerts with {TOKEN_ENV}"
         return "missing or invalid " + " / ".join(
             name for name, on in (("bearer token", self.token), (f"{SIGNATURE_HEADER} signature",
                                                                   self.hmac_secret)) if on)
 
     def check_metrics(self, headers: Mapping[str, str]) -> str | None:
         """None when the request may read ``/metrics``, else the reason."""
-        if self.open_metrics or self._bearer(headers):
+        if self.open_metrics or _bearer(headers, self.metrics_token):
             return None
-        if not self.token:
-            return (f"/metrics takes the bearer token: set {TOKEN_ENV}, or open /metrics for in-cluster scraping "
-                    "(kfloop serve --open-metrics)")
+        if not self.metrics_token:
+            return (f"/metrics takes its own bearer token: set {METRICS_TOKEN_ENV}, or open /metrics for in-cluster "
+                    "scraping (kfloop serve --open-metrics)")
+        if _bearer(headers, self.token):
+            return f"the webhook token ({TOKEN_ENV}) only posts alerts: scrape /metrics with {METRICS_TOKEN_ENV}"
         return "missing or invalid bearer token"
 
-    def _bearer(self, headers: Mapping[str, str]) -> bool:
-        """The request carries the configured bearer token."""
-        return bool(self.token) and hmac.compare_digest(headers.get("Authorization", "").encode(),
-                                                        f"Bearer {self.token}".encode())
+
+def _bearer(headers: Mapping[str, str], token: str) -> bool:
+    """The request carries ``token`` (a configured one) as its bearer token."""
+    return bool(token) and hmac.compare_digest(headers.get("Authorization", "").encode(), f"Bearer {token}".encode())
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -139,17 +157,78 @@ def parse_alerts(payload: Any) -> list[Alert]:
     return [Alert(model=model, reason=reason, data_key=str(data_key), dataset_uri=str(payload.get("dataset_uri", "")))]
 
 
+class AlertRefused(KfloopError, PermissionError):
+    """An alert asks for training the webhook may not start (403); the message names the rule."""
+
+
+@dataclass(kw_only=True, slots=True)
+class AlertScope:
+    """What an alert may start training on: a model registered in MLflow, on data under ``allowed_data_prefixes``
+    (``None``: the folder of that model's champion's training data, read from the champion's lineage)."""
+
+    allowed_data_prefixes: tuple[str, ...] | None = None
+    """``trigger.allowed_data_prefixes`` (:class:`monitoring.trigger.TriggerPolicy`)."""
+    default_dataset_uri: str = ""
+    """The data of an alert that names none (``dataset_uri`` in kfloop.yaml)."""
+
+    def admit(self, alert: Alert) -> Alert:
+        """``alert`` with its data filled in (its own ``dataset_uri``, else the default), when it may start training.
+
+        Raises:
+            AlertRefused: the model is not registered, no data is named, or the data lies outside the allowed
+                prefixes (or, with none configured, the model has no champion whose lineage names its data).
+            mlflow.exceptions.MlflowException: MLflow could not be read.
+        """
+        if registered_model(alert.model) is None:
+            raise AlertRefused(f"rule registered_model: {alert.model!r} is not a registered model in MLflow; an "
+                               "alert may only retrain a model kfloop registered (check the alert's model label)")
+        uri = alert.dataset_uri or self.default_dataset_uri
+        if not uri:
+            raise AlertRefused(f"rule dataset_uri: the alert for {alert.model!r} names no dataset_uri and none is "
+                               "configured: add annotation dataset_uri to the alert or set dataset_uri in kfloop.yaml")
+        prefixes, source = self.allowed_data_prefixes, "trigger.allowed_data_prefixes"
+        if prefixes is None:
+            champion = get_champion(alert.model)
+            if champion is None or not champion.record.data_uri:
+                raise AlertRefused(f"rule trigger.allowed_data_prefixes: none is set and {alert.model!r} has no "
+                                   "champion whose lineage names its training data: set trigger.allowed_data_prefixes "
+                                   "to the folders alerts may train on")
+            prefixes = (posixpath.dirname(_location(champion.record.data_uri)),)
+            source += " (unset: the folder of the champion's training data)"
+        if not any(_under(_location(uri), prefix) for prefix in prefixes):
+            raise AlertRefused(f"rule {source}: {redact(uri)} is not under {[redact(p) for p in prefixes]}; add "
+                               "its folder to trigger.allowed_data_prefixes if alerts may train on it")
+        return dataclasses.replace(alert, dataset_uri=uri)
+
+
+def _location(uri: str) -> str:
+    """``uri`` as compared with the prefixes: ``scheme://bucket/key`` (no credentials, query or fragment) or an
+    absolute local path, with ``.`` and ``..`` resolved, so ``s3://b/ok/../other`` is not under ``s3://b/ok``."""
+    if is_remote(uri):
+        parts = urlsplit(uri)
+        return f"{parts.scheme.lower()}://{parts.hostname or ''}{posixpath.normpath('/' + parts.path.lstrip('/'))}"
+    return os.path.abspath(uri)
+
+
+def _under(location: str, prefix: str) -> bool:
+    """``location`` is the folder ``prefix`` or lies inside it (``s3://b/data2`` is not under ``s3://b/data``)."""
+    base = _location(prefix).rstrip("/")
+    return location == base or location.startswith(base + "/")
+
+
 class AlertWebhook:
     """The HTTP server. ``start(alert)`` starts a training run and returns its id (raising
     :class:`monitoring.trigger.RunInFlight` when one is running); ``store_for(model)`` is the trigger state;
-    ``metrics`` (e.g. a :class:`monitoring.metrics.RecordsCollector`) answers ``/metrics`` (None: no ``/metrics``)."""
+    ``metrics`` (e.g. a :class:`monitoring.metrics.RecordsCollector`) answers ``/metrics`` (None: no ``/metrics``);
+    ``scope`` decides which alerts may start anything at all."""
 
-    def __init__(self, *, auth: WebhookAuth, policy: TriggerPolicy, start: Callable[[Alert], str],
+    def __init__(self, *, auth: WebhookAuth, scope: AlertScope, policy: TriggerPolicy, start: Callable[[Alert], str],
                  store_for: Callable[[str], TriggerStore], metrics: Collector | None = None,
                  max_body_bytes: int = 64 * 1024, clock: Callable[[], float] = time.time, log: TextIO = sys.stderr):
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes={max_body_bytes}: use a positive byte count, e.g. 65536")
-        self.auth, self.policy, self.start, self.store_for, self.metrics = auth, policy, start, store_for, metrics
+        self.auth, self.scope, self.policy, self.start = auth, scope, policy, start
+        self.store_for, self.metrics = store_for, metrics
         self.max_body_bytes, self.clock, self.log = max_body_bytes, clock, log
 
     def emit(self, event: str, **fields: Any) -> None:
@@ -187,6 +266,10 @@ class AlertWebhook:
             alerts = parse_alerts(json.loads(body))
         except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError and BadPayload are ValueErrors
             return HTTPStatus.BAD_REQUEST, {"error": f"bad payload: {err}"}
+        try:  # every alert of the payload, before any starts: a refused one starts nothing
+            alerts = [self.scope.admit(alert) for alert in alerts]
+        except AlertRefused as err:
+            return HTTPStatus.FORBIDDEN, {"error": str(err)}
         return HTTPStatus.OK, {"decisions": [self.decide(alert) for alert in alerts]}
 
     def decide(self, alert: Alert) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The alert loop with the real servers: Debian's ``prometheus`` scrapes ``kfloop serve``'s ``/metrics`` (with the
-webhook's bearer token), the rules of ``deploy/prometheus`` fire after a drifted check, Debian's
+metrics read token, by ``deploy/prometheus``'s scrape job), the rules of ``deploy/prometheus`` fire after a drifted check, Debian's
 ``prometheus-alertmanager`` routes the alert by the ``deploy/prometheus`` route to ``kfloop serve``'s ``/alerts``,
 and exactly one training run starts on the KFP API test server; the next alert inside the cooldown starts none.
 Everything synchronises by polling the servers' HTTP APIs against a deadline."""
@@ -28,9 +28,11 @@ DEPLOY = REPO / "deploy" / "prometheus"
 RULES = DEPLOY / "kfloop-rules.yaml"
 OPERATOR_RULE = DEPLOY / "kfloop-prometheusrule.yaml"
 ROUTE = DEPLOY / "alertmanager.yaml"
+SCRAPE = DEPLOY / "prometheus-scrape.yaml"
 ALERTS = ("KfloopDriftDetected", "KfloopQualityDegraded")
 MODEL = "churn-alerts"
 HOOK_TOKEN = "alert-loop-token-3b9e"
+METRICS_TOKEN = "alert-loop-metrics-token-7d21"
 
 
 def test_the_rule_files_pass_promtool_and_say_the_same(tmp_path):
@@ -44,6 +46,20 @@ def test_the_rule_files_pass_promtool_and_say_the_same(tmp_path):
     rules = yaml.safe_load(RULES.read_text())
     assert yaml.safe_load(operator_groups.read_text()) == rules
     assert [rule["alert"] for group in rules["groups"] for rule in group["rules"]] == list(ALERTS)
+
+
+def test_the_scrape_job_passes_promtool_and_reads_the_metrics_token_from_a_secret(tmp_path):
+    promtool = require_binary("promtool", package="prometheus")
+    (job,) = yaml.safe_load(SCRAPE.read_text())["scrape_configs"]
+    assert job["metrics_path"] == "/metrics" and set(job["authorization"]) == {"credentials_file"}
+    assert "kfloop-metrics" in job["authorization"]["credentials_file"], "the metrics Secret, never the webhook's"
+    token = tmp_path / "token"
+    token.write_text("t")
+    job["authorization"]["credentials_file"] = str(token)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"scrape_configs": [job]}))
+    checked = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
 
 
 def test_the_route_sends_kfloops_alerts_to_the_webhook_and_nothing_else():
@@ -85,13 +101,16 @@ def alertmanager_config(path: Path, *, hook_port: int, token_file: Path) -> Path
 
 
 def prometheus_config(path: Path, *, hook_port: int, alertmanager_port: int, token_file: Path) -> Path:
-    """Scrape ``kfloop serve`` every second with the bearer token, evaluate the deploy/ rules every second."""
+    """``deploy/prometheus/prometheus-scrape.yaml``'s job pointed at this test's ``kfloop serve`` with the metrics
+    token, scraping every second; the deploy/ rules evaluated every second."""
+    (job,) = yaml.safe_load(SCRAPE.read_text())["scrape_configs"]
+    job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": [f"127.0.0.1:{hook_port}"]}])
+    job["authorization"]["credentials_file"] = str(token_file)
     path.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "global": {"evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]},
-        "scrape_configs": [{"job_name": "kfloop", "authorization": {"credentials_file": str(token_file)},
-                            "static_configs": [{"targets": [f"127.0.0.1:{hook_port}"]}]}]}))
+        "scrape_configs": [job]}))
     return path
 
 
@@ -99,16 +118,18 @@ def test_a_drifted_check_starts_one_training_run_through_prometheus_and_alertman
     prometheus = require_binary("prometheus", package="prometheus")
     alertmanager = require_binary("prometheus-alertmanager", "alertmanager", package="prometheus-alertmanager")
     ensure_registered_model(MODEL)
-    token_file = tmp_path / "token"
-    token_file.write_text(HOOK_TOKEN)
-    token_file.chmod(0o600)
+    token_file, metrics_token_file = tmp_path / "token", tmp_path / "metrics-token"
+    for path, token in ((token_file, HOOK_TOKEN), (metrics_token_file, METRICS_TOKEN)):
+        path.write_text(token)
+        path.chmod(0o600)
     hook_port, alertmanager_port, prometheus_port = free_port(), free_port(), free_port()
-    env = {**os.environ, "KFLOOP_WEBHOOK_TOKEN": HOOK_TOKEN}
+    env = {**os.environ, "KFLOOP_WEBHOOK_TOKEN": HOOK_TOKEN, "KFLOOP_METRICS_TOKEN": METRICS_TOKEN}
     processes = []
     try:
         processes.append(start_server(
             [sys.executable, "-m", "pipelines", "serve", "--port", str(hook_port), "--bind", "127.0.0.1",
-             "--kfp-host", kfp.url, "--set", "dataset_uri=s3://bucket/current.parquet"],
+             "--kfp-host", kfp.url, "--set", "dataset_uri=s3://bucket/current.parquet",
+             "--set", "trigger.allowed_data_prefixes=[s3://bucket/]"],
             health_url=f"http://127.0.0.1:{hook_port}/healthz", log_path=tmp_path / "serve.log", env=env,
             timeout_s=240))
         routes = alertmanager_config(tmp_path / "am.yaml", hook_port=hook_port, token_file=token_file)
@@ -119,13 +140,13 @@ def test_a_drifted_check_starts_one_training_run_through_prometheus_and_alertman
             health_url=f"http://127.0.0.1:{alertmanager_port}/-/ready", log_path=tmp_path / "am.log", env=env,
             timeout_s=120))
         config = prometheus_config(tmp_path / "prometheus.yaml", hook_port=hook_port,
-                                   alertmanager_port=alertmanager_port, token_file=token_file)
+                                   alertmanager_port=alertmanager_port, token_file=metrics_token_file)
         processes.append(start_server(
             [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{prometheus_port}"],
             health_url=f"http://127.0.0.1:{prometheus_port}/-/ready", log_path=tmp_path / "prometheus.log",
             env=env, timeout_s=120))
-        wait_for("Prometheus scraping kfloop serve's /metrics with the token",
+        wait_for("Prometheus scraping kfloop serve's /metrics with the metrics token",
                  lambda: query(prometheus_port, f'kfloop_trigger_fired_total{{model="{MODEL}"}}') == 0,
                  timeout=180, interval=0.5)
         assert not kfp.store.runs and query(prometheus_port, "ALERTS") is None
@@ -154,4 +175,5 @@ def test_a_drifted_check_starts_one_training_run_through_prometheus_and_alertman
     log = (tmp_path / "serve.log").read_text()
     decisions = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"trigger"' in line]
     assert [(d["fire"], d["run_id"], d["reason"].split(":")[0]) for d in decisions][1:] == [(False, None, "cooldown")]
-    assert decisions[0]["fire"] and decisions[0]["run_id"] == run["run_id"] and HOOK_TOKEN not in log
+    assert decisions[0]["fire"] and decisions[0]["run_id"] == run["run_id"]
+    assert HOOK_TOKEN not in log and METRICS_TOKEN not in log

@@ -1,6 +1,7 @@
 """``/metrics`` of ``kfloop serve``: the records (the drift and quality checks' runs, the champion alias, the
 trigger's decision counts) in the Prometheus text format, read from MLflow on each scrape and parsed here with
-prometheus_client's own parser; auth as for ``/alerts`` unless opened for in-cluster scraping."""
+prometheus_client's own parser; auth by the metrics token (never the webhook's) unless opened for in-cluster
+scraping."""
 from __future__ import annotations
 
 import http.client
@@ -17,7 +18,7 @@ from monitoring.metrics import RecordsCollector, registered_models
 from monitoring.steps import drift_step
 from monitoring.trigger import RunInFlight, TriggerPolicy, maybe_trigger
 from monitoring.trigger_registry import RegistryTriggerStore
-from monitoring.webhook import AlertWebhook, WebhookAuth
+from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
 from training.registry.versions import CHAMPION_ALIAS, ensure_registered_model
 from training.registry.experiments import ensure_experiment
 
@@ -31,7 +32,8 @@ T0 = 86400 * 20_000 + 600.0
 
 
 def webhook(**auth) -> AlertWebhook:
-    return AlertWebhook(auth=WebhookAuth(**{"token": TOKEN, **auth}), policy=POLICY,
+    return AlertWebhook(auth=WebhookAuth(**{"token": "hook-token", "metrics_token": TOKEN, **auth}),
+                        scope=AlertScope(), policy=POLICY,
                         start=lambda alert: pytest.fail(f"no run may start here ({alert})"),
                         store_for=RegistryTriggerStore, log=io.StringIO(),
                         metrics=RecordsCollector(models=registered_models, store_for=RegistryTriggerStore))
@@ -122,10 +124,11 @@ def test_metrics_hold_the_last_checks_the_champion_and_the_trigger_counts(record
 @pytest.mark.parametrize("auth, headers, status, words", [
     ({}, {}, 401, "bearer token"),
     ({}, {"Authorization": "Bearer wrong"}, 401, "bearer token"),
-    ({"token": "", "hmac_secret": "k"}, {}, 401, "--open-metrics"),
+    ({"metrics_token": ""}, {"Authorization": f"Bearer {TOKEN}"}, 401, "--open-metrics"),
+    ({}, {"Authorization": "Bearer hook-token"}, 401, "only posts alerts"),
     ({"open_metrics": True}, {}, 200, "kfloop_trigger_fired_total"),
 ])
-def test_metrics_take_the_bearer_token_unless_opened(isolated_env, auth, headers, status, words):
+def test_metrics_take_their_own_token_unless_opened(isolated_env, auth, headers, status, words):
     ensure_registered_model(QUIET)
     code, _, body = scrape(webhook(**auth), headers)
     assert code == status and words in body

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pandera.pandas as pa
 import pytest
 
 from monitoring.drift import DriftPolicy, check_drift
@@ -106,3 +107,105 @@ def test_five_percent_unseen_categories_make_a_batch_drifted_by_themselves(demo_
 def test_violation_share_policy_states_the_fix():
     with pytest.raises(ValueError, match=r"max_schema_violation_share=1.5: use a share in \[0, 1\)"):
         DriftPolicy(max_schema_violation_share=1.5)
+
+
+def test_infinity_breaks_every_numeric_column_in_validation_serving_and_drift(demo_files, stable):
+    df = stable.head(10).reset_index(drop=True)
+    df.loc[1, "monthly_charges"] = np.inf  # a column with a range
+    df.loc[2, "total_charges"] = -np.inf  # nullable, with a range
+    df.loc[3, "score"] = np.inf  # no range at all
+    df.loc[4, "age"] = -np.inf  # an integer column (the frame's int64 becomes float64)
+    schema = load_schema(SCHEMA.to_yaml())
+    schema.columns["score"] = pa.Column(float, nullable=True, name="score")
+    df.loc[[0, 2, 5], "score"] = [0.5, np.nan, 1.5]
+
+    messages = RuleSet(schema).row_messages(df)
+    assert list(messages[:5]) == ["", "monthly_charges: inf is not a finite number",
+                                  "total_charges: -inf is not a finite number", "score: inf is not a finite number",
+                                  "age: -inf is not a finite number"]
+    assert (messages[5:] == "").all()
+    report = validate(df, schema)
+    assert {(f.column, f.rule): f.rows for f in report.failures if f.column is not None} == {
+        ("age", "finite"): [4], ("monthly_charges", "finite"): [1], ("total_charges", "finite"): [2],
+        ("score", "finite"): [3]}
+    shares = RuleSet(schema).shares(df)
+    assert shares["score"]["out_of_range"] == shares["age"]["out_of_range"] == 0.1
+    assert shares["score"]["wrong_type"] == 0.0
+
+
+def served_rows(stable: pd.DataFrame) -> pd.DataFrame:
+    return stable.drop(columns=["churned"]).head(4).reset_index(drop=True)
+
+
+@pytest.fixture(scope="module")
+def served_model_dir(tmp_path_factory, demo_files) -> Path:
+    """The demo features' MLP (untrained: the check does not depend on the weights) saved as the pyfunc the
+    registry logs, with the demo schema."""
+    import mlflow
+    import torch
+
+    from training.config import ModelSpec
+    from training.features import FeatureTransform, target_classes
+    from training.model import Predictor, save_model_dir
+    from training.model_code import ModelCode
+    from training.registry.versions import served_model
+
+    root = tmp_path_factory.mktemp("served")
+    train = pd.read_parquet(demo_files["train.parquet"])
+    roles = schema_roles(SCHEMA)
+    torch.manual_seed(0)
+    transform = FeatureTransform.fit(train, numeric=roles.numeric, categorical=roles.categorical)
+    classes = target_classes(train[roles.target])
+    code = ModelCode.load(ModelSpec(params={"hidden": [8]}))
+    model_dir = save_model_dir(root / "model_dir", model=code.build(transform.n_outputs, len(classes)), code=code,
+                               n_inputs=transform.n_outputs, n_outputs=len(classes), transform=transform,
+                               classes=classes, target=roles.target)
+    mlflow.pyfunc.save_model(root / "pyfunc", **served_model(model_dir, Predictor.load(model_dir),
+                                                             Path(__file__).resolve().parents[1] / "data" /
+                                                             "schema.yaml"))
+    return root / "pyfunc"
+
+
+SERVE_CASES = '''
+import json, sys
+import numpy as np, pandas as pd, mlflow
+model = mlflow.pyfunc.load_model(sys.argv[1])
+rows = pd.read_parquet(sys.argv[2])
+cases = {"unexpected": rows.assign(x=1), "missing": rows.drop(columns=["tenure_months"]),
+         "infinite": rows.assign(monthly_charges=[0.5, np.inf, -np.inf, 20.0])}
+out = {}
+for case, frame in cases.items():
+    for mode in ("flag", "error", "ignore"):
+        try:
+            scored = model.predict(frame, params={"on_schema_violation": mode})
+            out[f"{case} {mode}"] = {"rows": len(scored), "columns": list(scored.columns),
+                                    "flags": list(scored.get("schema_violations", []))}
+        except Exception as exc:
+            out[f"{case} {mode}"] = {"error": f"{type(exc).__name__}: {exc}"}
+print(json.dumps(out))
+'''
+
+
+def test_the_served_model_flags_unexpected_and_missing_columns_and_infinity_in_a_fresh_process(
+        served_model_dir, stable, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    served_rows(stable).to_parquet(tmp_path / "rows.parquet")
+    done = subprocess.run([sys.executable, "-c", SERVE_CASES, str(served_model_dir), str(tmp_path / "rows.parquet")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert got["unexpected flag"]["flags"] == ["unexpected column 'x'"] * 4
+    assert got["unexpected error"]["error"].startswith("SchemaViolationError: the rows' columns differ from the "
+                                                       "model's training schema: unexpected column 'x'; ")
+    assert got["missing flag"]["rows"] == 4 and got["missing flag"]["flags"] == ["missing column 'tenure_months'"] * 4
+    assert "missing column 'tenure_months'" in got["missing error"]["error"]
+    assert "Model is missing inputs" not in done.stdout
+    for case in ("unexpected", "missing", "infinite"):
+        assert got[f"{case} ignore"]["rows"] == 4 and "schema_violations" not in got[f"{case} ignore"]["columns"]
+    assert got["infinite flag"]["flags"] == ["", "monthly_charges: inf is not a finite number",
+                                             "monthly_charges: -inf is not a finite number", ""]
+    assert got["infinite error"]["error"].startswith("SchemaViolationError: 2 of 4 row(s) fall outside")

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 def planted(monkeypatch, tmp_path) -> dict[str, str]:
     """Secret values in every variable a kfloop process may see."""
     values = {name: f"planted-{name.lower()}-{uuid.uuid4().hex}" for name in (
-        "KFP_TOKEN", "KFLOOP_WEBHOOK_TOKEN", "KFLOOP_WEBHOOK_HMAC_SECRET", "MLFLOW_TRACKING_PASSWORD",
+        "KFP_TOKEN", "KFLOOP_WEBHOOK_TOKEN", "KFLOOP_WEBHOOK_HMAC_SECRET", "KFLOOP_METRICS_TOKEN",
+        "MLFLOW_TRACKING_PASSWORD",
         "MLFLOW_TRACKING_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")}
     for name, value in values.items():
         monkeypatch.setenv(name, value)
@@ -80,14 +81,16 @@ def test_kfp_requests_and_cli_output_hold_no_secret(planted, monkeypatch, capsys
 
 def test_webhook_logs_hold_no_secret(planted):
     from monitoring.trigger import TriggerPolicy
-    from monitoring.webhook import AlertWebhook, WebhookAuth
+    from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
 
     log = io.StringIO()
     hook = AlertWebhook(auth=WebhookAuth.from_env({k: planted[k] for k in ("KFLOOP_WEBHOOK_TOKEN",
-                                                                         "KFLOOP_WEBHOOK_HMAC_SECRET")}),
-                        policy=TriggerPolicy(), start=lambda alert: pytest.fail("a refused alert started a run"),
+                                                                         "KFLOOP_WEBHOOK_HMAC_SECRET",
+                                                                         "KFLOOP_METRICS_TOKEN")}),
+                        scope=AlertScope(), policy=TriggerPolicy(), start=lambda alert: pytest.fail("a refused alert started a run"),
                         store_for=lambda model: pytest.fail("a refused alert reached the trigger state"), log=log)
     assert planted["KFLOOP_WEBHOOK_TOKEN"] not in repr(hook.auth)
+    assert planted["KFLOOP_METRICS_TOKEN"] not in repr(hook.auth)
     body = b'{"model": "m", "reason": "r"}'
     near_miss = {"Authorization": f"Bearer {planted['KFLOOP_WEBHOOK_TOKEN']}x", "Content-Length": str(len(body))}
     status, answer = hook.handle("POST", "/alerts", near_miss, lambda n: body)

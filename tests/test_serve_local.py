@@ -74,10 +74,14 @@ def test_serve_without_a_kfp_host_trains_locally_once_per_alert(isolated_env, de
 
     monkeypatch.setenv("KFLOOP_WEBHOOK_TOKEN", HOOK_TOKEN)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    # an alert only retrains a model registered in MLflow, on data under trigger.allowed_data_prefixes (no champion
+    # yet, so no champion's data folder to default to)
+    mlflow.MlflowClient().create_registered_model(MODEL)
     serve = Serve("--workdir", str(isolated_env.workdir), "serve", "--port", "0", "--bind", "127.0.0.1",
                   "--set", f"dataset_uri={demo_files['train.parquet']}", "--set", "target=churned",
                   "--set", "training.epochs=2", "--set", "training.nproc_per_node=1",
-                  "--set", "trigger.cooldown_seconds=0")
+                  "--set", "trigger.cooldown_seconds=0",
+                  "--set", f"trigger.allowed_data_prefixes=[{demo_files['train.parquet'].parent}]")
     try:
         listening = serve.event("listening", timeout=180)
         assert listening["mode"].startswith("local: accepted alerts run the training pipeline under kfp.local")

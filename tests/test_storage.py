@@ -345,3 +345,66 @@ def test_missing_dataset_fails_the_run_and_leaves_the_registry_alone(s3_loop, s3
     assert_no_secret(done.stdout, done.stderr)
     assert sorted(v.version for v in client.search_model_versions(f"name='{MODEL}'")) == before
     assert client.get_model_version_by_alias(MODEL, "champion").version == champion
+
+
+def test_no_reader_leaks_a_secret_of_the_endpoint_or_the_uri(s3_loop, s3_champion, s3_server, tmp_path):
+    """Every reader, as a CLI process with full tracebacks (``--debug``), fails on an endpoint and URIs that carry a
+    made-up secret (``user:secret@``, a signed query): it is in no output, file of the workdir, MLflow param, tag or
+    artifact."""
+    secret = "s3cr3t-XYZ-d41f"
+    bucket, workdir = s3_loop["bucket"], s3_loop["workdir"]
+    leaky = s3_server.url.replace("http://", f"http://kfloop:{secret}@")  # the real server, user info in the URL
+    closed = f"http://kfloop:{secret}@127.0.0.1:{free_port()}"
+    gone = f"s3://{bucket}/data/gone.parquet?X-Amz-Signature={secret}"
+    data = f"s3://{bucket}/data/train.parquet"
+    cli = ["--debug", "--workdir", str(workdir)]
+    runs = {
+        "validate, signed URI": (["validate", "--data", gone, "--schema", str(SCHEMA)], leaky),
+        "validate, user info": (["validate", "--data", data.replace("s3://", f"s3://kfloop:{secret}@"), "--schema",
+                                 str(SCHEMA)], leaky),
+        "train": (["train", "--data", data, "--schema", str(SCHEMA), "--nproc-per-node", "1",
+                   "--model-dir", str(tmp_path / "model")], closed),
+        "drift": (["drift", "--reference", data, "--current", gone, "--schema", str(SCHEMA)], leaky),
+        "quality": (["quality", "--model", MODEL, "--data", gone], leaky),
+    }
+    for name, (args, endpoint) in runs.items():
+        done = kfloop(workdir.parent, *cli, *args, env={"AWS_ENDPOINT_URL": endpoint,
+                                                         "MLFLOW_S3_ENDPOINT_URL": endpoint})
+        assert done.returncode != 0, f"{name} did not fail: {done.stdout[-2000:]}"
+        assert secret not in done.stdout + done.stderr, f"{name} printed the secret: {done.stderr[-3000:]}"
+        assert f"s3://{bucket}/data/" in done.stderr, f"{name} failed elsewhere: {done.stderr[-3000:]}"
+
+    for path in workdir.parent.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), f"{path} holds the secret"
+    client = mlflow.MlflowClient()
+    runs_seen = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert runs_seen  # the champion's
+    for run in runs_seen:
+        assert secret not in json.dumps({"params": run.data.params, "tags": run.data.tags}), run.info.run_id
+        local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, dst_path=str(tmp_path / run.info.run_id))
+        for path in Path(local).rglob("*"):
+            assert not path.is_file() or secret.encode() not in path.read_bytes(), f"artifact {path}"
+    for version in client.search_model_versions(f"name='{MODEL}'"):
+        assert secret not in json.dumps(version.tags) + (version.description or "")
+
+
+def test_the_dvc_store_fails_without_the_secret_of_its_endpoint(tmp_path, monkeypatch):
+    """Registration keeping the training data in an ``s3://`` data store (what reproduce reads back), its endpoint
+    carrying a made-up secret: the whole traceback is clean."""
+    import traceback
+
+    from data.dvc_store import DataStoreConfig, keep
+
+    secret = "s3cr3t-XYZ-7e02"
+    for key, value in {"AWS_ENDPOINT_URL": f"http://kfloop:{secret}@127.0.0.1:{free_port()}",
+                       "AWS_ACCESS_KEY_ID": ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET_ACCESS_KEY,
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    source = tmp_path / "train.csv"
+    source.write_text("a,b\n1,2\n")
+    with pytest.raises(Exception) as failed:
+        keep(str(source), file_digest(source, "md5"), config=DataStoreConfig(remote="s3://kfloop-absent/store"),
+             workdir=tmp_path, repo_root=None)
+    text = "".join(traceback.format_exception(failed.value))
+    assert secret not in text and "Traceback" in text

@@ -12,14 +12,17 @@ import threading
 import pytest
 from fakes.kfp_server import KfpApiServer
 
+from monitoring.metrics import RecordsCollector, registered_models
 from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
-from monitoring.webhook import SIGNATURE_HEADER, AlertWebhook, WebhookAuth
+from monitoring.webhook import SIGNATURE_HEADER, AlertScope, AlertWebhook, WebhookAuth
+from training.registry.versions import ensure_registered_model
 from components import kfp_client
 from pipelines.kfp_server.runs import alert_starter
 
 HOOK_TOKEN = "hook-token-5d2f"
 HMAC_KEY = "hmac-key-88e1"
+METRICS_TOKEN = "metrics-token-0c4a"
 T0 = 86400 * 20_000 + 600.0
 POLICY = TriggerPolicy(cooldown_seconds=3600, window_seconds=86400)
 SETTINGS = {"dataset_uri": "s3://bucket/current.parquet", "training": {"epochs": 2}}
@@ -36,9 +39,14 @@ class Clock:
 class Hook:
     """A running webhook and what it logged."""
 
-    def __init__(self, kfp: KfpApiServer, clock: Clock, **kw):
+    def __init__(self, kfp: KfpApiServer, clock: Clock, *, prefixes: tuple[str, ...] | None = ("s3://bucket/",),
+                 **kw):
+        ensure_registered_model("churn")
         self.log = io.StringIO()
-        self.webhook = AlertWebhook(auth=WebhookAuth(token=HOOK_TOKEN, hmac_secret=HMAC_KEY), policy=POLICY,
+        self.webhook = AlertWebhook(auth=WebhookAuth(token=HOOK_TOKEN, hmac_secret=HMAC_KEY,
+                                                     metrics_token=METRICS_TOKEN),
+                                    scope=AlertScope(allowed_data_prefixes=prefixes,
+                                                     default_dataset_uri=SETTINGS["dataset_uri"]), policy=POLICY,
                                     start=alert_starter(SETTINGS, host=kfp.url), store_for=RegistryTriggerStore,
                                     clock=clock, log=self.log, **kw)
         self.server = self.webhook.server(0, "127.0.0.1")
@@ -209,6 +217,81 @@ def test_bad_requests_get_4xx_with_a_reason_and_start_nothing(kfp, clock, case, 
     assert HOOK_TOKEN not in hook.log.getvalue() and "nope" not in hook.log.getvalue()
 
 
+def test_each_token_opens_its_own_door_only(kfp, clock):
+    hook = Hook(kfp, clock, metrics=RecordsCollector(models=registered_models, store_for=RegistryTriggerStore))
+    alert = json.dumps({"model": "churn", "reason": "drift"}).encode()
+    try:
+        refused = hook.request(alert, headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        scraped_with_hook_token = hook.request(b"", method="GET", path="/metrics",
+                                               headers={"Authorization": f"Bearer {HOOK_TOKEN}"})
+        conn = http.client.HTTPConnection("127.0.0.1", hook.server.server_address[1], timeout=30)
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+        scraped = conn.getresponse()
+        text = scraped.read().decode()
+        conn.close()
+    finally:
+        hook.close()
+    assert refused[0] == 401 and "only reads /metrics" in refused[1]["error"]
+    assert scraped_with_hook_token[0] == 401 and "only posts alerts" in scraped_with_hook_token[1]["error"]
+    assert scraped.status == 200 and 'kfloop_trigger_fired_total{model="churn"} 0.0' in text
+    assert not training_runs(kfp)
+    assert HOOK_TOKEN not in hook.log.getvalue() and METRICS_TOKEN not in hook.log.getvalue()
+
+
+def test_one_token_for_both_doors_is_refused():
+    with pytest.raises(ValueError, match="KFLOOP_METRICS_TOKEN equals"):
+        WebhookAuth.from_env({"KFLOOP_WEBHOOK_TOKEN": "same", "KFLOOP_METRICS_TOKEN": "same"})
+
+
+def champion_trained_on(model: str, data_uri: str) -> None:
+    """``model`` registered with a champion whose lineage says it was trained on ``data_uri``."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    ensure_registered_model(model)
+    version = client.create_model_version(model, source="s3://bucket/churn/model", tags={"data_uri": data_uri})
+    client.set_registered_model_alias(model, "champion", version.version)
+
+
+@pytest.mark.parametrize("prefixes, payload, rule", [
+    (("s3://bucket/",), {"model": "never-registered"}, "rule registered_model: 'never-registered'"),
+    (("s3://bucket/churn/",), {"dataset_uri": "s3://elsewhere/churn/x.parquet"}, "rule trigger.allowed_data_prefixes"),
+    (("s3://bucket/churn",), {"dataset_uri": "s3://bucket/churn-evil/x.parquet"}, "not under ['s3://bucket/churn']"),
+    (("s3://bucket/churn/",), {"dataset_uri": "s3://bucket/churn/../hr/x.parquet"}, "is not under"),
+    (None, {"dataset_uri": "s3://bucket/other/x.parquet"}, "(unset: the folder of the champion's training data)"),
+    (None, {"model": "no-champion"}, "has no champion whose lineage names its training data"),
+])
+def test_alerts_outside_their_scope_get_403_naming_the_rule_log_it_and_start_nothing(kfp, clock, prefixes, payload,
+                                                                                    rule):
+    champion_trained_on("churn", "s3://bucket/churn/train.parquet")
+    ensure_registered_model("no-champion")
+    hook = Hook(kfp, clock, prefixes=prefixes)
+    try:
+        status, answer = hook.post({"model": "churn", "reason": "drift", **payload})
+    finally:
+        hook.close()
+    assert status == 403 and rule in answer["error"], answer
+    assert not training_runs(kfp) and not RegistryTriggerStore("churn").load()["models"]
+    (logged,) = [json.loads(line) for line in hook.log.getvalue().splitlines()]
+    assert logged["event"] == "rejected" and logged["status"] == 403 and rule in logged["error"]
+
+
+def test_by_default_alerts_may_train_on_the_champions_data_folder(kfp, clock):
+    champion_trained_on("churn", "s3://bucket/churn/2026-12/train.parquet")
+    hook = Hook(kfp, clock, prefixes=None)
+    try:
+        named = hook.post({"model": "churn", "reason": "drift", "dataset_uri": "s3://bucket/churn/2026-12/new.parquet"})
+        clock.now += 7200
+        configured = hook.post(alertmanager())  # names no data: kfloop.yaml's s3://bucket/current.parquet
+    finally:
+        hook.close()
+    assert named[0] == 200 and named[1]["decisions"][0]["fire"] is True
+    assert configured[0] == 403 and "s3://bucket/current.parquet is not under ['s3://bucket/churn/2026-12']" in \
+        configured[1]["error"]
+    (run,) = training_runs(kfp)
+    assert run["runtime_config"]["parameters"]["dataset_uri"] == "s3://bucket/churn/2026-12/new.parquet"
+
+
 def test_the_webhook_refuses_to_start_without_auth():
     with pytest.raises(ValueError, match="KFLOOP_WEBHOOK_TOKEN"):
         WebhookAuth.from_env({})
@@ -280,22 +363,26 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
     assert f"{token_dir}/token" == kfp_client.SA_TOKEN_PATH
 
 
-def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
+def test_kfloop_serve_answers_alerts_within_their_scope_and_logs_json_lines(kfp, monkeypatch):
     import os
     import queue
     import subprocess
     import sys
     import time
 
+    ensure_registered_model("churn")
     monkeypatch.setenv("KFLOOP_WEBHOOK_TOKEN", HOOK_TOKEN)
+    monkeypatch.setenv("KFLOOP_METRICS_TOKEN", METRICS_TOKEN)
     proc = subprocess.Popen([sys.executable, "-m", "pipelines", "serve", "--port", "0", "--bind", "127.0.0.1",
-                             "--kfp-host", kfp.url, "--set", "dataset_uri=s3://bucket/current.parquet"],
+                             "--kfp-host", kfp.url, "--set", "dataset_uri=s3://bucket/current.parquet",
+                             "--set", "trigger.allowed_data_prefixes=[s3://bucket/]"],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=dict(os.environ),
                             start_new_session=True)
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True)
     reader.start()
     seen: list[str] = []
+    answers = []
     try:
         deadline = time.monotonic() + 180
         port = None
@@ -308,12 +395,17 @@ def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
             if seen[-1].startswith("{") and json.loads(seen[-1])["event"] == "listening":
                 port = json.loads(seen[-1])["port"]
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        conn.request("POST", "/alerts", body=json.dumps({"model": "churn", "reason": "drift"}),
-                     headers={"Authorization": f"Bearer {HOOK_TOKEN}"})
-        answer = json.loads(conn.getresponse().read())
-        conn.request("POST", "/alerts", body="{}", headers={"Authorization": "Bearer wrong"})
-        refused = conn.getresponse()
-        refused.read()
+        for method, path, body, token in (
+                ("POST", "/alerts", {"model": "churn", "reason": "drift"}, HOOK_TOKEN),
+                ("POST", "/alerts", {}, "wrong"),
+                ("POST", "/alerts", {"model": "churn", "reason": "drift"}, METRICS_TOKEN),
+                ("POST", "/alerts", {"model": "churn", "reason": "x", "dataset_uri": "s3://other/x.parquet"},
+                 HOOK_TOKEN),
+                ("GET", "/metrics", None, METRICS_TOKEN)):
+            conn.request(method, path, body=None if body is None else json.dumps(body),
+                         headers={"Authorization": f"Bearer {token}"})
+            answer = conn.getresponse()
+            answers.append((answer.status, answer.read().decode()))
         conn.close()
     finally:
         proc.terminate()
@@ -322,10 +414,14 @@ def test_kfloop_serve_answers_alerts_and_logs_json_lines(kfp, monkeypatch):
     while not lines.empty():
         seen.append(lines.get())
     (run,) = training_runs(kfp)
-    assert answer["decisions"][0]["run_id"] == run["run_id"] and refused.status == 401
+    assert json.loads(answers[0][1])["decisions"][0]["run_id"] == run["run_id"]
+    assert [status for status, _ in answers] == [200, 401, 401, 403, 200]
+    assert "rule trigger.allowed_data_prefixes" in answers[3][1]
+    assert 'kfloop_trigger_fired_total{model="churn"} 1.0' in answers[4][1]
     events = [json.loads(line) for line in seen if line.startswith("{")]
-    assert [e["event"] for e in events] == ["listening", "trigger", "rejected"]
-    assert HOOK_TOKEN not in "".join(seen) and kfp.token not in "".join(seen)
+    assert [e["event"] for e in events] == ["listening", "trigger", "rejected", "rejected", "rejected"]
+    assert [e["status"] for e in events[2:]] == [401, 401, 403]
+    assert HOOK_TOKEN not in "".join(seen) and kfp.token not in "".join(seen) and METRICS_TOKEN not in "".join(seen)
 
 
 def test_kfloop_serve_refuses_to_start_without_auth(monkeypatch, capsys, isolated_env):

@@ -13,7 +13,7 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, RuleSet, apply_violation_mode
+from data.schema_rules import RuleSet, apply_violation_mode, check_mode
 from data.validation import load_schema
 from training.model import Predictor
 from training.model_code import ModelCodeError
@@ -42,30 +42,37 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
                                  "cannot be verified, so it is not imported: log it with kfloop's log_candidate()")
         self.predictor = Predictor.load(context.artifacts[MODEL_DIR_ARTIFACT], module_sha256=recorded)
         schema = context.artifacts.get(SCHEMA_ARTIFACT)
-        features = [*self.predictor.transform.numeric, *self.predictor.transform.categorical]
-        self.schema_rules = RuleSet(load_schema(Path(schema)), features) if schema else None
+        self.features = [*self.predictor.transform.numeric, *self.predictor.transform.categorical]
+        self.schema_rules = RuleSet(load_schema(Path(schema)), self.features) if schema else None
 
     def predict(self, context: mlflow.pyfunc.PythonModelContext, model_input: pd.DataFrame,
                 params: dict | None = None) -> pd.DataFrame:
         """``prediction`` (the model's decision threshold applied, else the most probable class) and
-        ``proba_<class>`` per class, or for regression the numeric ``prediction`` alone, one row per input row, plus ``schema_violations`` (see
-        :mod:`data.schema_rules`) as ``params["on_schema_violation"]`` asks: ``flag`` (default),
-        ``error`` or ``ignore``.
+        ``proba_<class>`` per class, or for regression the numeric ``prediction`` alone, one row per input row, plus
+        ``schema_violations`` (see :mod:`data.schema_rules`) as ``params["on_schema_violation"]`` asks: ``flag``
+        (default), ``error`` or ``ignore``.
 
-        Nulls and categories unseen in training are handled by the model's preprocessing; extra columns are
-        ignored.
+        Raises:
+            ValueError: an unknown mode.
+            data.schema_rules.SchemaViolationError: ``error`` mode and a column or row outside the schema.
+
+        Nulls and categories unseen in training are handled by the model's preprocessing, and so is a missing
+        feature column (as nulls); the check flags it on every row (``error``: names it), and so a column the schema
+        does not know, which the model ignores.
         """
+        mode = check_mode(params)
+        missing = [name for name in self.features if name not in model_input.columns]
+        rows = model_input.assign(**dict.fromkeys(missing)) if missing else model_input
         if self.predictor.task == "regression":
-            out = pd.DataFrame({"prediction": self.predictor.predict_values(model_input)}, index=model_input.index)
+            out = pd.DataFrame({"prediction": self.predictor.predict_values(rows)}, index=model_input.index)
         else:
-            proba = self.predictor.predict_proba(model_input)
+            proba = self.predictor.predict_proba(rows)
             out = pd.DataFrame({f"proba_{c}": proba[:, j] for j, c in enumerate(self.predictor.classes)},
                                index=model_input.index)
             out.insert(0, "prediction", self.predictor.labels(proba))
         if self.schema_rules is None:
             return out
-        mode = (params or {}).get(ON_VIOLATION_PARAM, ON_VIOLATION_MODES[0])
-        return apply_violation_mode(self.schema_rules, model_input, out, mode)
+        return apply_violation_mode(self.schema_rules, model_input, out, mode, required=self.features)
 
 
 mlflow.models.set_model(KfloopPyfunc())

@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=65536,
                        help="largest alert body accepted; larger ones get 413 (default: %(default)s)")
     serve.add_argument("--open-metrics", action="store_true",
-                       help="serve /metrics without the bearer token (in-cluster scraping behind a NetworkPolicy)")
+                       help="serve /metrics without its token KFLOOP_METRICS_TOKEN (in-cluster scraping behind a "
+                            "NetworkPolicy)")
     _add_service_account(serve)
     options.add_settings(serve)
 
@@ -457,12 +458,11 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-
     from components.run_starters import trigger_store
     from data.settings import activate, load_environment
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
-    from monitoring.webhook import AlertWebhook, WebhookAuth
+    from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
     from pipelines.alerts import LocalAlertRuns
     from pipelines.kfp_server.runs import alert_starter
     from training.launch.backends import backend_named
@@ -493,8 +493,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         start = alert_starter(settings, host=args.host, version=args.version, namespace=args.namespace,
                               service_account=args.service_account)
         mode = f"kfp: accepted alerts start training runs on {args.host or 'the in-cluster KFP service'}"
+    policy = TriggerPolicy.from_dict(settings.get("trigger", {}))
     webhook = AlertWebhook(auth=WebhookAuth.from_env(os.environ, open_metrics=args.open_metrics),
-                           policy=TriggerPolicy.from_dict(settings.get("trigger", {})), start=start,
+                           scope=AlertScope(allowed_data_prefixes=policy.allowed_data_prefixes,
+                                            default_dataset_uri=settings.get("dataset_uri", "")),
+                           policy=policy, start=start,
                            store_for=store_for, metrics=RecordsCollector(models=registered_models, store_for=store_for),
                            max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)

@@ -609,7 +609,7 @@ def _stage(source: str | Path, target: Path) -> None:
         try:
             storage.download(storage.resolve(source), Path(tmp) / target.name, max_bytes=DEFAULT_LIMITS.max_bytes)
         except storage.StorageError as exc:
-            raise DataFileError(exc.uri, exc.problem) from exc
+            raise DataFileError(exc.uri, exc.problem) from None  # the same (redacted) text, no library chain
         os.replace(Path(tmp) / target.name, target)
 
 

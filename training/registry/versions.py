@@ -28,7 +28,7 @@ from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
-from mlflow.types.schema import AnyType, ColSpec, ParamSchema, ParamSpec, Schema
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from data.errors import KfloopError
 from data.fileio import file_digest, utc_iso
@@ -298,11 +298,8 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
         schema_file = Path(tmp) / SCHEMA_ARTIFACT
         schema_file.write_text(lineage.schema_yaml, encoding="utf-8")
         info = mlflow.pyfunc.log_model(
-            name=MODEL_ARTIFACT, python_model=str(PYFUNC_MODEL_FILE),
-            artifacts={"model_dir": str(model_dir), "schema": str(schema_file)},
-            model_config={MODULE_TAG: module_sha},
-            pip_requirements=[f"{d}=={dist_version(d).split('+')[0]}" for d in SERVING_REQUIREMENTS],
-            input_example=_input_example(predictor), signature=_signature(predictor))
+            name=MODEL_ARTIFACT, **served_model(model_dir, predictor, schema_file),
+            pip_requirements=[f"{d}=={dist_version(d).split('+')[0]}" for d in SERVING_REQUIREMENTS])
     client.log_text(run_id, lineage.schema_yaml, SCHEMA_ARTIFACT)
     client.log_dict(run_id, decision, EVALUATION_ARTIFACT)
     client.log_dict(run_id, lineage.to_dict(), LINEAGE_ARTIFACT)
@@ -749,6 +746,16 @@ def _decision(decision: dict[str, Any]) -> "Decision":
     return gate
 
 
+def served_model(model_dir: str | Path, predictor: Predictor, schema_file: str | Path) -> dict[str, Any]:
+    """What ``mlflow.pyfunc.log_model`` (and ``save_model``) takes to serve the model directory ``model_dir``
+    (loaded: ``predictor``) with the schema check of ``schema_file``: the pyfunc file, its artifacts, the module's
+    sha256, the signature and an input example."""
+    return {"python_model": str(PYFUNC_MODEL_FILE), "artifacts": {"model_dir": str(model_dir),
+                                                                  "schema": str(schema_file)},
+            "model_config": {MODULE_TAG: predictor.description["model"]["sha256"]},
+            "input_example": _input_example(predictor), "signature": _signature(predictor)}
+
+
 def _input_example(predictor: "Predictor") -> pd.DataFrame:
     """Two rows: typical values (medians, first category), then all nulls (object columns keep JSON nulls)."""
     t = predictor.transform
@@ -758,14 +765,14 @@ def _input_example(predictor: "Predictor") -> pd.DataFrame:
 
 
 def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
-    """Inputs typed ``any``: MLflow's enforcement rejects int64 for ``double`` and pandas ``category`` for
-    ``string``, while the model's own preprocessing coerces both; outputs are the prediction frame; the param
-    ``on_schema_violation`` (default ``flag``) is :mod:`data.schema_rules`'."""
-    t = predictor.transform
+    """Outputs (the prediction frame) and the param ``on_schema_violation`` (default ``flag``) of
+    :mod:`data.schema_rules`; no input schema, on purpose: MLflow enforces one before ``predict`` runs, dropping
+    columns it does not name and refusing rows that lack one with its own error, so the served model could neither
+    flag an unexpected column nor name a missing one. The schema check does both (the ``schema`` artifact holds the
+    input columns and their rules; the input example shows them)."""
     label_type = ("double" if predictor.task == "regression" else
                   {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])])
     return ModelSignature(
-        inputs=Schema([ColSpec(AnyType(), c) for c in [*t.numeric, *t.categorical]]),
         outputs=Schema([ColSpec(label_type, "prediction"),
                         *(ColSpec("double", f"proba_{c}") for c in predictor.classes),
                         ColSpec("string", VIOLATIONS_COLUMN, required=False)]),
