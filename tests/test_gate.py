@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -301,8 +302,12 @@ def test_multiclass_gate_with_roc_auc_and_f1():
 
 @pytest.mark.parametrize("kw, message", [
     ({"primary_metric": "auc"}, "use one of"),
-    ({"floor": 1.5}, "lies in [0, 1]"),
-    ({"primary_metric": "log_loss", "floor": -1.0}, "maximum >= 0"),
+    ({"primary_metric": "accuracy", "floor": 1.5}, "accuracy is a probability metric that lies in [0, 1]"),
+    ({"primary_metric": "log_loss", "floor": -1.0}, "log_loss is an error metric (>= 0, in nats"),
+    ({"primary_metric": "rmse", "floor": -1.0}, "rmse is an error metric (>= 0, in the target units"),
+    ({"primary_metric": "r2", "floor": 1.5}, "r2 is at most 1"),
+    ({"primary_metric": "roc_auc", "min_improvement": 2.0}, "roc_auc is a probability metric"),
+    ({"floor": math.inf}, "use a finite number"),
     ({"min_improvement": -0.1}, "min_improvement=-0.1"),
     ({"slice_columns": "region"}, "use a list of column names"),
     ({"bootstrap_samples": 0}, "bootstrap_samples=0"),
@@ -310,7 +315,7 @@ def test_multiclass_gate_with_roc_auc_and_f1():
     ({"min_slice_rows": 0}, "min_slice_rows=0"),
 ])
 def test_policy_rejects_bad_values_with_the_fix(kw, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         PromotionPolicy(**kw)
 
 
@@ -437,8 +442,15 @@ def test_an_explicit_primary_metric_always_wins():
     assert d.primary_metric == "log_loss" and d.metric_reason == "set in promotion.primary_metric"
     assert d.policy["primary_metric"] == "log_loss"
     assert PromotionPolicy().primary_metric is None
-    with pytest.raises(ValueError, match="the default metric lies in"):
-        PromotionPolicy(floor=2.0)
+
+
+def test_a_floor_for_the_default_metric_is_checked_once_the_metric_is_chosen():
+    """Without ``primary_metric`` the floor's units are those of the metric the gate picks (issue 29 item 4)."""
+    PromotionPolicy(floor=5.0)  # could be an RMSE ceiling: accepted until the target is known
+    y = labels(200)
+    with pytest.raises(ValueError, match=r"floor=5.0: accuracy is a probability metric that lies in \[0, 1\]"):
+        evaluate(y_true=y, challenger_proba=proba_with_accuracy(y, 0.8, seed=1), champion_proba=None,
+                 classes=CLASSES, holdout=frame(200), policy=policy(floor=5.0))
 
 
 def test_thresholds_decide_the_predicted_class_in_every_label_metric():

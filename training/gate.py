@@ -52,11 +52,14 @@ class PromotionPolicy:
     better); regression: ``rmse``, ``mae`` (lower is better) or ``r2``. ``None``: chosen from the target
     (:func:`default_primary_metric`; ``rmse`` for regression), and the decision says why."""
     floor: float | None = None
-    """Absolute bound the primary metric must clear for any promotion: a minimum, or for a lower-is-better
-    metric (``log_loss``, ``rmse``, ``mae``) a maximum. ``None``: no bound."""
+    """Absolute bound the primary metric must clear for any promotion, in the metric's own units: a minimum in
+    [0, 1] for ``accuracy``, ``f1_macro``, ``roc_auc``; a minimum <= 1 for ``r2``; for an error metric a maximum
+    >= 0 (``rmse``, ``mae`` in the target's units, e.g. ``5`` means RMSE <= 5; ``log_loss`` in nats). ``None``: no
+    bound. Checked against the metric when the policy names it, else when the gate has chosen it."""
     min_improvement: float = 0.0
-    """Absolute gain over the champion the challenger must reach, in the metric's better direction. A gain of
-    exactly 0 (a tie) never promotes."""
+    """Absolute gain over the champion the challenger must reach, in the metric's better direction and its own
+    units (target units for ``rmse``/``mae``; at most 1 for a probability metric). A gain of exactly 0 (a tie)
+    never promotes."""
     min_relative_improvement: float = 0.0
     """Gain divided by the champion's value (absolute) the challenger must reach."""
     slice_columns: tuple[str, ...] = ()
@@ -76,20 +79,14 @@ class PromotionPolicy:
         if self.primary_metric is not None and self.primary_metric not in (*METRICS, *REGRESSION_METRICS):
             raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)} (classification) "
                              f"or {list(REGRESSION_METRICS)} (regression)")
-        if self.floor is not None:
-            if not math.isfinite(self.floor):
-                raise ValueError(f"floor={self.floor}: use a finite number, or null for no floor")
-            if self.primary_metric in LOWER_IS_BETTER and self.floor < 0:
-                raise ValueError(f"floor={self.floor}: {self.primary_metric} is >= 0; use a maximum >= 0 or null")
-            if self.primary_metric == "r2" and self.floor > 1:
-                raise ValueError(f"floor={self.floor}: r2 is at most 1; use a minimum <= 1 or null")
-            if self.primary_metric not in (*LOWER_IS_BETTER, "r2") and not 0 <= self.floor <= 1:
-                raise ValueError(f"floor={self.floor}: {self.primary_metric or 'the default metric'} lies in "
-                                 "[0, 1]; use a value in that range or null")
+        if self.floor is not None and (isinstance(self.floor, bool) or not math.isfinite(self.floor)):
+            raise ValueError(f"floor={self.floor}: use a finite number, or null for no floor")
         for name in ("min_improvement", "min_relative_improvement", "max_slice_regression"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value}: use a finite number >= 0")
+        if self.primary_metric is not None:
+            check_units(self.primary_metric, floor=self.floor, min_improvement=self.min_improvement)
         if isinstance(self.slice_columns, str):
             raise ValueError(f"slice_columns={self.slice_columns!r}: use a list of column names, "
                              f"e.g. [{self.slice_columns!r}]")
@@ -115,6 +112,38 @@ class PromotionPolicy:
             ValueError: an unknown key, or a value :meth:`__post_init__` rejects.
         """
         return section_from_dict(cls, d, "promotion")
+
+
+def metric_units(metric: str) -> str:
+    """What ``metric``'s values are: ``error`` (rmse, mae in the target's units; log_loss in nats: >= 0, lower
+    is better), ``r2`` (at most 1, higher is better) or ``probability`` (accuracy, f1_macro, roc_auc: in
+    [0, 1], higher is better)."""
+    return "error" if metric in LOWER_IS_BETTER else "r2" if metric == "r2" else "probability"
+
+
+def check_units(metric: str, *, floor: float | None, min_improvement: float) -> None:
+    """Refuse a ``floor`` or ``min_improvement`` that cannot be a value of ``metric``, saying what the metric's
+    values are. Checked when the policy names its metric, else once the gate has chosen it.
+
+    Raises:
+        ValueError: an error metric's ceiling below 0, an r2 floor above 1, a probability metric's floor outside
+            [0, 1], or a probability metric's ``min_improvement`` above 1.
+    """
+    units = metric_units(metric)
+    if floor is not None:
+        if units == "error" and floor < 0:
+            raise ValueError(f"promotion.floor={floor}: {metric} is an error metric (>= 0, "
+                             f"{'in nats' if metric == 'log_loss' else 'in the target units'}, lower is better) and "
+                             "its floor is a ceiling: use a maximum >= 0, e.g. the largest error you accept, or null")
+        if units == "r2" and floor > 1:
+            raise ValueError(f"promotion.floor={floor}: r2 is at most 1 (1 = perfect, 0 = the mean's error): use a "
+                             "minimum <= 1, or null")
+        if units == "probability" and not 0 <= floor <= 1:
+            raise ValueError(f"promotion.floor={floor}: {metric} is a probability metric that lies in [0, 1]: use "
+                             "a minimum in that range, or null")
+    if units == "probability" and min_improvement > 1:
+        raise ValueError(f"promotion.min_improvement={min_improvement}: {metric} is a probability metric that lies "
+                         "in [0, 1], so no gain exceeds 1: use an absolute gain such as 0.01")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -327,6 +356,7 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     if policy.primary_metric is None:
         metric, why = (("rmse", "default for a regression target: root mean squared error, in the target's units")
                        if regression else default_primary_metric(priors))
+        check_units(metric, floor=policy.floor, min_improvement=policy.min_improvement)
         policy = replace(policy, primary_metric=metric)
     else:
         metric, why = policy.primary_metric, "set in promotion.primary_metric"
