@@ -190,6 +190,8 @@ class Decision:
     """Per rule: name, passed, detail."""
     policy: dict[str, Any] = field(default_factory=dict)
     """The :class:`PromotionPolicy` applied, as a dict."""
+    holdout_rows: int | None = None
+    """Rows of the holdout every metric here was measured on (a quality check widens its interval by it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: NaN becomes ``None`` (see :meth:`from_dict`)."""
@@ -369,7 +371,7 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     base = compute_metrics(y, base_s.proba, classes)
     common = {"primary_metric": metric, "metric_reason": why, "challenger_metrics": chal, "champion_metrics": champ,
               "baseline_metrics": base, "per_class": _per_class(y, chal_s, champ_s, classes),
-              "policy": policy.to_dict()}
+              "policy": policy.to_dict(), "holdout_rows": len(y)}
     undefined = {"improvement": None, "relative_improvement": None, "confidence": None}
     defined = _defined_check({"challenger": chal[metric]} if champ is None else
                              {"challenger": chal[metric], "champion": champ[metric]}, metric)

@@ -104,10 +104,7 @@ def format_status(s: dict[str, Any]) -> str:
                  f"(share {d['share_drifted_columns']:.2f}; columns {', '.join(d['drifted_columns']) or 'none'}; "
                  f"champion v{d['champion_version']})")
     q = s["last_quality_check"]
-    lines.append("last quality check: none" if q is None else
-                 f"last quality check: {q['at']} {'DEGRADED' if q['degraded'] else 'not degraded'} "
-                 f"({q['metric']} {q['value']:.4f} vs holdout {q['baseline']:.4f}, {q['rows']} rows; "
-                 f"champion v{q['champion_version']})")
+    lines.append("last quality check: none" if q is None else _quality_line(q))
     t = s["trigger"]
     fired = t["last_fired"]
     lines.append(f"trigger: {'in cooldown until ' + t['cooldown_until'] if t['in_cooldown'] else 'ready'}; last "
@@ -189,3 +186,13 @@ def _without_credentials(uri: str) -> str:
 
 def _v(version: str | None) -> str:
     return f"v{version}" if version else "-"
+
+
+def _quality_line(q: dict[str, Any]) -> str:
+    """The last quality check in one line: the verdict, and for ``insufficient_labels`` what fell short."""
+    if q["verdict"] == "insufficient_labels":
+        return (f"last quality check: {q['at']} INSUFFICIENT LABELS ({'; '.join(q['labels']['short'])}; "
+                f"champion v{q['champion_version']})")
+    return (f"last quality check: {q['at']} {'DEGRADED' if q['degraded'] else 'not degraded'} "
+            f"({q['metric']} {q['value']:.4f} vs holdout {q['baseline']:.4f}, {q['rows']} rows; "
+            f"champion v{q['champion_version']})")
