@@ -488,3 +488,31 @@ def test_per_class_figures_and_the_minority_class_in_each_slice():
     assert north["minority"]["challenger"]["recall"] == pytest.approx(
         ((pred == 1) & (y_idx == 1) & rows).sum() / (y_idx[rows]).sum())
     assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+
+
+def test_every_decision_reports_the_linear_baseline_and_require_beat_linear_makes_it_gate():
+    """Issue 29 item 8: a challenger worse than the linear model is promoted with a note by default, and rejected
+    with ``require_beat_linear``; one that beats it passes either way."""
+    y = labels(1000)
+    weak, strong = proba_with_accuracy(y, 0.7, seed=1), proba_with_accuracy(y, 0.85, seed=2)
+    kind = {"kind": "logistic_regression", "rows": 4000, "threshold": None}
+
+    def decide(chal, lin, **kw):
+        return evaluate(y_true=y, challenger_proba=chal, champion_proba=None, classes=CLASSES, holdout=frame(1000),
+                        policy=policy(primary_metric="accuracy", **kw), linear={**kind, "proba": lin})
+
+    noted = decide(weak, strong)
+    assert noted.blessed and noted.linear["gating"] is False and not noted.linear["beaten"]
+    assert noted.linear_metrics["accuracy"] == pytest.approx(0.85)
+    assert "Note: accuracy 0.700 vs linear baseline 0.850 (logistic_regression): not beaten" in noted.reason
+    assert "linear_baseline" not in {c["name"] for c in noted.checks}
+    assert kfp_metrics(noted)["linear_accuracy"] == pytest.approx(0.85)
+    gated = decide(weak, strong, require_beat_linear=True)
+    assert not gated.blessed and check(gated, "linear_baseline")["passed"] is False, gated.reason
+    assert "a linear model does as well or better" in gated.reason
+    beaten = decide(strong, weak, require_beat_linear=True)
+    assert beaten.blessed and beaten.linear["beaten"] and beaten.linear["confidence"] >= 0.9, beaten.reason
+    assert Decision.from_dict(json.loads(json.dumps(beaten.to_dict()))).linear_metrics == beaten.linear_metrics
+    with pytest.raises(ValueError, match="require_beat_linear is set but the challenger recorded no linear"):
+        evaluate(y_true=y, challenger_proba=strong, champion_proba=None, classes=CLASSES, holdout=frame(1000),
+                 policy=policy(require_beat_linear=True))
