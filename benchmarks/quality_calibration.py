@@ -1,7 +1,8 @@
 """How often the quality check is wrong: false alarms on labelled batches from the holdout's own distribution, and
 detections of a true drop, over seeded repetitions of :func:`monitoring.quality.check_quality`.
 
-    .venv/bin/python benchmarks/quality_calibration.py [--repetitions 200] [--out benchmarks/results/quality_calibration.json]
+    .venv/bin/python benchmarks/quality_calibration.py [--repetitions 200]
+        [--out benchmarks/results/quality_calibration.json]
 
 One scored population, fixed for every repetition (a logistic regression fitted once on scikit-learn's
 ``make_classification``, 30% positives, scoring 40,000 rows it did not train on): no retraining per repetition.

@@ -50,7 +50,8 @@ def record_drift_check(model_name: str, checked: Any, *, current_uri: str, repor
 def record_quality_check(model_name: str, checked: Any, *, report_path: str | None) -> str:
     """Log one quality check (a :class:`monitoring.steps.QualityStepResult`) as a run of ``<model>-quality``:
     metrics ``quality_value``, ``quality_baseline`` (each when defined), ``degraded`` and ``insufficient_labels``
-    (0/1), tags ``kfloop.degraded`` (``true``/``false``), ``kfloop.verdict`` and ``kfloop.champion_version``, the JSON verdict (``kfloop quality --json`` plus
+    (0/1), tags ``kfloop.degraded`` (``true``/``false``), ``kfloop.verdict`` and ``kfloop.champion_version``,
+    the JSON verdict (``kfloop quality --json`` plus
     ``champion_version`` and ``slices``) as ``quality.json`` and Evidently's HTML report; the champion version it
     checked gets a ``quality_report_uri`` tag pointing at the report.
 

@@ -35,7 +35,7 @@ def test_the_default_threshold_beats_argmax_on_fresh_rows_of_a_real_imbalanced_t
                                                                                         capsys):
     table = rand_hie()
     assert len(table) >= 2000 and (table["health"] == "fair").mean() == pytest.approx(0.0773, abs=0.001)
-    fresh = table.sample(frac=0.25, random_state=7)  # never given to the pipeline: not trained, validated or held out on
+    fresh = table.sample(frac=0.25, random_state=7)  # never given to the pipeline (training, validation, holdout)
     path = tmp_path / "rand_hie.parquet"
     table.drop(index=fresh.index).to_parquet(path, index=False)
 

@@ -446,7 +446,8 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
 def kfp_metrics(decision: Decision) -> dict[str, float]:
     """Flat scalars for a KFP Metrics artifact: ``blessed`` (0/1), ``challenger_<metric>``,
     ``champion_<metric>``, ``baseline_<metric>``, ``improvement``, ``relative_improvement``, ``confidence``,
-    ``linear_<metric>``, ``confidence_vs_baseline``, ``confidence_vs_linear``, ``slices_failed``, ``slices_skipped``. Undefined values (NaN, no champion,
+    ``linear_<metric>``, ``confidence_vs_baseline``, ``confidence_vs_linear``, ``slices_failed``,
+    ``slices_skipped``. Undefined values (NaN, no champion,
     infinite) are left out."""
     out: dict[str, float] = {"blessed": float(decision.blessed)}
     for role, metrics in (("challenger", decision.challenger_metrics), ("champion", decision.champion_metrics),

@@ -6,7 +6,8 @@ import numpy as np
 
 THRESHOLD_METRICS = ("auto", "none", "f1_macro", "balanced_accuracy", "accuracy")
 """What the threshold maximises on the validation split (each weighs both classes, whichever is rare);
-``none`` keeps the most probable class; ``auto`` picks one of them from the target (:func:`resolve_threshold_metric`)."""
+``none`` keeps the most probable class; ``auto`` picks one of them from the target
+(:func:`resolve_threshold_metric`)."""
 RARE_MINORITY_SHARE = 0.2
 """A binary target whose smaller class holds less than this share of the training rows is imbalanced: its
 default primary metric is ROC AUC and ``threshold_metric: auto`` tunes its threshold for macro F1."""
