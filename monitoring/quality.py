@@ -49,8 +49,8 @@ from training.gate import (LOWER_IS_BETTER, METRICS, REGRESSION_METRICS, Scored,
 from training.settings import section_from_dict
 
 BOOTSTRAP_METHODS = ("percentile", "paired")
-VERDICTS = ("degraded", "not_degraded", "insufficient_labels")
-"""What a quality check can conclude; only ``degraded`` triggers a retraining."""
+VERDICTS = {"degraded": "DEGRADED", "not_degraded": "Not degraded", "insufficient_labels": "Insufficient labels"}
+"""What a quality check can conclude, with its heading in the report; only ``degraded`` triggers a retraining."""
 EVERY_CLASS_METRICS = frozenset({"roc_auc", "f1_macro"})
 """Metrics undefined or meaningless without enough rows of every class: ROC AUC ranks each class against the
 rest; macro F1 averages the F1 of every class."""
@@ -396,7 +396,7 @@ def write_quality_report(path: str | Path, rows: pd.DataFrame, *, target: str, p
     page = snapshot.get_html_str(as_iframe=False)
     body = page.index(">", page.index("<body")) + 1
     verdict = (f'<section id="kfloop-quality-verdict" style="font-family:sans-serif;margin:1em">'
-               f"<h2>{'DEGRADED' if result.degraded else 'Not degraded'}</h2><p>{html.escape(result.reason)}</p>"
+               f"<h2>{VERDICTS[result.verdict]}</h2><p>{html.escape(result.reason)}</p>"
                "</section>")
     return atomic_write_text(path, page[:body] + verdict + page[body:])
 

@@ -59,7 +59,8 @@ def test_the_default_threshold_beats_argmax_on_fresh_rows_of_a_real_imbalanced_t
     # the threshold is on the second class in sorted order, "other": "fair" is answered below it, far more often
     # than the most probable class would (0.5)
     assert 0.5 < lineage["decision_threshold"] < 1
-    assert client.get_model_version(MODEL, version).tags["kfloop.threshold_metric"] == "f1_macro"
+    assert client.get_model_version(MODEL, version).tags["threshold_metric"] == "f1_macro"
+    assert client.get_run(run_id).data.tags["kfloop.threshold_metric"] == "f1_macro"
 
     decision = mlflow.artifacts.load_dict(f"runs:/{run_id}/evaluation.json")
     assert decision["linear"]["kind"] == "logistic_regression" and decision["linear"]["gating"] is False
