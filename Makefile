@@ -51,6 +51,7 @@ bench:
 	$(BIN)/python benchmarks/ddp.py
 	$(BIN)/python benchmarks/drift.py
 	$(BIN)/python benchmarks/serving.py
+	$(BIN)/python benchmarks/quality_calibration.py
 	$(BIN)/python benchmarks/summary.py
 
 # Data at scale (issue 17): validation, profile, drift, training input and Evidently on SCALE_ROWS x 20 columns, each

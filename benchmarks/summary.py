@@ -61,6 +61,15 @@ def rows(results: Path) -> list[dict[str, Any]]:
         out.append({"figure": f"served model's schema check, share of a predict call ({worst['rows']:,} rows)",
                     "value": f"{worst['check_share']:.1%}", "goal": f"<= {serving['overhead_goal']:.0%}",
                     "met": serving["within_goal"], "correct": True})
+    if quality := load("quality_calibration"):
+        worst = max(quality["false_alarm_rate"].items(), key=lambda kv: kv[1])
+        largest = max(quality["detection_rate"], key=int)
+        out += [{"figure": f"quality check false alarms, worst size ({worst[0]} labelled rows)",
+                 "value": f"{worst[1]:.3f}", "goal": f"<= {quality['nominal_rate']:.2f}",
+                 "met": quality["false_alarms_within_nominal"], "correct": True},
+                {"figure": f"quality check detects a 10-point accuracy drop ({largest} rows)",
+                 "value": f"{quality['detection_rate'][largest]:.3f}", "goal": f">= {quality['detection_goal']}",
+                 "met": quality["detection_within_goal"], "correct": True}]
     return out
 
 

@@ -44,9 +44,11 @@ def check_quality(labelled_uri: str, labels_uri: str, id_column: str, retrain_ur
     checked = quality_step(labelled_uri=labelled_uri, labels_uri=labels_uri, id_column=id_column,
                            model_name=model_name, policy=from_struct(quality_policy), report_out=report.path)
     quality = checked.quality
-    metrics.log_metric("quality_value", quality.value)
+    if quality.verdict != "insufficient_labels":
+        metrics.log_metric("quality_value", quality.value)
     metrics.log_metric("quality_baseline", quality.baseline)
     metrics.log_metric("rows", quality.rows)
+    metrics.log_metric("insufficient_labels", float(quality.verdict == "insufficient_labels"))
     atomic_write_json(result.path, checked.to_dict())
     result.metadata["data_md5"] = checked.data_md5
     Path(dataset_uri).write_text(retrain)

@@ -41,6 +41,8 @@ class RecordsCollector(Collector):
                                  "compared against", "metric")
         quality_verdict = gauge("kfloop_quality_degraded", "1 when the last quality check found the champion "
                                 "degraded, else 0")
+        quality_insufficient = gauge("kfloop_quality_insufficient_labels", "1 when the last quality check had too "
+                                     "few labels for a verdict (neither degraded nor fine), else 0")
         quality_at = gauge("kfloop_quality_check_timestamp_seconds", "When the last quality check ran (Unix time)")
         champion = gauge("kfloop_champion_version", "The registered model version alias 'champion' points at")
         fired = CounterMetricFamily("kfloop_trigger_fired", "Retrain triggers that started a training run",
@@ -58,6 +60,7 @@ class RecordsCollector(Collector):
                 if check["baseline"] is not None:
                     quality_baseline.add_metric([model, check["metric"]], check["baseline"])
                 quality_verdict.add_metric([model], float(check["degraded"]))
+                quality_insufficient.add_metric([model], float(check["verdict"] == "insufficient_labels"))
                 quality_at.add_metric([model], _unix(check["at"]))
             version = _champion_version(model)
             if version is not None:
@@ -68,7 +71,7 @@ class RecordsCollector(Collector):
             for outcome in OUTCOMES[1:]:
                 suppressed.add_metric([model, outcome], counts.get(outcome, 0))
         yield from (drift_share, drift_verdict, drift_at, quality_value, quality_baseline, quality_verdict,
-                    quality_at, champion, fired, suppressed)
+                    quality_insufficient, quality_at, champion, fired, suppressed)
 
 
 def exposition(collector: Collector) -> bytes:

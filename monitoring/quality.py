@@ -13,6 +13,17 @@ gate's :data:`training.gate.LOWER_IS_BETTER` decides which way that is). The cha
   recorded on the holdout, so a mere change of the class balance does not read as degradation (classifiers
   only).
 
+The holdout value is itself an estimate: the bootstrap deviations of the labelled rows are widened by
+``sqrt(1 + rows / holdout_rows)``, so the interval is that of the value minus the baseline under the hypothesis
+that both come from one distribution (whose per-row variance the labelled rows estimate; a normal approximation
+for the holdout's part, since its rows are not kept with the champion); the result's ``holdout_uncertainty``
+says whether and how. Resamples on which the metric is undefined count as "no drop" (never dropped, so they widen
+the interval on its better side) and are counted in ``undefined_resamples``.
+
+Before any of that, the labels must suffice for the metric (:func:`label_counts`): at least ``min_rows`` rows,
+and for ``roc_auc`` and ``f1_macro`` at least ``min_class_rows`` of every class. Short of that the verdict is
+``insufficient_labels`` (not degraded; the check ran), with the counts it had and needed.
+
 A regression champion is scored the same way on its predicted values (``classes`` empty, the values as the one
 column of ``proba``) with the gate's regression metrics (rmse, mae, r2 in the target's units).
 """
@@ -39,6 +50,11 @@ from training.gate import (LOWER_IS_BETTER, METRICS, REGRESSION_METRICS, Scored,
                            slice_masks)
 
 BOOTSTRAP_METHODS = ("percentile", "paired")
+VERDICTS = {"degraded": "DEGRADED", "not_degraded": "Not degraded", "insufficient_labels": "Insufficient labels"}
+"""What a quality check can conclude, with its heading in the report; only ``degraded`` triggers a retraining."""
+EVERY_CLASS_METRICS = frozenset({"roc_auc", "f1_macro"})
+"""Metrics undefined or meaningless without enough rows of every class: ROC AUC ranks each class against the
+rest; macro F1 averages the F1 of every class."""
 PREDICTION_COLUMN = "prediction"
 """Column the Evidently report adds to the labelled rows: the champion's predicted class (or value)."""
 
@@ -66,8 +82,12 @@ class QualityPolicy:
     bootstrap_seed: int = 0
     """Seed of the resampling; the same seed gives the same verdict."""
     min_rows: int = 50
-    """Fewest labelled rows for a verdict: on fewer the check fails (status unknown) instead of calling the
-    champion fine."""
+    """Fewest labelled rows for a verdict: on fewer the verdict is ``insufficient_labels`` (neither degraded nor
+    fine)."""
+    min_class_rows: int = 10
+    """For ``roc_auc`` and ``f1_macro``: fewest labelled rows of every class (of the champion's classes) for a
+    verdict; on fewer the verdict is ``insufficient_labels``. Ten keeps resamples lacking a class below one in
+    twenty thousand."""
     slice_columns: tuple[str, ...] | None = None
     """Categorical columns whose every value is scored on its own; ``None``: the champion's categorical features."""
     min_slice_rows: int = 30
@@ -86,7 +106,7 @@ class QualityPolicy:
             raise ValueError(f"bootstrap={self.bootstrap!r}: use one of {list(BOOTSTRAP_METHODS)}")
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence={self.confidence!r}: use a share in (0, 1), e.g. 0.9")
-        for name in ("bootstrap_samples", "min_rows", "min_slice_rows"):
+        for name in ("bootstrap_samples", "min_rows", "min_class_rows", "min_slice_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: use an integer >= 1")
@@ -124,6 +144,9 @@ class Baseline:
     """The champion's training class shares: the trivial baseline's probabilities (needed by ``paired``)."""
     slices: dict[tuple[str, str | None], float] | None = None
     """The champion's holdout value per (slice column, value), when the gate scored slices on ``metric``."""
+    holdout_rows: int | None = None
+    """Rows of the holdout ``value`` was measured on (its own sampling error); ``None``: not recorded, and the
+    comparison treats ``value`` as exact (and says so)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -131,17 +154,26 @@ class QualityResult:
     """The verdict of one quality check; :meth:`to_dict` is ``kfloop quality --json``."""
 
     degraded: bool
+    verdict: str
+    """One of :data:`VERDICTS`: ``insufficient_labels`` when the labels do not suffice for ``metric``."""
     metric: str
     value: float
-    """The metric on the labelled rows."""
+    """The metric on the labelled rows (NaN: undefined on them)."""
     baseline: float
     """The champion's holdout value."""
     ci_low: float | None
-    """Lower end of the value's central ``confidence`` percentile interval (``None``: undefined on every
-    resample)."""
+    """Lower end of the value's central ``confidence`` percentile interval, widened for the holdout's own error
+    (``None``: not computed, or unbounded because resamples were undefined)."""
     ci_high: float | None
     rows: int
     """Labelled rows scored."""
+    labels: dict[str, Any]
+    """The labels the metric had and needed: ``rows``, ``min_rows``, ``per_class`` ({class: rows}; ``None`` for
+    regression), ``min_per_class`` (``None`` when the metric needs no class count), ``short`` (what fell short)."""
+    holdout_uncertainty: str
+    """How the holdout value's own sampling error entered the comparison."""
+    undefined_resamples: int = 0
+    """Resamples on which the metric was undefined (counted as no drop)."""
     reason: str
     """Why (not) degraded, with the numbers."""
     confidence: float | None = None
@@ -159,16 +191,14 @@ def check_quality(*, y_true: Any, proba: np.ndarray, classes: list, threshold: f
                   baseline: Baseline, policy: QualityPolicy) -> QualityResult:
     """Score the champion (``proba``: rows x classes in ``classes`` order, its decision ``threshold``; for a
     regression champion ``classes`` is empty and ``proba`` its predicted values as one column) on the labelled
-    ``rows`` (``y_true`` their labels or true values) and apply ``policy`` against ``baseline``.
+    ``rows`` (``y_true`` their labels or true values) and apply ``policy`` against ``baseline``. Too few labels
+    for the metric give the verdict ``insufficient_labels`` (see the module docstring).
 
     Raises:
-        ValueError: fewer rows than ``policy.min_rows``, a label the champion does not know, a metric of the other
-            task, a slice column missing from ``rows``, the metric undefined on the rows, or ``paired`` without
-            the recorded trivial baseline (or for a regression champion).
+        ValueError: a label the champion does not know, a metric of the other task, a slice column missing from
+            ``rows``, the metric undefined on rows with enough labels (non-finite scores, a constant regression
+            target), or ``paired`` without the recorded trivial baseline (or for a regression champion).
     """
-    if len(rows) < policy.min_rows:
-        raise ValueError(f"{len(rows)} labelled rows, fewer than quality.min_rows={policy.min_rows}: too few for a "
-                         "verdict; check a larger batch or lower min_rows")
     metric, champ = baseline.metric, Scored(np.asarray(proba, dtype=np.float64), threshold)
     if (metric in REGRESSION_METRICS) == bool(classes):
         task, metrics = ("a classifier", METRICS) if classes else ("a regression model", REGRESSION_METRICS)
@@ -178,30 +208,45 @@ def check_quality(*, y_true: Any, proba: np.ndarray, classes: list, threshold: f
                          "regression champion with quality.bootstrap=percentile")
     y = (encode_target(pd.Series(np.asarray(y_true, dtype=object), name="target"), classes) if classes
          else np.asarray(y_true, dtype=np.float64))
+    labels = label_counts(y, classes, metric, policy)
+    widen, uncertainty = _holdout_widening(len(y), baseline.holdout_rows)
+    common = {"metric": metric, "baseline": baseline.value, "rows": len(y), "labels": labels,
+              "holdout_uncertainty": uncertainty, "policy": policy.to_dict()}
+    if labels["short"]:
+        value = _score(y, champ, classes, metric) if len(y) else math.nan
+        return QualityResult(degraded=False, verdict="insufficient_labels", value=value, ci_low=None, ci_high=None,
+                             reason=f"insufficient_labels: {'; '.join(labels['short'])}: no verdict on these rows, "
+                                    "check again when more labels arrived (or lower quality.min_rows / "
+                                    "min_class_rows)", slices=[], **common)
     value = _score(y, champ, classes, metric)
     if not math.isfinite(value):
-        raise ValueError(f"{metric} is undefined on these {len(y)} labelled rows (a class absent from them, or "
-                         "non-finite scores); choose another quality.primary_metric or check more rows")
+        raise ValueError(f"{metric} is undefined on these {len(y)} labelled rows (non-finite scores, or a constant "
+                         "target); choose another quality.primary_metric or check more rows")
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     limit = baseline.value - sign * policy.max_drop
     drop = sign * (baseline.value - value)
-    values = bootstrap_metric(y, champ, metric, samples=policy.bootstrap_samples, seed=policy.bootstrap_seed)
-    interval = bootstrap_interval(values, policy.confidence)
-    ci_low, ci_high = interval if interval else (None, None)
+    raw = bootstrap_metric(y, champ, metric, samples=policy.bootstrap_samples, seed=policy.bootstrap_seed)
+    undefined = int(np.count_nonzero(~np.isfinite(raw)))
+    # the value minus the baseline, resample by resample; an undefined resample counts as no drop at all
+    values = np.where(np.isfinite(raw), value + widen * (raw - value), sign * math.inf)
+    tail = 50 * (1 - policy.confidence)
+    ci_low, ci_high = (float(v) if math.isfinite(v) else None for v in np.percentile(values, [tail, 100 - tail]))
     head = (f"{metric} {value:.3f} on {len(y)} labelled rows vs {baseline.value:.3f} on the holdout "
             f"(drop {drop:+.3f}, max_drop {policy.max_drop:.3f})")
     share = None
     if policy.bootstrap == "paired":
-        share = _paired_share(y, champ, metric, baseline, policy, classes)
+        share = _paired_share(y, champ, classes, baseline, policy, widen)
         confident = share >= policy.confidence
         evidence = (f"the lead over the trivial baseline fell by more than {policy.max_drop:.3f} on "
                     f"{share:.1%} of paired resamples ({'>=' if confident else '<'} {policy.confidence:.0%})")
     else:
         better_end = ci_low if sign < 0 else ci_high
         confident = better_end is not None and sign * (limit - better_end) > 0
-        evidence = (f"{policy.confidence:.0%} interval [{ci_low:.3f}, {ci_high:.3f}] "
-                    f"{'lies wholly' if confident else 'does not lie wholly'} "
-                    f"{'above' if sign < 0 else 'below'} {limit:.3f}" if interval else "no defined resample")
+        shown = f"[{_fmt(ci_low)}, {_fmt(ci_high)}]"
+        evidence = (f"{policy.confidence:.0%} interval {shown} {'lies wholly' if confident else 'does not lie wholly'}"
+                    f" {'above' if sign < 0 else 'below'} {limit:.3f}")
+    if undefined:
+        evidence += f" ({undefined} of {policy.bootstrap_samples} resamples undefined, counted as no drop)"
     dropped = drop > policy.max_drop and confident
     below_floor = policy.floor is not None and sign * (policy.floor - value) > 0
     reasons = []
@@ -216,16 +261,53 @@ def check_quality(*, y_true: Any, proba: np.ndarray, classes: list, threshold: f
         reason = f"not degraded: {head}, but not confidently: {evidence}"
     else:
         reason = f"not degraded: {head}"
-    return QualityResult(degraded=below_floor or dropped, metric=metric, value=value, baseline=baseline.value,
-                         ci_low=ci_low, ci_high=ci_high, rows=len(y), reason=reason, confidence=share,
-                         slices=_slices(y, champ, classes, rows, metric, baseline, policy),
-                         policy=policy.to_dict())
+    degraded = below_floor or dropped
+    return QualityResult(degraded=degraded, verdict="degraded" if degraded else "not_degraded", value=value,
+                         ci_low=ci_low, ci_high=ci_high, reason=reason, confidence=share,
+                         undefined_resamples=undefined,
+                         slices=_slices(y, champ, classes, rows, metric, baseline, policy), **common)
 
 
-def _paired_share(y: np.ndarray, champ: Scored, metric: str, baseline: Baseline, policy: QualityPolicy,
-                  classes: list) -> float:
+def label_counts(y: np.ndarray, classes: list, metric: str, policy: QualityPolicy) -> dict[str, Any]:
+    """The labels ``metric`` had on the rows (``y``: class indices, or true values with ``classes`` empty) and
+    those it needs (see :class:`QualityResult`'s ``labels``); ``short`` lists what fell short, empty when
+    enough."""
+    per_class = ({str(c): int(n) for c, n in zip(classes, np.bincount(y, minlength=len(classes)))} if classes
+                 else None)
+    needs_every = bool(classes) and metric in EVERY_CLASS_METRICS
+    short = []
+    if len(y) < policy.min_rows:
+        short.append(f"{len(y)} labelled rows < quality.min_rows {policy.min_rows}")
+    if needs_every:
+        few = {c: n for c, n in per_class.items() if n < policy.min_class_rows}
+        if few:
+            short.append(f"{metric} needs >= {policy.min_class_rows} labelled rows of every class "
+                         f"(quality.min_class_rows); had " + ", ".join(f"{n} of class {c!r}" for c, n in few.items()))
+    return {"rows": len(y), "min_rows": policy.min_rows, "per_class": per_class,
+            "min_per_class": policy.min_class_rows if needs_every else None, "short": short}
+
+
+def _holdout_widening(rows: int, holdout_rows: int | None) -> tuple[float, str]:
+    """The factor the labelled rows' bootstrap deviations are widened by for the holdout value's own error, and
+    the sentence saying so."""
+    if not holdout_rows:
+        return 1.0, ("not accounted: the champion did not record its holdout's row count, so the holdout value is "
+                     "treated as exact")
+    factor = math.sqrt(1 + rows / holdout_rows)
+    return factor, (f"widened: the bootstrap of the {rows} labelled rows scaled by sqrt(1 + {rows}/{holdout_rows}) "
+                    f"= {factor:.3f}, the holdout's ({holdout_rows} rows) own error under the same per-row variance")
+
+
+def _fmt(v: float | None) -> str:
+    return "unbounded" if v is None else f"{v:.3f}"
+
+
+def _paired_share(y: np.ndarray, champ: Scored, classes: list, baseline: Baseline, policy: QualityPolicy,
+                  widen: float) -> float:
     """Share of paired resamples on which the champion's lead over the trivial baseline fell by more than
-    ``max_drop`` from its recorded lead on the holdout."""
+    ``max_drop`` from its recorded lead on the holdout (deviations widened by ``widen`` for the holdout's own
+    error; undefined resamples count as not fallen)."""
+    metric = baseline.metric
     if baseline.trivial is None or baseline.priors is None:
         raise ValueError(f"bootstrap=paired needs the trivial baseline's holdout {metric} and the champion's "
                          "training class shares, which this champion's registration did not record; use "
@@ -234,7 +316,9 @@ def _paired_share(y: np.ndarray, champ: Scored, metric: str, baseline: Baseline,
     trivial = majority_baseline(np.asarray(baseline.priors), len(y))
     resampled = [bootstrap_metric(y, scored, metric, samples=policy.bootstrap_samples, seed=policy.bootstrap_seed)
                  for scored in (champ, trivial)]  # one seed: the same rows for both, resample for resample
-    lost = sign * (baseline.value - baseline.trivial) - sign * (resampled[0] - resampled[1])
+    recorded = sign * (baseline.value - baseline.trivial)
+    point = recorded - sign * (_score(y, champ, classes, metric) - _score(y, trivial, classes, metric))
+    lost = point + widen * ((recorded - sign * (resampled[0] - resampled[1])) - point)
     return float(np.count_nonzero(lost > policy.max_drop)) / policy.bootstrap_samples
 
 
@@ -314,7 +398,7 @@ def write_quality_report(path: str | Path, rows: pd.DataFrame, *, target: str, p
     page = snapshot.get_html_str(as_iframe=False)
     body = page.index(">", page.index("<body")) + 1
     verdict = (f'<section id="kfloop-quality-verdict" style="font-family:sans-serif;margin:1em">'
-               f"<h2>{'DEGRADED' if result.degraded else 'Not degraded'}</h2><p>{html.escape(result.reason)}</p>"
+               f"<h2>{VERDICTS[result.verdict]}</h2><p>{html.escape(result.reason)}</p>"
                "</section>")
     return atomic_write_text(path, page[:body] + verdict + page[body:])
 

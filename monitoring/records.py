@@ -2,6 +2,7 @@
 scores, Evidently's HTML report), linked from the champion it checked; and the trigger's cooldown state."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -48,8 +49,9 @@ def record_drift_check(model_name: str, checked: Any, *, current_uri: str, repor
 
 def record_quality_check(model_name: str, checked: Any, *, report_path: str | None) -> str:
     """Log one quality check (a :class:`monitoring.steps.QualityStepResult`) as a run of ``<model>-quality``:
-    metrics ``quality_value``, ``quality_baseline`` and ``degraded`` (0/1), tags ``kfloop.degraded``
-    (``true``/``false``) and ``kfloop.champion_version``, the JSON verdict (``kfloop quality --json`` plus
+    metrics ``quality_value``, ``quality_baseline`` (each when defined), ``degraded`` and ``insufficient_labels``
+    (0/1), tags ``kfloop.degraded`` (``true``/``false``), ``kfloop.verdict`` and ``kfloop.champion_version``,
+    the JSON verdict (``kfloop quality --json`` plus
     ``champion_version`` and ``slices``) as ``quality.json`` and Evidently's HTML report; the champion version it
     checked gets a ``quality_report_uri`` tag pointing at the report.
 
@@ -62,10 +64,13 @@ def record_quality_check(model_name: str, checked: Any, *, report_path: str | No
     quality = checked.quality
     return _record_check(
         model_name, QUALITY_EXPERIMENT_SUFFIX, champion_version=checked.champion_version,
-        metrics={"quality_value": quality.value, "quality_baseline": quality.baseline,
-                 "degraded": float(quality.degraded)},
+        metrics={k: v for k, v in {"quality_value": quality.value, "quality_baseline": quality.baseline,
+                                   "degraded": float(quality.degraded),
+                                   "insufficient_labels": float(quality.verdict == "insufficient_labels")}.items()
+                 if math.isfinite(v)},
         params={"labelled_uri": checked.labelled_uri, "labels_uri": checked.labels_uri, "metric": quality.metric},
-        tags={"kfloop.data_md5": checked.data_md5, "kfloop.degraded": str(quality.degraded).lower()},
+        tags={"kfloop.data_md5": checked.data_md5, "kfloop.degraded": str(quality.degraded).lower(),
+              "kfloop.verdict": quality.verdict},
         result=(QUALITY_RESULT_ARTIFACT, checked.to_dict()),
         report=(QUALITY_REPORT_ARTIFACT, report_path, QUALITY_REPORT_URI_TAG))
 
@@ -109,6 +114,7 @@ def drift_checks(model_name: str, *, limit: int = 200) -> list[dict[str, Any]]:
 
 def quality_checks(model_name: str, *, limit: int = 200) -> list[dict[str, Any]]:
     """The recorded quality checks of ``model_name``, oldest first: ``at`` (UTC ISO), ``run_id``, ``degraded``,
+    ``verdict`` (``degraded`` or ``not_degraded`` for checks recorded before there were others), ``labels``,
     ``metric``, ``value``, ``baseline``, ``ci_low``, ``ci_high``, ``rows``, ``reason``, ``champion_version``,
     ``slices`` (see :class:`monitoring.quality.QualityResult`). Empty when none was recorded.
 
@@ -116,8 +122,9 @@ def quality_checks(model_name: str, *, limit: int = 200) -> list[dict[str, Any]]
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
     keys = ("degraded", "metric", "value", "baseline", "ci_low", "ci_high", "rows", "reason", "champion_version",
-            "slices")
-    return [{**head, **{k: result.get(k) for k in keys}}
+            "slices", "labels", "holdout_uncertainty")
+    return [{**head, **{k: result.get(k) for k in keys},
+             "verdict": result.get("verdict") or ("degraded" if result["degraded"] else "not_degraded")}
             for head, _, result in _recorded_checks(model_name, QUALITY_EXPERIMENT_SUFFIX, QUALITY_RESULT_ARTIFACT,
                                                     limit)]
 

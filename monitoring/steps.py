@@ -213,7 +213,8 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     (:func:`monitoring.records.record_quality_check`); the report is also written to ``report_out`` if given.
 
     Raises:
-        ValueError: no champion, ``labels_uri`` without ``id_column``, or a check that cannot decide (too few rows, undefined metric: see :func:`monitoring.quality.check_quality`).
+        ValueError: no champion, ``labels_uri`` without ``id_column``, or a metric undefined on enough labels (see
+            :func:`monitoring.quality.check_quality`; too few labels are the verdict ``insufficient_labels``).
         data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
@@ -305,7 +306,8 @@ def _champion_baseline(champion: Any, predictor: Any, metric: str | None):
     counts = predictor.description.get("class_counts")
     return Baseline(metric=metric, value=recorded[metric],
                     trivial=holdout_metrics(client, champion.run_id, "baseline").get(metric),
-                    priors=None if counts is None else [c / sum(counts) for c in counts], slices=slices)
+                    priors=None if counts is None else [c / sum(counts) for c in counts], slices=slices,
+                    holdout_rows=decision.get("holdout_rows"))
 
 
 def trigger_store(model_name: str):

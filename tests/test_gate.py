@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -301,8 +302,12 @@ def test_multiclass_gate_with_roc_auc_and_f1():
 
 @pytest.mark.parametrize("kw, message", [
     ({"primary_metric": "auc"}, "use one of"),
-    ({"floor": 1.5}, "lies in [0, 1]"),
-    ({"primary_metric": "log_loss", "floor": -1.0}, "maximum >= 0"),
+    ({"primary_metric": "accuracy", "floor": 1.5}, "accuracy is a probability metric that lies in [0, 1]"),
+    ({"primary_metric": "log_loss", "floor": -1.0}, "log_loss is an error metric (>= 0, in nats"),
+    ({"primary_metric": "rmse", "floor": -1.0}, "rmse is an error metric (>= 0, in the target units"),
+    ({"primary_metric": "r2", "floor": 1.5}, "r2 is at most 1"),
+    ({"primary_metric": "roc_auc", "min_improvement": 2.0}, "roc_auc is a probability metric"),
+    ({"floor": math.inf}, "use a finite number"),
     ({"min_improvement": -0.1}, "min_improvement=-0.1"),
     ({"slice_columns": "region"}, "use a list of column names"),
     ({"bootstrap_samples": 0}, "bootstrap_samples=0"),
@@ -310,7 +315,7 @@ def test_multiclass_gate_with_roc_auc_and_f1():
     ({"min_slice_rows": 0}, "min_slice_rows=0"),
 ])
 def test_policy_rejects_bad_values_with_the_fix(kw, message):
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         PromotionPolicy(**kw)
 
 
@@ -437,8 +442,15 @@ def test_an_explicit_primary_metric_always_wins():
     assert d.primary_metric == "log_loss" and d.metric_reason == "set in promotion.primary_metric"
     assert d.policy["primary_metric"] == "log_loss"
     assert PromotionPolicy().primary_metric is None
-    with pytest.raises(ValueError, match="the default metric lies in"):
-        PromotionPolicy(floor=2.0)
+
+
+def test_a_floor_for_the_default_metric_is_checked_once_the_metric_is_chosen():
+    """Without ``primary_metric`` the floor's units are those of the metric the gate picks (issue 29 item 4)."""
+    PromotionPolicy(floor=5.0)  # could be an RMSE ceiling: accepted until the target is known
+    y = labels(200)
+    with pytest.raises(ValueError, match=r"floor=5.0: accuracy is a probability metric that lies in \[0, 1\]"):
+        evaluate(y_true=y, challenger_proba=proba_with_accuracy(y, 0.8, seed=1), champion_proba=None,
+                 classes=CLASSES, holdout=frame(200), policy=policy(floor=5.0))
 
 
 def test_thresholds_decide_the_predicted_class_in_every_label_metric():
@@ -476,3 +488,31 @@ def test_per_class_figures_and_the_minority_class_in_each_slice():
     assert north["minority"]["challenger"]["recall"] == pytest.approx(
         ((pred == 1) & (y_idx == 1) & rows).sum() / (y_idx[rows]).sum())
     assert Decision.from_dict(json.loads(json.dumps(d.to_dict()))) == d
+
+
+def test_every_decision_reports_the_linear_baseline_and_require_beat_linear_makes_it_gate():
+    """Issue 29 item 8: a challenger worse than the linear model is promoted with a note by default, and rejected
+    with ``require_beat_linear``; one that beats it passes either way."""
+    y = labels(1000)
+    weak, strong = proba_with_accuracy(y, 0.7, seed=1), proba_with_accuracy(y, 0.85, seed=2)
+    kind = {"kind": "logistic_regression", "rows": 4000, "threshold": None}
+
+    def decide(chal, lin, **kw):
+        return evaluate(y_true=y, challenger_proba=chal, champion_proba=None, classes=CLASSES, holdout=frame(1000),
+                        policy=policy(primary_metric="accuracy", **kw), linear={**kind, "proba": lin})
+
+    noted = decide(weak, strong)
+    assert noted.blessed and noted.linear["gating"] is False and not noted.linear["beaten"]
+    assert noted.linear_metrics["accuracy"] == pytest.approx(0.85)
+    assert "Note: accuracy 0.700 vs linear baseline 0.850 (logistic_regression): not beaten" in noted.reason
+    assert "linear_baseline" not in {c["name"] for c in noted.checks}
+    assert kfp_metrics(noted)["linear_accuracy"] == pytest.approx(0.85)
+    gated = decide(weak, strong, require_beat_linear=True)
+    assert not gated.blessed and check(gated, "linear_baseline")["passed"] is False, gated.reason
+    assert "a linear model does as well or better" in gated.reason
+    beaten = decide(strong, weak, require_beat_linear=True)
+    assert beaten.blessed and beaten.linear["beaten"] and beaten.linear["confidence"] >= 0.9, beaten.reason
+    assert Decision.from_dict(json.loads(json.dumps(beaten.to_dict()))).linear_metrics == beaten.linear_metrics
+    with pytest.raises(ValueError, match="require_beat_linear is set but the challenger recorded no linear"):
+        evaluate(y_true=y, challenger_proba=strong, champion_proba=None, classes=CLASSES, holdout=frame(1000),
+                 policy=policy(require_beat_linear=True))

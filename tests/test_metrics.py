@@ -10,15 +10,20 @@ import threading
 import time
 
 import mlflow
+import numpy as np
+import pandas as pd
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from quality_runs import record_quality_check
 
+from monitoring import records
 from monitoring.metrics import RecordsCollector, registered_models
-from monitoring.steps import drift_step
+from monitoring.quality import Baseline, QualityPolicy, check_quality
+from monitoring.steps import QualityStepResult, drift_step
 from monitoring.trigger import RunInFlight, TriggerPolicy, maybe_trigger
 from monitoring.trigger_registry import RegistryTriggerStore
 from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
+from pipelines.operations.status import format_status, status
 from training.registry.versions import CHAMPION_ALIAS, ensure_registered_model
 from training.registry.experiments import ensure_experiment
 
@@ -138,3 +143,24 @@ def test_metrics_answer_get_only(isolated_env):
     hook = webhook()
     status, answer = hook.handle("POST", "/metrics", {"Authorization": f"Bearer {TOKEN}"}, lambda n: b"")
     assert status == 405 and "GET /metrics" in answer["error"]
+
+
+def test_an_insufficient_labels_check_is_neither_degraded_nor_fine_in_metrics_and_status(isolated_env):
+    """Issue 29 item 1: 50 labelled rows with one positive, recorded by the real recorder, read as
+    ``insufficient_labels`` by ``/metrics`` and ``kfloop status`` alike."""
+    ensure_registered_model(MODEL)
+    y = np.zeros(50, dtype=int)
+    y[0] = 1
+    proba = np.tile([0.7, 0.3], (50, 1))
+    result = check_quality(y_true=y, proba=proba, classes=[0, 1], threshold=None, rows=pd.DataFrame(index=range(50)),
+                           baseline=Baseline(metric="roc_auc", value=0.9),
+                           policy=QualityPolicy(slice_columns=[], bootstrap_samples=100))
+    assert result.verdict == "insufficient_labels"
+    records.record_quality_check(MODEL, QualityStepResult(quality=result, champion_version="1", data_md5="md5-q",
+                                                          labelled_uri="batch.parquet", labels_uri="",
+                                                          unlabelled_rows=0), report_path=None)
+    got = samples(scrape(webhook(), {"Authorization": f"Bearer {TOKEN}"})[2])
+    m = frozenset({("model", MODEL)})
+    assert got[("kfloop_quality_insufficient_labels", m)] == 1.0 and got[("kfloop_quality_degraded", m)] == 0.0
+    text = format_status(status(MODEL, env=isolated_env, trigger_policy={}))
+    assert "last quality check:" in text and "INSUFFICIENT LABELS" in text and "had 1 of class '1'" in text

@@ -153,3 +153,40 @@ def test_a_regression_champions_predictions_drift_as_numbers():
                          prediction_kind="numeric")
     assert result.columns["prediction"].drifted and not result.columns["x"].drifted
     assert result.columns["prediction"].method == result.columns["x"].method  # a numeric test, as for features
+
+
+@pytest.mark.parametrize("required_confidence", [0.0, 0.5, 0.9, 1.0])
+def test_a_regression_candidate_worse_than_the_training_mean_is_rejected_whatever_the_confidence(
+        required_confidence):
+    """Issue 29 item 4: losing to the trivial model (predict the training mean) never promotes."""
+    rng = np.random.default_rng(3)
+    n = 300
+    y = rng.normal(100, 10, n)
+    noisy = y + rng.normal(0, 25, n)  # RMSE ~25 against the mean's ~10
+    d = evaluate(y_true=y, challenger_proba=noisy[:, None], champion_proba=None, classes=[],
+                 holdout=pd.DataFrame(index=range(n)), train_mean=100.0,
+                 policy=PromotionPolicy(bootstrap_samples=200, required_confidence=required_confidence))
+    baseline = next(c for c in d.checks if c["name"] == "baseline")
+    assert not d.blessed and not baseline["passed"], d.reason
+    assert d.challenger_metrics["rmse"] > d.baseline_metrics["rmse"] and "not beaten" in baseline["detail"]
+
+
+def test_a_floor_in_target_units_is_accepted_and_applied_as_an_rmse_ceiling():
+    """Issue 29 item 4: ``floor: 5`` for RMSE means RMSE <= 5 (target units), not a share in [0, 1]."""
+    rng = np.random.default_rng(4)
+    n = 300
+    y = rng.normal(100, 20, n)
+    pred = y + rng.normal(0, 4, n)  # RMSE ~4
+    rmse = regression_metrics(y, pred)["rmse"]
+    holdout = pd.DataFrame(index=range(n))
+    for policy in (PromotionPolicy(floor=5.0, bootstrap_samples=200),
+                   PromotionPolicy(primary_metric="rmse", floor=5.0, bootstrap_samples=200)):
+        passed = evaluate(y_true=y, challenger_proba=pred[:, None], champion_proba=None, classes=[],
+                          holdout=holdout, policy=policy, train_mean=100.0)
+        assert passed.blessed and f"rmse {rmse:.3f} <= ceiling 5.000" in passed.reason, passed.reason
+    tight = evaluate(y_true=y, challenger_proba=pred[:, None], champion_proba=None, classes=[], holdout=holdout,
+                     policy=PromotionPolicy(floor=3.0, bootstrap_samples=200), train_mean=100.0)
+    assert not tight.blessed and f"rmse {rmse:.3f} > ceiling 3.000" in tight.reason, tight.reason
+    with pytest.raises(ValueError, match=r"rmse is an error metric \(>= 0, in the target units"):
+        evaluate(y_true=y, challenger_proba=pred[:, None], champion_proba=None, classes=[], holdout=holdout,
+                 policy=PromotionPolicy(floor=-1.0, bootstrap_samples=200), train_mean=100.0)

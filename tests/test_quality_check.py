@@ -96,10 +96,60 @@ def test_slices_report_value_interval_and_skip_small_ones():
     assert result.to_dict()["slices"] == result.slices
 
 
-def test_too_few_rows_is_no_verdict():
+def test_too_few_rows_is_insufficient_labels_not_a_failure():
+    """Issue 29 item 1 changed this on purpose: too few rows used to raise (the check failed); now the check runs
+    and says it cannot decide, with the counts it had and needed."""
     y, proba, frame = _batch(40, seed=7)
-    with pytest.raises(ValueError, match="40 labelled rows, fewer than quality.min_rows=50"):
-        _check(y, proba, frame)
+    result = _check(y, proba, frame)
+    assert result.verdict == "insufficient_labels" and not result.degraded, result.reason
+    assert result.labels["rows"] == 40 and result.labels["min_rows"] == 50
+    assert result.labels["short"] == ["40 labelled rows < quality.min_rows 50"]
+    assert result.to_dict()["verdict"] == "insufficient_labels"
+
+
+def test_fifty_rows_with_one_positive_are_insufficient_labels_for_roc_auc_not_degraded():
+    """Issue 29 item 1: 50 rows with one positive gave a ROC AUC interval [0.378, 0.622] and ``degraded: true``."""
+    y, proba, frame = _batch(50, seed=9)
+    y[:] = 0
+    y[0] = 1
+    result = _check(y, proba, frame, "roc_auc")
+    assert result.verdict == "insufficient_labels" and not result.degraded, result.reason
+    assert result.labels["per_class"] == {"0": 49, "1": 1} and result.labels["min_per_class"] == 10
+    assert "roc_auc needs >= 10 labelled rows of every class (quality.min_class_rows); had 1 of class '1'" \
+        in result.reason
+    assert result.ci_low is None and result.ci_high is None
+    macro = _check(y, proba, frame, "f1_macro")
+    assert macro.verdict == "insufficient_labels", macro.reason
+    accuracy = _check(y, proba, frame, "accuracy")  # accuracy needs no count per class
+    assert accuracy.verdict != "insufficient_labels" and accuracy.labels["min_per_class"] is None
+
+
+def test_the_holdout_values_own_error_widens_the_interval_and_the_result_says_so():
+    y, proba, frame = _batch(800, seed=10)
+    exact = _check(y, proba, frame)
+    baseline = _holdout("accuracy")
+    baseline.holdout_rows = 800
+    widened = check_quality(y_true=y, proba=proba, classes=CLASSES, threshold=None, rows=frame, baseline=baseline,
+                            policy=QualityPolicy(slice_columns=[], **FAST))
+    assert exact.holdout_uncertainty.startswith("not accounted")
+    assert "sqrt(1 + 800/800) = 1.414" in widened.holdout_uncertainty
+    width = lambda r: r.ci_high - r.ci_low  # noqa: E731
+    assert width(widened) == pytest.approx(np.sqrt(2) * width(exact), rel=1e-9)
+
+
+def test_undefined_resamples_count_as_no_drop_instead_of_narrowing_the_interval():
+    """Two positives in 60 rows (the class minimum lowered to allow it): about one resample in eight lacks a
+    positive, so ROC AUC is undefined there; those resamples push the interval's better end to unbounded (no
+    confident drop) instead of silently leaving the interval."""
+    y, proba, frame = _batch(60, seed=11)
+    y[:] = 0
+    y[:2] = 1
+    proba[:2] = [0.9, 0.1]  # the positives ranked low: ROC AUC far below the holdout's
+    result = _check(y, proba, frame, "roc_auc", min_class_rows=2, bootstrap_samples=1000)
+    assert 60 < result.undefined_resamples < 250, result.undefined_resamples
+    assert f"{result.undefined_resamples} of 1000 resamples undefined, counted as no drop" in result.reason
+    assert result.ci_high is None and not result.degraded, result.reason
+    assert result.value < result.baseline - 0.05, "without the undefined resamples this would read as a drop"
 
 
 def test_paired_needs_the_recorded_trivial_baseline():

@@ -1,11 +1,15 @@
 """The binary decision threshold: chosen on validation rows by a metric, applied as one rule everywhere."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from sklearn.linear_model import LogisticRegression
 
 from training.config import TrainingConfig
-from training.threshold import choose_threshold, predicted_index
+from training.linear import fit_linear, linear_scores
+from training.threshold import choose_threshold, predicted_index, resolve_threshold_metric
 
 Y = np.array([0, 0, 0, 0, 1, 0, 1, 1])
 P = np.array([0.05, 0.1, 0.2, 0.3, 0.3, 0.45, 0.6, 0.9])
@@ -51,3 +55,33 @@ def test_predicted_index_applies_the_threshold_only_to_binary_probabilities():
 def test_training_config_rejects_unknown_imbalance_settings(kw, message):
     with pytest.raises(ValueError, match=message):
         TrainingConfig(**kw)
+
+
+@pytest.mark.parametrize("counts, metric, words", [
+    ([930, 70], "f1_macro", "auto: the rarer class is 7.0% of the training rows (< 20%)"),
+    ([70, 930], "f1_macro", "the threshold that maximises macro F1"),
+    ([800, 200], "none", "auto: the rarer class is 20.0% of the training rows (>= 20%): the most probable class"),
+    ([50, 30, 20], "none", "auto: 3 classes, not a binary target"),
+])
+def test_auto_tunes_the_threshold_for_macro_f1_only_for_a_rare_binary_class(counts, metric, words):
+    chosen, why = resolve_threshold_metric("auto", counts)
+    assert chosen == metric and words in why
+    assert TrainingConfig().threshold_metric == "auto"
+    assert resolve_threshold_metric("accuracy", counts) == ("accuracy", "set in training.threshold_metric=accuracy")
+    with pytest.raises(ValueError, match="threshold_metric='auto'"):
+        choose_threshold(Y, P, "auto")  # resolved before a threshold is chosen
+
+
+def test_the_linear_baseline_scores_like_scikit_learn_without_pickling():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(600, 4))
+    y = (x[:, 0] + 0.5 * x[:, 1] + rng.normal(scale=0.5, size=600) > 1.2).astype(int)
+    record = fit_linear(x, y, n_classes=2, seed=0)
+    fitted = LogisticRegression(max_iter=1000).fit(x, y)
+    assert json.loads(json.dumps(record)) == record and record["kind"] == "logistic_regression"
+    assert np.allclose(linear_scores(record, x), fitted.predict_proba(x))
+    three = np.digitize(x[:, 0], [-0.5, 0.5])
+    assert np.allclose(linear_scores(fit_linear(x, three, n_classes=3, seed=0), x),
+                       LogisticRegression(max_iter=1000).fit(x, three).predict_proba(x))
+    target = x @ [1.0, -2.0, 0.0, 0.5] + 3
+    assert np.allclose(linear_scores(fit_linear(x, target, n_classes=0, seed=0), x)[:, 0], target)

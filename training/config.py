@@ -101,11 +101,12 @@ class TrainingConfig:
     class_weight: str = "none"
     """``balanced`` weighs each class's loss by ``rows / (classes * rows of the class)``, counted on the
     training split (rare classes count more); ``none`` weighs every row alike."""
-    threshold_metric: str = "none"
+    threshold_metric: str = "auto"
     """Binary targets: choose the decision threshold (the probability of the second class, in sorted order, at
     or above which it is predicted) that maximises this metric on the validation split: ``f1_macro``,
-    ``balanced_accuracy`` or ``accuracy``; ``none`` predicts the most probable class. Stored in ``model.json``
-    and used for the served ``prediction``; probabilities are unchanged."""
+    ``balanced_accuracy`` or ``accuracy``; ``none`` predicts the most probable class; ``auto`` (default) takes
+    ``f1_macro`` when the rarer class is under 20% of the training rows, else ``none``. Stored in ``model.json``
+    (with what was chosen and why) and used for the served ``prediction``; probabilities are unchanged."""
     seed: int = 42
     """Seeds the validation split, the weight init, the sampler order and every RNG."""
     val_fraction: float = 0.15

@@ -26,16 +26,14 @@ from sklearn.metrics import accuracy_score, f1_score, log_loss, precision_recall
 
 from data.settings import section_from_dict
 from training.features import encode_target
-from training.threshold import predicted_index
+from training.linear import KINDS as LINEAR_KINDS
+from training.threshold import RARE_MINORITY_SHARE, predicted_index
 
 METRICS = ("accuracy", "f1_macro", "roc_auc", "log_loss")
 """Metrics the gate computes for classification; all but ``log_loss`` are higher-is-better."""
 REGRESSION_METRICS = ("rmse", "mae", "r2")
 """Metrics the gate computes for regression, in the target's units; ``r2`` is higher-is-better."""
 LOWER_IS_BETTER = frozenset({"log_loss", "rmse", "mae"})
-RARE_MINORITY_SHARE = 0.2
-"""A binary target whose smaller class holds less than this share of the training rows is imbalanced: the
-default primary metric is then ROC AUC, which a constant answer cannot game."""
 BASELINES = {"majority_class": "the majority class, with the training class shares as probabilities",
              "training_mean": "the training split's mean target, predicted for every row"}
 """The trivial model every candidate must beat, by kind."""
@@ -52,11 +50,14 @@ class PromotionPolicy:
     better); regression: ``rmse``, ``mae`` (lower is better) or ``r2``. ``None``: chosen from the target
     (:func:`default_primary_metric`; ``rmse`` for regression), and the decision says why."""
     floor: float | None = None
-    """Absolute bound the primary metric must clear for any promotion: a minimum, or for a lower-is-better
-    metric (``log_loss``, ``rmse``, ``mae``) a maximum. ``None``: no bound."""
+    """Absolute bound the primary metric must clear for any promotion, in the metric's own units: a minimum in
+    [0, 1] for ``accuracy``, ``f1_macro``, ``roc_auc``; a minimum <= 1 for ``r2``; for an error metric a maximum
+    >= 0 (``rmse``, ``mae`` in the target's units, e.g. ``5`` means RMSE <= 5; ``log_loss`` in nats). ``None``: no
+    bound. Checked against the metric when the policy names it, else when the gate has chosen it."""
     min_improvement: float = 0.0
-    """Absolute gain over the champion the challenger must reach, in the metric's better direction. A gain of
-    exactly 0 (a tie) never promotes."""
+    """Absolute gain over the champion the challenger must reach, in the metric's better direction and its own
+    units (target units for ``rmse``/``mae``; at most 1 for a probability metric). A gain of exactly 0 (a tie)
+    never promotes."""
     min_relative_improvement: float = 0.0
     """Gain divided by the champion's value (absolute) the challenger must reach."""
     slice_columns: tuple[str, ...] = ()
@@ -71,25 +72,23 @@ class PromotionPolicy:
     """Seed of the resampling; the same seed gives the same decision."""
     required_confidence: float = 0.9
     """Share of resamples on which the challenger must strictly beat the champion on the primary metric."""
+    require_beat_linear: bool = False
+    """Also require the challenger to beat the linear baseline (logistic or linear regression on the same
+    features and training split) as it must beat the trivial one: a better primary metric with
+    ``required_confidence``. ``False``: the comparison is reported in every decision but does not gate."""
 
     def __post_init__(self) -> None:
         if self.primary_metric is not None and self.primary_metric not in (*METRICS, *REGRESSION_METRICS):
             raise ValueError(f"primary_metric={self.primary_metric!r}: use one of {list(METRICS)} (classification) "
                              f"or {list(REGRESSION_METRICS)} (regression)")
-        if self.floor is not None:
-            if not math.isfinite(self.floor):
-                raise ValueError(f"floor={self.floor}: use a finite number, or null for no floor")
-            if self.primary_metric in LOWER_IS_BETTER and self.floor < 0:
-                raise ValueError(f"floor={self.floor}: {self.primary_metric} is >= 0; use a maximum >= 0 or null")
-            if self.primary_metric == "r2" and self.floor > 1:
-                raise ValueError(f"floor={self.floor}: r2 is at most 1; use a minimum <= 1 or null")
-            if self.primary_metric not in (*LOWER_IS_BETTER, "r2") and not 0 <= self.floor <= 1:
-                raise ValueError(f"floor={self.floor}: {self.primary_metric or 'the default metric'} lies in "
-                                 "[0, 1]; use a value in that range or null")
+        if self.floor is not None and (isinstance(self.floor, bool) or not math.isfinite(self.floor)):
+            raise ValueError(f"floor={self.floor}: use a finite number, or null for no floor")
         for name in ("min_improvement", "min_relative_improvement", "max_slice_regression"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name}={value}: use a finite number >= 0")
+        if self.primary_metric is not None:
+            check_units(self.primary_metric, floor=self.floor, min_improvement=self.min_improvement)
         if isinstance(self.slice_columns, str):
             raise ValueError(f"slice_columns={self.slice_columns!r}: use a list of column names, "
                              f"e.g. [{self.slice_columns!r}]")
@@ -102,6 +101,8 @@ class PromotionPolicy:
             raise ValueError(f"bootstrap_samples={self.bootstrap_samples}: use an integer >= 1 (1000 is typical)")
         if not 0 <= self.required_confidence <= 1:
             raise ValueError(f"required_confidence={self.required_confidence}: use a share in [0, 1], e.g. 0.9")
+        if not isinstance(self.require_beat_linear, bool):
+            raise ValueError(f"require_beat_linear={self.require_beat_linear!r}: use true or false")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (see :meth:`from_dict`)."""
@@ -115,6 +116,38 @@ class PromotionPolicy:
             ValueError: an unknown key, or a value :meth:`__post_init__` rejects.
         """
         return section_from_dict(cls, d, "promotion")
+
+
+def metric_units(metric: str) -> str:
+    """What ``metric``'s values are: ``error`` (rmse, mae in the target's units; log_loss in nats: >= 0, lower
+    is better), ``r2`` (at most 1, higher is better) or ``probability`` (accuracy, f1_macro, roc_auc: in
+    [0, 1], higher is better)."""
+    return "error" if metric in LOWER_IS_BETTER else "r2" if metric == "r2" else "probability"
+
+
+def check_units(metric: str, *, floor: float | None, min_improvement: float) -> None:
+    """Refuse a ``floor`` or ``min_improvement`` that cannot be a value of ``metric``, saying what the metric's
+    values are. Checked when the policy names its metric, else once the gate has chosen it.
+
+    Raises:
+        ValueError: an error metric's ceiling below 0, an r2 floor above 1, a probability metric's floor outside
+            [0, 1], or a probability metric's ``min_improvement`` above 1.
+    """
+    units = metric_units(metric)
+    if floor is not None:
+        if units == "error" and floor < 0:
+            raise ValueError(f"promotion.floor={floor}: {metric} is an error metric (>= 0, "
+                             f"{'in nats' if metric == 'log_loss' else 'in the target units'}, lower is better) and "
+                             "its floor is a ceiling: use a maximum >= 0, e.g. the largest error you accept, or null")
+        if units == "r2" and floor > 1:
+            raise ValueError(f"promotion.floor={floor}: r2 is at most 1 (1 = perfect, 0 = the mean's error): use a "
+                             "minimum <= 1, or null")
+        if units == "probability" and not 0 <= floor <= 1:
+            raise ValueError(f"promotion.floor={floor}: {metric} is a probability metric that lies in [0, 1]: use "
+                             "a minimum in that range, or null")
+    if units == "probability" and min_improvement > 1:
+        raise ValueError(f"promotion.min_improvement={min_improvement}: {metric} is a probability metric that lies "
+                         "in [0, 1], so no gain exceeds 1: use an absolute gain such as 0.01")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -135,6 +168,13 @@ class Decision:
     """The same for the champion; ``None`` when there is no champion."""
     baseline_metrics: dict[str, float] | None = None
     """The same for the trivial baseline (see ``baseline``)."""
+    linear_metrics: dict[str, float] | None = None
+    """The same for the linear baseline (see ``linear``); ``None`` when the challenger recorded none."""
+    linear: dict[str, Any] | None = None
+    """The linear baseline: kind (a key of :data:`training.linear.KINDS`), description, threshold, rows fitted
+    on, ``improvement`` of the challenger over it on the primary metric (positive is better), ``confidence``
+    (share of paired resamples on which the challenger strictly beat it), ``beaten`` and ``gating``
+    (``promotion.require_beat_linear``), ``detail``."""
     baseline: dict[str, Any] | None = None
     """The baseline: kind (a key of :data:`BASELINES`), description, ``predicts`` (the majority class),
     ``priors`` (training class shares), ``improvement`` over it on the primary metric (positive is better) and
@@ -161,6 +201,8 @@ class Decision:
     """Per rule: name, passed, detail."""
     policy: dict[str, Any] = field(default_factory=dict)
     """The :class:`PromotionPolicy` applied, as a dict."""
+    holdout_rows: int | None = None
+    """Rows of the holdout every metric here was measured on (a quality check widens its interval by it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form: NaN becomes ``None`` (see :meth:`from_dict`)."""
@@ -174,7 +216,8 @@ class Decision:
 
         return cls(**{**d, "challenger_metrics": metrics(d["challenger_metrics"]),
                       "champion_metrics": metrics(d["champion_metrics"]),
-                      "baseline_metrics": metrics(d.get("baseline_metrics"))})
+                      "baseline_metrics": metrics(d.get("baseline_metrics")),
+                      "linear_metrics": metrics(d.get("linear_metrics"))})
 
 
 class Scored(NamedTuple):
@@ -288,7 +331,7 @@ def align_proba(proba: np.ndarray, proba_classes: list, classes: list) -> np.nda
 def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.ndarray | None, classes: list,
              holdout: pd.DataFrame, policy: PromotionPolicy, train_priors: np.ndarray | None = None,
              challenger_threshold: float | None = None, champion_threshold: float | None = None,
-             train_mean: float | None = None) -> Decision:
+             train_mean: float | None = None, linear: dict[str, Any] | None = None) -> Decision:
     """Apply ``policy`` to the challenger (and the champion, if any) scored on the same holdout rows.
 
     ``y_true`` holds the holdout's labels (values of ``classes``); both probability matrices have their
@@ -298,6 +341,9 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     ``train_priors`` are the class shares of the challenger's training split (the baseline's probabilities and
     what the default metric is chosen from); ``None`` takes the holdout's own shares, a baseline at least as
     strong. The thresholds are the models' decision thresholds (binary; ``None``: most probable class).
+    ``linear``: the linear baseline's record (:func:`training.linear.fit_linear`'s, without its coefficients)
+    with ``proba`` (its holdout probabilities or values, like the challenger's) and ``threshold``; compared in
+    every decision, gating with ``policy.require_beat_linear``.
 
     Raises:
         ValueError: a label is not in ``classes``, shapes disagree, or a slice column is not in ``holdout``.
@@ -327,6 +373,7 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     if policy.primary_metric is None:
         metric, why = (("rmse", "default for a regression target: root mean squared error, in the target's units")
                        if regression else default_primary_metric(priors))
+        check_units(metric, floor=policy.floor, min_improvement=policy.min_improvement)
         policy = replace(policy, primary_metric=metric)
     else:
         metric, why = policy.primary_metric, "set in promotion.primary_metric"
@@ -337,9 +384,15 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     chal = compute_metrics(y, chal_s.proba, classes, chal_s.threshold)
     champ = None if champ_s is None else compute_metrics(y, champ_s.proba, classes, champ_s.threshold)
     base = compute_metrics(y, base_s.proba, classes)
+    if policy.require_beat_linear and linear is None:
+        raise ValueError("promotion.require_beat_linear is set but the challenger recorded no linear baseline "
+                         "(trained before kfloop fitted one): retrain it, or set require_beat_linear: false")
+    lin_s = None if linear is None else Scored(np.asarray(linear["proba"], dtype=np.float64), linear["threshold"])
+    lin = None if lin_s is None else compute_metrics(y, lin_s.proba, classes, lin_s.threshold)
     common = {"primary_metric": metric, "metric_reason": why, "challenger_metrics": chal, "champion_metrics": champ,
-              "baseline_metrics": base, "per_class": _per_class(y, chal_s, champ_s, classes),
-              "policy": policy.to_dict()}
+              "baseline_metrics": base, "linear_metrics": lin,
+              "per_class": _per_class(y, chal_s, champ_s, classes),
+              "policy": policy.to_dict(), "holdout_rows": len(y)}
     undefined = {"improvement": None, "relative_improvement": None, "confidence": None}
     defined = _defined_check({"challenger": chal[metric]} if champ is None else
                              {"challenger": chal[metric], "champion": champ[metric]}, metric)
@@ -349,12 +402,17 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
     floor = _floor_check(metric, chal[metric], policy.floor)
     baseline, beats_baseline = _baseline(y, chal_s, base_s, chal[metric], base[metric], classes, priors, policy)
     common["baseline"] = baseline
+    gating = []
+    if lin_s is not None:
+        common["linear"], beats_linear = _linear(y, chal_s, lin_s, chal[metric], lin[metric], linear, policy)
+        gating = [beats_linear] if policy.require_beat_linear else []
     if champ is None:
-        checks = [defined, floor, beats_baseline]
-        blessed = floor["passed"] and beats_baseline["passed"]
+        checks = [defined, floor, beats_baseline, *gating]
+        blessed = all(c["passed"] for c in checks)
         reason = (f"promote: {floor['detail']} (no champion)" if blessed else
                   "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"]) + " (no champion)")
-        return Decision(blessed=blessed, reason=reason, checks=checks, **undefined, **common)
+        return Decision(blessed=blessed, reason=reason + _linear_note(common), checks=checks, **undefined,
+                        **common)
 
     sign = -1.0 if metric in LOWER_IS_BETTER else 1.0
     improvement = sign * (chal[metric] - champ[metric])
@@ -363,7 +421,7 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
                      minority=None if regression else int(np.argmin(priors)))
     gains = _bootstrap_improvements(y, chal_s, champ_s, metric, policy)
     confidence = float(np.count_nonzero(gains > 0)) / policy.bootstrap_samples
-    checks = [defined, floor, beats_baseline,
+    checks = [defined, floor, beats_baseline, *gating,
               _improvement_check(metric, chal[metric], champ[metric], improvement, policy.min_improvement),
               {"name": "min_relative_improvement", "passed": relative >= policy.min_relative_improvement,
                "detail": f"relative improvement {relative:+.3%} "
@@ -379,7 +437,8 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
         reason = f"promote: {by_name['min_improvement']}, {by_name['confidence']}, {by_name['slices']}"
     else:
         reason = "reject: " + "; ".join(c["detail"] for c in checks if not c["passed"])
-    return Decision(blessed=blessed, reason=reason, improvement=improvement, relative_improvement=relative,
+    return Decision(blessed=blessed, reason=reason + _linear_note(common), improvement=improvement,
+                    relative_improvement=relative,
                     confidence=confidence, interval=bootstrap_interval(gains), slices=slices, checks=checks,
                     **common)
 
@@ -387,15 +446,17 @@ def evaluate(*, y_true: Any, challenger_proba: np.ndarray, champion_proba: np.nd
 def kfp_metrics(decision: Decision) -> dict[str, float]:
     """Flat scalars for a KFP Metrics artifact: ``blessed`` (0/1), ``challenger_<metric>``,
     ``champion_<metric>``, ``baseline_<metric>``, ``improvement``, ``relative_improvement``, ``confidence``,
-    ``confidence_vs_baseline``, ``slices_failed``, ``slices_skipped``. Undefined values (NaN, no champion,
+    ``linear_<metric>``, ``confidence_vs_baseline``, ``confidence_vs_linear``, ``slices_failed``,
+    ``slices_skipped``. Undefined values (NaN, no champion,
     infinite) are left out."""
     out: dict[str, float] = {"blessed": float(decision.blessed)}
     for role, metrics in (("challenger", decision.challenger_metrics), ("champion", decision.champion_metrics),
-                          ("baseline", decision.baseline_metrics)):
+                          ("baseline", decision.baseline_metrics), ("linear", decision.linear_metrics)):
         out.update({f"{role}_{k}": float(v) for k, v in (metrics or {}).items()})
     out.update(improvement=decision.improvement, relative_improvement=decision.relative_improvement,
                confidence=decision.confidence,
-               confidence_vs_baseline=(decision.baseline or {}).get("confidence"))
+               confidence_vs_baseline=(decision.baseline or {}).get("confidence"),
+               confidence_vs_linear=(decision.linear or {}).get("confidence"))
     if decision.champion_metrics is not None:
         out["slices_failed"] = float(sum(not s["ok"] for s in decision.slices))
         out["slices_skipped"] = float(sum(s["skipped"] is not None for s in decision.slices))
@@ -467,6 +528,31 @@ def _baseline(y: np.ndarray, chal: Scored, base: Scored, chal_value: float, base
               f"{head}: not beaten ({improvement:+.3f}, confidence {confidence:.3f} "
               f"{'>=' if confidence >= policy.required_confidence else '<'} {policy.required_confidence})")
     return record, {"name": "baseline", "passed": passed, "detail": detail}
+
+
+def _linear(y: np.ndarray, chal: Scored, lin: Scored, chal_value: float, lin_value: float, record: dict[str, Any],
+            policy: PromotionPolicy) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The linear baseline's record for the decision, and the check that the challenger beats it (as the trivial
+    baseline must be beaten); the check gates only with ``require_beat_linear``."""
+    metric = policy.primary_metric
+    improvement = (lin_value - chal_value) if metric in LOWER_IS_BETTER else (chal_value - lin_value)
+    confidence = float(np.count_nonzero(_bootstrap_improvements(y, chal, lin, metric, policy) > 0)
+                       ) / policy.bootstrap_samples
+    beaten = bool(improvement > 0 and confidence >= policy.required_confidence)
+    head = f"{metric} {chal_value:.3f} vs linear baseline {lin_value:.3f} ({record['kind']})"
+    detail = (f"{head}: beaten with confidence {confidence:.3f} >= {policy.required_confidence}" if beaten else
+              f"{head}: not beaten ({improvement:+.3f}, confidence {confidence:.3f}); a linear model does as well "
+              "or better")
+    out = {"kind": record["kind"], "description": LINEAR_KINDS[record["kind"]], "threshold": record["threshold"],
+           "rows": record.get("rows"), "improvement": improvement, "confidence": confidence, "beaten": beaten,
+           "gating": policy.require_beat_linear, "detail": detail}
+    return out, {"name": "linear_baseline", "passed": beaten, "detail": detail}
+
+
+def _linear_note(common: dict[str, Any]) -> str:
+    """The reason's last sentence when the linear baseline was not beaten and does not gate (else nothing)."""
+    lin = common.get("linear")
+    return "" if lin is None or lin["beaten"] or lin["gating"] else f". Note: {lin['detail']}"
 
 
 def _per_class(y: np.ndarray, chal: Scored, champ: Scored | None, classes: list) -> list[dict[str, Any]]:

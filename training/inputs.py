@@ -288,6 +288,19 @@ class RankInput:
             if len(val):
                 yield self._tensors(*self._encoded(val))
 
+    def training_sample(self, max_rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Encoded features and targets of the whole file's training split (not only this rank's shard), at most
+        about ``max_rows`` of them (a seeded share of each chunk beyond), in file order."""
+        keep = min(1.0, max_rows / self.table.train_rows)
+        rng = np.random.default_rng([self.seed, 1])
+        xs, ys = [], []
+        for chunk in self.table.chunks(0, self.table.num_rows, self.columns):
+            rows = chunk[~self.table.is_val[chunk.index.to_numpy()]]
+            x, y = self._encoded(rows[rng.random(len(rows)) < keep] if keep < 1 else rows)
+            xs.append(x)
+            ys.append(y)
+        return np.concatenate(xs), np.concatenate(ys)
+
     def _encoded(self, rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         return self.fitted.transform.transform(rows), self.fitted.target.encode(rows[self.target])
 

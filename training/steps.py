@@ -22,9 +22,10 @@ from data.validation import ValidationError, infer_schema, load_schema, schema_r
 from training.config import TrainingConfig, TrainingSection
 from training.figures import log_evaluation_figures
 from training.gate import PromotionPolicy, align_proba, evaluate, kfp_metrics
+from training.linear import linear_scores
 from training.launch.backends import backend_named, step_backend
 from training.model import Predictor
-from training.model_files import JOB_SHAPE_FILE
+from training.model_files import JOB_SHAPE_FILE, MODEL_FILE
 from training.progress import progress
 from training.registry.experiments import ensure_experiment
 from training.registry.versions import (Lineage, champion_schema, get_champion, load_version_predictor, log_candidate,
@@ -170,6 +171,9 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
     client.set_terminated(run_id, "FINISHED")
     progress(f"train: done in {result.seconds:.1f} s, " +
               ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items())))
+    choice = json.loads((Path(model_dir) / MODEL_FILE).read_text()).get("threshold_choice")
+    if choice:
+        progress(f"train: decision threshold for {choice['metric']} ({choice['reason']})")
     return TrainStepResult(run_id=run_id, metrics=result.metrics, world_size=result.world_size)
 
 
@@ -227,7 +231,8 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
         decision = evaluate(y_true=holdout[target].to_numpy(), challenger_proba=_values(challenger, holdout),
                             champion_proba=None if incumbent is None else _values(incumbent, holdout), classes=[],
                             holdout=holdout, policy=rules,
-                            train_mean=challenger.description["target_scale"]["mean"])
+                            train_mean=challenger.description["target_scale"]["mean"],
+                            linear=_linear_baseline(challenger, holdout))
         return decision, champion
     champion_proba = champion_threshold = None
     if champion is not None:
@@ -238,8 +243,22 @@ def score_against_champion(*, model_dir: str, holdout_path: str, holdout_sha256:
     decision = evaluate(y_true=holdout[target].to_numpy(), challenger_proba=challenger.predict_proba(holdout),
                         champion_proba=champion_proba, classes=challenger.classes, holdout=holdout, policy=rules,
                         train_priors=None if counts is None else np.asarray(counts) / sum(counts),
-                        challenger_threshold=challenger.threshold, champion_threshold=champion_threshold)
+                        challenger_threshold=challenger.threshold, champion_threshold=champion_threshold,
+                        linear=_linear_baseline(challenger, holdout))
     return decision, champion
+
+
+def _linear_baseline(challenger: Predictor, rows) -> dict[str, Any] | None:
+    """The linear baseline the challenger's training fitted (:mod:`training.linear`), scored on ``rows`` through
+    the challenger's own preprocessing; ``None`` for a model trained before it was recorded."""
+    record = challenger.description.get("linear_baseline")
+    if record is None:
+        return None
+    out = linear_scores(record, challenger.transform.transform(rows).astype(np.float64))
+    if challenger.task == "regression":
+        scale = challenger.description["target_scale"]
+        out = out * scale["std"] + scale["mean"]
+    return {"kind": record["kind"], "rows": record["rows"], "threshold": record.get("threshold"), "proba": out}
 
 
 def _values(predictor, rows):
@@ -308,6 +327,7 @@ def register_step(*, model_dir: str, report_path: str, schema_path: str, run_id:
                       previous_champion=champion_version or None, training_config=config,
                       job_shape=json.loads((Path(model_dir) / JOB_SHAPE_FILE).read_text()),
                       decision_threshold=description.get("decision_threshold"),
+                      threshold_choice=description.get("threshold_choice", {}),
                       holdout_fraction=holdout_fraction, split_seed=split_seed, data_store=kept.data_store,
                       model_module=description["model"]["module"],
                       model_module_sha256=description["model"]["sha256"],

@@ -42,7 +42,8 @@ from training.devices import pin_local_device
 from training.inputs import RankInput, ShardedTable, TargetEncoding, fit_on_rank0
 from training.model import save_model_dir
 from training.model_code import ModelCode
-from training.threshold import choose_threshold
+from training.linear import MAX_ROWS as LINEAR_MAX_ROWS, fit_linear, linear_scores
+from training.threshold import choose_threshold, resolve_threshold_metric
 
 logger = logging.getLogger("kfloop.train")
 
@@ -240,11 +241,21 @@ def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data:
     digests = _all_gather_json(param_digest(model), me.device)
     if me.rank == 0:
         assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
+        val_x, val_y = _validation_arrays(data)
+        linear = fit_linear(*data.training_sample(LINEAR_MAX_ROWS), n_classes=0 if regression else
+                            len(target.classes), seed=cfg.seed)
         if regression:
             by_task = {"target_scale": {"mean": target.mean, "std": target.std}}
         else:
-            by_task = {"class_counts": class_counts.tolist(), "decision_threshold": _decision_threshold(
-                model, data.validation(whole_file=True), cfg.threshold_metric, len(target.classes))}
+            metric, why = resolve_threshold_metric(cfg.threshold_metric, class_counts.tolist())
+            threshold = _decision_threshold(model, val_x, val_y, metric, len(target.classes))
+            linear["threshold"] = _threshold_for(val_y, linear_scores(linear, val_x.cpu().numpy()), metric,
+                                                 len(target.classes))
+            by_task = {"class_counts": class_counts.tolist(), "decision_threshold": threshold,
+                       "threshold_choice": {"setting": cfg.threshold_metric, "metric": metric, "reason": why}}
+            logger.info("decision threshold: %s (%s)", "most probable class" if threshold is None else
+                        f"{threshold:.4f} for {metric}", why)
+        by_task["linear_baseline"] = linear
         save_model_dir(args.model_dir, model=model, code=code, n_inputs=n_inputs, n_outputs=n_outputs,
                        transform=transform, classes=target.classes, target=data.target, task=task,
                        extra={"config": cfg.to_dict(), "metrics": final, "world_size": me.world_size,
@@ -261,23 +272,29 @@ def _class_weights(counts: np.ndarray, how: str, device: torch.device) -> torch.
     return torch.tensor(counts.sum() / (len(counts) * np.maximum(counts, 1)), dtype=torch.float32, device=device)
 
 
-def _decision_threshold(model: torch.nn.Module, validation: Iterable[tuple[torch.Tensor, torch.Tensor]], metric: str,
+def _validation_arrays(data: RankInput) -> tuple[torch.Tensor, np.ndarray]:
+    """The whole validation split's features (on the training device) and encoded targets."""
+    xs, ys = zip(*data.validation(whole_file=True))
+    return torch.cat(xs), torch.cat(ys).cpu().numpy()
+
+
+def _decision_threshold(model: torch.nn.Module, x: torch.Tensor, y: np.ndarray, metric: str,
                         n_classes: int) -> float | None:
-    """The binary decision threshold maximising ``metric`` on the whole validation split (``None`` for
-    multi-class targets, ``metric="none"``, or a validation split lacking a class)."""
-    if n_classes != 2 or metric == "none":
-        return None
+    """The binary decision threshold maximising ``metric`` on the validation split's features ``x`` and labels
+    ``y`` (``None`` for multi-class targets, ``metric="none"``, or a validation split lacking a class)."""
     model.eval()
-    labels, scores = [], []
     with torch.no_grad():
-        for x, y in validation:
-            scores.append(torch.softmax(model(x).double(), dim=1)[:, 1].cpu().numpy())
-            labels.append(y.cpu().numpy())
-    threshold = choose_threshold(np.concatenate(labels), np.concatenate(scores), metric)
-    if threshold is None:
+        proba = torch.softmax(model(x).double(), dim=1).cpu().numpy()
+    threshold = _threshold_for(y, proba, metric, n_classes)
+    if threshold is None and n_classes == 2 and metric != "none":
         logger.warning("validation split lacks a class: no decision threshold chosen; predicting the most "
                        "probable class")
     return threshold
+
+
+def _threshold_for(y: np.ndarray, proba: np.ndarray, metric: str, n_classes: int) -> float | None:
+    """:func:`training.threshold.choose_threshold` for a binary model's probabilities; ``None`` otherwise."""
+    return None if n_classes != 2 else choose_threshold(y, proba[:, 1], metric)
 
 
 def _train_epoch(ddp: DistributedDataParallel, optimizer: torch.optim.Optimizer,

@@ -376,11 +376,13 @@ def cmd_quality(args: argparse.Namespace) -> int:
         options.print_json(checked.to_dict())
         return 0
     q = checked.quality
-    interval = "undefined" if q.ci_low is None else f"[{q.ci_low:.4f}, {q.ci_high:.4f}]"
-    print(f"degraded: {q.degraded} ({q.reason})")
+    interval = ("none" if q.ci_low is None and q.ci_high is None else
+                "[" + ", ".join("unbounded" if v is None else f"{v:.4f}" for v in (q.ci_low, q.ci_high)) + "]")
+    print(f"verdict: {q.verdict}, degraded: {q.degraded} ({q.reason})")
     print(f"  {q.metric} {q.value:.4f} (interval {interval}) vs holdout {q.baseline:.4f}: {q.rows} rows, champion "
           f"v{checked.champion_version}" + (f", {checked.unlabelled_rows} rows without labels yet"
                                             if checked.unlabelled_rows else ""))
+    print(f"  holdout uncertainty: {q.holdout_uncertainty}")
     for s in q.slices:
         score = s["skipped"] or f"{s['score']:.4f}" + ("" if s["baseline"] is None else f" vs {s['baseline']:.4f}")
         print(f"  slice {s['column']}={s['value']}: {s['rows']} rows, {score}")

@@ -47,11 +47,12 @@ def write_report(out: str | Path, *, model_name: str, history: dict[str, Any], d
         body.append(f'<figure class="chart" id="{chart_id}"><figcaption>{title}</figcaption>'
                     + (svg or '<p class="none">nothing recorded yet</p>') + "</figure>")
     body.append("<h2>Versions</h2>" + _table(
-        ["version", "decision", "accuracy", "roc_auc", "primary metric", "candidate", "baseline", "reason"], [
+        ["version", "decision", "accuracy", "roc_auc", "primary metric", "candidate", "baseline", "linear baseline",
+         "reason"], [
             [f"v{v['version']}" + (" (champion)" if v["champion"] else ""), v["decision"],
              _fmt(v["metrics"].get("accuracy")), _fmt(v["metrics"].get("roc_auc")), v.get("primary_metric") or "-",
              _fmt(v["metrics"].get(v.get("primary_metric"))), _fmt(v.get("baseline", {}).get(v.get("primary_metric"))),
-             v["reason"]] for v in versions]))
+             _fmt(v.get("linear", {}).get(v.get("primary_metric"))), v["reason"]] for v in versions]))
     body.append('<h2 id="last-quality-check">Last quality check</h2>' + _last_quality(quality))
     body.append("<h2>Champion moves</h2>" + _table(["at", "to", "from", "how", "by", "reason"], [
         [m["at"], f"v{m['version']}", f"v{m['previous']}" if m["previous"] else "-", m["action"], m["actor"],

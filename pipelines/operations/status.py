@@ -106,10 +106,7 @@ def format_status(s: dict[str, Any]) -> str:
                  f"(share {d['share_drifted_columns']:.2f}; columns {', '.join(d['drifted_columns']) or 'none'}; "
                  f"champion v{d['champion_version']})")
     q = s["last_quality_check"]
-    lines.append("last quality check: none" if q is None else
-                 f"last quality check: {q['at']} {'DEGRADED' if q['degraded'] else 'not degraded'} "
-                 f"({q['metric']} {q['value']:.4f} vs holdout {q['baseline']:.4f}, {q['rows']} rows; "
-                 f"champion v{q['champion_version']})")
+    lines.append("last quality check: none" if q is None else _quality_line(q))
     t = s["trigger"]
     fired = t["last_fired"]
     lines.append(f"trigger: {'in cooldown until ' + t['cooldown_until'] if t['in_cooldown'] else 'ready'}; last "
@@ -159,24 +156,28 @@ def _periods(moves: list, version: str) -> list[dict[str, str | None]]:
 
 
 def _version_table(versions: list[dict[str, Any]], *, with_trigger: bool = False) -> str:
-    head = f"{'version':<8} {'decision':<11} {'champion':<9} {'accuracy':>9} {'roc_auc':>8}  {'vs baseline':<22} "
+    head = (f"{'version':<8} {'decision':<11} {'champion':<9} {'accuracy':>9} {'roc_auc':>8}  "
+            f"{'vs baseline / linear':<32} ")
     lines = [head + ("triggered by / " if with_trigger else "") + "reason"]
     for v in versions:
         m = v["metrics"]
         lines.append(f"v{v['version']:<7} {str(v['decision']):<11} {('yes' if v['champion'] else ''):<9} "
                      f"{m.get('accuracy', float('nan')):>9.4f} {m.get('roc_auc', float('nan')):>8.4f}  "
-                     f"{_vs_baseline(v):<22} " + (f"{v['triggered_by']} / " if with_trigger else "")
+                     f"{_vs_baseline(v):<32} " + (f"{v['triggered_by']} / " if with_trigger else "")
                      + v["reason"][:160])
     return "\n".join(lines)
 
 
 def _vs_baseline(version: dict[str, Any]) -> str:
-    """``<primary metric> <candidate> vs <baseline>``, or ``-`` for versions gated before baselines."""
+    """``<primary metric> <candidate> vs <baseline> / <linear baseline>``, or ``-`` for versions gated before
+    baselines (and ``-`` for the linear one before it was fitted)."""
     metric = version.get("primary_metric")
     baseline = version.get("baseline", {}).get(metric)
     if baseline is None:
         return "-"
-    return f"{metric} {version['metrics'].get(metric, float('nan')):.3f} vs {baseline:.3f}"
+    linear = version.get("linear", {}).get(metric)
+    return (f"{metric} {version['metrics'].get(metric, float('nan')):.3f} vs {baseline:.3f} / "
+            f"{'-' if linear is None else f'{linear:.3f}'}")
 
 
 def _metrics(m: dict[str, float]) -> str:
@@ -191,3 +192,13 @@ def _without_credentials(uri: str) -> str:
 
 def _v(version: str | None) -> str:
     return f"v{version}" if version else "-"
+
+
+def _quality_line(q: dict[str, Any]) -> str:
+    """The last quality check in one line: the verdict, and for ``insufficient_labels`` what fell short."""
+    if q["verdict"] == "insufficient_labels":
+        return (f"last quality check: {q['at']} INSUFFICIENT LABELS ({'; '.join(q['labels']['short'])}; "
+                f"champion v{q['champion_version']})")
+    return (f"last quality check: {q['at']} {'DEGRADED' if q['degraded'] else 'not degraded'} "
+            f"({q['metric']} {q['value']:.4f} vs holdout {q['baseline']:.4f}, {q['rows']} rows; "
+            f"champion v{q['champion_version']})")

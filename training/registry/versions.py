@@ -103,6 +103,9 @@ class Lineage:
     """The object store's version id or ETag of the training data; empty for a local file."""
     decision_threshold: float | None = None
     """Binary models: the decision threshold chosen on the validation split (``None``: most probable class)."""
+    threshold_choice: dict[str, str] = field(default_factory=dict)
+    """Binary models: what the threshold was chosen for and why (``setting``, ``metric``, ``reason``: e.g.
+    ``threshold_metric: auto`` on a rare class took ``f1_macro``); empty for other targets."""
     holdout_fraction: float | None = None
     """Share of the data held out by the split (``None`` on versions registered before it was recorded)."""
     split_seed: int | None = None
@@ -145,7 +148,10 @@ class Lineage:
                 **({} if self.split_seed is None else {"split_seed": str(self.split_seed)}),
                 **({"data_store": self.data_store[:MAX_TAG_CHARS]} if self.data_store else {}),
                 **({"model_module": self.model_module[:MAX_TAG_CHARS]} if self.model_module else {}),
-                **({"image": self.image[:MAX_TAG_CHARS]} if self.image else {})}
+                **({"image": self.image[:MAX_TAG_CHARS]} if self.image else {}),
+                **({"threshold_metric": self.threshold_choice["metric"],
+                    "threshold_reason": self.threshold_choice["reason"][:MAX_TAG_CHARS]}
+                   if self.threshold_choice else {})}
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -367,15 +373,15 @@ def get_champion(model_name: str, *, client: "mlflow.MlflowClient | None" = None
 
 
 def holdout_metrics(client: Any, run_id: str, role: str = "challenger") -> dict[str, float]:
-    """The holdout metrics of ``role`` (``challenger`` or ``baseline``, the trivial model it had to beat), as the
-    gate logged them on the run."""
+    """The holdout metrics of ``role`` (``challenger``, ``baseline``: the trivial model it had to beat, or
+    ``linear``: the linear baseline fitted beside it), as the gate logged them on the run."""
     prefix = f"eval_{role}_"
     return {k.removeprefix(prefix): v for k, v in client.get_run(run_id).data.metrics.items() if k.startswith(prefix)}
 
 
 def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
     """Every version, oldest first: when it was created, decision, reason, primary metric, holdout metrics and
-    the baseline's, lineage (MLflow run, pipeline run, data md5, git commit) and whether it is the champion now."""
+    the baseline's and the linear baseline's, lineage (MLflow run, pipeline run, data md5, git commit) and whether it is the champion now."""
     client = _client(client)
     champion = str(client.get_registered_model(model_name).aliases.get("champion"))
     versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
@@ -385,6 +391,7 @@ def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]
              "decision": r.decision, "reason": r.reason, "primary_metric": r.primary_metric,
              "metrics": holdout_metrics(client, r.run_id) if r.run_id else {},
              "baseline": holdout_metrics(client, r.run_id, "baseline") if r.run_id else {},
+             "linear": holdout_metrics(client, r.run_id, "linear") if r.run_id else {},
              "run_id": mv.run_id, "pipeline_run_id": r.pipeline_run_id, "data_md5": r.data_md5,
              "git_commit": r.git_commit, "champion": r.version == champion}
             for mv, r in records]
