@@ -61,6 +61,8 @@ class AccessReview:
     resource: str
     name: str
     allowed: bool
+    operation: str
+    """The API call reviewed (its swagger operationId, e.g. ``RunService_CreateRun``)."""
 
 
 @dataclass
@@ -72,6 +74,7 @@ class MultiUser:
     """Every SubjectAccessReview, in order."""
 
     def __post_init__(self) -> None:
+        self._operation = ""
         self._rbac = Store()
         self._tokens = Identities()
         self._audiences: dict[str, tuple[str, ...]] = {}
@@ -144,7 +147,7 @@ class MultiUser:
             allowed = True
         except K8sApiError:
             allowed = False
-        self.reviews.append(AccessReview(user.name, namespace, verb, resource, name, allowed))
+        self.reviews.append(AccessReview(user.name, namespace, verb, resource, name, allowed, self._operation))
         if not allowed:
             raise ApiError(HTTPStatus.FORBIDDEN, f"Unauthorized access: User '{user.name}' is not authorized with "
                                                  f"reason:  (request: namespace:{namespace!r} verb:{verb!r} "
@@ -158,6 +161,7 @@ class MultiUser:
             ApiError: 400 for an empty namespace where one is required, 401, 403, or 404 for a missing parent.
         """
         check = _CHECKS.get(operation)
+        self._operation = operation
         if check is not None:
             check(self, server.store, path_params, query, body or {}, headers)
 
