@@ -87,11 +87,12 @@ def recorded(tmp_path_factory) -> dict[str, list[Access]]:
                     api, _job(shared, kubeconfig, f"rbac-{kind}", kind, [sys.executable, "-c", "print('trained')"]),
                     policy=launch, log_path=tmp / f"{kind}-{attempt}.log", timeout=120).run())
 
-        def cancelled() -> None:
+        def cancelled(kind: str) -> None:
             with pytest.raises(LaunchError, match="not finished after the launcher's timeout"):
-                JobRun(api, _job(shared, kubeconfig, "rbac-cancel", "pytorchjob", ["sleep", "600"]),
-                       policy=launch, log_path=tmp / "cancel.log", timeout=1).run()
-        step("train", cancelled)
+                JobRun(api, _job(shared, kubeconfig, f"rbac-cancel-{kind}", kind, ["sleep", "600"]),
+                       policy=launch, log_path=tmp / f"cancel-{kind}.log", timeout=1).run()
+        for kind in ("pytorchjob", "trainjob"):
+            step("train", lambda kind=kind: cancelled(kind))
 
         env.setenv(NAMESPACE_ENV, NAMESPACE)
 
@@ -104,7 +105,9 @@ def recorded(tmp_path_factory) -> dict[str, list[Access]]:
 
 
 def _kfp_call(review: AccessReview) -> Access:
-    """A KFP call as the authorization attributes of the review KFP makes for it."""
+    """A KFP call as the authorization attributes of the review KFP makes for it (kubeflow/pipelines
+    ``backend/src/apiserver/server/*_server.go`` ``ResourceAttributes``: group ``pipelines.kubeflow.org``, a
+    resource of ``backend/src/apiserver/common/const.go``, the verb, the namespace)."""
     _, _, namespace, name = review.user.split(":")
     return Access(service_account_user(namespace, name), review.verb, GROUP, review.resource, review.namespace,
                   review.name, "KFP", review.operation, review.allowed)
@@ -186,7 +189,8 @@ def test_every_call_each_step_makes_is_allowed_by_its_service_accounts_rules(rec
     # what each step must have done for the check to mean anything
     assert {("train", "create", "kubeflow.org", "pytorchjobs"), ("train", "create", "trainer.kubeflow.org",
             "trainjobs"), ("train", "get", "trainer.kubeflow.org", "trainjobs"), ("train", "watch", "kubeflow.org", "pytorchjobs"), ("train", "get", "", "pods/log"),
-            ("train", "delete", "kubeflow.org", "pytorchjobs"), ("promote", "create", "coordination.k8s.io",
+            ("train", "delete", "kubeflow.org", "pytorchjobs"),
+            ("train", "delete", "trainer.kubeflow.org", "trainjobs"), ("promote", "create", "coordination.k8s.io",
             "leases"), ("promote", "update", "coordination.k8s.io", "leases")} <= made
     assert {a.user for accesses in recorded.values() for a in accesses} == {SERVICE_ACCOUNT}
     assert all(a.allowed for accesses in recorded.values() for a in accesses)  # what the server answered
