@@ -15,7 +15,6 @@ from kubernetes import config, utils
 
 from fakes.k8s_rbac import Access, Authorizer, manifests, policy, service_account_user
 from fakes.k8s_server import K8sServer
-from fakes.k8s_store import ROLE_BINDINGS
 from fakes.kfp_multiuser import CLUSTER_ROLES_FILE, GROUP, KUBEFLOW_ROLES, AccessReview
 from fakes.kubernetes_cluster import CLAIM
 from test_kfp_upload_run import DRIFT_SETTINGS, PROFILE, kfp_server
@@ -114,10 +113,9 @@ def _kfp_call(review: AccessReview) -> Access:
 
 
 def _in_profile(docs: list[dict]) -> list[dict]:
-    """Manifests applied in the profile namespace (``kubectl apply -n``): namespaced ones without one get it."""
-    return [{**d, "metadata": {"namespace": PROFILE, **d["metadata"]},
-             "subjects": [{"namespace": PROFILE, **s} for s in d.get("subjects", [])]} if d["kind"] == "RoleBinding"
-            else d for d in docs]
+    """Manifests applied in the profile namespace (``kubectl apply -n``): RoleBindings without one get it."""
+    return [{**d, "metadata": {"namespace": PROFILE, **d["metadata"]}} if d["kind"] == "RoleBinding" else d
+            for d in docs]
 
 
 CI = service_account_user("ci", "kfloop-deployer")
@@ -142,9 +140,8 @@ def kfp_recorded(tmp_path_factory) -> dict[str, list[Access]]:
     with pytest.MonkeyPatch.context() as env, kfp_server(env, tmp, multi_user=True) as kfp:
         env.setenv("KFLOOP_HOME", str(tmp / "kfloop"))
         users, calls = kfp.multi_user, {}
-        for doc in _in_profile(manifests(*KFP_GRANTS)):
-            if doc["kind"] == "RoleBinding":
-                users._rbac.create(ROLE_BINDINGS, PROFILE, doc)
+        for grant in KFP_GRANTS:
+            users.apply(grant, namespace=PROFILE)
 
         def step(name: str, action) -> None:
             seen = len(users.reviews)
@@ -187,11 +184,11 @@ def unallowed(calls: dict[str, list[Access]], rbac: Authorizer) -> list[str]:
 def test_every_call_each_step_makes_is_allowed_by_its_service_accounts_rules(recorded):
     made = {(step, a.verb, a.api_group, a.resource) for step, accesses in recorded.items() for a in accesses}
     # what each step must have done for the check to mean anything
-    assert {("train", "create", "kubeflow.org", "pytorchjobs"), ("train", "create", "trainer.kubeflow.org",
-            "trainjobs"), ("train", "get", "trainer.kubeflow.org", "trainjobs"), ("train", "watch", "kubeflow.org", "pytorchjobs"), ("train", "get", "", "pods/log"),
-            ("train", "delete", "kubeflow.org", "pytorchjobs"),
-            ("train", "delete", "trainer.kubeflow.org", "trainjobs"), ("promote", "create", "coordination.k8s.io",
-            "leases"), ("promote", "update", "coordination.k8s.io", "leases")} <= made
+    for group, jobs in (("kubeflow.org", "pytorchjobs"), ("trainer.kubeflow.org", "trainjobs")):
+        assert {("train", verb, group, jobs) for verb in ("create", "get", "watch", "delete")} <= made
+    assert {("train", "get", "", "pods/log"), ("train", "list", "", "events"),
+            ("promote", "create", "coordination.k8s.io", "leases"),
+            ("promote", "update", "coordination.k8s.io", "leases")} <= made
     assert {a.user for accesses in recorded.values() for a in accesses} == {SERVICE_ACCOUNT}
     assert all(a.allowed for accesses in recorded.values() for a in accesses)  # what the server answered
     assert unallowed(recorded, _deployed()) == []  # and what deploy/rbac.yaml's rules allow

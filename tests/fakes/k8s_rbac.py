@@ -124,14 +124,16 @@ def _path_matches(patterns: list[str], path: str) -> bool:
     return any(p == "*" or p == path or (p.endswith("*") and path.startswith(p[:-1])) for p in patterns)
 
 
-def _subject_matches(subject: dict, user: User) -> bool:
+def _subject_matches(subject: dict, user: User, namespace: str = "") -> bool:
+    """Whether a binding's subject is ``user``; a ServiceAccount subject of a RoleBinding without a namespace is in
+    the binding's ``namespace`` (kubernetes ``plugin/pkg/auth/authorizer/rbac/rbac.go`` ``appliesToUser``)."""
     kind = subject.get("kind")
     if kind == "User":
         return subject.get("name") == user.name
     if kind == "Group":
         return subject.get("name") in user.groups
     if kind == "ServiceAccount":
-        return user == service_account_user(subject.get("namespace", ""), subject.get("name", ""))
+        return user == service_account_user(subject.get("namespace") or namespace, subject.get("name", ""))
     return False
 
 
@@ -162,7 +164,7 @@ class Authorizer:
                 rules += self._cluster_role_rules(binding["roleRef"]["name"])
         if namespace:
             for binding in self.store.list(ROLE_BINDINGS, namespace)[0]:
-                if not any(_subject_matches(s, user) for s in binding.get("subjects") or []):
+                if not any(_subject_matches(s, user, namespace) for s in binding.get("subjects") or []):
                     continue
                 ref = binding["roleRef"]
                 if ref["kind"] == "ClusterRole":

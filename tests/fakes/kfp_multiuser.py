@@ -93,12 +93,12 @@ class MultiUser:
                 "metadata": {"name": name, "namespace": namespace},
                 "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role}, "subjects": [subject]})
 
-    def apply(self, manifest: Path) -> None:
-        """``kubectl apply`` of RoleBindings (e.g. deploy/kubeflow-profile.yaml)."""
+    def apply(self, manifest: Path, namespace: str = "") -> None:
+        """``kubectl apply [-n namespace] -f manifest`` (e.g. deploy/kubeflow-profile.yaml): its RoleBindings, which
+        are all the access reviews read."""
         for doc in yaml.safe_load_all(manifest.read_text()):
-            if doc:
-                assert doc["kind"] == "RoleBinding", doc["kind"]
-                self._rbac.create(ROLE_BINDINGS, doc["metadata"]["namespace"], doc)
+            if doc and doc["kind"] == "RoleBinding":
+                self._rbac.create(ROLE_BINDINGS, doc["metadata"].get("namespace") or namespace, doc)
 
     def bind(self, namespace: str, user: User, role: str = "kubeflow-edit") -> None:
         """A contributor: ``user`` gets ``role`` in ``namespace`` (a RoleBinding)."""
