@@ -15,7 +15,8 @@ cluster admin, or of any user or service account):
   (`?watch=true&resourceVersion=N`: chunked JSON lines, ADDED / MODIFIED / DELETED, resumed from N; an `ERROR`
   event with code 410 Expired when N is older than the retained history, as the API server sends it).
 * authentication and RBAC authorisation of every request by the roles and bindings it holds
-  (tests/fakes/k8s_rbac.py); Pod Security admission of pods in namespaces labelled
+  (tests/fakes/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
+  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Pod Security admission of pods in namespaces labelled
   `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
 
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object

@@ -11,7 +11,7 @@
   here by the Kubernetes test server's RBAC authorizer (tests/fakes/k8s_rbac.py) over KFP's upstream ClusterRoles
   (``tests/fakes/specs/kfp-multi-user-view-edit-cluster-roles.yaml``) and the RoleBindings a Kubeflow profile makes
   (kubeflow/dashboard ``components/profile-controller/controllers/profile_controller.go``: the owner to
-  ``kubeflow-admin``, the ``default-editor`` service account to ``kubeflow-edit``). Every review is recorded.
+  ``kubeflow-admin``, the ``default-editor`` service account to ``kubeflow-edit``). Every review is recorded, with the operation it was made for.
 * Pipelines (``server/pipeline_server.go`` ``canAccessPipeline``): anyone may read a shared pipeline (empty
   namespace); creating or changing one is reviewed in KFP's own namespace (``common.GetPodNamespace()``), where a
   profile's users have no rights; a namespaced pipeline is reviewed in its namespace. Versions take their
