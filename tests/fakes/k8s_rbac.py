@@ -126,7 +126,7 @@ def _path_matches(patterns: list[str], path: str) -> bool:
 
 def _subject_matches(subject: dict, user: User, namespace: str = "") -> bool:
     """Whether a binding's subject is ``user``; a ServiceAccount subject of a RoleBinding without a namespace is in
-    the binding's ``namespace`` (kubernetes ``plugin/pkg/auth/authorizer/rbac/rbac.go`` ``appliesToUser``)."""
+    the binding's ``namespace`` (kubernetes ``pkg/registry/rbac/validation/rule.go`` ``appliesToUser``)."""
     kind = subject.get("kind")
     if kind == "User":
         return subject.get("name") == user.name
