@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from fakes.k8s_store import (CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ROLES, ApiError,
                              Resource, Store)
@@ -53,6 +56,33 @@ def service_account_user(namespace: str, name: str) -> User:
 
 
 ADMIN_USER = User(ADMIN, (MASTERS, "system:authenticated"))
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request's authorization attributes, as the API server resolves them before asking RBAC
+    (kubernetes ``staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo.go`` ``NewRequestInfo``: the verb
+    from the method, ``get``/``list``/``watch`` for GET by whether a name is given and ``?watch``; the subresource
+    is the path segment after the name, e.g. ``pods/log``), with who made it and what RBAC answered."""
+
+    user: User
+    verb: str
+    api_group: str
+    resource: str
+    """``pods``, or ``pods/log`` with the subresource; for a non-resource request (discovery) empty."""
+    namespace: str
+    name: str
+    method: str
+    path: str
+    allowed: bool
+
+    @property
+    def rule(self) -> str:
+        """The RBAC rule that would allow it, as a Role writes it."""
+        if not self.resource:
+            return f"{{nonResourceURLs: [{self.path}], verbs: [{self.verb}]}}"
+        group = self.api_group or '""'
+        return f"{{apiGroups: [{group}], resources: [{self.resource}], verbs: [{self.verb}]}}"
 
 
 class Identities:
@@ -94,14 +124,16 @@ def _path_matches(patterns: list[str], path: str) -> bool:
     return any(p == "*" or p == path or (p.endswith("*") and path.startswith(p[:-1])) for p in patterns)
 
 
-def _subject_matches(subject: dict, user: User) -> bool:
+def _subject_matches(subject: dict, user: User, namespace: str = "") -> bool:
+    """Whether a binding's subject is ``user``; a ServiceAccount subject of a RoleBinding without a namespace is in
+    the binding's ``namespace`` (kubernetes ``pkg/registry/rbac/validation/rule.go`` ``appliesToUser``)."""
     kind = subject.get("kind")
     if kind == "User":
         return subject.get("name") == user.name
     if kind == "Group":
         return subject.get("name") in user.groups
     if kind == "ServiceAccount":
-        return user == service_account_user(subject.get("namespace", ""), subject.get("name", ""))
+        return user == service_account_user(subject.get("namespace") or namespace, subject.get("name", ""))
     return False
 
 
@@ -132,7 +164,7 @@ class Authorizer:
                 rules += self._cluster_role_rules(binding["roleRef"]["name"])
         if namespace:
             for binding in self.store.list(ROLE_BINDINGS, namespace)[0]:
-                if not any(_subject_matches(s, user) for s in binding.get("subjects") or []):
+                if not any(_subject_matches(s, user, namespace) for s in binding.get("subjects") or []):
                     continue
                 ref = binding["roleRef"]
                 if ref["kind"] == "ClusterRole":
@@ -144,6 +176,27 @@ class Authorizer:
                         pass
         return rules
 
+    def allows(self, user: User, verb: str, group: str, what: str, namespace: str | None,
+               name: str | None) -> bool:
+        """Whether a bound rule allows ``verb`` on ``what`` (``pods`` or ``pods/log``) of API group ``group`` in
+        ``namespace`` (None: cluster scope) (kubernetes ``plugin/pkg/auth/authorizer/rbac/rbac.go``
+        ``RuleAllows``)."""
+        for rule in self._rules(user, namespace):
+            if "nonResourceURLs" in rule and "resources" not in rule:
+                continue
+            if _matches(rule.get("verbs") or [], verb) and _matches(rule.get("apiGroups") or [], group) \
+                    and _resource_matches(rule.get("resources") or [], what) \
+                    and (not rule.get("resourceNames") or (name and name in rule["resourceNames"])):
+                return True
+        return False
+
+    def allows_access(self, access: Access) -> bool:
+        """Whether these roles and bindings allow a recorded request."""
+        if not access.resource:
+            return self.allows_path(access.user, access.verb, access.path)
+        return self.allows(access.user, access.verb, access.api_group, access.resource, access.namespace or None,
+                           access.name or None)
+
     def authorize(self, user: User, verb: str, resource: Resource, subresource: str | None,
                   namespace: str | None, name: str | None) -> None:
         """Allow a resource request, or raise the API server's 403.
@@ -152,13 +205,8 @@ class Authorizer:
             ApiError: 403 Forbidden when no bound rule allows it.
         """
         what = f"{resource.plural}/{subresource}" if subresource else resource.plural
-        for rule in self._rules(user, namespace if resource.namespaced else None):
-            if "nonResourceURLs" in rule and "resources" not in rule:
-                continue
-            if _matches(rule.get("verbs") or [], verb) and _matches(rule.get("apiGroups") or [], resource.group) \
-                    and _resource_matches(rule.get("resources") or [], what) \
-                    and (not rule.get("resourceNames") or (name and name in rule["resourceNames"])):
-                return
+        if self.allows(user, verb, resource.group, what, namespace if resource.namespaced else None, name):
+            return
         target = f'{resource.qualified} "{name}"' if name else resource.qualified
         scope = f'in the namespace "{namespace}"' if resource.namespaced and namespace else "at the cluster scope"
         details = {"kind": resource.plural, **({"group": resource.group} if resource.group else {}),
@@ -166,13 +214,36 @@ class Authorizer:
         raise ApiError(403, "Forbidden", f'{target} is forbidden: User "{user.name}" cannot {verb} resource '
                                          f'"{what}" in API group "{resource.group}" {scope}', details)
 
+    def allows_path(self, user: User, verb: str, path: str) -> bool:
+        """Whether a bound rule allows ``verb`` on the non-resource URL ``path``."""
+        return any(_matches(rule.get("verbs") or [], verb) and _path_matches(rule.get("nonResourceURLs") or [], path)
+                   for rule in self._rules(user, None))
+
     def authorize_path(self, user: User, verb: str, path: str) -> None:
         """Allow a non-resource request (discovery), or raise the API server's 403.
 
         Raises:
             ApiError: 403 Forbidden when no bound rule allows it.
         """
-        for rule in self._rules(user, None):
-            if _matches(rule.get("verbs") or [], verb) and _path_matches(rule.get("nonResourceURLs") or [], path):
-                return
-        raise ApiError(403, "Forbidden", f'forbidden: User "{user.name}" cannot {verb} path "{path}"')
+        if not self.allows_path(user, verb, path):
+            raise ApiError(403, "Forbidden", f'forbidden: User "{user.name}" cannot {verb} path "{path}"')
+
+
+_KINDS = {"Role": ROLES, "ClusterRole": CLUSTER_ROLES, "RoleBinding": ROLE_BINDINGS,
+          "ClusterRoleBinding": CLUSTER_ROLE_BINDINGS}
+
+
+def policy(*documents: dict) -> Authorizer:
+    """RBAC over these manifests' Roles, ClusterRoles and their bindings (other kinds are skipped), as a cluster
+    holds them once applied."""
+    store = Store()
+    for doc in documents:
+        if doc and doc.get("kind") in _KINDS:
+            resource = _KINDS[doc["kind"]]
+            store.create(resource, doc["metadata"].get("namespace", "") if resource.namespaced else "", doc)
+    return Authorizer(store)
+
+
+def manifests(*paths: Path) -> list[dict]:
+    """The documents of YAML manifest files."""
+    return [doc for path in paths for doc in yaml.safe_load_all(Path(path).read_text()) if doc]

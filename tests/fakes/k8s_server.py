@@ -15,7 +15,8 @@ cluster admin, or of any user or service account):
   (`?watch=true&resourceVersion=N`: chunked JSON lines, ADDED / MODIFIED / DELETED, resumed from N; an `ERROR`
   event with code 410 Expired when N is older than the retained history, as the API server sends it).
 * authentication and RBAC authorisation of every request by the roles and bindings it holds
-  (tests/fakes/k8s_rbac.py); Pod Security admission of pods in namespaces labelled
+  (tests/fakes/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
+  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Pod Security admission of pods in namespaces labelled
   `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
 
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object
@@ -65,7 +66,7 @@ from fakes import pod_security, tls, trainer_operator
 from fakes.crd_schema import validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, _JobController, _PodRun,
                                 _terminate, quantity)
-from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Authorizer, Identities, User
+from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
 from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, TRAINJOBS,
                              ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
@@ -182,6 +183,8 @@ class K8sServer:
         """``METHOD path -> status`` of every request answered, in order."""
         self.received: list[tuple[str, str, bytes]] = []
         """``(METHOD, path, body as sent)`` of every request with a body, in order."""
+        self.accesses: list[Access] = []
+        """Every authenticated request's authorization attributes, its user and RBAC's answer, in order."""
         self.store = Store()
         self.identities = Identities()
         self.authorizer = Authorizer(self.store)
@@ -250,6 +253,8 @@ class K8sServer:
         user = self.identities.authenticate(h.headers.get("Authorization", ""))
         if path in ("/version", "/api", "/apis") or path.startswith("/api/v1") and path.count("/") == 2 \
                 or path.startswith("/apis/") and path.count("/") <= 3:
+            self.accesses.append(Access(user, method.lower(), "", "", "", "", method, path,
+                                self.authorizer.allows_path(user, method.lower(), path)))
             self.authorizer.authorize_path(user, method.lower(), path)
             if method != "GET":
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on {path}")
@@ -265,6 +270,9 @@ class K8sServer:
         verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method)
         if method == "GET":
             verb = "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list")
+        what = f"{resource.plural}/{sub}" if sub else resource.plural
+        self.accesses.append(Access(user, verb, resource.group, what, namespace, name or "", method, path,
+                            self.authorizer.allows(user, verb, resource.group, what, namespace or None, name)))
         if sub is not None:
             self.authorizer.authorize(user, verb, resource, sub, namespace, name)
         if sub == "log" and resource is PODS and method == "GET":

@@ -11,7 +11,7 @@
   here by the Kubernetes test server's RBAC authorizer (tests/fakes/k8s_rbac.py) over KFP's upstream ClusterRoles
   (``tests/fakes/specs/kfp-multi-user-view-edit-cluster-roles.yaml``) and the RoleBindings a Kubeflow profile makes
   (kubeflow/dashboard ``components/profile-controller/controllers/profile_controller.go``: the owner to
-  ``kubeflow-admin``, the ``default-editor`` service account to ``kubeflow-edit``). Every review is recorded.
+  ``kubeflow-admin``, the ``default-editor`` service account to ``kubeflow-edit``). Every review is recorded, with the operation it was made for.
 * Pipelines (``server/pipeline_server.go`` ``canAccessPipeline``): anyone may read a shared pipeline (empty
   namespace); creating or changing one is reviewed in KFP's own namespace (``common.GetPodNamespace()``), where a
   profile's users have no rights; a namespaced pipeline is reviewed in its namespace. Versions take their
@@ -61,6 +61,8 @@ class AccessReview:
     resource: str
     name: str
     allowed: bool
+    operation: str
+    """The API call reviewed (its swagger operationId, e.g. ``RunService_CreateRun``)."""
 
 
 @dataclass
@@ -72,6 +74,7 @@ class MultiUser:
     """Every SubjectAccessReview, in order."""
 
     def __post_init__(self) -> None:
+        self._operation = ""
         self._rbac = Store()
         self._tokens = Identities()
         self._audiences: dict[str, tuple[str, ...]] = {}
@@ -90,12 +93,12 @@ class MultiUser:
                 "metadata": {"name": name, "namespace": namespace},
                 "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role}, "subjects": [subject]})
 
-    def apply(self, manifest: Path) -> None:
-        """``kubectl apply`` of RoleBindings (e.g. deploy/kubeflow-profile.yaml)."""
+    def apply(self, manifest: Path, namespace: str = "") -> None:
+        """``kubectl apply [-n namespace] -f manifest`` (e.g. deploy/kubeflow-profile.yaml): its RoleBindings, which
+        are all the access reviews read."""
         for doc in yaml.safe_load_all(manifest.read_text()):
-            if doc:
-                assert doc["kind"] == "RoleBinding", doc["kind"]
-                self._rbac.create(ROLE_BINDINGS, doc["metadata"]["namespace"], doc)
+            if doc and doc["kind"] == "RoleBinding":
+                self._rbac.create(ROLE_BINDINGS, doc["metadata"].get("namespace") or namespace, doc)
 
     def bind(self, namespace: str, user: User, role: str = "kubeflow-edit") -> None:
         """A contributor: ``user`` gets ``role`` in ``namespace`` (a RoleBinding)."""
@@ -144,7 +147,7 @@ class MultiUser:
             allowed = True
         except K8sApiError:
             allowed = False
-        self.reviews.append(AccessReview(user.name, namespace, verb, resource, name, allowed))
+        self.reviews.append(AccessReview(user.name, namespace, verb, resource, name, allowed, self._operation))
         if not allowed:
             raise ApiError(HTTPStatus.FORBIDDEN, f"Unauthorized access: User '{user.name}' is not authorized with "
                                                  f"reason:  (request: namespace:{namespace!r} verb:{verb!r} "
@@ -158,6 +161,7 @@ class MultiUser:
             ApiError: 400 for an empty namespace where one is required, 401, 403, or 404 for a missing parent.
         """
         check = _CHECKS.get(operation)
+        self._operation = operation
         if check is not None:
             check(self, server.store, path_params, query, body or {}, headers)
 
