@@ -3,7 +3,7 @@ authorization attributes (tests/fakes/k8s_server.py ``accesses``), and every KFP
 multi-user KFP test server as the SubjectAccessReview KFP makes for it (tests/fakes/kfp_multiuser.py ``reviews``),
 is allowed by the rules the service account the step runs as has: deploy/rbac.yaml (Kubernetes),
 deploy/kubeflow-profile.yaml and deploy/webhook.yaml over KFP's upstream ClusterRoles (KFP). A verb missing from a
-Role fails here, naming the step, the call and the rule, not in the cluster. docs/incoming-rbac.md's table is the
+Role fails here, naming the step, the call and the rule, not in the cluster. docs/rbac.md's table is the
 one these recorded calls make."""
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 RBAC = REPO / "deploy" / "rbac.yaml"
 KFP_GRANTS = [REPO / "deploy" / "kubeflow-profile.yaml", REPO / "deploy" / "webhook.yaml"]
 """What the steps' and the webhook's service accounts are granted on the KFP API in the profile."""
-DOCS = REPO / "docs" / "incoming-rbac.md"
+DOCS = REPO / "docs" / "rbac.md"
 NAMESPACE = "kfloop"
 """deploy/rbac.yaml's namespace (the profile where the steps run)."""
 SERVICE_ACCOUNT = service_account_user(NAMESPACE, "kfloop")
@@ -240,7 +240,7 @@ def _table(calls: dict[str, list[Access]], grants: dict[str, Authorizer]) -> str
 def test_the_docs_tables_are_the_calls_the_steps_make(recorded, kfp_recorded):
     text = DOCS.read_text()
     stale = [t for t in (_table(recorded, _k8s_grants()), _table(kfp_recorded, _kfp_grants())) if t not in text]
-    assert not stale, "docs/incoming-rbac.md's tables are stale; they should be:\n\n" + "\n\n".join(stale)
+    assert not stale, "docs/rbac.md's tables are stale; they should be:\n\n" + "\n\n".join(stale)
 
 
 def test_every_kfp_call_each_step_makes_is_allowed_by_its_service_accounts_rules(kfp_recorded):
