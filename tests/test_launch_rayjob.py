@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import copy
 import shlex
+import threading
 
 import pytest
 
 from fakes.crd_schema import validate
 from manifest_checks import render_cli, restricted_violations
+from polling import wait_for
 
 from training.config import JobShape, TrainingConfig
 from training.launch.cluster import KUEUE_QUEUE_LABEL, ClusterConfig
+from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy
+from training.launch.local import LaunchError
 from training.launch.manifests import render, training_job_spec
 from training.ray_train import parse_args
 
@@ -121,3 +125,100 @@ def test_what_a_rayjob_cannot_express_is_refused(settings, refusal):
     spec = training_job_spec(TrainingConfig(), JobShape(nnodes=2, nproc_per_node=2), cluster, name="kfloop-train")
     with pytest.raises(ValueError, match=refusal):
         render(spec, cluster)
+
+
+# --------------------------------------------------------------------------- the launcher follows RayJob status
+# The test plays KubeRay v1.7.0's RayJob controller: it writes the status transitions rayjob_controller.go makes
+# (Initializing -> Running -> Complete/Failed, Failed with backoffLimit left -> Retrying, suspend -> Suspended)
+# through the status subresource of the test API server, and the launcher follows them over its watch.
+
+def _rayjob(cluster, name: str, **overrides) -> dict:
+    settings = KubernetesSettings.from_dict({**cluster.settings(), "kind": "rayjob", **overrides}).cluster
+    return render(training_job_spec(TrainingConfig(), JobShape(nnodes=2, nproc_per_node=1), settings, name=name),
+                  settings)
+
+
+def _launch(cluster, body: dict, tmp_path, artifact=None, **policy) -> tuple[threading.Thread, dict]:
+    """JobRun on ``body`` in a thread; the result dict gets ``job`` or ``error``."""
+    result: dict = {}
+    run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5,
+                                                          **policy),
+                 log_path=tmp_path / "master.log", timeout=120, artifact=artifact)
+
+    def target() -> None:
+        try:
+            result["job"] = run.run()
+        except LaunchError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
+
+
+def _kuberay_sets(cluster, name: str, *statuses: dict) -> None:
+    """Write ``statuses`` in order as the RayJob's status, once the launcher has created it."""
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(cluster.api())
+    wait_for(f"RayJob {name}", lambda: any(j["metadata"]["name"] == name for j in api.list_namespaced_custom_object(
+        "ray.io", "v1", "default", "rayjobs")["items"]))
+    for status in statuses:
+        api.patch_namespaced_custom_object_status("ray.io", "v1", "default", "rayjobs", name, {"status": status})
+
+
+def _rayjobs(cluster) -> list[str]:
+    from kubernetes import client
+
+    return [j["metadata"]["name"] for j in client.CustomObjectsApi(cluster.api()).list_namespaced_custom_object(
+        "ray.io", "v1", "default", "rayjobs")["items"]]
+
+
+def test_a_failed_rayjob_fails_the_launch_with_kuberays_reason_and_is_kept(cluster, tmp_path):
+    body = _rayjob(cluster, "ray-app-failed")
+    thread, result = _launch(cluster, body, tmp_path)
+    _kuberay_sets(cluster, "ray-app-failed", {"jobDeploymentStatus": "Initializing"},
+                  {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "jobId": "ray-app-failed-x2k9q"},
+                  {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+                   "message": "Job entrypoint command failed with exit code 1"})
+    thread.join(60)
+    error = str(result["error"])
+    assert "RayJob default/ray-app-failed: Failed (Ray job FAILED): AppFailed: Job entrypoint command failed with " \
+           "exit code 1" in error
+    assert _rayjobs(cluster) == ["ray-app-failed"]  # ended by itself: kept for inspection (KubeRay's TTL cleans up)
+
+
+def test_a_stopped_ray_job_is_no_success(cluster, tmp_path):
+    body = _rayjob(cluster, "ray-stopped")
+    thread, result = _launch(cluster, body, tmp_path)
+    _kuberay_sets(cluster, "ray-stopped", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                  {"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED", "message": "Job was intentionally stopped."})
+    thread.join(60)
+    assert "Complete (Ray job STOPPED): Job was intentionally stopped." in str(result["error"])
+
+
+def test_rayjob_retries_count_against_the_restart_cap_and_the_job_is_deleted(cluster, tmp_path):
+    body = _rayjob(cluster, "ray-retrying")
+    thread, result = _launch(cluster, body, tmp_path, restart_cap=1)
+    retry = {"jobDeploymentStatus": "Retrying", "jobStatus": "FAILED", "reason": "AppFailed", "message": "boom"}
+    _kuberay_sets(cluster, "ray-retrying", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, retry,
+                  {"jobDeploymentStatus": "Initializing", "jobStatus": "", "reason": "", "message": ""}, retry)
+    thread.join(60)
+    assert "restarted 2 times, over the launcher's cap of 1" in str(result["error"])
+    assert _rayjobs(cluster) == []  # the launcher gave up: it deleted the RayJob (its Ray cluster goes with it)
+
+
+def test_a_suspended_rayjob_waits_for_kueue_then_succeeds(cluster, tmp_path, capsys):
+    body = _rayjob(cluster, "ray-queued", kueue_queue="team-a")
+    assert body["spec"]["suspend"] is True
+    artifact = tmp_path / "model.json"
+    thread, result = _launch(cluster, body, tmp_path, artifact=artifact)
+    _kuberay_sets(cluster, "ray-queued", {"jobDeploymentStatus": "Suspended"})
+    wait_for("the launcher to report the suspension", lambda: "suspended until Kueue" in capsys.readouterr().err)
+    assert thread.is_alive()  # suspended: waiting, not failed
+    artifact.write_text("{}")
+    _kuberay_sets(cluster, "ray-queued", {"jobDeploymentStatus": "Initializing"},
+                  {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                  {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    thread.join(60)
+    assert result["job"]["status"]["jobStatus"] == "SUCCEEDED" and _rayjobs(cluster) == ["ray-queued"]

@@ -30,6 +30,9 @@ RAY_WORKER_GROUP = "workers"
 """``groupName`` of the RayJob's one worker group."""
 RAY_TRAIN_MODULE = "training.ray_train"
 """The module a RayJob's entrypoint runs: Ray Train's TorchTrainer around ``training.train``."""
+RAY_JOB_LABEL = "ray.io/originated-from-cr-name"
+"""KubeRay's label of what a RayJob made (utils/constant.go ``RayOriginatedFromCRNameLabelKey``): KubeRay sets it on
+the submitter's pods; the rendering sets it on the Ray cluster's pod templates too, so one selector finds them all."""
 RAY_SUBMITTER = "ray-job-submitter"
 """The submitter's container name (KubeRay v1.7.0 ``utils/constant.go`` ``SubmitterContainerName``)."""
 TRAINER_NODE = "node"
@@ -256,7 +259,9 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
 
     def template(name: str, resources: dict[str, Any]) -> dict[str, Any]:
         """A pod template of its own (no YAML anchors shared between the groups)."""
-        return copy.deepcopy({"metadata": _pod_metadata(cluster), "spec": {
+        metadata = _pod_metadata(cluster)
+        metadata["labels"][RAY_JOB_LABEL] = spec.name
+        return copy.deepcopy({"metadata": metadata, "spec": {
             **pod, "containers": [{**container, "name": name, "resources": resources}]}})
 
     submitter = {"name": RAY_SUBMITTER, "image": cluster.image, "imagePullPolicy": cluster.image_pull_policy,
