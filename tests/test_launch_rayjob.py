@@ -23,7 +23,8 @@ from training.ray_train import parse_args
 TOLERATION = "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
 COMBINATIONS = {
     "cpu-2": ["--kind", "rayjob", "--nnodes", "2", "--set", "cluster.cpu=4"],
-    "gpu-2x8-kueue": ["--kind", "rayjob", "--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.kueue_queue=team-a",
+    "gpu-2x8-kueue": ["--kind", "rayjob", "--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.cpu=16",
+                      "--set", "cluster.kueue_queue=team-a",
                       "--set", "cluster.topology_required=cloud.provider.com/topology-rack",
                       "--set", "cluster.active_deadline_seconds=7200", "--set", f"cluster.tolerations={TOLERATION}",
                       "--set", "cluster.service_account_name=trainer", "--set", "cluster.image_pull_secrets=[creds]",
@@ -87,8 +88,9 @@ def test_rayjob_is_sized_from_the_shape_and_runs_ray_train(rendered):
         args = parse_args(argv[3:])
         assert (args.num_workers, args.address) == (world, "auto")
         assert str(args.model_dir) == "/shared/kfloop-train/model"
-        if not gpus:  # CPU: Ray gets the pod's whole CPUs, shared by its nproc_per_node workers
-            assert workers["rayStartParams"] == {"num-cpus": "4"} and args.cpus_per_worker == 4 // per_pod
+        # Ray gets the pod's whole CPUs: one per GPU worker, or shared by the CPU workers
+        assert workers["rayStartParams"] == {"num-cpus": "16" if gpus else "4"}
+        assert args.cpus_per_worker == (1 if gpus else 4 // per_pod)
         spec = body["spec"]
         assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["backoffLimit"],
                 spec["ttlSecondsAfterFinished"]) == ("K8sJobMode", True, 3, 86400)
@@ -119,6 +121,7 @@ def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
     ({"clean_pod_policy": "All"}, "a RayJob cannot set clean_pod_policy"),
     ({"gang_scheduler": "volcano"}, "a RayJob cannot set gang_scheduler"),
     ({"cpu": "1"}, "nproc_per_node=2 Ray Train workers per pod"),
+    ({"cpu": "1", "gpus_per_node": 2}, "nproc_per_node=2 Ray Train workers per pod"),
 ])
 def test_what_a_rayjob_cannot_express_is_refused(settings, refusal):
     cluster = ClusterConfig(kind="rayjob", **settings)

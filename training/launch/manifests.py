@@ -221,7 +221,8 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     """The RayJob of ``spec`` on ``cluster`` for KubeRay v1.7.0: a Ray cluster of one head (``num-cpus: 0``, so
     no training worker lands there) and one worker group of ``nnodes`` pods, and an entrypoint running
     :data:`RAY_TRAIN_MODULE` with the spec's arguments against that cluster (``--address auto``): one Ray Train worker
-    per GPU (``nnodes * nproc_per_node``), or on CPU clusters ``nproc_per_node`` workers per pod sharing its CPUs.
+    per GPU (``nnodes * nproc_per_node``, one CPU each), or on CPU clusters ``nproc_per_node`` workers per pod sharing
+    its whole CPUs (``rayStartParams.num-cpus``).
 
     ``submissionMode: K8sJobMode``: KubeRay runs ``ray job submit`` in a Kubernetes Job named after the RayJob
     (rayjob_controller.go ``createNewK8sJob``), from :data:`RAY_SUBMITTER` in ``submitterPodTemplate`` (the
@@ -243,10 +244,12 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
                          "cluster goes with shutdownAfterJobFinishes), Ray Train's elastic training is not torchrun's "
                          "elasticPolicy, and KubeRay picks a gang scheduler by its own --batch-scheduler flag, not "
                          "per job; unset them, or use kind pytorchjob")
+    # Ray's logical CPUs per worker pod: the whole CPUs of the request (KubeRay's pod.go would round a fraction up)
     cpus = math.floor(quantity(cluster.cpu, "cpu"))
-    if not cluster.uses_gpus and cpus < spec.nproc_per_node:
+    if cpus < spec.nproc_per_node:
         raise ValueError(f"cpu={cluster.cpu!r} gives {cpus} whole CPU(s) for nproc_per_node={spec.nproc_per_node} Ray "
-                         "Train workers per pod, and each needs one: raise cpu or lower nproc_per_node")
+                         "Train workers per pod, and each reserves at least one: raise cpu (e.g. to "
+                         f"'{spec.nproc_per_node}') or lower nproc_per_node")
     cpus_per_worker = 1 if cluster.uses_gpus else cpus // spec.nproc_per_node
     entrypoint = ["python", "-m", RAY_TRAIN_MODULE, *spec.args, "--num-workers", str(spec.world_size),
                   "--cpus-per-worker", str(cpus_per_worker), "--max-failures", str(spec.max_restarts),
@@ -287,7 +290,7 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
                 "workerGroupSpecs": [{
                     "groupName": RAY_WORKER_GROUP,
                     "replicas": spec.nnodes, "minReplicas": spec.nnodes, "maxReplicas": spec.nnodes,
-                    "rayStartParams": {} if cluster.uses_gpus else {"num-cpus": str(cpus)},
+                    "rayStartParams": {"num-cpus": str(cpus)},
                     "template": template("ray-worker", container["resources"]),
                 }],
             },
