@@ -22,6 +22,7 @@ NAMESPACE = "kfloop"
 GRANTS = {
     ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "patch", "delete"},
     ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "patch", "delete"},
+    ("ray.io", "rayjobs"): {"create", "get", "list", "watch", "patch", "delete"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"list"},

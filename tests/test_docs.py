@@ -28,7 +28,7 @@ def test_settings_page_lists_every_section_and_field():
     assert "| `nnodes` | `int` | `1` |" in page  # a JobShape field, merged into `training` as well
     assert "| `launcher.restart_cap` | `int` | `3` |" in page  # LaunchPolicy sits under `cluster.launcher`
     # allowed values read from __post_init__ and from Literal types
-    assert re.search(r"\| `kind` \| `str` \| `\"pytorchjob\"` \| `\"pytorchjob\"`, `\"trainjob\"` \|", page)
+    assert re.search(r"\| `kind` \| `str` \| `\"pytorchjob\"` \| `\"pytorchjob\"`, `\"trainjob\"`, `\"rayjob\"` \|", page)
     assert '`"summary"`, `"evidently_sample"`, `"evidently_full"`' in page
     # field docstrings (the string literal under a field)
     assert "AdamW learning rate at epoch 0." in page

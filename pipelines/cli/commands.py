@@ -16,6 +16,7 @@ import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
 from data.errors import EXIT_FAILED, KfloopError
 from data.storage import redact
+from training.launch.cluster import JOB_KINDS as CLUSTER_KINDS
 
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 """Set by the kubelet in every pod: ``kfloop serve`` without ``--host`` then uses the in-cluster KFP service."""
@@ -151,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_settings(serve)
 
     render = command("render-job", "the training job's manifest as YAML (dry run)")
-    render.add_argument("--kind", choices=["pytorchjob", "trainjob"],
-                        help="PyTorchJob (Training Operator v1.9) or TrainJob (Trainer v2.3); default: cluster.kind")
+    render.add_argument("--kind", choices=list(CLUSTER_KINDS),
+                        help="PyTorchJob (Training Operator v1.9), TrainJob (Trainer v2.3) or RayJob (KubeRay v1.7); "
+                             "default: cluster.kind")
     render.add_argument("--nnodes", type=int, help="pods (default: the settings', else 1)")
     render.add_argument("--nproc-per-node", type=int, help="default: one per GPU (or MIG device) with GPUs")
     render.add_argument("--gpus-per-node", type=int, help="GPUs each pod requests (default: cluster.gpus_per_node)")

@@ -4,7 +4,8 @@ What it serves (HTTPS with a self-signed certificate the kubeconfig trusts), thr
 cluster admin, or of any user or service account):
 
 * discovery (`/version`, `/api`, `/apis`, group and resource lists) as `kubectl` and the client read it;
-* custom objects `pytorchjobs` (`kubeflow.org/v1`) and `trainjobs` (`trainer.kubeflow.org/v1alpha1`), and core
+* custom objects `pytorchjobs` (`kubeflow.org/v1`), `trainjobs` (`trainer.kubeflow.org/v1alpha1`) and `rayjobs`
+  (`ray.io/v1`: stored and validated; no KubeRay runs them, a test writes their status), and core
   `pods` (read-only for clients), `pods/log`, `events`, `secrets` (`stringData` stored as base64 `data`),
   `namespaces`, `leases` (`coordination.k8s.io/v1`) and RBAC's `roles`, `clusterroles`, `rolebindings`,
   `clusterrolebindings`: create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace

@@ -21,8 +21,9 @@ NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 ASYNC_ERROR_HANDLING = (1, 2, 3)
 """``TORCH_NCCL_ASYNC_ERROR_HANDLING`` modes that tear a hung NCCL job down; 0 would leave ranks hanging forever."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-JOB_KINDS = ("pytorchjob", "trainjob")
-"""``cluster.kind``: a PyTorchJob (Training Operator v1.9) or a TrainJob (Kubeflow Trainer v2.3)."""
+JOB_KINDS = ("pytorchjob", "trainjob", "rayjob")
+"""``cluster.kind``: a PyTorchJob (Training Operator v1.9), a TrainJob (Kubeflow Trainer v2.3) or a RayJob (KubeRay
+v1.7)."""
 RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 """Kinds a TrainJob's ``runtimeRef`` may name: cluster-wide, or in the job's namespace."""
 CREDENTIAL_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
@@ -62,9 +63,10 @@ class ClusterConfig:
     """Kubernetes settings of the training job; the job's size and command come from its JobSpec."""
 
     kind: str = "pytorchjob"
-    """The Kubeflow job that runs training: ``pytorchjob`` (``kubeflow.org/v1``, the Training Operator v1.9, in
-    maintenance) or ``trainjob`` (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3 with JobSet). Pick the
-    operator your cluster runs; ``kfloop render-job --kind`` overrides it for a dry run."""
+    """The job that runs training: ``pytorchjob`` (``kubeflow.org/v1``, the Training Operator v1.9, in
+    maintenance), ``trainjob`` (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3 with JobSet) or ``rayjob``
+    (``ray.io/v1``, KubeRay v1.7: Ray Train's TorchTrainer on a Ray cluster made for the job). Pick the operator
+    your cluster runs; ``kfloop render-job --kind`` overrides it for a dry run."""
     namespace: str = "default"
     """Namespace of the job (and of the RBAC in deploy/rbac.yaml)."""
     image: str = DEFAULT_IMAGE
@@ -234,8 +236,8 @@ class ClusterConfig:
         if not self.trainjob_runtime:
             raise ValueError("trainjob_runtime is empty: name the ClusterTrainingRuntime, e.g. 'torch-distributed'")
         if self.kind not in JOB_KINDS:
-            raise ValueError(f"kind={self.kind!r}: use pytorchjob (Training Operator v1.9) or trainjob (Kubeflow "
-                             "Trainer v2.3), whichever operator the cluster runs")
+            raise ValueError(f"kind={self.kind!r}: use pytorchjob (Training Operator v1.9), trainjob (Kubeflow "
+                             "Trainer v2.3) or rayjob (KubeRay v1.7), whichever operator the cluster runs")
         if self.trainjob_runtime_kind not in RUNTIME_KINDS:
             raise ValueError(f"trainjob_runtime_kind={self.trainjob_runtime_kind!r}: use one of {RUNTIME_KINDS}")
         if not isinstance(self.run_as_user, int) or self.run_as_user < 1:

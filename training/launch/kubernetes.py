@@ -1,6 +1,10 @@
-"""The Kubernetes rendering of a training launch: a Kubeflow PyTorchJob (Training Operator v1.9) or TrainJob
-(Trainer v2.3), as ``cluster.kind`` says, created and followed with the `kubernetes` client (a kubeconfig, or the
-in-cluster service account). :data:`JOB_KINDS` holds what differs between the two; the guarantees below hold for both.
+"""The Kubernetes rendering of a training launch: a Kubeflow PyTorchJob (Training Operator v1.9), TrainJob
+(Trainer v2.3) or KubeRay RayJob (v1.7), as ``cluster.kind`` says, created and followed with the `kubernetes` client
+(a kubeconfig, or the in-cluster service account). :data:`JOB_KINDS` holds what differs between them; the guarantees
+below hold for all three. A RayJob reports ``jobDeploymentStatus``/``jobStatus`` instead of conditions: Complete with
+the Ray job SUCCEEDED is its success, Failed or ValidationFailed (or Complete with the Ray job STOPPED) its failure
+with KubeRay's ``reason`` and ``message``, Retrying one restart, Suspended a wait for Kueue; its log is the
+submitter's (``ray job logs --follow`` of the entrypoint).
 
 The job is named after the pipeline run (:func:`training.launch.manifests.job_name_for`), so a retried launch step that
 finds it already there (409 AlreadyExists) attaches to it instead of starting a second one. Inputs and the model
@@ -8,7 +12,7 @@ go through the shared volume (:func:`training.launch.manifests.job_dir`), mounte
 in the job's pods. The launcher follows the job's conditions with a watch resumed from the last resourceVersion
 (re-listing after 410 Gone), copies the master's log into the step's log, and ends with exactly one outcome:
 
-* Succeeded (a TrainJob: Complete), and the model is on the shared volume: it is copied to the step's model dir;
+* Succeeded (a TrainJob: Complete; a RayJob: Complete with jobStatus SUCCEEDED), and the model is on the shared volume: it is copied to the step's model dir;
 * anything else raises one :class:`~training.launch.local.LaunchError` naming the pod, the cause and its last log
   lines: the job Failed; a pod stayed Unschedulable past ``unschedulable_timeout_seconds``; an image cannot be
   pulled or a container cannot be configured; the API refused a pod the operator creates (its FailedCreatePod
@@ -49,7 +53,8 @@ from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
 from training.launch.kube_client import api_client
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
-from training.launch.manifests import MLFLOW_RUN_ID_FILE, job_dir, job_manifest, job_name_for, render
+from training.launch.manifests import (MLFLOW_RUN_ID_FILE, RAY_JOB_LABEL, RAY_SUBMITTER, job_dir, job_manifest,
+                                       job_name_for, render)
 from training.model_files import MODEL_FILE, MODULE_FILE
 from training.progress import progress
 
@@ -70,7 +75,7 @@ class JobKind:
     container: str
     """The training container of every pod."""
     succeeded: str
-    """The job's condition type of success."""
+    """The job's condition type of success (empty: the job reports a RayJob's status fields, not conditions)."""
     pod_name: str
     """Regular expression of a pod's name after ``<job>-``; group ``index`` is its node rank, group ``worker`` (if
     any) set when that index counts from 1."""
@@ -106,9 +111,25 @@ JOB_KINDS = {
         master="{job}-node-0-0", replaces_failed_pods=True,
         retries="the runtime's Job restarts failed pods up to its backoffLimit, 6 by default",
         pod_creator="{job}-node-0", failed_create="FailedCreate"),
+    "RayJob": JobKind(
+        kind="RayJob", group="ray.io", version="v1", plural="rayjobs",
+        job_label=RAY_JOB_LABEL, master_labels="ray.io/originated-from-crd=RayJob",
+        container=RAY_SUBMITTER, succeeded="", pod_name=r"(?P<index>)[a-z0-9]{5}",
+        master="{job}", replaces_failed_pods=True,
+        retries="KubeRay's submitter Job retries `ray job submit` up to twice, and the RayJob's backoffLimit "
+                "retries the whole job on a new Ray cluster",
+        pod_creator="{job}", failed_create="FailedCreate"),
 }
 """A job body's ``kind`` -> its :class:`JobKind` (labels from Training Operator v1.9 and from JobSet v0.12 / the Job
-controller, which run a TrainJob's pods ``<job>-node-0-<index>-<suffix>``)."""
+controller, which run a TrainJob's pods ``<job>-node-0-<index>-<suffix>``). A RayJob's log is its submitter's
+(``ray job submit`` then ``ray job logs --follow``: the entrypoint's output), the pod of the Kubernetes Job KubeRay
+names after the RayJob (KubeRay v1.7.0 rayjob_controller.go ``createNewK8sJob``, labels from ``getSubmitterTemplate``);
+the Ray cluster's pods carry :data:`~training.launch.manifests.RAY_JOB_LABEL` from their templates."""
+RAY_ACTIVE = ("", "Initializing", "Running", "Waiting", "Retrying", "Suspending", "Suspended")
+"""A RayJob's ``jobDeploymentStatus`` values on the way to ``Complete``, ``Failed`` or ``ValidationFailed`` (KubeRay
+v1.7.0 apis/ray/v1/rayjob_types.go; rayjob_controller.go moves Running to Complete when the Ray job is terminal and
+the submitter has finished, to Failed when the Ray job FAILED (reason AppFailed), and a Failed job with retries
+left under ``backoffLimit`` to Retrying, then New on a new Ray cluster)."""
 _TORCHRUN_FAILURE = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+")
 """torchrun's log line that starts its report of a failed worker."""
 FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
@@ -425,6 +446,8 @@ class JobRun:
 
     def _judge(self, job: dict[str, Any]) -> bool:
         """True when Succeeded (Complete); raises when Failed or over the restart cap; counts restarts."""
+        if not self.kind.succeeded:
+            return self._judge_rayjob(job.get("status", {}))
         conditions = {c["type"]: c for c in job.get("status", {}).get("conditions", []) if c.get("status") == "True"}
         suspended = "Suspended" in conditions
         if suspended and not self.seen.suspended:
@@ -443,6 +466,32 @@ class JobRun:
             failed = conditions["Failed"]
             self.ended = True
             raise self._error(f"{failed.get('reason')}: {failed.get('message')}", pod=self._failed_pod())
+        self._check_restarts()
+        return False
+
+    def _judge_rayjob(self, status: dict[str, Any]) -> bool:
+        """A RayJob's ``_judge``: ``jobDeploymentStatus`` says where the job is and ``jobStatus`` what its Ray job
+        did (see :data:`RAY_ACTIVE`); Complete with the Ray job SUCCEEDED is success, Complete with it STOPPED is
+        not. ``reason`` and ``message`` go into the error."""
+        deployment, app = status.get("jobDeploymentStatus", ""), status.get("jobStatus", "")
+        why = ": ".join(part for part in (status.get("reason", ""), status.get("message", "")) if part)
+        suspended = deployment in ("Suspending", "Suspended")
+        if suspended and not self.seen.suspended:
+            progress(f"kubernetes: {self.title} is {deployment.lower()} until Kueue admits it (or spec.suspend is "
+                     "cleared)")
+        self.seen.suspended = suspended
+        retrying = deployment == "Retrying"
+        if retrying and not self.seen.restarting:
+            self.seen.restarts += 1
+            progress(f"kubernetes: RayJob retrying on a new Ray cluster ({self.seen.restarts} of at most "
+                     f"{self.policy.restart_cap}): {why}")
+        self.seen.restarting = retrying
+        if deployment == "Complete" and app == "SUCCEEDED":
+            return True
+        if deployment not in RAY_ACTIVE:
+            self.ended = True
+            raise self._error(f"{deployment} (Ray job {app or 'never submitted'})" + (f": {why}" if why else ""),
+                              pod=self.master())
         self._check_restarts()
         return False
 
@@ -527,7 +576,8 @@ class JobRun:
         # the node from the pod's name (<job>-<master|worker>-<index>, <job>-node-0-<index>-<suffix>): a pod
         # being recreated under restartPolicy ExitCode may already be gone
         named = re.fullmatch(rf"{re.escape(self.name)}-{self.kind.pod_name}", pod)
-        node, code = (int(named["index"]) + bool(named.groupdict().get("worker")) if named else 0), exit_code
+        node = int(named["index"] or 0) + bool(named.groupdict().get("worker")) if named else 0
+        code = exit_code
         try:
             found = self.core.read_namespaced_pod(pod, self.namespace)
             for status in found.status.container_statuses or []:

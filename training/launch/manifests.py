@@ -1,24 +1,40 @@
-"""A :class:`~training.launch.jobspec.JobSpec` plus a :class:`~training.launch.cluster.ClusterConfig` rendered as a Kubeflow job.
+"""A :class:`~training.launch.jobspec.JobSpec` plus a :class:`~training.launch.cluster.ClusterConfig` rendered as a Kubernetes job.
 
-Two renderings of the same spec the local launcher runs, picked by ``cluster.kind``: a PyTorchJob
-(``kubeflow.org/v1``, Training Operator v1.9) and a TrainJob (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer
-v2.3.0). Every node runs :meth:`JobSpec.command`; the operator injects the ``PET_*``/``MASTER_*`` variables torchrun
-reads, so the manifests never set them (Trainer's webhook rejects a TrainJob whose ``trainer.env`` does).
+Three renderings of the same spec the local launcher runs, picked by ``cluster.kind``: a PyTorchJob
+(``kubeflow.org/v1``, Training Operator v1.9), a TrainJob (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer
+v2.3.0) and a RayJob (``ray.io/v1``, KubeRay v1.7.0). In the first two every node runs :meth:`JobSpec.command`; the
+operator injects the ``PET_*``/``MASTER_*`` variables torchrun reads, so the manifests never set them (Trainer's
+webhook rejects a TrainJob whose ``trainer.env`` does). A RayJob's entrypoint runs ``training.ray_train`` (Ray
+Train's TorchTrainer) with the spec's arguments on the Ray cluster KubeRay makes for the job.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
+import math
 import re
+import shlex
 import warnings
 from pathlib import PurePosixPath
 from typing import Any
 
 from training.launch.cluster import CREDENTIAL_KEYS, GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
 from training.config import JobShape, TrainingConfig
+from training.launch.cluster import quantity
 from training.launch.jobspec import DEFAULT_JOB_NAME, MAX_NAME_LENGTH, PYTORCHJOB_PORT, JobSpec, training_run_spec
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINJOB_API = "trainer.kubeflow.org/v1alpha1"
+RAYJOB_API = "ray.io/v1"
+RAY_WORKER_GROUP = "workers"
+"""``groupName`` of the RayJob's one worker group."""
+RAY_TRAIN_MODULE = "training.ray_train"
+"""The module a RayJob's entrypoint runs: Ray Train's TorchTrainer around ``training.train``."""
+RAY_JOB_LABEL = "ray.io/originated-from-cr-name"
+"""KubeRay's label of what a RayJob made (utils/constant.go ``RayOriginatedFromCRNameLabelKey``): KubeRay sets it on
+the submitter's pods; the rendering sets it on the Ray cluster's pod templates too, so one selector finds them all."""
+RAY_SUBMITTER = "ray-job-submitter"
+"""The submitter's container name (KubeRay v1.7.0 ``utils/constant.go`` ``SubmitterContainerName``)."""
 TRAINER_NODE = "node"
 """Name of the trainer's replicated job and container in Trainer's torch runtimes (``constants.Node``)."""
 RUNTIME_PATCH_MANAGER = "kfloop.dev/launcher"
@@ -201,6 +217,102 @@ def render_trainjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     return body
 
 
+def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
+    """The RayJob of ``spec`` on ``cluster`` for KubeRay v1.7.0: a Ray cluster of one head (``num-cpus: 0``, so
+    no training worker lands there) and one worker group of ``nnodes`` pods, and an entrypoint running
+    :data:`RAY_TRAIN_MODULE` with the spec's arguments against that cluster (``--address auto``): one Ray Train worker
+    per GPU (``nnodes * nproc_per_node``, one CPU each), or on CPU clusters ``nproc_per_node`` workers per pod sharing
+    its whole CPUs (``rayStartParams.num-cpus``).
+
+    ``submissionMode: K8sJobMode``: KubeRay runs ``ray job submit`` in a Kubernetes Job named after the RayJob
+    (rayjob_controller.go ``createNewK8sJob``), from :data:`RAY_SUBMITTER` in ``submitterPodTemplate`` (the
+    restricted security context; KubeRay fills in its command, common/job.go ``BuildJobSubmitCommand``).
+    ``shutdownAfterJobFinishes`` deletes the Ray cluster when the job ends; ``backoffLimit`` is the number of times
+    KubeRay retries the whole RayJob on a new cluster (status ``Retrying``), while ``spec.max_restarts`` worker-group
+    restarts within one run are Ray Train's ``FailureConfig(max_failures)``. With ``cluster.kueue_queue`` the job is
+    created suspended for Kueue to admit.
+
+    Raises:
+        ValueError: ``spec`` and ``cluster`` do not fit together, or ``cluster`` sets an option a RayJob cannot
+            express (the message says why and what to use instead).
+    """
+    _check_fit(spec, cluster)
+    defaults = ClusterConfig()
+    unsupported = [name for name in _RAYJOB_UNSUPPORTED if getattr(cluster, name) != getattr(defaults, name)]
+    if unsupported:
+        raise ValueError(f"a RayJob cannot set {', '.join(unsupported)}: KubeRay has no cleanPodPolicy (the Ray "
+                         "cluster goes with shutdownAfterJobFinishes), Ray Train's elastic training is not torchrun's "
+                         "elasticPolicy, and KubeRay picks a gang scheduler by its own --batch-scheduler flag, not "
+                         "per job; unset them, or use kind pytorchjob")
+    # Ray's logical CPUs per worker pod: the whole CPUs of the request (KubeRay's pod.go would round a fraction up)
+    cpus = math.floor(quantity(cluster.cpu, "cpu"))
+    if cpus < spec.nproc_per_node:
+        raise ValueError(f"cpu={cluster.cpu!r} gives {cpus} whole CPU(s) for nproc_per_node={spec.nproc_per_node} Ray "
+                         "Train workers per pod, and each reserves at least one: raise cpu (e.g. to "
+                         f"'{spec.nproc_per_node}') or lower nproc_per_node")
+    cpus_per_worker = 1 if cluster.uses_gpus else cpus // spec.nproc_per_node
+    entrypoint = ["python", "-m", RAY_TRAIN_MODULE, *spec.args, "--num-workers", str(spec.world_size),
+                  "--cpus-per-worker", str(cpus_per_worker), "--max-failures", str(spec.max_restarts),
+                  "--address", "auto", "--name", spec.name]
+    pod = _pod_spec(spec, cluster)
+    (container,) = pod["containers"]
+    del container["command"]  # KubeRay's pod.go writes the `ray start` command of each group
+    container["env"] = [e for e in container["env"] if e["name"] != "PET_MAX_RESTARTS"]  # torchrun's, not Ray's
+    head_resources = _resources(cluster, devices=False)
+
+    def template(name: str, resources: dict[str, Any]) -> dict[str, Any]:
+        """A pod template of its own (no YAML anchors shared between the groups)."""
+        metadata = _pod_metadata(cluster)
+        metadata["labels"][RAY_JOB_LABEL] = spec.name
+        return copy.deepcopy({"metadata": metadata, "spec": {
+            **pod, "containers": [{**container, "name": name, "resources": resources}]}})
+
+    submitter = {"name": RAY_SUBMITTER, "image": cluster.image, "imagePullPolicy": cluster.image_pull_policy,
+                 "resources": copy.deepcopy(_SUBMITTER_RESOURCES),
+                 "securityContext": copy.deepcopy(container["securityContext"]),
+                 "volumeMounts": [{"name": _TMP, "mountPath": "/tmp"}], "env": [{"name": "HOME", "value": "/tmp"}]}
+    submitter_pod = {key: copy.deepcopy(pod[key]) for key in ("automountServiceAccountToken", "enableServiceLinks",
+                                               "securityContext", "serviceAccountName", "imagePullSecrets",
+                                               "priorityClassName", "nodeSelector", "tolerations") if key in pod}
+    body: dict[str, Any] = {
+        "apiVersion": RAYJOB_API,
+        "kind": "RayJob",
+        "metadata": _metadata(spec, cluster),
+        "spec": {
+            "entrypoint": shlex.join(entrypoint),
+            "submissionMode": "K8sJobMode",
+            "shutdownAfterJobFinishes": True,
+            "rayClusterSpec": {
+                "headGroupSpec": {
+                    "rayStartParams": {"num-cpus": "0"},
+                    "template": template("ray-head", head_resources),
+                },
+                "workerGroupSpecs": [{
+                    "groupName": RAY_WORKER_GROUP,
+                    "replicas": spec.nnodes, "minReplicas": spec.nnodes, "maxReplicas": spec.nnodes,
+                    "rayStartParams": {"num-cpus": str(cpus)},
+                    "template": template("ray-worker", container["resources"]),
+                }],
+            },
+            "submitterPodTemplate": {"metadata": {"labels": dict(LABELS)}, "spec": {
+                **submitter_pod, "restartPolicy": "Never", "containers": [submitter],
+                "volumes": [{"name": _TMP, "emptyDir": {}}]}},
+        },
+    }
+    for key, value in (("ttlSecondsAfterFinished", cluster.ttl_seconds_after_finished),
+                       ("activeDeadlineSeconds", cluster.active_deadline_seconds),
+                       ("backoffLimit", cluster.backoff_limit)):
+        if value is not None:
+            body["spec"][key] = value
+    if cluster.kueue_queue:
+        body["spec"]["suspend"] = True
+    return body
+
+
+_RAYJOB_UNSUPPORTED = ("clean_pod_policy", "elastic_min_nodes", "gang_scheduler")
+"""ClusterConfig fields a RayJob (KubeRay v1.7.0) has no place for."""
+_SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+"""The submitter's resources: KubeRay's own default (common/job.go ``GetDefaultSubmitterContainer``)."""
 _RUNTIME_ONLY = ("image_pull_policy", "priority_class_name", "gang_scheduler", "scheduler_name", "elastic_min_nodes",
                  "clean_pod_policy", "ttl_seconds_after_finished", "backoff_limit")
 """ClusterConfig fields a TrainJob cannot carry (its runtime does: Trainer v2.3 has no field for them)."""
@@ -341,13 +453,14 @@ def _env(spec: JobSpec, cluster: ClusterConfig) -> list[dict[str, Any]]:
     return env
 
 
-def _resources(cluster: ClusterConfig) -> dict[str, dict[str, Any]]:
+def _resources(cluster: ClusterConfig, devices: bool = True) -> dict[str, dict[str, Any]]:
+    """The pod's CPU and memory, and (with ``devices``) its accelerators and RDMA devices."""
     requests: dict[str, Any] = {"cpu": cluster.cpu, "memory": cluster.memory}
     limits: dict[str, Any] = {"memory": cluster.memory}
     if cluster.numa_aligned:
         limits["cpu"] = cluster.cpu
     for resource, count in (cluster.accelerator or ("", 0), (cluster.rdma_resource, cluster.rdma_devices_per_node)):
-        if resource:
+        if resource and devices:
             requests[resource] = limits[resource] = count
     return {"requests": requests, "limits": limits}
 
@@ -367,5 +480,5 @@ def _volumes(cluster: ClusterConfig) -> tuple[list[dict[str, Any]], list[dict[st
     return volumes, mounts
 
 
-JOB_KINDS = {"pytorchjob": render_pytorchjob, "trainjob": render_trainjob}
+JOB_KINDS = {"pytorchjob": render_pytorchjob, "trainjob": render_trainjob, "rayjob": render_rayjob}
 """``kfloop render-job --kind`` -> its rendering."""

@@ -1,0 +1,227 @@
+"""RayJobs (KubeRay v1.7.0, ``cluster.kind: rayjob``) from the one job builder: what `kfloop render-job --kind rayjob`
+prints validates against the real RayJob CRD, is sized from the job's shape, runs Ray Train's entry module with
+arguments it accepts, keeps the restricted pod settings on every pod, and what a RayJob cannot express is refused."""
+from __future__ import annotations
+
+import copy
+import shlex
+import threading
+
+import pytest
+
+from fakes.crd_schema import validate
+from manifest_checks import render_cli, restricted_violations
+from polling import wait_for
+
+from training.config import JobShape, TrainingConfig
+from training.launch.cluster import KUEUE_QUEUE_LABEL, ClusterConfig
+from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy
+from training.launch.local import LaunchError
+from training.launch.manifests import render, training_job_spec
+from training.ray_train import parse_args
+
+TOLERATION = "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
+COMBINATIONS = {
+    "cpu-2": ["--kind", "rayjob", "--nnodes", "2", "--set", "cluster.cpu=4"],
+    "gpu-2x8-kueue": ["--kind", "rayjob", "--nnodes", "2", "--gpus-per-node", "8", "--set", "cluster.cpu=16",
+                      "--set", "cluster.kueue_queue=team-a",
+                      "--set", "cluster.topology_required=cloud.provider.com/topology-rack",
+                      "--set", "cluster.active_deadline_seconds=7200", "--set", f"cluster.tolerations={TOLERATION}",
+                      "--set", "cluster.service_account_name=trainer", "--set", "cluster.image_pull_secrets=[creds]",
+                      "--set", "cluster.secret_env={HF_TOKEN: hf/token}", "--set", "cluster.nccl_socket_ifname=eth0",
+                      "--set", "cluster.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
+                      "--set", "cluster.priority_class_name=training"],
+}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, dict]:
+    return {name: render_cli(argv) for name, argv in COMBINATIONS.items()}
+
+
+def _cluster_spec(body: dict) -> tuple[dict, dict]:
+    spec = body["spec"]["rayClusterSpec"]
+    (workers,) = spec["workerGroupSpecs"]
+    return spec["headGroupSpec"], workers
+
+
+def _pod_specs(body: dict) -> dict[str, dict]:
+    head, workers = _cluster_spec(body)
+    return {"head": head["template"]["spec"], "worker": workers["template"]["spec"],
+            "submitter": body["spec"]["submitterPodTemplate"]["spec"]}
+
+
+@pytest.mark.parametrize("name", COMBINATIONS)
+def test_rayjob_validates_against_the_kuberay_1_7_crd(rendered, name):
+    body = rendered[name]
+    assert (body["apiVersion"], body["kind"]) == ("ray.io/v1", "RayJob")
+    assert validate(body) == [], name
+
+
+def test_the_rayjob_validation_bites(rendered):
+    broken = []
+    body = copy.deepcopy(rendered["cpu-2"])
+    _cluster_spec(body)[1]["replicas"] = "2"  # the CRD wants an integer
+    broken.append(body)
+    body = copy.deepcopy(rendered["cpu-2"])
+    body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["gpus"] = 1  # unknown field
+    broken.append(body)
+    body = copy.deepcopy(rendered["cpu-2"])
+    del body["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"]  # required
+    broken.append(body)
+    for body in broken:
+        assert validate(body), body["spec"]
+
+
+def test_rayjob_is_sized_from_the_shape_and_runs_ray_train(rendered):
+    for name, world, per_pod, gpus in (("cpu-2", 4, 2, 0), ("gpu-2x8-kueue", 16, 8, 8)):
+        body = rendered[name]
+        head, workers = _cluster_spec(body)
+        assert (workers["replicas"], workers["minReplicas"], workers["maxReplicas"]) == (2, 2, 2)
+        assert head["rayStartParams"] == {"num-cpus": "0"}  # no training worker on the head
+        worker_resources = workers["template"]["spec"]["containers"][0]["resources"]
+        assert worker_resources["limits"].get("nvidia.com/gpu", 0) == gpus
+        assert "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert "command" not in workers["template"]["spec"]["containers"][0]  # KubeRay writes `ray start`
+        argv = shlex.split(body["spec"]["entrypoint"])
+        assert argv[:3] == ["python", "-m", "training.ray_train"]
+        args = parse_args(argv[3:])
+        assert (args.num_workers, args.address) == (world, "auto")
+        assert str(args.model_dir) == "/shared/kfloop-train/model"
+        # Ray gets the pod's whole CPUs: one per GPU worker, or shared by the CPU workers
+        assert workers["rayStartParams"] == {"num-cpus": "16" if gpus else "4"}
+        assert args.cpus_per_worker == (1 if gpus else 4 // per_pod)
+        spec = body["spec"]
+        assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["backoffLimit"],
+                spec["ttlSecondsAfterFinished"]) == ("K8sJobMode", True, 3, 86400)
+
+
+def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
+    body = rendered["gpu-2x8-kueue"]
+    assert body["spec"]["suspend"] is True and body["metadata"]["labels"][KUEUE_QUEUE_LABEL] == "team-a"
+    assert body["spec"]["activeDeadlineSeconds"] == 7200
+    for role, pod in _pod_specs(body).items():
+        assert restricted_violations(pod) == [], role
+        assert pod["serviceAccountName"] == "trainer" and pod["imagePullSecrets"] == [{"name": "creds"}]
+        assert pod["tolerations"][0]["key"] == "nvidia.com/gpu" and pod["priorityClassName"] == "training"
+    head, workers = _cluster_spec(body)
+    for group in (head, workers):
+        pod = group["template"]
+        assert pod["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-required-topology":
+                                                  "cloud.provider.com/topology-rack"}
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+        assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0" and "PET_MAX_RESTARTS" not in env
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/dev/shm", "/shared", "/tmp"}
+    assert "suspend" not in rendered["cpu-2"]["spec"]
+
+
+@pytest.mark.parametrize(("settings", "refusal"), [
+    ({"clean_pod_policy": "All"}, "a RayJob cannot set clean_pod_policy"),
+    ({"gang_scheduler": "volcano"}, "a RayJob cannot set gang_scheduler"),
+    ({"cpu": "1"}, "nproc_per_node=2 Ray Train workers per pod"),
+    ({"cpu": "1", "gpus_per_node": 2}, "nproc_per_node=2 Ray Train workers per pod"),
+])
+def test_what_a_rayjob_cannot_express_is_refused(settings, refusal):
+    cluster = ClusterConfig(kind="rayjob", **settings)
+    spec = training_job_spec(TrainingConfig(), JobShape(nnodes=2, nproc_per_node=2), cluster, name="kfloop-train")
+    with pytest.raises(ValueError, match=refusal):
+        render(spec, cluster)
+
+
+# --------------------------------------------------------------------------- the launcher follows RayJob status
+# The test plays KubeRay v1.7.0's RayJob controller: it writes the status transitions rayjob_controller.go makes
+# (Initializing -> Running -> Complete/Failed, Failed with backoffLimit left -> Retrying, suspend -> Suspended)
+# through the status subresource of the test API server, and the launcher follows them over its watch.
+
+def _rayjob(cluster, name: str, **overrides) -> dict:
+    settings = KubernetesSettings.from_dict({**cluster.settings(), "kind": "rayjob", **overrides}).cluster
+    return render(training_job_spec(TrainingConfig(), JobShape(nnodes=2, nproc_per_node=1), settings, name=name),
+                  settings)
+
+
+def _launch(cluster, body: dict, tmp_path, artifact=None, **policy) -> tuple[threading.Thread, dict]:
+    """JobRun on ``body`` in a thread; the result dict gets ``job`` or ``error``."""
+    result: dict = {}
+    run = JobRun(cluster.api(), body, policy=LaunchPolicy(kubeconfig=str(cluster.kubeconfig), poll_seconds=0.5,
+                                                          **policy),
+                 log_path=tmp_path / "master.log", timeout=120, artifact=artifact)
+
+    def target() -> None:
+        try:
+            result["job"] = run.run()
+        except LaunchError as exc:
+            result["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
+
+
+def _kuberay_sets(cluster, name: str, *statuses: dict) -> None:
+    """Write ``statuses`` in order as the RayJob's status, once the launcher has created it."""
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(cluster.api())
+    wait_for(f"RayJob {name}", lambda: any(j["metadata"]["name"] == name for j in api.list_namespaced_custom_object(
+        "ray.io", "v1", "default", "rayjobs")["items"]))
+    for status in statuses:
+        api.patch_namespaced_custom_object_status("ray.io", "v1", "default", "rayjobs", name, {"status": status})
+
+
+def _rayjobs(cluster) -> list[str]:
+    from kubernetes import client
+
+    return [j["metadata"]["name"] for j in client.CustomObjectsApi(cluster.api()).list_namespaced_custom_object(
+        "ray.io", "v1", "default", "rayjobs")["items"]]
+
+
+def test_a_failed_rayjob_fails_the_launch_with_kuberays_reason_and_is_kept(cluster, tmp_path):
+    body = _rayjob(cluster, "ray-app-failed")
+    thread, result = _launch(cluster, body, tmp_path)
+    _kuberay_sets(cluster, "ray-app-failed", {"jobDeploymentStatus": "Initializing"},
+                  {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "jobId": "ray-app-failed-x2k9q"},
+                  {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
+                   "message": "Job entrypoint command failed with exit code 1"})
+    thread.join(60)
+    error = str(result["error"])
+    assert "RayJob default/ray-app-failed: Failed (Ray job FAILED): AppFailed: Job entrypoint command failed with " \
+           "exit code 1" in error
+    assert _rayjobs(cluster) == ["ray-app-failed"]  # ended by itself: kept for inspection (KubeRay's TTL cleans up)
+
+
+def test_a_stopped_ray_job_is_no_success(cluster, tmp_path):
+    body = _rayjob(cluster, "ray-stopped")
+    thread, result = _launch(cluster, body, tmp_path)
+    _kuberay_sets(cluster, "ray-stopped", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                  {"jobDeploymentStatus": "Complete", "jobStatus": "STOPPED", "message": "Job was intentionally stopped."})
+    thread.join(60)
+    assert "Complete (Ray job STOPPED): Job was intentionally stopped." in str(result["error"])
+
+
+def test_rayjob_retries_count_against_the_restart_cap_and_the_job_is_deleted(cluster, tmp_path):
+    body = _rayjob(cluster, "ray-retrying")
+    thread, result = _launch(cluster, body, tmp_path, restart_cap=1)
+    retry = {"jobDeploymentStatus": "Retrying", "jobStatus": "FAILED", "reason": "AppFailed", "message": "boom"}
+    _kuberay_sets(cluster, "ray-retrying", {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}, retry,
+                  {"jobDeploymentStatus": "Initializing", "jobStatus": "", "reason": "", "message": ""}, retry)
+    thread.join(60)
+    assert "restarted 2 times, over the launcher's cap of 1" in str(result["error"])
+    assert _rayjobs(cluster) == []  # the launcher gave up: it deleted the RayJob (its Ray cluster goes with it)
+
+
+def test_a_suspended_rayjob_waits_for_kueue_then_succeeds(cluster, tmp_path, capsys):
+    body = _rayjob(cluster, "ray-queued", kueue_queue="team-a")
+    assert body["spec"]["suspend"] is True
+    artifact = tmp_path / "model.json"
+    thread, result = _launch(cluster, body, tmp_path, artifact=artifact)
+    _kuberay_sets(cluster, "ray-queued", {"jobDeploymentStatus": "Suspended"})
+    wait_for("the launcher to report the suspension", lambda: "suspended until Kueue" in capsys.readouterr().err)
+    assert thread.is_alive()  # suspended: waiting, not failed
+    artifact.write_text("{}")
+    _kuberay_sets(cluster, "ray-queued", {"jobDeploymentStatus": "Initializing"},
+                  {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"},
+                  {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    thread.join(60)
+    assert result["job"]["status"]["jobStatus"] == "SUCCEEDED" and _rayjobs(cluster) == ["ray-queued"]
