@@ -188,6 +188,8 @@ def _drift_on_ray(*, current_uri: str, reference_uri: str, schema_uri: str, mode
     from data.ray_cluster import ray_session  # Ray: the ray extra, loaded by checks with engine: ray only
     from monitoring.ray_drift import RayTable
     with ray_session(rules.ray_address):
+        progress(f"drift: engine ray, on {redact(rules.ray_address) if rules.ray_address else 'a local Ray'}: Ray "
+                 "Data reads and sketches the data in blocks")
         read_reference, columns = functools.cache(lambda: read_table(reference_uri)), RayTable(current_uri).columns
         schema, schema_source = _drift_schema(schema_uri, model_name=model_name, champion=champion, target=target,
                                               reference=read_reference, current_columns=columns,

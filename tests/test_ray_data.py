@@ -90,3 +90,19 @@ def test_the_engine_setting_is_checked():
         DriftPolicy(engine="spark")
     with pytest.raises(ValueError, match="set engine: ray"):
         DriftPolicy(ray_address="ray://head:10001")
+
+
+def test_the_drift_pipelines_step_drives_the_ray_cluster(demo, ray_head, isolated_env, capsys):
+    """``kfloop run drift --local``: the KFP step (kfp.local, a process of its own) gets ``drift.engine: ray`` in
+    its drift policy and checks on the Ray cluster (its log says so), with the local engine's verdict."""
+    settings = [f"current_uri={demo['batch_stable.parquet']}", f"reference_uri={demo['train.parquet']}",
+                f"schema_uri={SCHEMA}", "model_name=ray-drift", "drift.engine=ray", f"drift.ray_address={ray_head}"]
+    code = main(["--workdir", str(isolated_env.workdir), "run", "drift", "--local", "--json",
+                 *[arg for setting in settings for arg in ("--set", setting)]])
+    out, err = capsys.readouterr()
+    assert code == 0, err[-3000:]
+    assert f"drift: engine ray, on {ray_head}" in err
+    verdict = json.loads(out)
+    local = _check(demo, "batch_stable.parquet")
+    assert verdict["drifted"] is local.drift.drifted is False  # no retraining run to start
+    assert verdict["share_drifted_columns"] == local.drift.share_drifted_columns
