@@ -6,11 +6,13 @@ driver merges the partial summaries (:func:`data.sketches.merge_sketches`) and d
 local engine (:func:`monitoring.drift.check_drift_summarised`), so the verdicts are the local engine's."""
 from __future__ import annotations
 
+import sys
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
+import ray.cloudpickle
 
 from data.profiles import ReferenceProfile
 from data.ray_blocks import map_chunks, profile_dataset, read_dataset, dataset_columns
@@ -18,6 +20,16 @@ from data.sketches import SketchSettings
 from data.schema_rules import RuleSet
 from monitoring.drift import (BatchSummary, DriftPolicy, DriftResult, Summarise, check_drift_summarised,
                               summarise_chunk)
+from training.model_code import MODULE_PREFIX
+
+
+def ship_model_code() -> None:
+    """Let Ray carry the champion's model code to its workers by value: the module is imported from the model
+    directory's source under a name no worker can import (:mod:`training.model_code`), so the ``predict`` handed to
+    the blocks pickles its classes with it (cloudpickle's ``register_pickle_by_value``)."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith(MODULE_PREFIX):
+            ray.cloudpickle.register_pickle_by_value(module)
 
 
 class RayTable:
@@ -31,11 +43,13 @@ class RayTable:
     def profile(self, kinds: dict[str, str], *, predict: Callable[[pd.DataFrame], np.ndarray] | None,
                 prediction_kind: str, source: str) -> ReferenceProfile:
         """Its reference profile (:func:`data.ray_blocks.profile_dataset`, default sketch settings)."""
+        ship_model_code()
         return profile_dataset(self.dataset, kinds, predict=predict, prediction_kind=prediction_kind,
                                settings=SketchSettings(), source=source)
 
     def summarise(self, settings: SketchSettings) -> Summarise:
         """The current batch's :class:`monitoring.drift.BatchSummary`, each chunk summarised on the cluster."""
+        ship_model_code()
 
         def summarise(kinds: dict[str, str], rules: RuleSet | None,
                       predict: Callable[[pd.DataFrame], np.ndarray] | None) -> BatchSummary:

@@ -182,9 +182,9 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
 def _drift_on_ray(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, rules: Any,
                   report_out: str, target: str, champion: Any, profile: Any) -> DriftStepResult:
-    """:func:`drift_step` with ``engine: ray`` (joining or starting Ray for the check): Ray Data reads and sketches the current
-    data, and the reference when it is a file (profiled there as at registration); only a schema inferred from
-    the reference reads the reference here."""
+    """:func:`drift_step` with ``engine: ray`` (joining or starting Ray for the check): Ray Data reads and
+    sketches the current data, and the reference when it is a file (profiled there by the per-chunk code of
+    registration); only a schema inferred from the reference reads the reference here."""
     from data.ray_cluster import ray_session  # Ray: the ray extra, loaded by checks with engine: ray only
     from monitoring.ray_drift import RayTable
     with ray_session(rules.ray_address):
