@@ -7,15 +7,22 @@ import json
 
 import pytest
 
+import torch
+
 from data.generate import write_demo
 from data.profiles import build_profile
 from data.ray_blocks import map_chunks, profile_dataset, read_dataset
 from data.ray_cluster import ray_session
-from data.tables import ReadLimits, iter_table
+from data.tables import ReadLimits, iter_table, read_table
 from data.validation import load_schema, schema_roles
-from monitoring.drift import DriftPolicy, same_verdict
+from monitoring.drift import DriftPolicy, check_drift_profile, same_verdict
+from monitoring.ray_drift import RayTable
 from monitoring.steps import drift_step
 from pipelines.cli import main
+from training.config import ModelSpec
+from training.features import FeatureTransform, target_classes
+from training.model import Predictor, save_model_dir
+from training.model_code import ModelCode
 
 SCHEMA = "data/schema.yaml"
 
@@ -27,7 +34,6 @@ def demo(tmp_path_factory):
     files = write_demo(tmp_path_factory.mktemp("ray-demo"), rows=3000)
     drifted = files["batch_drifted.parquet"]
     files["batch_drifted.csv"] = drifted.with_suffix(".csv")
-    from data.tables import read_table
     read_table(drifted).to_csv(files["batch_drifted.csv"], index=False)
     return files
 
@@ -71,6 +77,41 @@ def test_blocks_are_summarised_apart_and_merged_into_the_single_process_profile(
         assert (ray_column.rows, ray_column.count, ray_column.missing) == (column.rows, column.count, column.missing)
         assert ray_column.exact and column.exact
         assert list(ray_column.values) == list(column.values) and list(ray_column.counts) == list(column.counts)
+
+
+def test_the_champion_scores_the_blocks_on_the_workers(demo, ray_head, tmp_path):
+    """The champion's predictions: its model code (imported from the model directory's source) travels to the
+    workers, each block is scored there, and the ``prediction`` column's verdict is the local engine's."""
+    schema = load_schema(SCHEMA)
+    roles = schema_roles(schema)
+    kinds = {c: "numeric" for c in roles.numeric} | {c: "categorical" for c in roles.categorical}
+    frame = read_table(demo["train.parquet"])
+    transform = FeatureTransform.fit(frame, numeric=roles.numeric, categorical=roles.categorical)
+    classes, code = target_classes(frame[roles.target]), ModelCode.load(ModelSpec(params={"hidden": [8]}))
+    torch.manual_seed(0)
+    save_model_dir(tmp_path / "model", model=code.build(transform.n_outputs, len(classes)), code=code,
+                   n_inputs=transform.n_outputs, n_outputs=len(classes), transform=transform, classes=classes,
+                   target=roles.target)
+    predict = Predictor.load(tmp_path / "model").predict
+
+    def chunks(name: str):
+        return iter_table(demo[name], text_columns=roles.categorical, categories=True)
+
+    profile = build_profile(chunks("train.parquet"), kinds, predict=predict)
+    local = check_drift_profile(profile, chunks("batch_drifted.parquet"), numeric=roles.numeric,
+                                categorical=roles.categorical, policy=DriftPolicy(), schema=schema, predict=predict)
+    with ray_session(ray_head):
+        on_ray_profile = RayTable(str(demo["train.parquet"]), text_columns=roles.categorical).profile(
+            kinds, predict=predict, prediction_kind="categorical", source="")
+        on_ray = RayTable(str(demo["batch_drifted.parquet"]), text_columns=roles.categorical).drift(
+            on_ray_profile, numeric=roles.numeric, categorical=roles.categorical, policy=DriftPolicy(engine="ray"),
+            report_path=None, schema=schema, predict=predict)
+    predicted = on_ray_profile.columns["prediction"]
+    assert (list(predicted.values), list(predicted.counts)) == (list(profile.columns["prediction"].values),
+                                                                list(profile.columns["prediction"].counts))
+    assert "prediction" in on_ray.columns
+    for name, verdict in local.columns.items():
+        assert same_verdict(on_ray.columns[name], verdict), (name, on_ray.columns[name], verdict)
 
 
 def test_kfloop_drift_engine_ray_from_the_command_line(demo, ray_head, capsys):
