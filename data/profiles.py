@@ -112,11 +112,33 @@ def build_profile(chunks: Iterable[pd.DataFrame], kinds: dict[str, str], *,
     Raises:
         ValueError: no rows, a chunk lacks a column, or a numeric column holds non-numbers.
     """
-    kinds = dict(kinds) | ({PREDICTION_COLUMN: prediction_kind} if predict is not None else {})
-    parts = (sketch_chunk(with_predictions(chunk, predict, kinds), kinds, settings=settings, chunk_index=i,
-                          label="reference")
+    kinds = profiled_kinds(kinds, predict, prediction_kind)
+    parts = (profile_chunk(chunk, kinds, predict=predict, settings=settings, chunk_index=i)
              for i, chunk in enumerate(chunks))
-    columns = merge_sketches(parts)
+    return profile_of(merge_sketches(parts), settings=settings, source=source)
+
+
+def profiled_kinds(kinds: dict[str, str], predict: Callable[[pd.DataFrame], np.ndarray] | None,
+                   prediction_kind: str) -> dict[str, str]:
+    """The columns a profile sketches: ``kinds``, then ``prediction`` when the champion ``predict``\ s."""
+    return dict(kinds) | ({PREDICTION_COLUMN: prediction_kind} if predict is not None else {})
+
+
+def profile_chunk(chunk: pd.DataFrame, kinds: dict[str, str], *,
+                  predict: Callable[[pd.DataFrame], np.ndarray] | None, settings: SketchSettings,
+                  chunk_index: int) -> dict[str, ColumnSketch]:
+    """One chunk of the reference sketched (:func:`profiled_kinds`, the champion scoring it first): what every
+    engine runs per chunk before merging."""
+    return sketch_chunk(with_predictions(chunk, predict, kinds), kinds, settings=settings, chunk_index=chunk_index,
+                        label="reference")
+
+
+def profile_of(columns: dict[str, ColumnSketch], *, settings: SketchSettings, source: str) -> ReferenceProfile:
+    """The profile of the merged sketches of every chunk.
+
+    Raises:
+        ValueError: no rows.
+    """
     rows = next(iter(columns.values())).rows if columns else 0
     if rows == 0:
         raise ValueError("the reference data has no rows: profile a non-empty table")

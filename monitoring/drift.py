@@ -37,7 +37,7 @@ from data.fileio import atomic_write_text
 from data.profiles import PREDICTION_COLUMN, ReferenceProfile, normalised_columns, with_predictions
 from data.schema_rules import KINDS, RuleSet
 from data.settings import section_from_dict
-from data.sketches import ColumnSketch, SketchSettings, merge_sketches, sketch_chunk
+from data.sketches import ColumnSketch, SketchSettings, merge_sketches, sketch_chunk, sketch_from_dict
 from monitoring import sketch_drift
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
@@ -49,6 +49,8 @@ ALL_NULL_METHOD = "all_null"
 """Method reported for a column without a single non-null value in the reference or the current batch."""
 REPORT_KINDS = ("summary", "evidently_sample", "evidently_full")
 """What the HTML report holds (:attr:`DriftPolicy.report`)."""
+ENGINES = ("local", "ray")
+"""Who reads and sketches the data (:attr:`DriftPolicy.engine`)."""
 REPORT_SEED = 0
 """Seed of the rows Evidently's sampled report shows."""
 
@@ -155,6 +157,14 @@ class DriftPolicy:
     rows; needs the reference table, not a profile)."""
     report_sample_rows: int = 20_000
     """Rows of each side in Evidently's sampled report."""
+    engine: Literal["local", "ray"] = "local"
+    """Who reads and sketches the data: ``local`` this process, chunk by chunk; ``ray`` Ray Data on the Ray
+    cluster at ``ray_address``, block by block with the same per-chunk code, the partial sketches merged here
+    (``pip install 'kfloop[ray]'``; the same verdicts, :mod:`monitoring.ray_drift`)."""
+    ray_address: str = ""
+    """The Ray cluster of ``engine: ray``: a head's ``host:port``, ``ray://<head>:10001`` (the KubeRay head
+    service, ``ray://<cluster>-head-svc.<namespace>.svc:10001``), ``auto`` inside a Ray pod; empty starts a local
+    Ray for the check."""
 
     def __post_init__(self) -> None:
         share = self.drift_share
@@ -168,6 +178,14 @@ class DriftPolicy:
             raise ValueError(f"include_predictions={self.include_predictions!r}: use true or false")
         if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
             raise ValueError(f"min_rows={self.min_rows!r}: use an integer >= 1, e.g. 30")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine={self.engine!r}: use one of {list(ENGINES)}")
+        if not isinstance(self.ray_address, str):
+            raise ValueError(f"ray_address={self.ray_address!r}: use a Ray address such as ray://head:10001, or "
+                             "an empty string for a local Ray")
+        if self.ray_address and self.engine != "ray":
+            raise ValueError(f"ray_address={self.ray_address!r} is set but engine={self.engine!r}: set engine: ray "
+                             "to use the cluster, or drop ray_address")
         if self.report not in REPORT_KINDS:
             raise ValueError(f"report={self.report!r}: use one of {list(REPORT_KINDS)}")
         rows = self.report_sample_rows
@@ -328,15 +346,41 @@ def check_drift_profile(profile: ReferenceProfile, chunks: Iterable[pd.DataFrame
         ValueError: as :func:`check_drift`; the profile lacks a checked column, or ``policy.report`` is
             ``evidently_full`` with a ``report_path`` (that report needs the reference table).
     """
-    if report_path is not None and policy.report == "evidently_full":
-        raise ValueError("report=evidently_full needs the reference table, and this check has only the champion's "
-                         "profile: use report=evidently_sample (Evidently on a seeded sample) or summary")
     chunks = iter(chunks)
     first = next(chunks, None)
     if first is None:
         raise ValueError("the current data has no rows; pass a non-empty batch")
+
+    def summarise(kinds: dict[str, str], rules: RuleSet | None,
+                  predict: Callable[[pd.DataFrame], np.ndarray] | None) -> BatchSummary:
+        parts = (summarise_chunk(chunk, kinds, settings=profile.settings, chunk_index=index, rules=rules,
+                                 predict=predict) for index, chunk in enumerate(itertools.chain([first], chunks)))
+        return BatchSummary.merge(parts)
+
+    return check_drift_summarised(profile, list(first.columns), summarise, numeric=numeric, categorical=categorical,
+                                  policy=policy, report_path=report_path, schema=schema, predict=predict)
+
+
+Summarise = Callable[[dict[str, str], RuleSet | None, Callable[[pd.DataFrame], np.ndarray] | None], "BatchSummary"]
+"""How an engine summarises the current batch: (checked column kinds, the schema's rules, the champion's
+``predict``) -> the merged :class:`BatchSummary` of every chunk (:func:`summarise_chunk` per chunk)."""
+
+
+def check_drift_summarised(profile: ReferenceProfile, current_columns: list[str], summarise: Summarise, *,
+                           numeric: list[str], categorical: list[str], policy: DriftPolicy,
+                           report_path: str | Path | None = None, schema: pa.DataFrameSchema | None = None,
+                           predict: Callable[[pd.DataFrame], np.ndarray] | None = None) -> DriftResult:
+    """:func:`check_drift_profile` with the current batch (of ``current_columns``) summarised by an engine:
+    ``summarise`` streams it here, or maps its blocks on a Ray cluster (:mod:`monitoring.ray_drift`).
+
+    Raises:
+        ValueError: as :func:`check_drift_profile`.
+    """
+    if report_path is not None and policy.report == "evidently_full":
+        raise ValueError("report=evidently_full needs the reference table, and this check has only the champion's "
+                         "profile: use report=evidently_sample (Evidently on a seeded sample) or summary")
     predicting = predict is not None and policy.include_predictions
-    current_columns = [*first.columns, *([PREDICTION_COLUMN] if predicting else [])]
+    current_columns = [*current_columns, *([PREDICTION_COLUMN] if predicting else [])]
     reference_columns = list(profile.columns) if policy.include_predictions else [
         name for name in profile.columns if name != PREDICTION_COLUMN]
     prediction = profile.columns.get(PREDICTION_COLUMN)
@@ -347,11 +391,10 @@ def check_drift_profile(profile: ReferenceProfile, chunks: Iterable[pd.DataFrame
             raise ValueError(f"column {name!r} is {kind} in the schema but {profile.columns[name].kind} in the "
                              "reference profile: profile the reference with this schema again")
     _check_rows("reference", profile.rows, policy)
-    current, violations = stream_current(itertools.chain([first], chunks), kinds, profile.settings,
-                                         rules=RuleSet(schema, [*numeric, *categorical]) if schema else None,
-                                         predict=predict if predicting else None)
-    rows = next(iter(current.values())).rows
-    _check_rows("current", rows, policy)
+    summary = summarise(kinds, RuleSet(schema, [*numeric, *categorical]) if schema else None,
+                        predict if predicting else None)
+    current = summary.sketches
+    _check_rows("current", summary.rows, policy)
     columns = {name: compare_sketches(profile.columns[name], current[name], method=policy.method_for(name),
                                       threshold=policy.threshold_for(name)) for name in kinds}
     sketched = [name for name, column in columns.items() if column.basis != "exact"]
@@ -360,31 +403,69 @@ def check_drift_profile(profile: ReferenceProfile, chunks: Iterable[pd.DataFrame
                       + (f", used for {', '.join(sketched)}; every other column exact)" if sketched
                          else "; every column compared exactly)"))
     sides = {name: (_Side.of_sketch(profile.columns[name]), _Side.of_sketch(current[name])) for name in kinds}
-    return _decide(columns, sides, kinds, policy, violations, report_path, reference_text)
+    return _decide(columns, sides, kinds, policy, summary.violation_shares(), report_path, reference_text)
 
 
-def stream_current(chunks: Iterable[pd.DataFrame], kinds: dict[str, str], settings: SketchSettings, *,
-                   rules: RuleSet | None = None, predict: Callable[[pd.DataFrame], np.ndarray] | None = None,
-                   ) -> tuple[dict[str, ColumnSketch], dict[str, dict[str, float]]]:
-    """The current batch's sketches (the champion scoring each chunk as it is read, with ``predict``) and, with
-    ``rules``, per feature column the share of rows outside the schema."""
-    outside: dict[str, dict[str, float]] = {}
-    rows = 0
+@dataclass(kw_only=True, slots=True)
+class BatchSummary:
+    """What a drift check keeps of the current batch, or of some of its chunks (``+`` merges two): each checked
+    column's sketch and, per feature column, how many rows are outside the schema (``share`` and per kind)."""
 
-    def sketches() -> Iterable[dict[str, ColumnSketch]]:
-        nonlocal rows
-        for index, chunk in enumerate(chunks):
-            if rules is not None:
-                for name, shares in rules.shares(chunk).items():
-                    total = outside.setdefault(name, dict.fromkeys(shares, 0.0))
-                    for kind, share in shares.items():
-                        total[kind] += share * len(chunk)
-            rows += len(chunk)
-            yield sketch_chunk(with_predictions(chunk, predict, kinds), kinds, settings=settings,
-                               chunk_index=index, label="current")
+    rows: int
+    sketches: dict[str, ColumnSketch]
+    outside: dict[str, dict[str, int]]
 
-    merged = merge_sketches(sketches())
-    return merged, {name: {kind: total / rows for kind, total in kinds_.items()} for name, kinds_ in outside.items()}
+    def __add__(self, other: BatchSummary) -> BatchSummary:
+        outside = {name: dict(counts) for name, counts in self.outside.items()}
+        for name, counts in other.outside.items():
+            total = outside.setdefault(name, dict.fromkeys(counts, 0))
+            for kind, count in counts.items():
+                total[kind] += count
+        return BatchSummary(rows=self.rows + other.rows, outside=outside,
+                            sketches=merge_sketches([self.sketches, other.sketches]))
+
+    @classmethod
+    def merge(cls, parts: Iterable[BatchSummary]) -> BatchSummary:
+        """The merge of ``parts`` as they come.
+
+        Raises:
+            ValueError: no parts (no rows).
+        """
+        merged = None
+        for part in parts:
+            merged = part if merged is None else merged + part
+        if merged is None:
+            raise ValueError("the current data has no rows; pass a non-empty batch")
+        return merged
+
+    def violation_shares(self) -> dict[str, dict[str, float]]:
+        """Per feature column, the share of rows outside the schema (``share`` and per kind)."""
+        return {name: {kind: count / self.rows for kind, count in counts.items()}
+                for name, counts in self.outside.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (each sketch as its own serialised bytes)."""
+        return {"rows": self.rows, "outside": self.outside,
+                "sketches": {name: sketch.to_dict() for name, sketch in self.sketches.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], settings: SketchSettings) -> BatchSummary:
+        return cls(rows=data["rows"], outside=data["outside"],
+                   sketches={name: sketch_from_dict(sketch, settings) for name, sketch in data["sketches"].items()})
+
+
+def summarise_chunk(chunk: pd.DataFrame, kinds: dict[str, str], *, settings: SketchSettings, chunk_index: int,
+                    rules: RuleSet | None = None,
+                    predict: Callable[[pd.DataFrame], np.ndarray] | None = None) -> BatchSummary:
+    """One chunk of the current batch summarised (the champion scoring it first, with ``predict``): the sketches
+    of :func:`data.sketches.sketch_chunk` and, with ``rules``, its rows outside the schema per feature column.
+    Every engine runs this per chunk and merges the results."""
+    outside = {} if rules is None else {
+        name: {kind: round(share * len(chunk)) for kind, share in shares.items()}
+        for name, shares in rules.shares(chunk).items()}
+    sketches = sketch_chunk(with_predictions(chunk, predict, kinds), kinds, settings=settings,
+                            chunk_index=chunk_index, label="current")
+    return BatchSummary(rows=len(chunk), sketches=sketches, outside=outside)
 
 
 @dataclass(frozen=True, slots=True)

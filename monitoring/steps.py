@@ -4,6 +4,7 @@ the step that runs one imports it: the trigger step's pod does without it."""
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import tempfile
 import time
@@ -16,7 +17,7 @@ import pandas as pd
 
 from data.profiles import prediction_kind
 from data.settings import load_environment, step_function
-from data.storage import redact
+from data.storage import redact, resolve
 from data.tables import DataFileError, read_table, read_table_source, table_chunks
 from data.validation import infer_schema, load_schema, schema_roles, validate
 from monitoring.records import record_drift_check, record_quality_check
@@ -142,6 +143,10 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     if not (reference_uri or profile):
         raise ValueError(f"no reference data: {_no_champion_data(model_name, champion, 'training data')}; pass "
                          "--reference FILE (reference_uri)")
+    if rules.engine == "ray":
+        return _drift_on_ray(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
+                             model_name=model_name, rules=rules, report_out=report_out, target=target,
+                             champion=champion, profile=profile)
     if profile is None:
         reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
         columns, read_reference = list(current.columns), lambda: reference
@@ -170,6 +175,49 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                 frame["prediction"] = predictions.astype(str) if kind == "categorical" else predictions
         result = check_drift(reference, current, numeric=numeric, categorical=categorical,
                              policy=rules, report_path=report_path, schema=schema, prediction_kind=kind)
+    return _recorded(result, source=source, current_uri=current_uri, reference_uri=reference_uri,
+                     profile=profile, schema_source=schema_source, champion=champion, ids=ids,
+                     model_name=model_name, report_path=report_path)
+
+
+def _drift_on_ray(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, rules: Any,
+                  report_out: str, target: str, champion: Any, profile: Any) -> DriftStepResult:
+    """:func:`drift_step` with ``engine: ray`` (joining or starting Ray for the check): Ray Data reads and
+    sketches the current data, and the reference when it is a file (profiled there by the per-chunk code of
+    registration); only a schema inferred from the reference reads the reference here."""
+    from data.ray_cluster import ray_session  # Ray: the ray extra, loaded by checks with engine: ray only
+    from monitoring.ray_drift import RayTable
+    with ray_session(rules.ray_address):
+        progress(f"drift: engine ray, on {redact(rules.ray_address) if rules.ray_address else 'a local Ray'}: Ray "
+                 "Data reads and sketches the data in blocks")
+        read_reference, columns = functools.cache(lambda: read_table(reference_uri)), RayTable(current_uri).columns
+        schema, schema_source = _drift_schema(schema_uri, model_name=model_name, champion=champion, target=target,
+                                              reference=read_reference, current_columns=columns,
+                                              reference_uri=reference_uri)
+        if schema is not None:
+            roles = schema_roles(schema)
+            numeric, categorical, ids = roles.numeric, roles.categorical, roles.ids
+            kind = prediction_kind(roles.task)
+        else:
+            (numeric, categorical), kind, ids = shared_columns(read_reference(), columns), "categorical", []
+        predictor = (load_version_predictor(model_name, champion.version)
+                     if champion is not None and rules.include_predictions else None)
+        predict = predictor.predict if predictor is not None else None
+        kinds = {c: "numeric" for c in numeric} | {c: "categorical" for c in categorical}
+        reference = profile or RayTable(reference_uri, text_columns=categorical).profile(
+            kinds, predict=predict, prediction_kind=kind, source=redact(reference_uri))
+        current = RayTable(current_uri, text_columns=categorical)
+        report_path = report_out or None
+        result = current.drift(reference, numeric=numeric, categorical=categorical, policy=rules,
+                               report_path=report_path, schema=schema, predict=predict)
+        return _recorded(result, source=resolve(current_uri), current_uri=current_uri, reference_uri=reference_uri,
+                         profile=profile, schema_source=schema_source, champion=champion, ids=ids,
+                         model_name=model_name, report_path=report_path)
+
+
+def _recorded(result: Any, *, source: Any, current_uri: str, reference_uri: str, profile: Any, schema_source: str,
+              champion: Any, ids: list[str], model_name: str, report_path: str | None) -> DriftStepResult:
+    """The step's result, recorded in MLflow with a ``model_name``."""
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
                               current_uri=redact(current_uri), reference_uri=redact(reference_uri),
                               reference_profile=profile is not None, schema_source=schema_source,

@@ -2,15 +2,27 @@
 from __future__ import annotations
 
 import os
+import secrets
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from polling import wait_for
+from training.launch.local import free_port
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
 os.environ.pop("CI", None)  # GitHub's runners set CI=true, under which `kfloop upload` refuses the default image;
 # the tests of that refusal set it themselves
+
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = RAY_AUTH_TOKEN = secrets.token_hex(16)
+"""The token of the Ray heads the tests start (:func:`ray_head`), set before anything imports Ray: Ray reads its
+authentication settings when it is imported, so in-process drivers (Ray Data's drift engine) hold it too."""
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -101,3 +113,21 @@ def cluster(tmp_path):
     with server:
         yield Cluster(server, server.write_kubeconfig(tmp_path / "kubeconfig"), shared)
     assert server.live_pids() == [], "a pod process outlived the test server"
+
+
+@pytest.fixture(scope="module")
+def ray_head(tmp_path_factory):
+    """A real Ray head on loopback with 2 CPUs (two training workers) and token authentication (Ray's default), in
+    its own process group, stopped with the module; this process (and so every driver it starts) holds the token
+    (:data:`RAY_AUTH_TOKEN`)."""
+    port, ray = free_port(), str(Path(sys.executable).with_name("ray"))
+    head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+                             "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                             f"--temp-dir={tmp_path_factory.mktemp('ray')}"],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    wait_for("the Ray head", lambda: subprocess.run([ray, "status", f"--address={address}"],
+                                                    capture_output=True).returncode == 0, timeout=180, interval=1.0)
+    yield address
+    os.killpg(head.pid, signal.SIGKILL)
+    head.wait()

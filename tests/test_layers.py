@@ -137,7 +137,8 @@ LAZY_IMPORTS = {
     "pipelines.cli.commands": "*",  # each handler imports its stack when it runs: `kfloop --help` stays fast
     "pipelines.cli.operate": "*",  # the same, for the operating commands (commands imports this module)
     "pipelines.cli.options": {"pipelines.config"},  # the settings check loads every typed config (Evidently's too)
-    "monitoring.steps": {"monitoring.drift", "monitoring.quality"},  # Evidently: only the step that checks loads it
+    "monitoring.steps": {"monitoring.drift", "monitoring.quality",  # Evidently: only the step that checks loads it
+                         "data.ray_cluster", "monitoring.ray_drift"},  # Ray (the optional ray extra): engine: ray only
     "training.train": {"mlflow"},  # only rank 0 of a run that logs pays for the import
 }
 """Modules allowed imports inside functions, and which (``*``: any). Besides these, only the bodies of KFP
@@ -190,11 +191,11 @@ def loaded_after(code: str) -> set[str]:
 
 @pytest.mark.parametrize("entry, code, heavy", [
     ("kfloop --help", "import pipelines.cli",
-     {"torch", "mlflow", "kfp", "evidently", "sklearn", "matplotlib", "dvc"}),
+     {"torch", "mlflow", "kfp", "evidently", "sklearn", "matplotlib", "dvc", "ray"}),
     ("the trigger step's pod (components.monitoring.trigger_retraining)",
      "from components.run_starters import run_starter\nfrom monitoring.steps import trigger_step\n"
      "from training.launch.backends import step_backend",
-     {"evidently", "matplotlib", "dvc"}),
+     {"evidently", "matplotlib", "dvc", "ray"}),
 ])
 def test_lazy_imports_keep_their_entry_points_light(entry, code, heavy):
     assert loaded_after(code) & heavy == set(), entry

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -29,33 +26,12 @@ from test_faults_training import _environ
 from test_training import write_training_files
 from training.config import JobShape, TrainingConfig
 from training.launch.backends import backend_named
-from training.launch.local import LaunchError, free_port, train_local
+from training.launch.local import LaunchError, train_local
 from training.launch.ray import DRIVER_LOG
 from training.model import WEIGHTS_FILE
 
 TINY = TrainingConfig(epochs=4, batch_size=64, model={"params": {"hidden": [16], "dropout": 0.1}})
 DEADLINE_S = 300
-
-
-@pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
-    """A real Ray head on loopback with 2 CPUs (two training workers) and token authentication (Ray's default), in
-    its own process group, stopped with the module; this process (and so every driver it starts) holds the token."""
-    port, token = free_port(), secrets.token_hex(16)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("RAY_AUTH_MODE", "token")
-        env.setenv("RAY_AUTH_TOKEN", token)
-        ray = str(Path(sys.executable).with_name("ray"))
-        head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-                                 "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-                                 f"--temp-dir={tmp_path_factory.mktemp('ray')}"],
-                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        address = f"127.0.0.1:{port}"
-        wait_for("the Ray head", lambda: subprocess.run([ray, "status", f"--address={address}"],
-                                                        capture_output=True).returncode == 0, timeout=180, interval=1.0)
-        yield address
-        os.killpg(head.pid, signal.SIGKILL)
-        head.wait()
 
 
 @pytest.fixture(scope="module")

@@ -114,13 +114,17 @@ class ModelCode:
                 "sha256": self.sha256}
 
 
+MODULE_PREFIX = "kfloop_model_"
+"""The name of an imported model module is this and its source's sha256: no other process can import it."""
+
+
 def _imported(source: bytes, sha: str, path: Path) -> types.ModuleType:
     """The module executed from ``source`` (once per process per sha256).
 
     Raises:
         ModelCodeError: executing it raised.
     """
-    name = f"kfloop_model_{sha}"
+    name = f"{MODULE_PREFIX}{sha}"
     if name in sys.modules:
         return sys.modules[name]
     module = types.ModuleType(name)

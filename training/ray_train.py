@@ -30,6 +30,7 @@ import ray.train.torch
 from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
 
+from data.ray_cluster import init_ray
 from training.config import TrainingConfig
 from training.train import argument_parser, train_in_process_group
 
@@ -76,10 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cfg = TrainingConfig.from_dict(json.loads(args.config.read_text()))
     env = {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
-    ray.init(address=args.address or None, include_dashboard=False, log_to_driver=True,
-             runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(cfg.threads_per_rank)}},
-             **({} if args.address else {"num_cpus": args.num_workers * args.cpus_per_worker,
-                                         "_node_ip_address": "127.0.0.1"}))  # a Ray of this machine alone
+    init_ray(args.address, num_cpus=args.num_workers * args.cpus_per_worker, log_to_driver=True,
+             runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(cfg.threads_per_rank)}})
     use_gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     loop_config = {k: v for k, v in vars(args).items()
                    if k not in ("num_workers", "cpus_per_worker", "max_failures", "address", "name")}

@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                                         "drift.report=evidently_sample or evidently_full")
     drift.add_argument("--fail-on-drift", action="store_true",
                        help="exit 1 when the batch drifted (default: exit 0 whenever the check ran)")
+    drift.add_argument("--engine", choices=["local", "ray"],
+                       help="who reads and sketches the data: this process, or Ray Data on a Ray cluster (default: "
+                            "the settings' drift.engine, else local)")
+    drift.add_argument("--ray-address", help="the Ray cluster of --engine ray, e.g. ray://head:10001 (default: the "
+                                             "settings' drift.ray_address, else a local Ray started for the check)")
     options.add_json(drift, "the verdict and per-column scores")
     options.add_settings(drift)
 
@@ -337,7 +342,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
         options.registry_environment(args, model)
     with options.stdout_for_json(args):
         result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
-                            model_name=model, policy=settings.get("drift", {}), report_out=args.report or "",
+                            model_name=model, policy=_drift_policy(args, settings), report_out=args.report or "",
                             target=settings.get("target", ""))
     drift = result.drift
     if args.json:
@@ -360,6 +365,12 @@ def cmd_drift(args: argparse.Namespace) -> int:
         if drift.report_path is not None:
             print(f"report: {drift.report_path}")
     return EXIT_FAILED if args.fail_on_drift and drift.drifted else 0
+
+
+def _drift_policy(args: argparse.Namespace, settings: dict) -> dict:
+    """The settings' ``drift`` section with ``--engine`` and ``--ray-address`` over it."""
+    flags = {"engine": args.engine, "ray_address": args.ray_address}
+    return {**settings.get("drift", {}), **{key: value for key, value in flags.items() if value is not None}}
 
 
 def cmd_quality(args: argparse.Namespace) -> int:
