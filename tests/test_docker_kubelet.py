@@ -13,7 +13,8 @@ import docker
 import pytest
 from fakes.docker_kubelet import POD_LABEL, DockerRuntime
 from fakes.k8s_server import K8sServer
-from fakes.kubernetes_cluster import CLAIM, Cluster
+from fakes.kubernetes_cluster import CLAIM, RESTRICTED_CONTAINER, Cluster, pytorchjob
+from polling import wait_for
 
 from training.launch.manifests import job_name_for
 
@@ -109,3 +110,71 @@ def test_a_pytorchjob_trains_with_ddp_as_containers_of_the_image(docker_cluster,
     assert master.attrs["HostConfig"]["ReadonlyRootfs"] is True and master.attrs["HostConfig"]["CapDrop"] == ["ALL"]
     master_log = (work / "logs" / "master.log").read_text()  # what the launcher read from pods/log
     assert master_log.strip(), "the launcher read nothing from pods/log"
+
+
+PROBE = """
+import os, pathlib, sys, time
+shared = pathlib.Path(sys.argv[1])
+try:
+    open("/probe", "w").close()
+    root = "writable"
+except OSError:
+    root = "read-only"
+shm = os.statvfs("/dev/shm")
+print("uid", os.getuid(), "root", root, "shm", shm.f_blocks * shm.f_frsize, "secret", os.environ["TOKEN"],
+      "pod", os.environ["POD"], flush=True)
+(pathlib.Path("/scratch") / "x").write_text("emptyDir")
+marker = shared / "started"
+if not marker.exists():
+    marker.write_text(os.environ["POD"])
+    while True:
+        time.sleep(0.05)
+print("second start", flush=True)
+"""
+"""A pod's container: reports its user, root, /dev/shm size, a Secret and a field ref, writes to its emptyDir, and
+on its first start waits (to be killed) after leaving a mark on the claim."""
+
+
+def test_a_pod_is_a_container_of_its_spec_and_a_killed_one_restarts_in_place(docker_cluster):
+    from kubernetes import client
+
+    api = docker_cluster.api()
+    client.CoreV1Api(api).create_namespaced_secret("default", {"metadata": {"name": "probe"},
+                                                               "stringData": {"token": "from-the-secret"}})
+    body = pytorchjob("probe", ["python", "-c", PROBE, str(docker_cluster.shared)], workers=0)
+    master = body["spec"]["pytorchReplicaSpecs"]["Master"]
+    master["restartPolicy"] = "OnFailure"
+    pod = master["template"]["spec"]
+    container = pod["containers"][0]
+    container.update(image=IMAGE, securityContext={**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True},
+                     env=[{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "probe", "key": "token"}}},
+                          {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                     resources={"limits": {"cpu": "1", "memory": "512Mi"}},
+                     volumeMounts=[{"name": "shared", "mountPath": str(docker_cluster.shared)},
+                                   {"name": "shm", "mountPath": "/dev/shm"},
+                                   {"name": "scratch", "mountPath": "/scratch"}])
+    pod["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": CLAIM}},
+                      {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Mi"}},
+                      {"name": "scratch", "emptyDir": {}}]
+    client.CustomObjectsApi(api).create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
+    daemon = docker.from_env()
+    wait_for("the first start's mark", (docker_cluster.shared / "started").exists, timeout=120)
+    (first,) = daemon.containers.list(filters={"label": f"{POD_LABEL}=probe-master-0"})
+    first.kill()  # the fault: SIGKILL from outside, as the OOM killer or a node would
+    job = wait_for("the job to succeed", lambda: [c for c in docker_cluster.jobs()[0].get("status", {}).get(
+        "conditions", []) if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"], timeout=120)
+    status = client.CoreV1Api(api).read_namespaced_pod("probe-master-0", "default").status
+    log = client.CoreV1Api(api).read_namespaced_pod_log("probe-master-0", "default")
+
+    assert job[0]["type"] == "Succeeded"
+    (container_status,) = status.container_statuses
+    assert container_status.restart_count == 1
+    assert container_status.last_state.terminated.exit_code == 137
+    assert container_status.last_state.terminated.container_id == f"docker://{first.id}"
+    second = daemon.containers.get(container_status.state.terminated.container_id.removeprefix("docker://"))
+    assert second.id != first.id and second.attrs["State"]["ExitCode"] == 0
+    assert log.count("uid 1000 root read-only shm 33554432 secret from-the-secret pod probe-master-0") == 2
+    assert "second start" in log
+    assert second.attrs["HostConfig"]["Memory"] == 512 * 2**20 and second.attrs["HostConfig"]["NanoCpus"] == 10**9
+    for c in (first, second):
+        c.remove(force=True)

@@ -415,7 +415,8 @@ class _JobController:
                 phase = "Succeeded" if exit_code == 0 else "Failed"
                 self._update_pod(name, lambda p: p["status"].update(phase=phase, containerStatuses=[{
                     "name": container["name"], "image": image, "imageID": "", "ready": False, "started": False,
-                    "restartCount": restarts, "state": {"terminated": terminated}}]))
+                    "restartCount": restarts, "state": {"terminated": terminated},
+                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
                 return self._pod_finished(rtype, index, name, exit_code)
             restarts += 1
             backoff = min(8.0, CRASH_BACKOFF_SECONDS * 2 ** (restarts - 1))
