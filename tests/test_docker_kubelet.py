@@ -5,34 +5,22 @@ builds it and runs this file); skipped otherwise."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import docker
 import pytest
-from fakes.docker_kubelet import POD_LABEL, DockerRuntime
+from e2e_image import IMAGE, needs_image
+from fakes.docker_kubelet import POD_LABEL, DockerRuntime, pod_records
 from fakes.k8s_server import K8sServer
 from fakes.kubernetes_cluster import CLAIM, RESTRICTED_CONTAINER, Cluster, pytorchjob
 from polling import wait_for
 
 from training.launch.manifests import job_name_for
 
-IMAGE = os.environ.get("KFLOOP_E2E_IMAGE", "")
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"
 
-
-def _docker_image() -> str:
-    if not IMAGE:
-        return "KFLOOP_E2E_IMAGE names no image"
-    try:
-        docker.from_env().images.get(IMAGE)
-    except docker.errors.DockerException as err:
-        return f"no Docker daemon or no image {IMAGE}: {err}"
-    return ""
-
-
-pytestmark = pytest.mark.skipif(bool(_docker_image()), reason=_docker_image() or "ok")
+pytestmark = needs_image
 
 INIT_TEMPLATE = f"""
 - name: init-pytorch
@@ -56,60 +44,83 @@ def docker_cluster(tmp_path):
 
 
 LAUNCH = """
-import sys
+import json, sys
 from training.config import JobShape, TrainingConfig
 from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 settings = KubernetesSettings.from_dict(json.loads(sys.argv[1]))
-config = TrainingConfig.from_dict({"epochs": 2, "batch_size": 512, "model": {"params": {"hidden": [16]}}})
-work = sys.argv[2]
+config = TrainingConfig.from_dict(json.loads(sys.argv[2]))
+work = sys.argv[3]
 result = train_kubernetes(f"{work}/train.parquet", f"{work}/schema.yaml", model_dir=f"{work}/model", config=config,
-                          shape=JobShape(nnodes=2, nproc_per_node=1, backend="kubernetes"), cluster=settings.cluster,
-                          policy=settings.launcher, pipeline_run_id="run-docker", log_dir=f"{work}/logs")
+                          shape=JobShape(nnodes=2, nproc_per_node=1, backend="kubernetes"),
+                          cluster=settings.cluster, policy=settings.launcher, pipeline_run_id=sys.argv[4],
+                          log_dir=f"{work}/logs")
 print("world_size", result.world_size)
 """
-"""The training step's launch, run in a container of the image as UID 1000 (as a KFP step pod is): the files it
-stages on the claim are then its pods' user's, as in a cluster."""
+"""The training step's launch of a 2-node job, run in a container of the image as UID 1000 (as a KFP step pod is):
+the files it stages on the claim are then its pods' user's, as in a cluster."""
 
 
-def test_a_pytorchjob_trains_with_ddp_as_containers_of_the_image(docker_cluster, demo_files, tmp_path):
-    work = tmp_path / "work"
+def _launch(cluster: Cluster, work: Path, demo_files: dict, config: dict, run_id: str):
+    """Start :data:`LAUNCH` in a container; (the container, the ids of containers that existed before)."""
     work.mkdir()
     work.chmod(0o777)
-    shutil.copy(demo_files["train.parquet"], work / "train.parquet")
-    shutil.copy(SCHEMA, work / "schema.yaml")
-    for name in ("train.parquet", "schema.yaml"):
+    for source, name in ((demo_files["train.parquet"], "train.parquet"), (SCHEMA, "schema.yaml"),
+                         (cluster.kubeconfig, "kubeconfig")):
+        shutil.copy(source, work / name)
         (work / name).chmod(0o644)
-    docker_cluster.kubeconfig.rename(work / "kubeconfig")
-    (work / "kubeconfig").chmod(0o644)
-    settings = {**docker_cluster.settings(), "image": IMAGE}
+    settings = {**cluster.settings(), "image": IMAGE}
     settings["launcher"]["kubeconfig"] = str(work / "kubeconfig")
     daemon = docker.from_env()
     before = {c.id for c in daemon.containers.list(all=True)}
     launcher = daemon.containers.run(
-        IMAGE, ["python", "-c", "import json\n" + LAUNCH, json.dumps(settings), str(work)], detach=True,
+        IMAGE, ["python", "-c", LAUNCH, json.dumps(settings), json.dumps(config), str(work), run_id], detach=True,
         user="1000:1000", read_only=True, tmpfs={"/tmp": "rw,exec"}, network_mode="host",
         volumes={str(work): {"bind": str(work), "mode": "rw"},
-                 str(docker_cluster.shared): {"bind": str(docker_cluster.shared), "mode": "rw"}})
+                 str(cluster.shared): {"bind": str(cluster.shared), "mode": "rw"}})
+    return launcher, before
+
+
+def _finished(launcher) -> tuple[int, str]:
     code = launcher.wait(timeout=600)["StatusCode"]
     output = launcher.logs().decode()
     launcher.remove()
+    return code, output
+
+
+def _pod_containers(job: str, before: set[str]) -> dict[str, list]:
+    """Pod name -> its ``pytorch`` containers of this test (oldest first)."""
+    pods: dict[str, list] = {}
+    for c in docker.from_env().containers.list(all=True, filters={"label": POD_LABEL}):
+        if c.labels[POD_LABEL].startswith(f"{job}-") and c.id not in before:
+            pods.setdefault(c.labels[POD_LABEL], []).append(c)
+    for containers in pods.values():
+        containers.sort(key=lambda c: c.attrs["Created"])
+    return pods
+
+
+FAST = {"epochs": 2, "batch_size": 512, "model": {"params": {"hidden": [16]}}}
+
+
+def test_a_pytorchjob_trains_with_ddp_as_containers_of_the_image(docker_cluster, demo_files, tmp_path):
+    work = tmp_path / "work"
+    launcher, before = _launch(docker_cluster, work, demo_files, FAST, "run-docker")
+    code, output = _finished(launcher)
 
     assert code == 0 and "world_size 2" in output, output[-3000:]
     assert (work / "model" / "model.json").is_file()
     job = job_name_for("run-docker")
-    containers = [c for c in daemon.containers.list(all=True, filters={"label": POD_LABEL})
-                  if c.labels[POD_LABEL].startswith(f"{job}-") and c.id not in before]
-    pods = {c.labels[POD_LABEL] for c in containers if c.labels["io.kubernetes.container.name"] == "pytorch"}
-    assert pods == {f"{job}-master-0", f"{job}-worker-0"}
-    for container in containers:
-        attrs = container.attrs
-        assert attrs["Config"]["Image"] == IMAGE and attrs["State"]["ExitCode"] == 0
-        container.remove()
-    (master,) = [c for c in containers if c.labels[POD_LABEL] == f"{job}-master-0"]
-    assert master.attrs["Config"]["User"].split(":")[0] == "1000"
-    assert master.attrs["HostConfig"]["ReadonlyRootfs"] is True and master.attrs["HostConfig"]["CapDrop"] == ["ALL"]
+    pods = _pod_containers(job, before)
+    assert set(pods) == {f"{job}-master-0", f"{job}-worker-0"}
+    for containers in pods.values():
+        for container in containers:  # the worker's init container, then every pod's pytorch container
+            attrs = container.attrs
+            assert attrs["Config"]["Image"] == IMAGE and attrs["State"]["ExitCode"] == 0
+            if container.labels["io.kubernetes.container.name"] == "pytorch":  # the job's securityContext
+                assert attrs["Config"]["User"].split(":")[0] == "1000"
+                assert attrs["HostConfig"]["ReadonlyRootfs"] is True and attrs["HostConfig"]["CapDrop"] == ["ALL"]
+            container.remove()
     master_log = (work / "logs" / "master.log").read_text()  # what the launcher read from pods/log
-    assert master_log.strip(), "the launcher read nothing from pods/log"
+    assert "world_size" in master_log or "epoch" in master_log, master_log[-2000:]
 
 
 PROBE = """
@@ -176,5 +187,7 @@ def test_a_pod_is_a_container_of_its_spec_and_a_killed_one_restarts_in_place(doc
     assert log.count("uid 1000 root read-only shm 33554432 secret from-the-secret pod probe-master-0") == 2
     assert "second start" in log
     assert second.attrs["HostConfig"]["Memory"] == 512 * 2**20 and second.attrs["HostConfig"]["NanoCpus"] == 10**9
+    assert pod_records(daemon, "probe-") == [{"name": "probe-master-0", "container_id": second.id, "image": IMAGE,
+                                              "user": "1000", "exit_code": 0, "restarts": 1}]
     for c in (first, second):
         c.remove(force=True)

@@ -37,7 +37,7 @@ from fakes.k8s_operator import STOP_GRACE_SECONDS, Container, container_env, qua
 if TYPE_CHECKING:
     from fakes.k8s_operator import _JobController
 
-POD_LABEL = "io.kubernetes.pod.name"
+POD_LABEL, CONTAINER_LABEL = "io.kubernetes.pod.name", "io.kubernetes.container.name"
 """dockershim's labels on every container of a pod (``pkg/kubelet/types/labels.go``)."""
 
 
@@ -123,7 +123,7 @@ class DockerRuntime:
             nano_cpus=int(quantity(limits["cpu"]) * 1e9) if "cpu" in limits else None,
             mem_limit=int(quantity(limits["memory"])) if "memory" in limits else None,
             labels={POD_LABEL: meta["name"], "io.kubernetes.pod.namespace": job.namespace,
-                    "io.kubernetes.pod.uid": meta["uid"], "io.kubernetes.container.name": container["name"]})
+                    "io.kubernetes.pod.uid": meta["uid"], CONTAINER_LABEL: container["name"]})
         copier = threading.Thread(target=_copy_log, args=(created, log), daemon=True)
         copier.start()
         return _DockerContainer(created, copier)
@@ -187,3 +187,22 @@ def _copy_log(container: Any, log: Path) -> None:
         for chunk in container.logs(stream=True, follow=True):
             out.write(chunk)
             out.flush()
+
+
+def pod_records(client: Any, pod_prefix: str, container_name: str = "pytorch") -> list[dict]:
+    """What the daemon holds of the pods whose names start with ``pod_prefix`` (a job's pods), one record per pod
+    name, for ``e2e-summary.json``: ``name``, ``container_id``, ``image``, ``user``, ``exit_code`` of its newest
+    ``container_name`` container (``pytorch`` in a PyTorchJob, ``node`` in a TrainJob; None while it runs) and
+    ``restarts``: its containers before that one, whether restarted in place or in a recreated pod."""
+    mains: dict[str, list] = {}
+    for container in client.containers.list(all=True, filters={"label": f"{CONTAINER_LABEL}={container_name}"}):
+        if container.labels[POD_LABEL].startswith(pod_prefix):
+            mains.setdefault(container.labels[POD_LABEL], []).append(container)
+    records = []
+    for name, containers in sorted(mains.items()):
+        newest = sorted(containers, key=lambda c: c.attrs["Created"])[-1].attrs
+        records.append({"name": name, "container_id": newest["Id"], "image": newest["Config"]["Image"],
+                        "user": newest["Config"]["User"],
+                        "exit_code": None if newest["State"]["Running"] else newest["State"]["ExitCode"],
+                        "restarts": len(containers) - 1})
+    return records
