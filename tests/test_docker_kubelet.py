@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
@@ -41,6 +42,7 @@ def docker_cluster(tmp_path):
     with server:
         yield Cluster(server, server.write_kubeconfig(tmp_path / "kubeconfig"), shared)
     assert server.live_pids() == [], "a pod container outlived the test server"
+    runtime.remove_all()
 
 
 LAUNCH = """
@@ -60,8 +62,8 @@ print("world_size", result.world_size)
 the files it stages on the claim are then its pods' user's, as in a cluster."""
 
 
-def _launch(cluster: Cluster, work: Path, demo_files: dict, config: dict, run_id: str):
-    """Start :data:`LAUNCH` in a container; (the container, the ids of containers that existed before)."""
+def _launch(cluster: Cluster, work: Path, demo_files: dict, config: dict, run_id: str) -> Any:
+    """Start :data:`LAUNCH` in a container."""
     work.mkdir()
     work.chmod(0o777)
     for source, name in ((demo_files["train.parquet"], "train.parquet"), (SCHEMA, "schema.yaml"),
@@ -70,14 +72,12 @@ def _launch(cluster: Cluster, work: Path, demo_files: dict, config: dict, run_id
         (work / name).chmod(0o644)
     settings = {**cluster.settings(), "image": IMAGE}
     settings["launcher"]["kubeconfig"] = str(work / "kubeconfig")
-    daemon = docker.from_env()
-    before = {c.id for c in daemon.containers.list(all=True)}
-    launcher = daemon.containers.run(
+    launcher = docker.from_env().containers.run(
         IMAGE, ["python", "-c", LAUNCH, json.dumps(settings), json.dumps(config), str(work), run_id], detach=True,
         user="1000:1000", read_only=True, tmpfs={"/tmp": "rw,exec"}, network_mode="host",
         volumes={str(work): {"bind": str(work), "mode": "rw"},
                  str(cluster.shared): {"bind": str(cluster.shared), "mode": "rw"}})
-    return launcher, before
+    return launcher
 
 
 def _finished(launcher) -> tuple[int, str]:
@@ -87,40 +87,30 @@ def _finished(launcher) -> tuple[int, str]:
     return code, output
 
 
-def _pod_containers(job: str, before: set[str]) -> dict[str, list]:
-    """Pod name -> its ``pytorch`` containers of this test (oldest first)."""
-    pods: dict[str, list] = {}
-    for c in docker.from_env().containers.list(all=True, filters={"label": POD_LABEL}):
-        if c.labels[POD_LABEL].startswith(f"{job}-") and c.id not in before:
-            pods.setdefault(c.labels[POD_LABEL], []).append(c)
-    for containers in pods.values():
-        containers.sort(key=lambda c: c.attrs["Created"])
-    return pods
-
-
 FAST = {"epochs": 2, "batch_size": 512, "model": {"params": {"hidden": [16]}}}
 
 
 def test_a_pytorchjob_trains_with_ddp_as_containers_of_the_image(docker_cluster, demo_files, tmp_path):
     work = tmp_path / "work"
-    launcher, before = _launch(docker_cluster, work, demo_files, FAST, "run-docker")
+    launcher = _launch(docker_cluster, work, demo_files, FAST, "run-docker")
     code, output = _finished(launcher)
 
     assert code == 0 and "world_size 2" in output, output[-3000:]
     assert (work / "model" / "model.json").is_file()
     job = job_name_for("run-docker")
-    pods = _pod_containers(job, before)
-    assert set(pods) == {f"{job}-master-0", f"{job}-worker-0"}
-    for containers in pods.values():
-        for container in containers:  # the worker's init container, then every pod's pytorch container
-            attrs = container.attrs
-            assert attrs["Config"]["Image"] == IMAGE and attrs["State"]["ExitCode"] == 0
-            if container.labels["io.kubernetes.container.name"] == "pytorch":  # the job's securityContext
-                assert attrs["Config"]["User"].split(":")[0] == "1000"
-                assert attrs["HostConfig"]["ReadonlyRootfs"] is True and attrs["HostConfig"]["CapDrop"] == ["ALL"]
-            container.remove()
+    started = docker_cluster.server.runtime.started  # the worker's init container, then the pods' containers
+    assert {c.labels[POD_LABEL] for c in started} == {f"{job}-master-0", f"{job}-worker-0"}
+    for container in started:
+        container.reload()
+        attrs = container.attrs
+        assert attrs["Config"]["Image"] == IMAGE and attrs["State"]["ExitCode"] == 0
+        if container.labels["io.kubernetes.container.name"] == "pytorch":  # the job's securityContext
+            assert attrs["Config"]["User"].split(":")[0] == "1000"
+            assert attrs["HostConfig"]["ReadonlyRootfs"] is True and attrs["HostConfig"]["CapDrop"] == ["ALL"]
+    assert [(r["name"], r["image"], r["exit_code"], r["restarts"]) for r in pod_records(docker.from_env(), f"{job}-")] == [
+        (f"{job}-master-0", IMAGE, 0, 0), (f"{job}-worker-0", IMAGE, 0, 0)]
     master_log = (work / "logs" / "master.log").read_text()  # what the launcher read from pods/log
-    assert "world_size" in master_log or "epoch" in master_log, master_log[-2000:]
+    assert "epoch 2/2" in master_log, master_log[-2000:]
 
 
 PROBE = """
@@ -189,5 +179,3 @@ def test_a_pod_is_a_container_of_its_spec_and_a_killed_one_restarts_in_place(doc
     assert second.attrs["HostConfig"]["Memory"] == 512 * 2**20 and second.attrs["HostConfig"]["NanoCpus"] == 10**9
     assert pod_records(daemon, "probe-") == [{"name": "probe-master-0", "container_id": second.id, "image": IMAGE,
                                               "user": "1000", "exit_code": 0, "restarts": 1}]
-    for c in (first, second):
-        c.remove(force=True)

@@ -92,6 +92,16 @@ class DockerRuntime:
     """Runs each pod container as a container of its image (see the module docstring)."""
 
     client: Any = field(default_factory=docker.from_env)
+    started: list[Any] = field(default_factory=list)
+    """Every container it started, in order (kept after they end; :meth:`remove_all` removes them)."""
+
+    def remove_all(self) -> None:
+        """Remove every container it started (the test cluster's teardown)."""
+        for container in self.started:
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
 
     def has_image(self, image: str) -> bool:
         try:
@@ -124,6 +134,7 @@ class DockerRuntime:
             mem_limit=int(quantity(limits["memory"])) if "memory" in limits else None,
             labels={POD_LABEL: meta["name"], "io.kubernetes.pod.namespace": job.namespace,
                     "io.kubernetes.pod.uid": meta["uid"], CONTAINER_LABEL: container["name"]})
+        self.started.append(created)
         copier = threading.Thread(target=_copy_log, args=(created, log), daemon=True)
         copier.start()
         return _DockerContainer(created, copier)
