@@ -62,15 +62,15 @@ print("world_size", result.world_size)
 the files it stages on the claim are then its pods' user's, as in a cluster."""
 
 
-def _launch(cluster: Cluster, work: Path, demo_files: dict, config: dict, run_id: str) -> Any:
-    """Start :data:`LAUNCH` in a container."""
+def _launch(cluster: Cluster, work: Path, demo_files: dict, config: dict, run_id: str, kind: str) -> Any:
+    """Start :data:`LAUNCH` of a job of ``kind`` in a container."""
     work.mkdir()
     work.chmod(0o777)
     for source, name in ((demo_files["train.parquet"], "train.parquet"), (SCHEMA, "schema.yaml"),
                          (cluster.kubeconfig, "kubeconfig")):
         shutil.copy(source, work / name)
         (work / name).chmod(0o644)
-    settings = {**cluster.settings(), "image": IMAGE}
+    settings = {**cluster.settings(), "image": IMAGE, "kind": kind}
     settings["launcher"]["kubeconfig"] = str(work / "kubeconfig")
     launcher = docker.from_env().containers.run(
         IMAGE, ["python", "-c", LAUNCH, json.dumps(settings), json.dumps(config), str(work), run_id], detach=True,
@@ -90,25 +90,33 @@ def _finished(launcher) -> tuple[int, str]:
 FAST = {"epochs": 2, "batch_size": 512, "model": {"params": {"hidden": [16]}}}
 
 
-def test_a_pytorchjob_trains_with_ddp_as_containers_of_the_image(docker_cluster, demo_files, tmp_path):
+@pytest.mark.parametrize("kind, container_name, pods", [("pytorchjob", "pytorch", ("master-0", "worker-0")),
+                                                         ("trainjob", "node", ("node-0-0-", "node-0-1-"))])
+def test_a_job_trains_with_ddp_as_containers_of_the_image(kind, container_name, pods, docker_cluster, demo_files,
+                                                          tmp_path):
+    """A 2-node PyTorchJob (the operator's pods ``<job>-master-0``, ``<job>-worker-0``) or TrainJob (the Indexed
+    Job's pods ``<job>-node-0-<i>-<suffix>``)."""
     work = tmp_path / "work"
-    launcher = _launch(docker_cluster, work, demo_files, FAST, "run-docker")
+    run_id = f"run-docker-{kind}"
+    launcher = _launch(docker_cluster, work, demo_files, FAST, run_id, kind)
     code, output = _finished(launcher)
 
     assert code == 0 and "world_size 2" in output, output[-3000:]
     assert (work / "model" / "model.json").is_file()
-    job = job_name_for("run-docker")
-    started = docker_cluster.server.runtime.started  # the worker's init container, then the pods' containers
-    assert {c.labels[POD_LABEL] for c in started} == {f"{job}-master-0", f"{job}-worker-0"}
+    job = job_name_for(run_id)
+    started = docker_cluster.server.runtime.started  # init containers (PyTorchJob's worker), the pods' containers
+    names = sorted({c.labels[POD_LABEL] for c in started})
+    assert len(names) == 2 and all(name.startswith(f"{job}-{pod}") for name, pod in zip(names, pods)), names
     for container in started:
         container.reload()
         attrs = container.attrs
         assert attrs["Config"]["Image"] == IMAGE and attrs["State"]["ExitCode"] == 0
-        if container.labels["io.kubernetes.container.name"] == "pytorch":  # the job's securityContext
+        if container.labels["io.kubernetes.container.name"] == container_name:  # the job's securityContext
             assert attrs["Config"]["User"].split(":")[0] == "1000"
             assert attrs["HostConfig"]["ReadonlyRootfs"] is True and attrs["HostConfig"]["CapDrop"] == ["ALL"]
-    assert [(r["name"], r["image"], r["exit_code"], r["restarts"]) for r in pod_records(docker.from_env(), f"{job}-")] == [
-        (f"{job}-master-0", IMAGE, 0, 0), (f"{job}-worker-0", IMAGE, 0, 0)]
+    records = pod_records(docker.from_env(), f"{job}-", container_name)
+    assert [(r["name"], r["image"], r["exit_code"], r["restarts"]) for r in records] == [
+        (name, IMAGE, 0, 0) for name in names]
     master_log = (work / "logs" / "master.log").read_text()  # what the launcher read from pods/log
     assert "epoch 2/2" in master_log, master_log[-2000:]
 
