@@ -40,6 +40,8 @@ Created. Scheduling checks the pod's resources against one node's `capacity`: a 
 Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in ImagePullBackOff; a pod
 named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason given there
 (`OOMKilled`, or `Error` for a plain kill).
+That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
+(tests/fakes/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
 TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
 JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
 """
