@@ -108,8 +108,10 @@ main() {
   docker image prune --force --filter "until=24h" >/dev/null
 
   PYTHONPATH=$ROOT "$PYTHON" tests/e2e_docker.py --image "$IMAGE"
-  # the KFP test server's Docker engine on this image: each task a container, as its user, read-only root
-  KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kfp_executor_docker.py
+  # the KFP test server's Docker engine and the Kubernetes test cluster's Docker kubelet on this image: each task
+  # and each training pod a container, as its user, read-only root
+  KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kfp_executor_docker.py \
+    tests/test_docker_kubelet.py
 }
 
 main "$@"

@@ -3,11 +3,9 @@ names, as the image's user, read-only root, the token at its projected path. Nee
 (``DOCKER_HOST``) and an image holding python3 and kfp whose user is not root, named by ``KFLOOP_E2E_IMAGE``
 (``make e2e``'s kfloop image is one); skipped otherwise."""
 # kfp reads the components' annotations at definition time: no `from __future__ import annotations` here.
-import os
-
 import docker
 import kfp
-import pytest
+from e2e_image import IMAGE, needs_image
 from fakes.kfp_executor import ACCESS_LABEL, DockerEngine, KfpExecutor
 from fakes.kfp_server import KfpApiServer
 from kfp import compiler, dsl
@@ -15,21 +13,8 @@ from polling import wait_for
 
 from components import kfp_client
 
-IMAGE = os.environ.get("KFLOOP_E2E_IMAGE", "")
 TOKEN = "kfp-docker-token-0c4a"
-
-
-def _docker_image() -> str:
-    if not IMAGE:
-        return "KFLOOP_E2E_IMAGE names no image"
-    try:
-        docker.from_env().images.get(IMAGE)
-    except docker.errors.DockerException as err:
-        return f"no Docker daemon or no image {IMAGE}: {err}"
-    return ""
-
-
-pytestmark = pytest.mark.skipif(bool(_docker_image()), reason=_docker_image() or "ok")
+pytestmark = needs_image
 
 
 @dsl.component(base_image=IMAGE or "unset", install_kfp_package=False)

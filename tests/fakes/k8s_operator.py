@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 
 from fakes import pytorchjob_contract as operator
@@ -39,15 +39,47 @@ CRASH_BACKOFF_SECONDS = 0.5
 """First CrashLoopBackOff delay of an in-place restart (the kubelet's is 10 s), doubled per restart up to 8 s."""
 
 
+class Container(Protocol):
+    """One started container, as the kubelet sees it through its runtime."""
+
+    @property
+    def id(self) -> str: ...
+    """``containerID`` as the pod status shows it (``<runtime>://<id>``)."""
+    @property
+    def pid(self) -> int | None: ...
+    """Host pid of the container's first process while it runs."""
+    def wait(self) -> int: ...
+    """Its exit code, once it ended (128 + signal when killed), its output all in the pod's log."""
+    def running(self) -> bool: ...
+    def oom_killed(self) -> bool: ...
+    def kill(self) -> None: ...
+    """SIGKILL, as a node's OOM killer or a crash would."""
+    def stop(self) -> None: ...
+    """SIGTERM, SIGKILL after STOP_GRACE_SECONDS, and reap."""
+
+
+class Runtime(Protocol):
+    """What runs a pod's containers for the kubelet: :class:`ProcessRuntime` (local process groups, the default)
+    or ``fakes.docker_kubelet.DockerRuntime`` (containers of the pod's image)."""
+
+    def has_image(self, image: str) -> bool: ...
+    def start(self, job: "_JobController", pod: dict, container: dict, log: Path, attempt: int) -> Container: ...
+    """Start ``container`` of ``pod`` (``attempt``: its restart count), its output appended to ``log``.
+
+    Raises:
+        ValueError: what the kubelet reports as CreateContainerConfigError (a missing Secret, key or claim).
+    """
+
+
 @dataclass
 class _PodRun:
-    """The local process (group) behind one pod, and its log file."""
+    """The running container behind one pod, and its log file."""
 
     log: Path
-    proc: subprocess.Popen | None = None
+    container: Container | None = None
     stopped: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    """Orders starting a process against stopping the pod: no process starts once ``stopped`` is set."""
+    """Orders starting a container against stopping the pod: none starts once ``stopped`` is set."""
 
 
 # ------------------------------------------------------------------------------------------------ operator
@@ -78,28 +110,89 @@ def field_value(pod: dict, path: str) -> str:
 
 
 def _terminate(run: _PodRun) -> None:
-    """SIGTERM the pod's process group, SIGKILL it after STOP_GRACE_SECONDS, and reap it."""
+    """Stop the pod's container (SIGTERM, SIGKILL after STOP_GRACE_SECONDS); none starts after this."""
     with run.lock:
         run.stopped.set()
-        proc = run.proc
-    if proc is None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            break
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # whatever the group left behind
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
+        container = run.container
+    if container is not None:
+        container.stop()
+
+
+def container_env(api: K8sServer, namespace: str, pod: dict, container: dict,
+                  local: Callable[[str], str] = str) -> dict[str, str]:
+    """The container's ``env`` as the kubelet resolves it: values (through ``local``, the process runtime's mount
+    mapping), ``fieldRef`` (:func:`field_value`) and ``secretKeyRef`` from the Secrets in the store.
+
+    Raises:
+        ValueError: a referenced Secret or key is missing (and not ``optional``).
+    """
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = local(str(item["value"]))
+        elif "fieldRef" in item.get("valueFrom", {}):
+            env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            ref = item["valueFrom"]["secretKeyRef"]
+            try:
+                secret = api.store.get(SECRETS, namespace, ref["name"])
+            except ApiError:
+                if ref.get("optional"):
+                    continue
+                raise ValueError(f'secret "{ref["name"]}" not found') from None
+            data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
+            if ref["key"] not in data:
+                if ref.get("optional"):
+                    continue
+                raise ValueError(f"couldn't find key {ref['key']} in Secret {namespace}/{ref['name']}")
+            env[item["name"]] = data[ref["key"]]
+    return env
+
+
+@dataclass
+class _Process:
+    """A container of :class:`ProcessRuntime`: a local process group."""
+
+    proc: subprocess.Popen
+
+    @property
+    def id(self) -> str:
+        return f"local://{self.proc.pid}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc.poll() is None else None
+
+    def wait(self) -> int:
+        code = self.proc.wait()
+        return code if code >= 0 else 128 - code
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def oom_killed(self) -> bool:
+        return False
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # whatever the group left behind
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
 
 
 def _unshare_prefix() -> list[str]:
@@ -272,7 +365,7 @@ class _JobController:
         self.api.record_event(self.namespace, pod, reason="Scheduled",
                               message=f"Successfully assigned {self.namespace}/{name} to kfloop-test-node")
         image = container.get("image", "")
-        if image in self.api.unpullable_images:
+        if image in self.api.unpullable_images or not self.api.runtime.has_image(image):
             self._waiting(name, container, "ImagePullBackOff", f'Back-off pulling image "{image}"')
             self.api.record_event(self.namespace, pod, reason="Failed", type_="Warning",
                                   message=f'Failed to pull image "{image}": not found')
@@ -286,43 +379,44 @@ class _JobController:
             if code:
                 self._update_pod(name, lambda p: p["status"].update(phase="Failed", reason="Init:Error"))
                 return self._pod_finished(rtype, index, name, code)
-        try:
-            argv, env, cwd = self._container_process(pod, container)
-        except ValueError as exc:
-            self._waiting(name, container, "CreateContainerConfigError", str(exc))
-            self.api.record_event(self.namespace, pod, reason="Failed", message=f"Error: {exc}", type_="Warning")
-            return
         restarts = 0
         while True:
             started = now()
-            with run.lock, run.log.open("ab") as log:
+            with run.lock:
                 if self.stopping.is_set() or run.stopped.is_set():
                     return
-                run.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+                try:
+                    run.container = self.api.runtime.start(self, pod, container, run.log, restarts)
+                except ValueError as exc:
+                    self._waiting(name, container, "CreateContainerConfigError", str(exc))
+                    self.api.record_event(self.namespace, pod, reason="Failed", message=f"Error: {exc}",
+                                          type_="Warning")
+                    return
             self._update_pod(name, lambda p: p["status"].update(phase="Running", startTime=p["status"].get(
                 "startTime", started), containerStatuses=[{
                     "name": container["name"], "image": image, "imageID": "", "ready": True, "started": True,
                     "restartCount": restarts, "state": {"running": {"startedAt": started}},
+                    "containerID": run.container.id,
                     **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
             if self._master_running():
                 self.set_condition("Running", "PyTorchJobRunning", f"PyTorchJob {self.name} is running.")
             if name in self.api.killed_pods:
-                os.killpg(run.proc.pid, signal.SIGKILL)
-            code = run.proc.wait()
-            exit_code = code if code >= 0 else 128 - code
+                run.container.kill()
+            exit_code = run.container.wait()
             if run.stopped.is_set():
                 return
-            reason = "Completed" if exit_code == 0 else self.api.killed_pods.get(name, "Error")
+            reason = "Completed" if exit_code == 0 else "OOMKilled" if run.container.oom_killed() else \
+                self.api.killed_pods.get(name, "Error")
             terminated = {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now(),
-                          "containerID": f"local://{run.proc.pid}"}
+                          "containerID": run.container.id}
             in_place = pod["spec"]["restartPolicy"] == "Always" or (
                 pod["spec"]["restartPolicy"] == "OnFailure" and exit_code != 0)
             if not in_place:
                 phase = "Succeeded" if exit_code == 0 else "Failed"
                 self._update_pod(name, lambda p: p["status"].update(phase=phase, containerStatuses=[{
                     "name": container["name"], "image": image, "imageID": "", "ready": False, "started": False,
-                    "restartCount": restarts, "state": {"terminated": terminated}}]))
+                    "restartCount": restarts, "state": {"terminated": terminated},
+                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
                 return self._pod_finished(rtype, index, name, exit_code)
             restarts += 1
             backoff = min(8.0, CRASH_BACKOFF_SECONDS * 2 ** (restarts - 1))
@@ -344,24 +438,22 @@ class _JobController:
         """Run one init container to its end (its output in its own log); its exit code, or None when it could not
         start or the pod was stopped meanwhile."""
         name = pod["metadata"]["name"]
-        try:
-            argv, env, cwd = self._container_process(pod, init)
-        except ValueError as exc:
-            self._waiting(name, init, "CreateContainerConfigError", str(exc))
-            return None
         started = now()
         self._update_pod(name, lambda p: p["status"].update(phase="Pending", initContainerStatuses=[{
             "name": init["name"], "image": init.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
             "state": {"running": {"startedAt": started}}}]))
-        with run.lock, run.log.with_suffix(f".{init['name']}.log").open("ab") as log:
+        with run.lock:
             if self.stopping.is_set() or run.stopped.is_set():
                 return None
-            run.proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-        code = run.proc.wait()
+            try:
+                run.container = self.api.runtime.start(self, pod, init, run.log.with_suffix(f".{init['name']}.log"),
+                                                       0)
+            except ValueError as exc:
+                self._waiting(name, init, "CreateContainerConfigError", str(exc))
+                return None
+        exit_code = run.container.wait()
         if run.stopped.is_set():
             return None
-        exit_code = code if code >= 0 else 128 - code
         self._update_pod(name, lambda p: p["status"].update(initContainerStatuses=[{
             "name": init["name"], "image": init.get("image", ""), "imageID": "", "ready": exit_code == 0,
             "restartCount": 0, "state": {"terminated": {"exitCode": exit_code, "startedAt": started,
@@ -426,68 +518,67 @@ class _JobController:
             "started": False,
             "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]))
 
-    def _container_process(self, pod: dict, container: dict) -> tuple[list[str], dict[str, str], str]:
-        """argv, env and working dir of the container, with volume mount paths mapped to host dirs.
 
-        Raises:
-            ValueError: a referenced Secret or key is missing, or a PVC claim has no host dir.
-        """
-        mounts = self._mounts(pod, container)
+class ProcessRuntime:
+    """Each container a local process group of this checkout's Python (see the module docstring): its own mount
+    and UTS namespaces, the job's hosts file, volume mount paths rewritten to host dirs."""
 
-        def local(text: str) -> str:
-            if any(text == p or text.startswith(p + "/") for p in IMAGE_PATHS):
-                return text
-            for mount_path, host in mounts:
-                if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
-                    return str(host) + text[len(mount_path.rstrip("/")):]
-                text = text.replace("=" + mount_path.rstrip("/") + "/", "=" + str(host) + "/")
+    def has_image(self, image: str) -> bool:
+        return True
+
+    def start(self, job: _JobController, pod: dict, container: dict, log: Path, attempt: int) -> Container:
+        argv, env, cwd = _process(job, pod, container)
+        with log.open("ab") as out:
+            return _Process(subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                             stderr=subprocess.STDOUT, start_new_session=True))
+
+
+def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str], dict[str, str], str]:
+    """argv, env and working dir of the container, with volume mount paths mapped to host dirs.
+
+    Raises:
+        ValueError: a referenced Secret or key is missing, or a PVC claim has no host dir.
+    """
+    mounts = _mounts(job, pod, container)
+
+    def local(text: str) -> str:
+        if any(text == p or text.startswith(p + "/") for p in IMAGE_PATHS):
             return text
+        for mount_path, host in mounts:
+            if text == mount_path or text.startswith(mount_path.rstrip("/") + "/"):
+                return str(host) + text[len(mount_path.rstrip("/")):]
+            text = text.replace("=" + mount_path.rstrip("/") + "/", "=" + str(host) + "/")
+        return text
 
-        env = {"PATH": f"{self.bin}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
-               "HOME": str(self.dir), "HOSTNAME": pod["metadata"]["name"],
-               "PYTHONPATH": str(CODE_ROOT)}  # the image holds the code under test (not whatever the venv has)
-        for item in container.get("env", []):
-            if "value" in item:
-                env[item["name"]] = local(str(item["value"]))
-            elif "fieldRef" in item.get("valueFrom", {}):
-                env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
-            elif "secretKeyRef" in item.get("valueFrom", {}):
-                ref = item["valueFrom"]["secretKeyRef"]
-                try:
-                    secret = self.api.store.get(SECRETS, self.namespace, ref["name"])
-                except ApiError:
-                    if ref.get("optional"):
-                        continue
-                    raise ValueError(f'secret "{ref["name"]}" not found') from None
-                data = {k: base64.b64decode(v).decode() for k, v in secret.get("data", {}).items()}
-                if ref["key"] not in data:
-                    if ref.get("optional"):
-                        continue
-                    raise ValueError(f"couldn't find key {ref['key']} in Secret {self.namespace}/{ref['name']}")
-                env[item["name"]] = data[ref["key"]]
-        argv = [local(a) for a in container.get("command", []) + container.get("args", [])]
-        if not argv:
-            raise ValueError("the container has no command (the test server runs no image entrypoints)")
-        script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
-        wrapper = [*_unshare_prefix(), "sh", "-c", script, str(self.hosts), pod["metadata"]["name"]]
-        cwd = local(container.get("workingDir", "")) or str(self.dir)
-        return wrapper + argv, env, cwd
+    env = {"PATH": f"{job.bin}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+           "HOME": str(job.dir), "HOSTNAME": pod["metadata"]["name"],
+           "PYTHONPATH": str(CODE_ROOT)}  # the image holds the code under test (not whatever the venv has)
+    env.update(container_env(job.api, job.namespace, pod, container, local))
+    argv = [local(a) for a in container.get("command", []) + container.get("args", [])]
+    if not argv:
+        raise ValueError("the container has no command (the test server runs no image entrypoints)")
+    script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
+    wrapper = [*_unshare_prefix(), "sh", "-c", script, str(job.hosts), pod["metadata"]["name"]]
+    cwd = local(container.get("workingDir", "")) or str(job.dir)
+    return wrapper + argv, env, cwd
 
-    def _mounts(self, pod: dict, container: dict) -> list[tuple[str, Path]]:
-        """(mount path, host dir), longest path first."""
-        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
-        mounts = []
-        for mount in container.get("volumeMounts", []):
-            volume = volumes.get(mount["name"], {})
-            if "persistentVolumeClaim" in volume:
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                if claim not in self.api.volumes:
-                    raise ValueError(f'persistentvolumeclaim "{claim}" not found')
-                host = self.api.volumes[claim]
-            elif "emptyDir" in volume:
-                host = self.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
-                host.mkdir(parents=True, exist_ok=True)
-            else:
-                continue
-            mounts.append((mount["mountPath"], host / mount.get("subPath", "")))
-        return sorted(mounts, key=lambda m: -len(m[0]))
+
+
+def _mounts(job: _JobController, pod: dict, container: dict) -> list[tuple[str, Path]]:
+    """(mount path, host dir), longest path first."""
+    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+    mounts = []
+    for mount in container.get("volumeMounts", []):
+        volume = volumes.get(mount["name"], {})
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            if claim not in job.api.volumes:
+                raise ValueError(f'persistentvolumeclaim "{claim}" not found')
+            host = job.api.volumes[claim]
+        elif "emptyDir" in volume:
+            host = job.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
+            host.mkdir(parents=True, exist_ok=True)
+        else:
+            continue
+        mounts.append((mount["mountPath"], host / mount.get("subPath", "")))
+    return sorted(mounts, key=lambda m: -len(m[0]))

@@ -42,6 +42,8 @@ Created. Scheduling checks the pod's resources against one node's `capacity`: a 
 Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in ImagePullBackOff; a pod
 named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason given there
 (`OOMKilled`, or `Error` for a plain kill).
+That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
+(tests/fakes/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
 TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
 JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
 """
@@ -65,8 +67,8 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 from fakes import pod_security, tls, trainer_operator
 from fakes.crd_schema import validate as validate_crd
-from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, _JobController, _PodRun,
-                                _terminate, quantity)
+from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
+                                _JobController, _PodRun, _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
 from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, TRAINJOBS,
                              ApiError,
@@ -164,11 +166,13 @@ class K8sServer:
         operator: run PyTorchJobs as local processes.
         pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
             None: the operator's default ``init-pytorch``.
+        runtime: what runs the pods' containers: local process groups (default), or
+            ``fakes.docker_kubelet.DockerRuntime``'s containers of each pod's image.
     """
 
     def __init__(self, workdir: Path, *, namespace: str = "default", volumes: dict[str, Path] | None = None,
                  capacity: dict[str, float] | None = None, operator: bool = True,
-                 pytorch_init_container_template: str | None = None):
+                 pytorch_init_container_template: str | None = None, runtime: Runtime | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.namespace = namespace
@@ -176,6 +180,7 @@ class K8sServer:
         self.capacity = {"cpu": float(os.cpu_count() or 2) * 8, "memory": 256 * 2**30, **(capacity or {})}
         self.operator = operator
         self.pytorch_init_container_template = pytorch_init_container_template
+        self.runtime: Runtime = runtime or ProcessRuntime()
         self.unpullable_images: set[str] = set()
         """Images whose pods stay in ImagePullBackOff."""
         self.killed_pods: dict[str, str] = {}
@@ -245,8 +250,8 @@ class K8sServer:
     # -- test helpers (what a test reads besides the API)
 
     def live_pids(self) -> list[int]:
-        """Pids of pod processes still running."""
-        return [run.proc.pid for run in list(self._runs.values()) if run.proc and run.proc.poll() is None]
+        """Host pids of pod containers still running."""
+        return [pid for run in list(self._runs.values()) if run.container and (pid := run.container.pid)]
 
     # -- request handling
 
@@ -409,7 +414,7 @@ class K8sServer:
             with run.log.open("rb") as log:
                 log.seek(offset)
                 while True:
-                    finished = run.stopped.is_set() or run.proc is None or run.proc.poll() is not None
+                    finished = run.stopped.is_set() or run.container is None or not run.container.running()
                     data = log.read()
                     if data:
                         h._chunk(data)
