@@ -173,7 +173,8 @@ def train_step(*, train_path: str, schema_path: str, model_name: str, config: di
               ", ".join(f"{k}={v:.4f}" for k, v in sorted(result.metrics.items())))
     choice = json.loads((Path(model_dir) / MODEL_FILE).read_text()).get("threshold_choice")
     if choice:
-        progress(f"train: decision threshold for {choice['metric']} ({choice['reason']})")
+        label = "the most probable class" if choice["metric"] == "none" else f"threshold for {choice['metric']}"
+        progress(f"train: decision: {label} ({choice['reason']})")
     return TrainStepResult(run_id=run_id, metrics=result.metrics, world_size=result.world_size)
 
 
