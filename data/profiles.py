@@ -120,7 +120,7 @@ def build_profile(chunks: Iterable[pd.DataFrame], kinds: dict[str, str], *,
 
 def profiled_kinds(kinds: dict[str, str], predict: Callable[[pd.DataFrame], np.ndarray] | None,
                    prediction_kind: str) -> dict[str, str]:
-    """The columns a profile sketches: ``kinds``, then ``prediction`` when the champion ``predict``\ s."""
+    """The columns a profile sketches: ``kinds``, then ``prediction`` when the champion predicts."""
     return dict(kinds) | ({PREDICTION_COLUMN: prediction_kind} if predict is not None else {})
 
 

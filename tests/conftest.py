@@ -119,15 +119,44 @@ def cluster(tmp_path):
 def ray_head(tmp_path_factory):
     """A real Ray head on loopback with 2 CPUs (two training workers) and token authentication (Ray's default), in
     its own process group, stopped with the module; this process (and so every driver it starts) holds the token
-    (:data:`RAY_AUTH_TOKEN`)."""
-    port, ray = free_port(), str(Path(sys.executable).with_name("ray"))
-    head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-                             "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-                             f"--temp-dir={tmp_path_factory.mktemp('ray')}"],
-                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (:data:`RAY_AUTH_TOKEN`). A head that exits or never answers fails the fixture with its own output and the
+    tails of its session's logs. Its workers take ports from the OS: Ray's default worker range (10002-19999) overlaps
+    :func:`free_port`'s, and ``ray start`` refuses a head port inside it."""
+    port, ray, temp = free_port(), str(Path(sys.executable).with_name("ray")), tmp_path_factory.mktemp("ray")
+    log = temp.parent / f"{temp.name}-head.log"
+    with log.open("wb") as out:
+        head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+                                 f"--ray-client-server-port={free_port()}", "--min-worker-port=0",
+                                 "--max-worker-port=0", "--num-cpus=2",
+                                 "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
+                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
     address = f"127.0.0.1:{port}"
-    wait_for("the Ray head", lambda: subprocess.run([ray, "status", f"--address={address}"],
-                                                    capture_output=True).returncode == 0, timeout=180, interval=1.0)
+
+    def answers() -> bool:
+        if head.poll() is not None:
+            raise AssertionError(f"the Ray head exited with {head.returncode}:\n{_ray_logs(log, temp)}")
+        return subprocess.run([ray, "status", f"--address={address}"], capture_output=True).returncode == 0
+
+    try:
+        wait_for("the Ray head", answers, timeout=180, interval=1.0)
+    except AssertionError as error:
+        _stop(head)
+        raise AssertionError(f"{error}\n{_ray_logs(log, temp)}") from None
     yield address
-    os.killpg(head.pid, signal.SIGKILL)
+    _stop(head)
+
+
+def _stop(head: subprocess.Popen) -> None:
+    """Kill ``head``'s process group (its GCS, raylet and workers), if any of it is left."""
+    try:
+        os.killpg(head.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     head.wait()
+
+
+def _ray_logs(log: Path, temp: Path, lines: int = 30) -> str:
+    """The last ``lines`` of ``ray start``'s output and of each log of the head's session (GCS, raylet, agents)."""
+    parts = [log, *sorted((temp / "session_latest" / "logs").glob("*"))]
+    return "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+                      for p in parts if p.is_file() and p.stat().st_size)
