@@ -1,5 +1,6 @@
 """Faults injected into real torchrun launches: a killed rank, a rank failing on every attempt, a node that never
-joins the rendezvous, a rank that stalls before a collective, and a resume on another world size.
+joins the rendezvous, a rank that stalls before a collective, a resume on another world size, and a killed Worker
+pod of a PyTorchJob on the Kubernetes test server.
 
 Faults come from outside, as they do in production: the test finds the process by its environment in ``/proc``
 and sends it SIGKILL or SIGSTOP, or breaks the disk path the job writes to. Nothing in kfloop knows it is tested.
@@ -18,13 +19,16 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 import torch
+from kubernetes import client
 from safetensors.torch import load_file
 
 from polling import wait_for as _poll
 from test_training import write_training_files
 from training import checkpoints
 from training.config import JobShape, TrainingConfig
+from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 from training.launch.local import LaunchError, train_local
+from training.launch.manifests import job_name_for
 from training.model import WEIGHTS_FILE
 from training.train import RESTARTS_TAG
 
@@ -196,3 +200,51 @@ def test_resuming_four_ranks_checkpoint_on_two_ranks_works(tmp_path, files):
     assert "epoch 1/3" not in log and "epoch 3/3" in log
     assert two.world_size == 2 and json.loads((tmp_path / "m2" / "model.json").read_text())["world_size"] == 2
     assert checkpoints.committed_steps(ckpt)[-1] > saved
+
+
+def _kill_pod(marker: str, pod: str) -> None:
+    """SIGKILL every process of ``pod``, as a container kill does: its torchrun agent first (it would restart its
+    workers), then the workers."""
+    wait_for(f"the worker of {pod}", lambda: _processes(marker, HOSTNAME=pod, LOCAL_RANK="0"))
+    for pid in sorted(_processes(marker, HOSTNAME=pod), key=lambda p: "LOCAL_RANK" in _environ(p)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_killed_worker_pod_is_recreated_and_the_job_resumes_from_its_checkpoint(tmp_path, files, cluster):
+    """A container kill of the Worker pod mid-epoch: the operator recreates the pod (``restartPolicy: ExitCode``,
+    exit code 137), the master's torchrun restarts its rank, and both ranks meet again well before the collective
+    timeout although the new pod's torchrun counts its restarts from 0."""
+    settings = KubernetesSettings.from_dict(cluster.settings())
+    config = replace(TINY, collective_timeout_seconds=120)
+    name = job_name_for("run-pod-kill")
+    ckpt = cluster.shared / name / "checkpoints"
+    with ThreadPoolExecutor(1) as pool:
+        launch = pool.submit(train_kubernetes, files.data, files.schema, model_dir=tmp_path / "model", config=config,
+                             shape=JobShape(nnodes=2, nproc_per_node=1, max_restarts=1, backend="kubernetes"),
+                             cluster=settings.cluster, policy=settings.launcher, pipeline_run_id="run-pod-kill",
+                             log_dir=tmp_path / "logs")
+        committed = wait_for("the first checkpoint", lambda: checkpoints.committed_steps(ckpt))
+        _kill_pod(str(tmp_path), f"{name}-worker-0")
+        killed = time.monotonic()
+        result = launch.result(timeout=DEADLINE_S)
+    took = time.monotonic() - killed
+    steps_per_epoch = committed[0]
+    final_step = steps_per_epoch * config.epochs
+    assert committed[-1] < final_step, "the kill must land before the last epoch"
+    assert took < config.collective_timeout_seconds, f"the ranks met again only after {took:.0f} s"
+
+    events = client.CoreV1Api(cluster.api()).list_namespaced_event("default").items
+    created = [e.message for e in events if e.reason == "SuccessfulCreatePod"]
+    assert sorted(created) == [f"Created pod: {name}-master-0"] + [f"Created pod: {name}-worker-0"] * 2
+    assert [e.message for e in events if e.reason == "ExitedWithCode"] == [
+        f"Pod: default.{name}-worker-0 exited with code 137"]
+
+    log = (tmp_path / "logs" / "master.log").read_text()
+    resumed_at = int(log.split("resuming from checkpoint step ")[1].split()[0])
+    assert steps_per_epoch <= resumed_at < final_step and resumed_at % steps_per_epoch == 0
+    assert log.count(f"epoch 1/{config.epochs} ") == 1, "epoch 1 ran once"
+    assert checkpoints.committed_steps(ckpt)[-1] == final_step
+    assert result.world_size == 2 and (tmp_path / "model" / "model.json").is_file()

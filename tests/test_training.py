@@ -13,13 +13,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
 from training import checkpoints
 from training.config import JobShape, TrainingConfig
 from training.launch.local import train_local
 from training.model import MODEL_FILE, WEIGHTS_FILE, Predictor
-from training.train import param_digest
+from training.train import _join_attempt, param_digest
 from data.validation import infer_schema, schema_to_yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,6 +110,17 @@ def test_config_errors_state_the_fix(kwargs, message):
 def test_job_shape_errors_state_the_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         JobShape(**kwargs)
+
+
+def test_every_rank_of_an_attempt_joins_the_same_one_whatever_its_nodes_restart_counts():
+    store = dist.HashStore()  # the agent's store lives on across worker restarts and recreated pods
+    assert [_join_attempt(store, rank, 2) for rank in (0, 1)] == [0, 0]
+    # the worker pod is recreated (its torchrun counts from 0) before the master's torchrun restarts rank 0
+    assert [_join_attempt(store, rank, 2) for rank in (1, 0)] == [1, 1]
+    # an elastic scale-up: the new rank 2 arrives first, the others restart without counting it
+    assert [_join_attempt(store, rank, 3) for rank in (2, 0, 1)] == [2, 2, 2]
+    # rank 1 restarts twice before the others restart once: all of them meet in attempt 4
+    assert [_join_attempt(store, rank, 3) for rank in (1, 1, 0, 2)] == [3, 4, 4, 4]
 
 
 def test_trained_model_beats_the_majority_class_on_new_data(reference):

@@ -147,15 +147,33 @@ def _init_distributed(cfg: TrainingConfig) -> _Rank:
 
 
 def _attempt_store(timeout: timedelta) -> dist.Store:
-    """The torchrun agent's store, under a prefix of its own for each restart of the workers.
+    """The torchrun agent's store, under a prefix of its own for each attempt of the job (:func:`_join_attempt`).
 
-    With the static rendezvous (the Training Operator's default: ``MASTER_ADDR``/``MASTER_PORT``, no elastic
-    policy) every attempt shares one store, and ``init_method="env://"`` adds no prefix: a restarted rank would
-    read the addresses of the ranks that died and fail to connect.
+    Node 0's agent hosts that store for as long as it lives, across its restarts of the workers (the static
+    rendezvous of the Training Operator's default and c10d alike), and ``init_method="env://"`` adds no prefix: a
+    restarted rank would read the addresses of the ranks that died and fail to connect.
     """
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=timeout)
-    return dist.PrefixStore(f"kfloop/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    attempt = _join_attempt(store, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    return dist.PrefixStore(f"kfloop/attempt_{attempt}", store)
+
+
+def _join_attempt(store: dist.Store, rank: int, world_size: int) -> int:
+    """The number of the attempt this process joins: the current one (counter ``kfloop/attempt`` in ``store``),
+    unless a process of this rank already joined it or it began with another world size. Then that attempt is over
+    (its other ranks fail out of it and come here too), and this process moves the counter on and tries the next.
+
+    ``TORCHELASTIC_RESTART_COUNT`` cannot number the attempts: it counts per node, a recreated pod's torchrun starts
+    again at 0, and elastic membership changes do not count.
+    """
+    while True:
+        attempt = store.add("kfloop/attempt", 0)
+        joined = f"kfloop/joined_{attempt}"
+        if store.compare_set(f"{joined}/world_size", "", str(world_size)) == str(world_size).encode() \
+                and store.add(f"{joined}/rank_{rank}", 1) == 1:
+            return attempt
+        store.compare_set("kfloop/attempt", str(attempt), str(attempt + 1))
 
 
 def train_in_process_group(args: argparse.Namespace, device: torch.device, report: EpochReport) -> None:
