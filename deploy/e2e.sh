@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# `make e2e`: both pipelines as containers of this commit's image, the way a KFP v2 backend runs them.
+# `make e2e`: the retraining chain as one, every step and every training pod a container of this commit's image.
 #
 # Needs root (apt-get, debootstrap, dockerd) and no registry: a Debian 12 base made with debootstrap from the
 # mirror apt uses, the kfloop image built on it from deploy/Dockerfile with a wheelhouse (offline inside the
-# build), then tests/e2e_docker.py runs the loop with kfp.local's DockerRunner (UID 1000, read-only root, /tmp tmpfs,
-# host network on loopback) against a moto S3 server and a real `mlflow server`.
+# build), then tests/e2e_chain.py runs the chain on the KFP test server (steps as containers, UID 1000, read-only
+# root) and the Kubernetes test cluster (PyTorchJob pods as containers), against a moto S3 server and a real
+# `mlflow server`: upload, first training, scheduled drift, trigger, a killed training pod, champion v2, cooldown,
+# an alert through `kfloop serve`; it writes e2e-summary.json.
 #
 # The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
 # docker data root (base image, build layers), the wheelhouse (keyed by pyproject.toml and TORCH).
@@ -107,7 +109,7 @@ main() {
   docker images --format '{{.Repository}}:{{.Tag}}' kfloop | { grep -vxF "$IMAGE" || true; } | xargs -r docker rmi >/dev/null
   docker image prune --force --filter "until=24h" >/dev/null
 
-  PYTHONPATH=$ROOT "$PYTHON" tests/e2e_docker.py --image "$IMAGE"
+  PYTHONPATH=$ROOT "$PYTHON" tests/e2e_chain.py --image "$IMAGE"
   # the KFP test server's Docker engine and the Kubernetes test cluster's Docker kubelet on this image: each task
   # and each training pod a container, as its user, read-only root
   KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kfp_executor_docker.py \

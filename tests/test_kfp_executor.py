@@ -6,9 +6,13 @@ from pathlib import Path
 
 import kfp
 import pytest
+from fakes.k8s_server import K8sServer
 from fakes.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine
 from fakes.kfp_server import KfpApiServer
 from kfp import compiler, dsl
+from kfp import kubernetes as kfp_k8s
+from kubernetes import client as kube_client
+from kubernetes import config as kube_config
 from polling import wait_for
 
 from components import kfp_client
@@ -50,6 +54,22 @@ def block(flag_dir: str):
     open(os.path.join(flag_dir, f"started-{os.getpid()}"), "w").close()
     while True:
         time.sleep(0.05)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def env_of(names: str, out: dsl.Output[dsl.Artifact]):
+    import os
+
+    with open(out.path, "w") as f:
+        f.write(" ".join(f"{name}={os.environ.get(name, '-')}" for name in names.split()))
+
+
+@dsl.pipeline(name="secret-env")
+def secret_env_pipeline():
+    task = env_of(names="URI TOKEN_KEY MISSING_OPTIONAL KF_PIPELINES_SA_TOKEN_PATH").set_caching_options(False)
+    kfp_k8s.use_secret_as_env(task, "creds", {"uri": "URI", "token": "TOKEN_KEY"})
+    kfp_k8s.use_secret_as_env(task, "creds", {"absent": "MISSING_OPTIONAL"}, optional=True)
+    kfp_k8s.add_pod_label(task, ACCESS_LABEL, "true")
 
 
 @dsl.pipeline(name="if-pipeline")
@@ -204,3 +224,28 @@ def test_a_periodic_recurring_run_fires_every_interval(served, tmp_path):
     runs = wait_for("two fires", lambda: [r for r in server.store.runs.values() if r["state"] == "SUCCEEDED"][1:])
     client.disable_recurring_run(rec.recurring_run_id)
     assert all(r["recurring_run_id"] == rec.recurring_run_id for r in runs)
+
+
+def test_the_platform_spec_gives_a_pod_its_secret_env_and_label_and_a_missing_secret_fails_the_task(tmp_path,
+                                                                                                     monkeypatch):
+    """driver.go's ``extendPodSpecPatch``: ``secretAsEnv`` as ``secretKeyRef`` env (an ``optional`` key that is
+    absent stays unset), ``podMetadata`` labels (the access label projects the token); a Secret the namespace lacks
+    is the kubelet's CreateContainerConfigError, and the run fails with it."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with K8sServer(tmp_path / "k8s", namespace="kfloop") as cluster, KfpApiServer(token=TOKEN) as server, \
+            KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root",
+                        namespace="kfloop", token=TOKEN, cluster=cluster):
+        client = kfp.Client(host=server.url, existing_token=TOKEN)
+        missing = finish(client, start(client, secret_env_pipeline, tmp_path))
+        admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(tmp_path / "admin")))
+        kube_client.CoreV1Api(admin).create_namespaced_secret("kfloop", {
+            "metadata": {"name": "creds"}, "stringData": {"uri": "s3://b/x", "token": "t-1"}})
+        run = finish(client, start(client, secret_env_pipeline, tmp_path))
+
+    assert missing.state == "FAILED"
+    assert tasks(missing)["env-of"].error.message == 'CreateContainerConfigError: secret "creds" not found'
+    assert run.state == "SUCCEEDED"
+    (out,) = (tmp_path / "root").rglob("out")
+    env = dict(item.split("=", 1) for item in out.read_text().split())
+    assert (env["URI"], env["TOKEN_KEY"], env["MISSING_OPTIONAL"]) == ("s3://b/x", "t-1", "-")
+    assert Path(env["KF_PIPELINES_SA_TOKEN_PATH"]).read_text() == TOKEN

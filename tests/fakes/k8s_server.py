@@ -55,6 +55,7 @@ import copy
 import json
 import os
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -78,6 +79,10 @@ __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sSe
 
 
 # ------------------------------------------------------------------------------------------------ HTTP
+
+CLIENT_GONE = (BrokenPipeError, ConnectionResetError, ssl.SSLEOFError)
+"""What writing to a client that hung up raises (over TLS: an unexpected EOF)."""
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -141,7 +146,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.api.handle(self, method, url.path.rstrip("/") or "/", query, body)
         except ApiError as exc:
             self._send_json(exc.code, exc.status())
-        except (BrokenPipeError, ConnectionResetError):
+        except CLIENT_GONE:
             pass
 
 
@@ -385,7 +390,7 @@ class K8sServer:
                     h._chunk(json.dumps({"type": "ERROR", "object": gone.status()}).encode() + b"\n")
                     break
             h._chunk(b"")
-        except (BrokenPipeError, ConnectionResetError):
+        except CLIENT_GONE:
             pass
 
     def _log(self, h: _Handler, namespace: str, name: str, query: dict[str, str]) -> None:
@@ -423,7 +428,7 @@ class K8sServer:
                     else:
                         run.stopped.wait(0.1)
             h._chunk(b"")
-        except (BrokenPipeError, ConnectionResetError):
+        except CLIENT_GONE:
             pass
 
     # -- verbs (also used by the operator)

@@ -19,16 +19,27 @@ kubeflow/pipelines 2.17 (cited where used):
   (downward API) and the container's own ``env``; the pod runs as the run's service account, in the profile's
   namespace; a pod labelled ``access-ml-pipeline`` (the PodDefault of multi-user profiles) gets the projected
   ``pipelines.kubeflow.org`` token at ``/var/run/secrets/kubeflow/pipelines/token``.
+- ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``) applies the task's Kubernetes platform spec
+  (kfp-kubernetes): ``podMetadata`` labels, ``pvcMount`` as a volume of the claim at its ``mountPath``,
+  ``secretAsEnv`` as ``secretKeyRef`` env (a missing Secret or key that is not ``optional`` fails the pod with
+  the kubelet's CreateContainerConfigError). Every pod mounts its service account's token, ``ca.crt`` and
+  namespace at ``/var/run/secrets/kubernetes.io/serviceaccount`` and has ``KUBERNETES_SERVICE_HOST``/``PORT``
+  (Kubernetes' ServiceAccount admission and kubelet), which is how a step reaches the cluster's API.
 - ``backend/src/apiserver/resource/resource_manager.go`` (``TerminateRun``): a terminated run is ``CANCELING``
   until its pods stop, then ``CANCELED``; a failed task fails the run with its error.
 - ``backend/src/crd/controller/scheduledworkflow/`` (``util/cron_schedule.go``, ``util/periodic_schedule.go``,
   ``scheduled_workflow.go``): cron with six fields (seconds first, robfig/cron) or every ``interval_second``; ``max_concurrency`` caps the schedule's active runs (a fire while
   at the cap is skipped); ``no_catchup`` starts only the latest missed fire, else every missed fire runs.
 
+The platform spec and the service-account mount need the Kubernetes test cluster the pods run in
+(``KfpExecutor(cluster=K8sServer)``: its claims' folders, its Secrets, tokens it issues); without one they are not
+applied and the engine's ``env`` stands in for the Secrets.
+
 Engines: :class:`DockerEngine` runs each task as a container of the image the IR names (``make e2e``);
 :class:`ProcessEngine` runs a task's command as a subprocess (its own process group) with the pod's
 environment; the checkout's virtualenv stands in for the image. A pod file (the projected token) is written under
-the pod's directory and its path given by the variable the kfp SDK reads for it (``KF_PIPELINES_SA_TOKEN_PATH``).
+the pod's directory and its path given by the variable the kfp SDK reads for it (``KF_PIPELINES_SA_TOKEN_PATH``);
+a process has no in-pod paths, so it gets neither claims nor the service-account mount.
 """
 from __future__ import annotations
 
@@ -45,6 +56,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterator, Protocol
+from urllib.parse import urlsplit
 
 import docker
 from croniter import croniter
@@ -55,15 +67,18 @@ from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
 from kfp.local.orchestrator.task_spec_utils import build_nested_dag_arguments
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from fakes.kfp_server import FINAL_STATES, KfpApiServer, _now
+from fakes.k8s_operator import container_env
+from fakes.k8s_rbac import service_account_user
+from fakes.k8s_server import K8sServer
+from fakes.kfp_server import FINAL_STATES, KfpApiServer, _now, split_spec
 
 TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
 """Where the ``access-ml-pipeline`` PodDefault projects the ``pipelines.kubeflow.org`` token."""
 TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 """The variable the kfp SDK reads the token's path from (``kfp/client/token_credentials_base.py``)."""
 ACCESS_LABEL = "access-ml-pipeline"
-NAMESPACE_PATH = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-"""The pod's namespace, in every pod's service-account mount."""
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+"""Every pod's service-account mount: ``namespace`` (the pod's), ``token`` and ``ca.crt`` (with a cluster)."""
 
 
 @dataclass(kw_only=True)
@@ -81,6 +96,10 @@ class Pod:
     token: str | None
     """The projected ``pipelines.kubeflow.org`` token, when the pod carries the ``access-ml-pipeline`` label."""
     log: Path
+    files: dict[str, str] = field(default_factory=dict)
+    """In-pod path -> content: the service-account mount."""
+    mounts: dict[str, Path] = field(default_factory=dict)
+    """In-pod path -> host folder: the claims the platform spec mounts."""
 
 
 class Engine(Protocol):
@@ -98,6 +117,9 @@ class ProcessEngine:
     """What the cluster adds to every pod besides KFP (e.g. ``MLFLOW_TRACKING_URI``, ``AWS_*`` from Secrets)."""
 
     def start(self, pod: Pod) -> subprocess.Popen:
+        if pod.mounts:
+            raise ValueError(f"pod {pod.name} mounts claims at {sorted(pod.mounts)}: a process has no in-pod paths; "
+                             "run it with the DockerEngine")
         home = self.root / pod.name
         (home / "tmp").mkdir(parents=True)
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(home / "tmp"),
@@ -139,16 +161,14 @@ class DockerEngine:
         self.client = docker.from_env()
 
     def start(self, pod: Pod) -> tuple[Any, Pod]:
-        namespace = pod.log.with_suffix(".namespace")  # the service account's mount names the pod's namespace
-        namespace.write_text(pod.namespace)
-        namespace.chmod(0o644)
         volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"},
-                   str(namespace): {"bind": NAMESPACE_PATH, "mode": "ro"}}
-        if pod.token is not None:
-            token = pod.log.with_suffix(".token")
-            token.write_text(pod.token)
-            token.chmod(0o644)
-            volumes[str(token)] = {"bind": TOKEN_PATH, "mode": "ro"}
+                   **{str(host): {"bind": target, "mode": "rw"} for target, host in pod.mounts.items()}}
+        files = {**pod.files, **({TOKEN_PATH: pod.token} if pod.token is not None else {})}
+        for index, (target, content) in enumerate(sorted(files.items())):
+            source = pod.log.with_suffix(f".file{index}")
+            source.write_text(content)
+            source.chmod(0o644)
+            volumes[str(source)] = {"bind": target, "mode": "ro"}
         container = self.client.containers.run(
             pod.image, pod.command, name=pod.name, detach=True, environment={**self.env, **pod.env},
             labels={**pod.labels, "kfloop.run_pod": pod.name}, read_only=self.read_only,
@@ -183,6 +203,8 @@ class _RunContext:
     spec: pipeline_spec_pb2.PipelineSpec
     deployment: pipeline_spec_pb2.PipelineDeploymentConfig
     pipeline_root: str
+    kubernetes: dict[str, dict]
+    """Executor label -> its Kubernetes platform spec (kfp-kubernetes)."""
     canceled: threading.Event = field(default_factory=threading.Event)
     handles: list[Any] = field(default_factory=list)
 
@@ -192,12 +214,13 @@ class KfpExecutor:
 
     def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path, namespace: str = "kubeflow",
                  default_service_account: str = "pipeline-runner", pod_labels: dict[str, str] | None = None,
-                 token: str | None = None):
-        self.server, self.engine = server, engine
+                 token: str | None = None, cluster: K8sServer | None = None):
+        self.server, self.engine, self.cluster = server, engine, cluster
         self.pipeline_root = pipeline_root
         self.namespace, self.default_service_account = namespace, default_service_account
         self.pod_labels = dict(pod_labels or {})
-        """Labels every step pod carries (``access-ml-pipeline: "true"`` mounts the token)."""
+        """Labels every step pod carries besides its platform spec's (``access-ml-pipeline: "true"`` mounts the
+        token)."""
         self.token = token
         self.cache: dict[str, dict[str, Any]] = {}
         self._runs: dict[str, _RunContext] = {}
@@ -223,11 +246,13 @@ class KfpExecutor:
 
     # -- runs ----------------------------------------------------------------------------------------------------
     def submit(self, run: dict) -> None:
-        spec = run.get("pipeline_spec") or self.server.store.versions[
-            run["pipeline_version_reference"]["pipeline_version_id"]]["pipeline_spec"]
+        spec, platform = split_spec(run.get("pipeline_spec") or self.server.store.versions[
+            run["pipeline_version_reference"]["pipeline_version_id"]]["pipeline_spec"])
         ctx = _RunContext(run, json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec()),
                           json_format.ParseDict(spec["deploymentSpec"], pipeline_spec_pb2.PipelineDeploymentConfig()),
-                          str(self.pipeline_root))
+                          str(self.pipeline_root),
+                          platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get(
+                              "executors", {}))
         self._runs[run["run_id"]] = ctx
         thread = threading.Thread(target=self._execute, args=(ctx,), daemon=True)
         self._threads.append(thread)
@@ -312,15 +337,26 @@ class KfpExecutor:
             pipeline_resource_name=prefix, task_resource_name=name, pipeline_root=ctx.pipeline_root,
             unique_pipeline_id=ctx.run["run_id"])
         pod_name, pod_uid = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}", str(uuid.uuid4())
+        platform = ctx.kubernetes.get(spec.executor_label, {})
+        labels = {**self.pod_labels, **platform.get("podMetadata", {}).get("labels", {})}
         pod = Pod(name=pod_name, uid=pod_uid, namespace=self.namespace,
                   service_account=ctx.run.get("service_account") or self.default_service_account,
                   image=container.image, command=command,
                   env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": pod_uid, **{e.name: e.value for e in container.env}},
-                  labels=dict(self.pod_labels),
-                  token=self.token if self.pod_labels.get(ACCESS_LABEL) == "true" else None,
-                  log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log")
+                  labels=labels, token=self.token if labels.get(ACCESS_LABEL) == "true" else None,
+                  log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log",
+                  files={f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace})
         pod.log.parent.mkdir(parents=True, exist_ok=True)
         detail = self._record(ctx, name, "RUNNING", pod_name=pod_name)
+        if self.cluster is not None:
+            try:
+                self._on_cluster(pod, platform)
+            except ValueError as err:  # the kubelet does not start the container
+                with self.server.lock:
+                    message = f"CreateContainerConfigError: {err}"
+                    detail.update(state="FAILED", end_time=_now(), error={"code": 2, "message": message,
+                                                                          "details": []})
+                raise TaskFailed(name, message) from None
         with self.server.lock:
             if ctx.canceled.is_set():
                 raise Canceled()
@@ -342,6 +378,29 @@ class KfpExecutor:
         if key is not None:
             self.cache[key] = outputs
         return outputs
+
+    def _on_cluster(self, pod: Pod, platform: dict) -> None:
+        """Give ``pod`` what the cluster adds: the platform spec's claims and Secret env, the service account's
+        token and CA, the API's address.
+
+        Raises:
+            ValueError: a claim without a folder, or a Secret or key that is missing and not ``optional``.
+        """
+        env = [{"name": item["envVar"], "valueFrom": {"secretKeyRef": {
+                   "name": ref.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
+                   or ref["secretName"], "key": item["secretKey"], "optional": bool(ref.get("optional"))}}}
+               for ref in platform.get("secretAsEnv", []) for item in ref["keyToEnv"]]
+        pod.env.update(container_env(self.cluster, pod.namespace, {"metadata": {"name": pod.name}}, {"env": env}))
+        for mount in platform.get("pvcMount", []):
+            claim = mount.get("pvcNameParameter", {}).get("runtimeValue", {}).get("constant") or mount["constant"]
+            if claim not in self.cluster.volumes:
+                raise ValueError(f'persistentvolumeclaim "{claim}" not found')
+            pod.mounts[mount["mountPath"]] = self.cluster.volumes[claim]
+        api = urlsplit(self.cluster.url)
+        pod.env.update(KUBERNETES_SERVICE_HOST=api.hostname, KUBERNETES_SERVICE_PORT=str(api.port))
+        pod.files[f"{SERVICE_ACCOUNT_DIR}/token"] = self.cluster.identities.issue(
+            service_account_user(pod.namespace, pod.service_account))
+        pod.files[f"{SERVICE_ACCOUNT_DIR}/ca.crt"] = self.cluster.ca_pem.decode()
 
     def _record(self, ctx: _RunContext, name: str, state: str, **extra: str) -> dict:
         detail = {"run_id": ctx.run["run_id"], "task_id": str(uuid.uuid4()), "display_name": name,

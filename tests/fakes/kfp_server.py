@@ -69,6 +69,16 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+def split_spec(struct: dict) -> tuple[dict, dict]:
+    """The pipeline spec and the platform spec (``{}`` when none) of a version's or run's ``pipeline_spec``: the
+    API holds a YAML of two documents as ``{"pipeline_spec": ..., "platform_spec": ...}``, one as the spec itself
+    (the SDK sends a package so: ``kfp/client/client.py`` ``_PipelineDoc.to_dict``; an upload is stored the same
+    way here)."""
+    if "pipeline_spec" in struct and "root" not in struct:
+        return struct["pipeline_spec"], struct.get("platform_spec") or {}
+    return struct, {}
+
+
 def _resolve(schema: dict) -> dict:
     while "$ref" in schema:
         schema = SWAGGER["definitions"][schema["$ref"].rsplit("/", 1)[1]]
@@ -277,12 +287,12 @@ class KfpApiServer:
         if "uploadfile" not in parts:
             raise ApiError(HTTPStatus.BAD_REQUEST, "Failed to read pipeline from file: no uploadfile in the form")
         try:
-            spec, *_platform = yaml.safe_load_all(parts["uploadfile"].get_payload(decode=True))
+            spec, *platform = yaml.safe_load_all(parts["uploadfile"].get_payload(decode=True))
         except yaml.YAMLError as err:
             raise ApiError(HTTPStatus.BAD_REQUEST, f"Invalid input error: the file is not YAML ({err})") from None
         if not isinstance(spec, dict) or "pipelineInfo" not in spec or "root" not in spec:
             raise ApiError(HTTPStatus.BAD_REQUEST, "Invalid input error: the file is not a KFP v2 pipeline spec")
-        return spec
+        return {"pipeline_spec": spec, "platform_spec": platform[0]} if platform else spec
 
     def _name_taken(self, items: dict[str, dict], name: str, **scope: str) -> bool:
         return any(o["name"] == name and all(o.get(k) == v for k, v in scope.items()) for o in items.values())
@@ -392,7 +402,8 @@ class KfpApiServer:
         if body.get("experiment_id"):
             self._experiment(body["experiment_id"])
         params = (body.get("runtime_config") or {}).get("parameters", {})
-        spec = body.get("pipeline_spec") or self.store.versions[ref["pipeline_version_id"]]["pipeline_spec"]
+        stored = body.get("pipeline_spec") or self.store.versions[ref["pipeline_version_id"]]["pipeline_spec"]
+        spec, _ = split_spec(stored)
         declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
         unknown = sorted(set(params) - set(declared))
         if unknown:
