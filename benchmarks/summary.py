@@ -65,7 +65,7 @@ def rows(results: Path) -> list[dict[str, Any]]:
         worst = max(quality["false_alarm_rate"].items(), key=lambda kv: kv[1])
         largest = max(quality["detection_rate"], key=int)
         out += [{"figure": f"quality check false alarms, worst size ({worst[0]} labelled rows)",
-                 "value": f"{worst[1]:.3f}", "goal": f"<= {quality['nominal_rate']:.2f}",
+                 "value": f"{worst[1]:.3f}", "goal": f"<= {quality['nominal_rate']:.2f} (not significantly above)",
                  "met": quality["false_alarms_within_nominal"], "correct": True},
                 {"figure": f"quality check detects a 10-point accuracy drop ({largest} rows)",
                  "value": f"{quality['detection_rate'][largest]:.3f}", "goal": f">= {quality['detection_goal']}",
