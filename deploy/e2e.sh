@@ -76,16 +76,16 @@ main() {
   fi
 
   # The wheelhouse: every wheel the image needs, downloaded here (pip's mirrors and find-links), installed offline.
-  key=$(cat pyproject.toml <(echo "$TORCH") | sha256sum | cut -c1-16)
+  key=$(cat pyproject.toml <(echo "$TORCH ray") | sha256sum | cut -c1-16)
   wheelhouse=$CACHE/wheelhouse-$key
   if [ ! -e "$wheelhouse/.complete" ]; then
-    begin "wheelhouse ($TORCH and pyproject.toml's dependencies)"
+    begin "wheelhouse ($TORCH and pyproject.toml's dependencies with the ray extra)"
     mkdir -p "$wheelhouse"
     for previous in "$CACHE"/wheelhouse-*/; do  # wheels kept from the last pins: pip downloads only what changed
       [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
     done
     rm -f "$wheelhouse/.complete"
-    "$PYTHON" -m pip download -qq -d "$wheelhouse" "$TORCH" "$ROOT" \
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" "$TORCH" "$ROOT[ray]" \
       "$(sed -n 's/^requires = \["\(.*\)"\]$/\1/p' pyproject.toml)"
     # a dependency published only as an sdist (kfp-server-api) becomes a wheel here: the image installs wheels only
     for sdist in "$wheelhouse"/*.tar.gz "$wheelhouse"/*.zip; do

@@ -65,19 +65,22 @@ INIT_TEMPLATE = """
   command: ['sh', '-c', 'err=1;for i in $(seq {{{{.MaxTries}}}}); do if getent hosts {{{{.MasterAddr}}}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']"""
 """The operator's init-container template: the job's own image (nothing is pulled) and ``getent``."""
 WAIT_S = 900
+TRAINING = {"epochs": 30, "batch_size": 32}
+"""Small batches, many epochs: the retrain on the drifted batch runs long enough (a few seconds of epochs, each one
+checkpointed) for the kill to land after a checkpoint and before the last epoch."""
 
 
 def say(message: str) -> None:
     print(f"e2e: {message}", flush=True)
 
 
-def wait_until(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    """Poll ``check`` until it returns something true; fail naming ``what`` after ``timeout_s``."""
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float = WAIT_S, poll_s: float = 1) -> Any:
+    """Poll ``check`` every ``poll_s`` until it returns something true; fail naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while not (found := check()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(1)
+        time.sleep(poll_s)
     return found
 
 
@@ -180,7 +183,8 @@ def trigger_decisions(client: docker.DockerClient, runs: list[dict]) -> list[dic
 def kill_mid_epoch(client: docker.DockerClient, shared: Path, job: str) -> str:
     """Once ``job`` has written its first checkpoint, SIGKILL its worker pod's training container (a node lost
     mid-run); returns the container's id."""
-    wait_until(f"a checkpoint of {job}", lambda: [p for p in shared.rglob("ckpt-*.safetensors") if job in str(p)])
+    wait_until(f"a checkpoint of {job}", lambda: [p for p in shared.rglob("ckpt-*.safetensors") if job in str(p)],
+               poll_s=0.1)
     (container,) = wait_until(f"{job}'s worker container", lambda: client.containers.list(filters={"label": [
         f"{POD_LABEL}={job}-worker-0", f"{CONTAINER_LABEL}=pytorch"]}))
     container.kill()
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             settings.write_text(yaml.safe_dump({
                 "model_name": MODEL, "dataset_uri": uris["train.parquet"], "schema_uri": uris["schema.yaml"],
                 "current_uri": current, "nnodes": 2, "nproc_per_node": 1, "backend": "kubernetes",
-                "training": {"max_restarts": 1}, "promotion": {"floor": 0.6},
+                "training": {"max_restarts": 1, **TRAINING}, "promotion": {"floor": 0.6},
                 "trigger": {"cooldown_seconds": 3600}, "kfp": {"host": server.url},
                 "cluster": {"image": args.image, "namespace": NAMESPACE, "cpu": "1", "memory": "2Gi",
                             "shm_size": "64Mi", "shared_volume_claim": CLAIM, "shared_mount_path": str(shared),

@@ -218,7 +218,8 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
     assert re.search(r"^ARG UID=(\d+)$", text, re.M).group(1) == str(RUN_AS_USER)
     assert re.search(r"^USER \$\{UID\}:\$\{UID\}$", text, re.M)  # numeric, so runAsNonRoot can verify it
     # torch first, like `make setup`, online and from the wheelhouse
-    kfloop_at = text.index("pip install $links /src")
+    kfloop_at = text.index('pip install $links "/src${EXTRAS:+[$EXTRAS]}"')  # with the ray extra by default
+    assert re.search(r"^ARG EXTRAS=ray$", text, re.M)
     assert text.index('pip install --index-url "$index" "${TORCH}"') < kfloop_at
     assert text.index('--find-links /wheelhouse "${TORCH}"') < kfloop_at
     assert re.search(r"^ARG VARIANT=cpu$", text, re.M) and "cuda)" in text
