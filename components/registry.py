@@ -8,9 +8,9 @@ from components.base import kfloop_component
 def register_candidate(model: Input[Model], report: Input[Artifact], schema: Input[Artifact], run_id: str,
                        model_name: str, dataset_uri: str, data_md5: str, data_version: str, holdout_sha256: str,
                        pipeline_run_id: str, holdout_fraction: float, split_seed: int,
-                       data_store_config: dict) -> str:
+                       data_store_config: dict, drift_policy: dict = {}) -> str:
     """Keep the training data where DVC finds it by md5, then register the candidate with its decision, reason and
-    lineage; returns the version."""
+    lineage (the reference profile built by ``drift_policy``'s engine); returns the version."""
     from data.settings import from_struct
     from training.steps import register_step
 
@@ -18,7 +18,8 @@ def register_candidate(model: Input[Model], report: Input[Artifact], schema: Inp
                          model_name=model_name, dataset_uri=dataset_uri, data_md5=data_md5,
                          data_version=data_version, holdout_sha256=holdout_sha256, pipeline_run_id=pipeline_run_id,
                          champion_version=report.metadata["champion_version"], holdout_fraction=holdout_fraction,
-                         split_seed=split_seed, data_store=from_struct(data_store_config))
+                         split_seed=split_seed, data_store=from_struct(data_store_config),
+                         drift_policy=from_struct(drift_policy))
 
 
 @kfloop_component

@@ -176,8 +176,24 @@ def profile_table(uri: str | Path, schema: pa.DataFrameSchema, *,
         data.tables.DataFileError: the file is unusable or lacks a feature column.
         ValueError: as :func:`build_profile`.
     """
-    roles = schema_roles(schema)
-    kinds = {c: "numeric" for c in roles.numeric} | {c: "categorical" for c in roles.categorical}
-    with table_chunks(uri, text_columns=roles.categorical, categories=True) as (chunks, source):
-        return build_profile(chunks, kinds, predict=predict, prediction_kind=prediction_kind(roles.task),
+    columns = ProfiledColumns.of(schema)
+    with table_chunks(uri, text_columns=columns.text, categories=True) as (chunks, source):
+        return build_profile(chunks, columns.kinds, predict=predict, prediction_kind=columns.prediction_kind,
                              settings=settings, source=source.uri)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfiledColumns:
+    """What a schema's profile sketches, whichever engine reads the table."""
+
+    kinds: dict[str, str]
+    """Feature column -> ``numeric`` | ``categorical``."""
+    text: list[str]
+    """Columns read as text (the categorical ones)."""
+    prediction_kind: Literal["numeric", "categorical"]
+
+    @classmethod
+    def of(cls, schema: pa.DataFrameSchema) -> ProfiledColumns:
+        roles = schema_roles(schema)
+        return cls(kinds={c: "numeric" for c in roles.numeric} | {c: "categorical" for c in roles.categorical},
+                   text=list(roles.categorical), prediction_kind=prediction_kind(roles.task))

@@ -7,7 +7,10 @@ A chunk's sample seed (the single process numbers its chunks in file order) is a
 as Ray Data does not number blocks: the same data and block boundaries give the same sketches."""
 from __future__ import annotations
 
+import base64
 import json
+import pickle
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,12 +19,16 @@ import pandas as pd
 import pyarrow
 import pyarrow.csv
 import pyarrow.fs
+import numpy as np
+import pandera.pandas as pa
+import ray.cloudpickle
 import ray.data
 
 from data import storage
-from data.profiles import ReferenceProfile, profile_chunk, profile_of, profiled_kinds
+from data.profiles import ProfiledColumns, ReferenceProfile, profile_chunk, profile_of, profiled_kinds
 from data.sketches import SketchSettings, merge_sketches, sketch_from_dict
 from data.tables import DEFAULT_LIMITS, PARQUET_SUFFIXES, DataFileError, ReadLimits, table_format
+from data.validation import StreamedValidation, ValidationReport
 
 PART_COLUMN = "part"
 """The column of the one-row frame each chunk's result travels in (JSON text: no pickle of sketches)."""
@@ -35,9 +42,11 @@ ChunkFunction = Callable[[pd.DataFrame, int], dict[str, Any]]
 
 
 def read_dataset(uri: str | Path, *, text_columns: list[str] | None = None,
-                 limits: ReadLimits = DEFAULT_LIMITS) -> ray.data.Dataset:
+                 limits: ReadLimits = DEFAULT_LIMITS, csv_as_text: bool = False) -> ray.data.Dataset:
     """The Parquet or CSV table at ``uri`` (a local path, or object storage read with the credentials and endpoint
-    in the environment, as :mod:`data.storage` reads it) as a Ray Dataset, ``text_columns`` typed as text.
+    in the environment, as :mod:`data.storage` reads it) as a Ray Dataset, ``text_columns`` typed as text. With
+    ``csv_as_text`` every CSV column is text (Arrow types a column from the file's first block and fails on a later
+    value that does not fit: validation must see such values; :func:`typed_like_read_csv` types each block).
 
     Raises:
         data.tables.DataFileError: the file is missing, empty, too large or a broken Parquet file.
@@ -56,6 +65,8 @@ def read_dataset(uri: str | Path, *, text_columns: list[str] | None = None,
         path, filesystem = source.path, None
     if parquet:
         return ray.data.read_parquet(path, filesystem=filesystem)
+    if csv_as_text:
+        text_columns = dataset_columns(ray.data.read_csv(path, filesystem=filesystem))
     options = pyarrow.csv.ConvertOptions(column_types={name: pyarrow.string() for name in text_columns or []},
                                          null_values=CSV_NULLS, strings_can_be_null=True)
     return ray.data.read_csv(path, filesystem=filesystem, convert_options=options)
@@ -65,10 +76,10 @@ def dataset_columns(dataset: ray.data.Dataset) -> list[str]:
     return list(dataset.schema().names)
 
 
-def map_chunks(dataset: ray.data.Dataset, function: ChunkFunction, *,
-               limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[dict[str, Any]]:
-    """``function`` of every chunk of at most ``limits.chunk_rows`` rows, run on the cluster; the results, in no
-    particular order, as they arrive at the driver."""
+def map_chunks(dataset: ray.data.Dataset, function: ChunkFunction, *, limits: ReadLimits = DEFAULT_LIMITS,
+               ordered: bool = False) -> Iterator[dict[str, Any]]:
+    """``function`` of every chunk of at most ``limits.chunk_rows`` rows, run on the cluster; the results as they
+    arrive at the driver: in no particular order, or with ``ordered`` in the table's row order."""
 
     def run(chunk: pd.DataFrame) -> pd.DataFrame:
         seed = int(pd.util.hash_pandas_object(chunk, index=False).sum())
@@ -76,6 +87,7 @@ def map_chunks(dataset: ray.data.Dataset, function: ChunkFunction, *,
                                                       allow_nan=False)]})
 
     parts = dataset.map_batches(run, batch_format="pandas", batch_size=limits.chunk_rows)
+    parts.context.execution_options.preserve_order = ordered
     for row in parts.iter_rows():
         yield json.loads(row[PART_COLUMN])
 
@@ -99,3 +111,99 @@ def profile_dataset(dataset: ray.data.Dataset, kinds: dict[str, str], *,
     parts = ({name: sketch_from_dict(column, settings) for name, column in part.items()}
              for part in map_chunks(dataset, sketch, limits=limits))
     return profile_of(merge_sketches(parts), settings=settings, source=source)
+
+
+def ship_modules(prefix: str) -> None:
+    """Let Ray carry the imported modules named ``prefix…`` to its workers by value (cloudpickle's
+    ``register_pickle_by_value``): modules no worker can import, such as a model's code imported from its
+    directory (:mod:`training.model_code`)."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith(prefix):
+            ray.cloudpickle.register_pickle_by_value(module)
+
+
+def profile_table_on_ray(uri: str | Path, schema: pa.DataFrameSchema, *,
+                         predict: Callable[[pd.DataFrame], Any] | None = None,
+                         settings: SketchSettings = SketchSettings(),
+                         limits: ReadLimits = DEFAULT_LIMITS) -> ReferenceProfile:
+    """:func:`data.profiles.profile_table` with Ray Data reading the table on the joined cluster
+    (:func:`profile_dataset`).
+
+    Raises:
+        data.tables.DataFileError: as :func:`read_dataset`.
+        ValueError: as :func:`data.profiles.build_profile`.
+    """
+    columns = ProfiledColumns.of(schema)
+    dataset = read_dataset(uri, text_columns=columns.text, limits=limits)
+    return profile_dataset(dataset, columns.kinds, predict=predict, prediction_kind=columns.prediction_kind,
+                           settings=settings, source=storage.resolve(uri).uri, limits=limits)
+
+
+def validate_on_ray(uri: str | Path, schema: pa.DataFrameSchema, *,
+                    limits: ReadLimits = DEFAULT_LIMITS) -> ValidationReport:
+    """:func:`data.validation.validate` of the file at ``uri`` with Ray Data reading it on the joined cluster: each
+    chunk checked there by :meth:`data.validation.StreamedValidation.check_chunk`, the results merged here in row
+    order (each chunk's rows moved by the rows before it), so failures, counts, examples and rows are the single
+    process's. Unique keys cannot be decided per block: the blocks send their keys' 64-bit hashes here, the driver
+    finds the repeated ones, and a second pass over the blocks reports the rows that hold them.
+
+    Raises:
+        data.tables.DataFileError: as :func:`read_dataset`.
+    """
+    checker = StreamedValidation(schema)
+    dataset = read_dataset(uri, limits=limits, csv_as_text=True)
+
+    def check(chunk: pd.DataFrame, seed: int) -> dict[str, Any]:
+        return {"rows": len(chunk), "part": _encoded(checker.check_chunk(typed_like_read_csv(chunk)))}
+
+    validation, offset = StreamedValidation(schema), 0
+    for result in map_chunks(dataset, check, limits=limits, ordered=True):
+        validation.add(_decoded(result["part"]), offset=offset)
+        offset += result["rows"]
+    repeated = validation.repeated()
+    if repeated:
+        def duplicates(chunk: pd.DataFrame, seed: int) -> dict[str, Any]:
+            return {"rows": len(chunk), "part": _encoded(StreamedValidation.duplicate_failures(
+                typed_like_read_csv(chunk), repeated))}
+
+        offset = 0
+        for result in map_chunks(dataset, duplicates, limits=limits, ordered=True):
+            validation.add_failures(_decoded(result["part"]), offset=offset)
+            offset += result["rows"]
+    return validation.report(storage.resolve(uri).uri if storage.is_remote(uri) else str(uri))
+
+
+CSV_TRUE, CSV_FALSE = frozenset({"True", "TRUE", "true"}), frozenset({"False", "FALSE", "false"})
+"""What pandas' CSV reader reads as booleans."""
+
+
+def typed_like_read_csv(chunk: pd.DataFrame) -> pd.DataFrame:
+    """A chunk of text columns typed as pandas' CSV reader types a chunk (numbers where every value is one,
+    booleans, else text with NaN for missing); other columns as they are."""
+    typed = {}
+    for name in chunk.columns:
+        series = chunk[name]
+        if not (pd.api.types.is_object_dtype(series) or pd.api.types.is_string_dtype(series)):
+            typed[name] = series
+            continue
+        series = series.astype(object).where(series.notna(), np.nan)
+        values = set(series.dropna())
+        if values and values <= CSV_TRUE | CSV_FALSE:
+            series = series.map(lambda v: v in CSV_TRUE if isinstance(v, str) else v)
+            typed[name] = series.astype(bool) if series.notna().all() else series
+            continue
+        try:
+            typed[name] = pd.to_numeric(series)
+        except (ValueError, TypeError):
+            typed[name] = series
+    return pd.DataFrame(typed, index=chunk.index)
+
+
+def _encoded(value: Any) -> str:
+    """A chunk's validation result as text for the trip to the driver: pickled, as the values failing a rule are
+    any Python scalars (Ray pickles the task results on the same trip)."""
+    return base64.b64encode(pickle.dumps(value)).decode("ascii")
+
+
+def _decoded(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text))

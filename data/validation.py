@@ -496,16 +496,35 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
     if not isinstance(schema, pa.DataFrameSchema):
         schema = load_schema(schema)
     if isinstance(df_or_path, pd.DataFrame):
-        return _StreamedValidation(schema).run(lambda: [df_or_path], "<dataframe>")
+        return StreamedValidation(schema).run(lambda: [df_or_path], "<dataframe>")
     if storage.is_remote(df_or_path):
         with local_copy(df_or_path, limits=limits) as (path, source):
             return replace(validate(path, schema, limits=limits), source=source.uri)
-    return _StreamedValidation(schema).run(lambda: iter_table(df_or_path, limits=limits), str(df_or_path))
+    return StreamedValidation(schema).run(lambda: iter_table(df_or_path, limits=limits), str(df_or_path))
 
 
-class _StreamedValidation:
-    """One validation of chunks of a table: per chunk the row-level rules and pandera's column checks; across
-    chunks duplicate keys (64-bit hashes of each unique column, 8 bytes a row), the row count and the classes."""
+@dataclass(kw_only=True, slots=True)
+class ChunkValidation:
+    """What validating one chunk finds (:meth:`StreamedValidation.check_chunk`), merged in file order by
+    :meth:`StreamedValidation.add`: whichever engine reads the chunks, each runs this per chunk."""
+
+    rows: int
+    columns: list[str]
+    failures: list[Failure]
+    """The chunk's failures, rows labelled by the chunk's index."""
+    hashes: dict[str, np.ndarray]
+    """64-bit hashes of each unique column's values (8 bytes a row), for duplicates across chunks."""
+    classes: dict[str, list]
+    """Distinct values of each ``min_classes`` column (at most :data:`MAX_CLASSES_KEPT`)."""
+    diff: dict[str, str]
+    """:func:`schema_diff` lines by column."""
+
+
+class StreamedValidation:
+    """One validation of chunks of a table: per chunk the row-level rules and pandera's column checks
+    (:meth:`check_chunk`); across chunks, in file order (:meth:`add`), the failures, duplicate keys (the chunks'
+    key hashes: :meth:`repeated`, then :meth:`duplicate_failures` per chunk in a second pass), the row count and the
+    classes."""
 
     def __init__(self, schema: pa.DataFrameSchema):
         self.schema = schema
@@ -516,49 +535,94 @@ class _StreamedValidation:
         self.unique = [name for name, column in schema.columns.items() if column.unique]
         self.classes = {check.statistics["column"]: set() for check in schema.checks
                         if check.name == "kfloop_min_classes"}
-        self.columns: list[str] = []
+        self.columns: list[str] | None = None
+        self.rows = 0
+        self.hashes: dict[str, list[np.ndarray]] = {name: [] for name in self.unique}
         self.found: dict[tuple[str | None, str], Failure] = {}
         self.diff: dict[str, str] = {}
 
     def run(self, chunks: Callable[[], Iterable[pd.DataFrame]], source: str) -> ValidationReport:
-        """Validate the chunks ``chunks()`` yields; a second pass collects duplicate keys, when there are any."""
-        rows, hashes, rules = 0, {name: [] for name in self.unique}, None
+        """Validate the chunks ``chunks()`` yields (indexed by their rows' labels in the whole table); a second
+        pass collects duplicate keys, when there are any."""
         for chunk in chunks():
-            if rules is None:
-                self.columns = list(chunk.columns)
-                rules = RuleSet(self.schema, self.columns)
-            rows += len(chunk)
-            self._check(chunk, rules)
-            for name in hashes:
-                if name in chunk.columns:
-                    hashes[name].append(pd.util.hash_pandas_object(chunk[name], index=False).to_numpy())
-            for name, seen in self.classes.items():
-                if name in chunk.columns and len(seen) < MAX_CLASSES_KEPT:
-                    seen.update(_python(v) for v in chunk[name].dropna().unique())
-        self._duplicates(chunks, {name: _repeated(parts) for name, parts in hashes.items() if parts})
-        self._table_checks(rows)
+            self.add(self.check_chunk(chunk))
+        repeated = self.repeated()
+        if repeated:
+            for chunk in chunks():
+                for failure in self.duplicate_failures(chunk, repeated):
+                    self._add(failure)
+        return self.report(source)
+
+    def check_chunk(self, chunk: pd.DataFrame) -> ChunkValidation:
+        """What one chunk fails, its key hashes and its classes: pure, so any engine runs it where the chunk is."""
+        rules, failures, diff = RuleSet(self.schema, list(chunk.columns)), [], {}
+        for failed in rules.check(chunk):
+            failures.append(_summarise(failed.rule.column, failed.rule.name, failed.values,
+                                       failed.values.index.to_series(), None))
+        try:
+            with warnings.catch_warnings():  # pandera's own concat of failure cases; nothing the caller can act on
+                warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)
+                self.chunk_schema.validate(chunk, lazy=True)
+        except SchemaErrors as exc:
+            failures.extend(_failures(exc.failure_cases, self.chunk_schema, chunk, rules))
+        for line in schema_diff(self.schema, chunk):
+            diff.setdefault(line.split(":")[0], line)
+        hashes = {name: pd.util.hash_pandas_object(chunk[name], index=False).to_numpy()
+                  for name in self.unique if name in chunk.columns}
+        classes = {name: [_python(v) for v in chunk[name].dropna().unique()[:MAX_CLASSES_KEPT]]
+                   for name in self.classes if name in chunk.columns}
+        return ChunkValidation(rows=len(chunk), columns=list(chunk.columns), failures=failures, hashes=hashes,
+                               classes=classes, diff=diff)
+
+    def add(self, part: ChunkValidation, *, offset: int = 0) -> None:
+        """Merge the next chunk's :class:`ChunkValidation` (in file order), its row labels moved by ``offset``
+        (a chunk numbered from 0 that starts at row ``offset`` of the table)."""
+        if self.columns is None:
+            self.columns = part.columns
+        self.rows += part.rows
+        for failure in part.failures:
+            self._add(_shifted(failure, offset))
+        for name, hashes in part.hashes.items():
+            self.hashes[name].append(hashes)
+        for name, values in part.classes.items():
+            if len(self.classes[name]) < MAX_CLASSES_KEPT:
+                self.classes[name].update(values)
+        for key, line in part.diff.items():
+            self.diff.setdefault(key, line)
+
+    def repeated(self) -> dict[str, np.ndarray]:
+        """The key hashes that occur more than once in the whole table, per unique column that has any."""
+        repeated = {name: _repeated(parts) for name, parts in self.hashes.items() if parts}
+        return {name: hashes for name, hashes in repeated.items() if len(hashes)}
+
+    @staticmethod
+    def duplicate_failures(chunk: pd.DataFrame, repeated: dict[str, np.ndarray]) -> list[Failure]:
+        """The ``unique`` failures of one chunk: its rows whose key hash is in ``repeated`` (:meth:`repeated`)."""
+        failures = []
+        for name, hashes in repeated.items():
+            values = chunk[name]
+            mask = np.isin(pd.util.hash_pandas_object(values, index=False).to_numpy(), hashes)
+            if mask.any():
+                failures.append(_summarise(name, "unique", values[mask], values.index[mask].to_series(), None))
+        return failures
+
+    def add_failures(self, failures: Iterable[Failure], *, offset: int = 0) -> None:
+        """Merge failures found in a second pass (:meth:`duplicate_failures`), in file order."""
+        for failure in failures:
+            self._add(_shifted(failure, offset))
+
+    def report(self, source: str) -> ValidationReport:
+        """The report of everything merged, the table-level checks decided on the whole table."""
+        self._table_checks(self.rows)
+        rules = RuleSet(self.schema, self.columns) if self.columns is not None else None
         order = {name: i for i, name in enumerate(self.schema.columns)}
         rule_order = {(name, rule.name): i for name, column in (rules.columns.items() if rules else ())
                       for i, rule in enumerate(column.rules)}
         failures = sorted(self.found.values(), key=lambda f: (
             f.column is None, order.get(f.column, len(order)), f.rule != "required",
             rule_order.get((f.column, f.rule), len(rule_order)), f.column is None or f.rule))
-        return ValidationReport(source=source, n_rows=rows, failures=failures,
+        return ValidationReport(source=source, n_rows=self.rows, failures=failures,
                                 schema_diff=list(self.diff.values()) if failures else [])
-
-    def _check(self, chunk: pd.DataFrame, rules: RuleSet) -> None:
-        for failed in rules.check(chunk):
-            self._add(_summarise(failed.rule.column, failed.rule.name, failed.values,
-                                 failed.values.index.to_series(), None))
-        try:
-            with warnings.catch_warnings():  # pandera's own concat of failure cases; nothing the caller can act on
-                warnings.filterwarnings("ignore", "The behavior of DataFrame concatenation", FutureWarning)
-                self.chunk_schema.validate(chunk, lazy=True)
-        except SchemaErrors as exc:
-            for failure in _failures(exc.failure_cases, self.chunk_schema, chunk, rules):
-                self._add(failure)
-        for line in schema_diff(self.schema, chunk):
-            self.diff.setdefault(line.split(":")[0], line)
 
     def _add(self, failure: Failure) -> None:
         """Record ``failure`` of one chunk, merged with the same rule's failures in earlier chunks."""
@@ -572,18 +636,6 @@ class _StreamedValidation:
                                       examples=examples[:MAX_EXAMPLES],
                                       rows=(before.rows + failure.rows)[:MAX_EXAMPLES])
 
-    def _duplicates(self, chunks: Callable[[], Iterable[pd.DataFrame]], repeated: dict[str, np.ndarray]) -> None:
-        """Report every row of a unique column whose value occurs more than once in the whole table."""
-        repeated = {name: hashes for name, hashes in repeated.items() if len(hashes)}
-        if not repeated:
-            return
-        for chunk in chunks():
-            for name, hashes in repeated.items():
-                values = chunk[name]
-                mask = np.isin(pd.util.hash_pandas_object(values, index=False).to_numpy(), hashes)
-                if mask.any():
-                    self._add(_summarise(name, "unique", values[mask], values.index[mask].to_series(), None))
-
     def _table_checks(self, rows: int) -> None:
         for check in self.schema.checks:
             rule = _rule_name(str(check.error or check.name))
@@ -591,9 +643,13 @@ class _StreamedValidation:
                 self._add(Failure(column=None, rule=rule, examples=[rows], count=1))
             elif check.name == "kfloop_min_classes":
                 column, seen = check.statistics["column"], self.classes[check.statistics["column"]]
-                if column in self.columns and len(seen) < check.statistics["min_classes"]:
+                if column in (self.columns or []) and len(seen) < check.statistics["min_classes"]:
                     self._add(Failure(column=None, rule=rule, examples=sorted(seen, key=repr)[:MAX_EXAMPLES],
                                       count=1))
+
+
+def _shifted(failure: Failure, offset: int) -> Failure:
+    return replace(failure, rows=[row + offset for row in failure.rows]) if offset and failure.rows else failure
 
 
 MAX_CLASSES_KEPT = 1000

@@ -33,6 +33,7 @@ from evidently.legacy.core import ColumnType
 from evidently.presets import DataDriftPreset
 from scipy.spatial import distance
 
+from data.engine import DataEngine
 from data.fileio import atomic_write_text
 from data.profiles import PREDICTION_COLUMN, ReferenceProfile, normalised_columns, with_predictions
 from data.schema_rules import KINDS, RuleSet
@@ -49,8 +50,6 @@ ALL_NULL_METHOD = "all_null"
 """Method reported for a column without a single non-null value in the reference or the current batch."""
 REPORT_KINDS = ("summary", "evidently_sample", "evidently_full")
 """What the HTML report holds (:attr:`DriftPolicy.report`)."""
-ENGINES = ("local", "ray")
-"""Who reads and sketches the data (:attr:`DriftPolicy.engine`)."""
 REPORT_SEED = 0
 """Seed of the rows Evidently's sampled report shows."""
 
@@ -159,8 +158,9 @@ class DriftPolicy:
     """Rows of each side in Evidently's sampled report."""
     engine: Literal["local", "ray"] = "local"
     """Who reads and sketches the data: ``local`` this process, chunk by chunk; ``ray`` Ray Data on the Ray
-    cluster at ``ray_address``, block by block with the same per-chunk code, the partial sketches merged here
-    (``pip install 'kfloop[ray]'``; the same verdicts, :mod:`monitoring.ray_drift`)."""
+    cluster at ``ray_address``, block by block with the same per-chunk code, the partial results merged here
+    (``pip install 'kfloop[ray]'``; the same verdicts, :mod:`monitoring.ray_drift`). Also the engine of the
+    reference profile built at registration and of ``kfloop validate`` (:mod:`data.engine`)."""
     ray_address: str = ""
     """The Ray cluster of ``engine: ray``: a head's ``host:port``, ``ray://<head>:10001`` (the KubeRay head
     service, ``ray://<cluster>-head-svc.<namespace>.svc:10001``), ``auto`` inside a Ray pod; empty starts a local
@@ -178,14 +178,7 @@ class DriftPolicy:
             raise ValueError(f"include_predictions={self.include_predictions!r}: use true or false")
         if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
             raise ValueError(f"min_rows={self.min_rows!r}: use an integer >= 1, e.g. 30")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine={self.engine!r}: use one of {list(ENGINES)}")
-        if not isinstance(self.ray_address, str):
-            raise ValueError(f"ray_address={self.ray_address!r}: use a Ray address such as ray://head:10001, or "
-                             "an empty string for a local Ray")
-        if self.ray_address and self.engine != "ray":
-            raise ValueError(f"ray_address={self.ray_address!r} is set but engine={self.engine!r}: set engine: ray "
-                             "to use the cluster, or drop ray_address")
+        DataEngine(engine=self.engine, ray_address=self.ray_address)
         if self.report not in REPORT_KINDS:
             raise ValueError(f"report={self.report!r}: use one of {list(REPORT_KINDS)}")
         rows = self.report_sample_rows

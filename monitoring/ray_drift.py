@@ -6,16 +6,14 @@ driver merges the partial summaries (:func:`data.sketches.merge_sketches`) and d
 local engine (:func:`monitoring.drift.check_drift_summarised`), so the verdicts are the local engine's."""
 from __future__ import annotations
 
-import sys
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 import pandera.pandas as pa
-import ray.cloudpickle
 
 from data.profiles import ReferenceProfile
-from data.ray_blocks import map_chunks, profile_dataset, read_dataset, dataset_columns
+from data.ray_blocks import dataset_columns, map_chunks, profile_dataset, read_dataset, ship_modules
 from data.sketches import SketchSettings
 from data.schema_rules import RuleSet
 from monitoring.drift import (BatchSummary, DriftPolicy, DriftResult, Summarise, check_drift_summarised,
@@ -27,9 +25,7 @@ def ship_model_code() -> None:
     """Let Ray carry the champion's model code to its workers by value: the module is imported from the model
     directory's source under a name no worker can import (:mod:`training.model_code`), so the ``predict`` handed to
     the blocks pickles its classes with it (cloudpickle's ``register_pickle_by_value``)."""
-    for name, module in list(sys.modules.items()):
-        if name.startswith(MODULE_PREFIX):
-            ray.cloudpickle.register_pickle_by_value(module)
+    ship_modules(MODULE_PREFIX)
 
 
 class RayTable:

@@ -37,9 +37,10 @@ SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "tar
 SETTINGS_KEYS = {*SECTIONS, *SHARED_KEYS, "training_pipeline_version"}
 """Every top-level key of kfloop.yaml / ``--set`` (``training_pipeline_version``: pinned by ``run --host``)."""
 
-TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", *SHAPE_PARAMETERS, "holdout_fraction",
-                 "seed"}
-"""Settings the drift and quality pipelines hand to the training runs they trigger."""
+TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", "drift", *SHAPE_PARAMETERS,
+                 "holdout_fraction", "seed"}
+"""Settings the drift and quality pipelines hand to the training runs they trigger (``drift``: its engine builds
+the reference profile at registration)."""
 
 
 def typed_config(section: str, values: dict[str, Any]) -> Any:

@@ -33,6 +33,7 @@ def training_pipeline(
     promotion_policy: dict = {},
     cluster_config: dict = {},
     data_store_config: dict = {},
+    drift_policy: dict = {},
 ) -> str:
     validated = validate_data(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name,
                               task=task)
@@ -56,7 +57,7 @@ def training_pipeline(
                                     data_version=validated.outputs["data_version"],
                                     holdout_sha256=split.outputs["Output"],
                                     holdout_fraction=holdout_fraction, split_seed=seed,
-                                    data_store_config=data_store_config,
+                                    data_store_config=data_store_config, drift_policy=drift_policy,
                                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     registered.set_display_name("register candidate")
     with dsl.If(gate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)

@@ -40,7 +40,7 @@ SURFACE = {
                "--set", "--shared-mount-path", "--shared-volume-claim", "--version"],
     "train": ["--backend", "--config", "--data", "--json", "--model-dir", "--nnodes", "--nproc-per-node", "--schema",
               "--set"],
-    "validate": ["--data", "--json", "--report-csv", "--schema"],
+    "validate": ["--config", "--data", "--engine", "--json", "--ray-address", "--report-csv", "--schema", "--set"],
     "status": ["--config", "--json", "--model", "--set"],
     "history": ["--config", "--json", "--model", "--set"],
     "rollback": ["--config", "--json", "--model", "--reason", "--set", "--to"],

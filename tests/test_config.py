@@ -53,6 +53,16 @@ def test_the_drift_pipeline_hands_the_resolved_shape_to_the_runs_it_triggers():
     assert retrain["nproc_per_node"] == 1
 
 
+def test_the_drift_engine_reaches_the_registration_of_the_runs_the_drift_pipeline_triggers():
+    """``drift.engine`` is the one engine setting: the training pipeline's ``drift_policy`` carries it to the
+    registration (its reference profile), also in the training runs a drift check triggers."""
+    drift = {"engine": "ray", "ray_address": "ray://head:10001"}
+    params = pipeline_params(drift_pipeline, {"current_uri": "c.parquet", "reference_uri": "r.parquet",
+                                              "drift": drift})
+    assert params["training_params"]["drift"] == drift
+    assert pipeline_params(training_pipeline, {**DATA, **params["training_params"]})["drift_policy"] == drift
+
+
 def test_job_shape_reads_either_place():
     assert job_shape({"training": {"backend": "kubernetes"}, "nnodes": 3}) == {"nnodes": 3, "backend": "kubernetes"}
     assert job_shape({}) == {}

@@ -139,6 +139,7 @@ LAZY_IMPORTS = {
     "pipelines.cli.options": {"pipelines.config"},  # the settings check loads every typed config (Evidently's too)
     "monitoring.steps": {"monitoring.drift", "monitoring.quality",  # Evidently: only the step that checks loads it
                          "data.ray_cluster", "monitoring.ray_drift"},  # Ray (the optional ray extra): engine: ray only
+    "training.steps": {"data.ray_blocks", "data.ray_cluster"},  # Ray (the ray extra): profiles with engine: ray
     "training.train": {"mlflow"},  # only rank 0 of a run that logs pays for the import
 }
 """Modules allowed imports inside functions, and which (``*``: any). Besides these, only the bodies of KFP

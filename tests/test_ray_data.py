@@ -9,12 +9,14 @@ import pytest
 
 import torch
 
+from data.engine import DataEngine
 from data.generate import write_demo
-from data.profiles import build_profile
-from data.ray_blocks import map_chunks, profile_dataset, read_dataset
+from data.profiles import build_profile, profile_table
+from data.ray_blocks import map_chunks, profile_dataset, profile_table_on_ray, read_dataset, validate_on_ray
 from data.ray_cluster import ray_session
+from data.sketches import SketchSettings
 from data.tables import ReadLimits, iter_table, read_table
-from data.validation import load_schema, schema_roles
+from data.validation import load_schema, schema_roles, validate
 from monitoring.drift import DriftPolicy, check_drift_profile, same_verdict
 from monitoring.ray_drift import RayTable
 from monitoring.steps import drift_step
@@ -23,6 +25,7 @@ from training.config import ModelSpec
 from training.features import FeatureTransform, target_classes
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
+from training.steps import reference_profile
 
 SCHEMA = "data/schema.yaml"
 
@@ -147,3 +150,110 @@ def test_the_drift_pipelines_step_drives_the_ray_cluster(demo, ray_head, isolate
     local = _check(demo, "batch_stable.parquet")
     assert verdict["drifted"] is local.drift.drifted is False  # no retraining run to start
     assert verdict["share_drifted_columns"] == local.drift.share_drifted_columns
+
+
+def _model_dir(demo, path):
+    """A small champion trained on nothing: its predictions are what the profiles sketch, not its quality."""
+    roles = schema_roles(load_schema(SCHEMA))
+    frame = read_table(demo["train.parquet"])
+    transform = FeatureTransform.fit(frame, numeric=roles.numeric, categorical=roles.categorical)
+    classes, code = target_classes(frame[roles.target]), ModelCode.load(ModelSpec(params={"hidden": [8]}))
+    torch.manual_seed(0)
+    save_model_dir(path, model=code.build(transform.n_outputs, len(classes)), code=code,
+                   n_inputs=transform.n_outputs, n_outputs=len(classes), transform=transform, classes=classes,
+                   target=roles.target)
+    return Predictor.load(path).predict
+
+
+@pytest.mark.parametrize("data", ["train.parquet", "batch_drifted.csv"])
+def test_registrations_profile_built_on_ray_is_the_single_process_one(demo, ray_head, tmp_path, data):
+    """``drift.engine: ray`` at registration (:func:`training.steps.reference_profile`): Ray Data profiles the
+    training data with the champion's predictions on the cluster; every column is small enough to be kept exactly,
+    so counts, extremes and every value's count are the single process's (moments up to the order of float sums;
+    the KLL sketches and the seeded samples differ by merge order and seeds, within their bounds: next test)."""
+    schema, predict = load_schema(SCHEMA), _model_dir(demo, tmp_path / "model")
+    local = reference_profile(str(demo[data]), schema, predict=predict, engine=DataEngine())
+    on_ray = reference_profile(str(demo[data]), schema, predict=predict,
+                               engine=DataEngine(engine="ray", ray_address=ray_head))
+    assert "prediction" in on_ray.columns
+    assert (on_ray.rows, on_ray.source, on_ray.settings) == (local.rows, local.source, local.settings)
+    assert list(on_ray.columns) == list(local.columns)
+    for name, column in local.columns.items():
+        assert column.exact and on_ray.columns[name].exact, name
+        ours, theirs = (_exact_part(c) for c in (on_ray.columns[name], column))
+        assert ours == theirs | {key: pytest.approx(theirs[key], rel=1e-12) for key in ("mean", "m2") if key in ours}
+
+
+def _exact_part(column) -> dict:
+    """A column sketch's JSON form less its merge-order and seed dependent parts (KLL bytes, seeded sample)."""
+    return {key: value for key, value in column.to_dict().items() if key not in ("kll", "sample", "keys")}
+
+
+def test_a_profile_in_sketches_merged_from_blocks_stays_within_the_sketches_error_bounds(demo, ray_head):
+    """Columns past ``exact_values`` rely on their KLL sketches: the blocks' merged sketches hold the exact counts
+    and answer every quantile within the sketch's rank error of the single process's."""
+    schema, settings = load_schema(SCHEMA), SketchSettings(k=64, exact_values=100, sample_size=100)
+    local = profile_table(demo["train.parquet"], schema, settings=settings)
+    with ray_session(ray_head):
+        on_ray = profile_table_on_ray(demo["train.parquet"], schema, settings=settings,
+                                      limits=ReadLimits(chunk_rows=400))
+    values = read_table(demo["train.parquet"])
+    for name, column in local.columns.items():
+        ray_column = on_ray.columns[name]
+        assert (ray_column.rows, ray_column.count, ray_column.missing) == (column.rows, column.count, column.missing)
+        if ray_column.exact:
+            assert list(ray_column.values) == list(column.values) and list(ray_column.counts) == list(column.counts)
+            continue
+        if ray_column.kind != "numeric":
+            continue
+        data = values[name].dropna().sort_values().to_numpy()
+        for rank in (0.1, 0.25, 0.5, 0.75, 0.9):
+            for sketch in (column, ray_column):
+                true_rank = (data <= sketch.kll.get_quantile(rank)).mean()
+                assert abs(true_rank - rank) <= 2 * settings.rank_error, (name, rank, true_rank)
+
+
+def _bad_table(demo, tmp_path):
+    """The training rows broken across chunks of 400: a key repeated in the first and the last block, an age out of
+    range in two blocks, an unknown contract and a missing one; the CSV adds text in a number column."""
+    frame = read_table(demo["train.parquet"])
+    frame.loc[2950, "customer_id"] = frame.loc[5, "customer_id"]
+    frame.loc[[10, 1500], "age"] = [7, 140]
+    frame.loc[2200, "contract"], frame.loc[800, "contract"] = "weekly", None
+    files = {"parquet": tmp_path / "bad.parquet", "csv": tmp_path / "bad.csv"}
+    frame.to_parquet(files["parquet"], index=False)
+    frame = frame.astype({"tenure_months": object})
+    frame.loc[2100, "tenure_months"] = "ten"
+    frame.to_csv(files["csv"], index=False)
+    return files
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv"])
+def test_validation_on_ray_reports_what_the_single_process_reports(demo, ray_head, tmp_path, kind):
+    """Each block checked on the cluster by the single process's per-chunk code, merged in row order: failures,
+    counts, examples and rows are the single process's, a duplicate key split across blocks included (the blocks'
+    key hashes meet on the driver, a second pass reports the rows)."""
+    path, schema, limits = _bad_table(demo, tmp_path)[kind], load_schema(SCHEMA), ReadLimits(chunk_rows=400)
+    local = validate(path, schema, limits=limits)
+    with ray_session(ray_head):
+        on_ray = validate_on_ray(path, schema, limits=limits)
+    assert (on_ray.source, on_ray.n_rows, on_ray.failures) == (local.source, local.n_rows, local.failures)
+    # a schema diff line shows a few values of the first chunk that has them: chunking picks them (as locally)
+    assert [line.split(" (e.g.")[0] for line in on_ray.schema_diff] == [line.split(" (e.g.")[0]
+                                                                         for line in local.schema_diff]
+    failed = {(f.column, f.rule): f for f in on_ray.failures}
+    customer = failed["customer_id", "unique"]
+    assert (customer.count, customer.rows) == (2, [5, 2950])
+    assert failed["age", "in_range(18, 100)"].rows == [10, 1500]
+    assert failed["contract", "not_nullable"].rows == [800]
+    if kind == "csv":
+        assert failed["tenure_months", "dtype('int64')"].examples == ["ten"]
+
+
+def test_kfloop_validate_engine_ray_from_the_command_line(demo, ray_head, tmp_path, capsys):
+    args = ["validate", "--data", str(_bad_table(demo, tmp_path)["csv"]), "--schema", SCHEMA, "--json"]
+    assert main(args) == 1
+    local = json.loads(capsys.readouterr().out)
+    assert main([*args, "--set", "drift.engine=ray", "--ray-address", ray_head]) == 1
+    on_ray = json.loads(capsys.readouterr().out)
+    assert on_ray["failures"] == local["failures"] and on_ray["rows"] == local["rows"] == 3000

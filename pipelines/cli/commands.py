@@ -48,7 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("--data", required=True, help="Parquet or CSV file (path or URI) to check")
     val.add_argument("--schema", required=True, help="pandera schema YAML (e.g. from kfloop infer-schema)")
     val.add_argument("--report-csv", help="also write the failures as CSV here (cells safe to open in a spreadsheet)")
+    val.add_argument("--engine", choices=["local", "ray"],
+                     help="who reads and checks the data: this process or Ray Data on a Ray cluster (default: the "
+                          "settings' drift.engine, else local)")
+    val.add_argument("--ray-address", help="the Ray cluster of --engine ray, e.g. ray://head:10001 (default: the "
+                                           "settings' drift.ray_address, else a local Ray started for the check)")
     options.add_json(val, "the verdict and every failure")
+    options.add_settings(val)
 
     train = command("train", "train only (DDP with torchrun processes)")
     train.add_argument("--data", required=True, help="training data: Parquet or CSV file (path or URI)")
@@ -293,9 +299,18 @@ def cmd_infer_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from data.engine import DataEngine
     from data.validation import ROW_NUMBERS, load_schema, validate
 
-    report = validate(args.data, load_schema(args.schema))
+    engine = DataEngine.of_policy(_drift_policy(args, options.settings(args)))
+    if engine.engine == "ray":
+        from data.ray_blocks import validate_on_ray
+        from data.ray_cluster import ray_session
+
+        with ray_session(engine.ray_address):
+            report = validate_on_ray(args.data, load_schema(args.schema))
+    else:
+        report = validate(args.data, load_schema(args.schema))
     if args.report_csv:
         from data.fileio import atomic_write_text
 
