@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -108,15 +110,10 @@ def prepare_cluster(cluster: K8sServer, scratch: Path, secret: dict[str, str]) -
 
 def cli(*argv: str) -> dict:
     """``kfloop ARGV --json``; its JSON output. Fails with the CLI's error."""
-    out = Path(tempfile.mkstemp(suffix=".json")[1])
-    stdout = sys.stdout
-    with out.open("w") as sys.stdout:
-        try:
-            code = kfloop([*argv, "--json"])
-        finally:
-            sys.stdout = stdout
-    text = out.read_text()
-    out.unlink()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = kfloop([*argv, "--json"])
+    text = out.getvalue()
     if code != 0:
         raise RuntimeError(f"kfloop {' '.join(argv)} exited {code}: {text}")
     return json.loads(text)
