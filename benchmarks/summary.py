@@ -50,6 +50,11 @@ def rows(results: Path) -> list[dict[str, Any]]:
                               "samples/s)", "value": f"{ddp['scaling_efficiency']:.2f}",
                     "goal": f">= {ddp['efficiency_goal']}", "met": ddp["efficiency_within_goal"],
                     "correct": ddp["correct"]})
+        if "ray_overhead" in ddp:
+            out.append({"figure": f"  Ray Train overhead, {n} workers ({medians[str(n)]:,.0f} -> "
+                                  f"{ddp['ray_samples_per_s']:,.0f} samples/s; start-up {ddp['torchrun_startup_s']:.1f}"
+                                  f" -> {ddp['ray_startup_s']:.1f} s)", "value": f"{ddp['ray_overhead']:.1%}",
+                        "goal": "", "met": None, "correct": ddp["correct"]})
     if drift := load("drift"):
         largest = next(s for s in drift["sizes"] if s["rows"] == drift["largest_rows"])
         out.append({"figure": f"drift check speed-up at {drift['largest_rows']:,} rows x 20 "
