@@ -7,11 +7,10 @@ A chunk's sample seed (the single process numbers its chunks in file order) is a
 as Ray Data does not number blocks: the same data and block boundaries give the same sketches."""
 from __future__ import annotations
 
-import base64
 import json
-import pickle
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -153,23 +152,18 @@ def validate_on_ray(uri: str | Path, schema: pa.DataFrameSchema, *,
     checker = StreamedValidation(schema)
     dataset = read_dataset(uri, limits=limits, csv_as_text=True)
 
-    def check(chunk: pd.DataFrame, seed: int) -> dict[str, Any]:
-        return {"rows": len(chunk), "part": _encoded(checker.check_chunk(typed_like_read_csv(chunk)))}
-
     validation, offset = StreamedValidation(schema), 0
-    for result in map_chunks(dataset, check, limits=limits, ordered=True):
-        validation.add(_decoded(result["part"]), offset=offset)
-        offset += result["rows"]
+    for rows, part in map_chunk_objects(dataset, lambda chunk: checker.check_chunk(typed_like_read_csv(chunk)),
+                                        limits=limits):
+        validation.add(part, offset=offset)
+        offset += rows
     repeated = validation.repeated()
     if repeated:
-        def duplicates(chunk: pd.DataFrame, seed: int) -> dict[str, Any]:
-            return {"rows": len(chunk), "part": _encoded(StreamedValidation.duplicate_failures(
-                typed_like_read_csv(chunk), repeated))}
-
         offset = 0
-        for result in map_chunks(dataset, duplicates, limits=limits, ordered=True):
-            validation.add_failures(_decoded(result["part"]), offset=offset)
-            offset += result["rows"]
+        for rows, part in map_chunk_objects(dataset, lambda chunk: StreamedValidation.duplicate_failures(
+                typed_like_read_csv(chunk), repeated), limits=limits):
+            validation.add_failures(part, offset=offset)
+            offset += rows
     return validation.report(storage.resolve(uri).uri if storage.is_remote(uri) else str(uri))
 
 
@@ -199,11 +193,25 @@ def typed_like_read_csv(chunk: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(typed, index=chunk.index)
 
 
-def _encoded(value: Any) -> str:
-    """A chunk's validation result as text for the trip to the driver: pickled, as the values failing a rule are
-    any Python scalars (Ray pickles the task results on the same trip)."""
-    return base64.b64encode(pickle.dumps(value)).decode("ascii")
+def map_chunk_objects(dataset: ray.data.Dataset, function: Callable[[pd.DataFrame], Any], *,
+                      limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[tuple[int, Any]]:
+    """``(rows, function(chunk))`` of every chunk in the table's row order, the result any Python object: it
+    travels in an object column, serialised by Ray itself as its task results are (the values failing a rule are
+    any Python scalars, which JSON cannot carry)."""
+
+    def run(chunk: pd.DataFrame) -> pd.DataFrame:
+        carried = _Carried(function(chunk.reset_index(drop=True)))
+        return pd.DataFrame({"rows": [len(chunk)], PART_COLUMN: pd.Series([carried], dtype=object)})
+
+    parts = dataset.map_batches(run, batch_format="pandas", batch_size=limits.chunk_rows)
+    parts.context.execution_options.preserve_order = True
+    for row in parts.iter_rows():
+        yield int(row["rows"]), row[PART_COLUMN].value
 
 
-def _decoded(text: str) -> Any:
-    return pickle.loads(base64.b64decode(text))
+@dataclass(frozen=True, slots=True)
+class _Carried:
+    """A chunk's result as one opaque object: Arrow would turn a bare list or dict into its own types (an empty
+    list into null)."""
+
+    value: Any
