@@ -75,10 +75,10 @@ def dataset_columns(dataset: ray.data.Dataset) -> list[str]:
     return list(dataset.schema().names)
 
 
-def map_chunks(dataset: ray.data.Dataset, function: ChunkFunction, *, limits: ReadLimits = DEFAULT_LIMITS,
-               ordered: bool = False) -> Iterator[dict[str, Any]]:
-    """``function`` of every chunk of at most ``limits.chunk_rows`` rows, run on the cluster; the results as they
-    arrive at the driver: in no particular order, or with ``ordered`` in the table's row order."""
+def map_chunks(dataset: ray.data.Dataset, function: ChunkFunction, *,
+               limits: ReadLimits = DEFAULT_LIMITS) -> Iterator[dict[str, Any]]:
+    """``function`` of every chunk of at most ``limits.chunk_rows`` rows, run on the cluster; the results, in no
+    particular order, as they arrive at the driver."""
 
     def run(chunk: pd.DataFrame) -> pd.DataFrame:
         seed = int(pd.util.hash_pandas_object(chunk, index=False).sum())
@@ -86,7 +86,6 @@ def map_chunks(dataset: ray.data.Dataset, function: ChunkFunction, *, limits: Re
                                                       allow_nan=False)]})
 
     parts = dataset.map_batches(run, batch_format="pandas", batch_size=limits.chunk_rows)
-    parts.context.execution_options.preserve_order = ordered
     for row in parts.iter_rows():
         yield json.loads(row[PART_COLUMN])
 
