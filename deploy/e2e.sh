@@ -85,7 +85,7 @@ main() {
       [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
     done
     rm -f "$wheelhouse/.complete"
-    "$PYTHON" -m pip download -qq -d "$wheelhouse" "$TORCH" "$ROOT[ray]" \
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" "$TORCH" "${ROOT}[ray]" \
       "$(sed -n 's/^requires = \["\(.*\)"\]$/\1/p' pyproject.toml)"
     # a dependency published only as an sdist (kfp-server-api) becomes a wheel here: the image installs wheels only
     for sdist in "$wheelhouse"/*.tar.gz "$wheelhouse"/*.zip; do
