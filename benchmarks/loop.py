@@ -24,11 +24,11 @@ REPEATS = 3
 # Steps of the training pipeline that are safe to call again with the same inputs (read-only or idempotent),
 # called with the arguments their components pass (evaluate logs its figures to the training run, as in the run).
 DIRECT_CALLS = {
-    "validate-data": "from training.steps import validate_step as f; f(dataset_uri={data!r}, schema_uri={schema!r}, "
-                     "target='', model_name='bench', schema_out={tmp!r} + '/schema.yaml')",
-    "split-holdout": "from training.steps import split_step as f; f(dataset_uri={data!r}, fraction=0.2, seed=42, "
+    "validate-data": "from training.steps.validate import validate_step as f; f(dataset_uri={data!r}, "
+                     "schema_uri={schema!r}, target='', model_name='bench', schema_out={tmp!r} + '/schema.yaml')",
+    "split-holdout": "from training.steps.split import split_step as f; f(dataset_uri={data!r}, fraction=0.2, seed=42, "
                      "train_out={tmp!r} + '/train.parquet', holdout_out={tmp!r} + '/holdout.parquet')",
-    "evaluate-vs-champion": "from training.steps import evaluate_step as f; f(model_dir={model!r}, "
+    "evaluate-vs-champion": "from training.steps.evaluate import evaluate_step as f; f(model_dir={model!r}, "
                             "holdout_path={holdout!r}, holdout_sha256={sha!r}, model_name='bench', policy={{}}, "
                             "report_out={tmp!r} + '/report.json', run_id={run_id!r})",
 }

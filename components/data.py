@@ -12,7 +12,7 @@ def validate_data(dataset_uri: str, schema_uri: str, target: str, model_name: st
                                                                 ("target", str)]):
     """Validate the dataset (schema_uri, else the champion's schema, else inferred on the very first run, for
     ``task``: classification unless given); fails the run listing every failure."""
-    from training.steps import validate_step
+    from training.steps.validate import validate_step
 
     result = validate_step(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name,
                            schema_out=schema.path, task=task)
@@ -24,7 +24,7 @@ def validate_data(dataset_uri: str, schema_uri: str, target: str, model_name: st
 def split_holdout(dataset_uri: str, holdout_fraction: float, seed: int, train_data: Output[Dataset],
                   holdout_data: Output[Dataset]) -> str:
     """Seeded train/holdout split; returns the holdout's sha256, which pins the evaluation."""
-    from training.steps import split_step
+    from training.steps.split import split_step
 
     return split_step(dataset_uri=dataset_uri, fraction=holdout_fraction, seed=seed,
                       train_out=train_data.path, holdout_out=holdout_data.path)

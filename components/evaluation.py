@@ -11,7 +11,7 @@ def evaluate_vs_champion(model: Input[Model], holdout_data: Input[Dataset], hold
     ``dsl.If`` (a single output: kfp.local resolves conditions only on a task's ``Output``); the report's
     metadata holds the champion compared against and the reason."""
     from data.settings import from_struct
-    from training.steps import evaluate_step
+    from training.steps.evaluate import evaluate_step
 
     result = evaluate_step(model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,
                            model_name=model_name, policy=from_struct(promotion_policy), report_out=report.path,

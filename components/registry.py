@@ -12,7 +12,7 @@ def register_candidate(model: Input[Model], report: Input[Artifact], schema: Inp
     """Keep the training data where DVC finds it by md5, then register the candidate with its decision, reason and
     lineage (the reference profile built by ``drift_policy``'s engine); returns the version."""
     from data.settings import from_struct
-    from training.steps import register_step
+    from training.steps.register import register_step
 
     return register_step(model_dir=model.path, report_path=report.path, schema_path=schema.path, run_id=run_id,
                          model_name=model_name, dataset_uri=dataset_uri, data_md5=data_md5,
@@ -27,7 +27,7 @@ def promote(model_name: str, version: str, report: Input[Artifact], model: Input
             holdout_data: Input[Dataset], holdout_sha256: str, promotion_policy: dict) -> bool:
     """Move ``champion`` to ``version`` under the lock, after re-reading the champion and re-checking."""
     from data.settings import from_struct
-    from training.steps import promote_step
+    from training.steps.promote import promote_step
 
     return promote_step(model_name=model_name, version=version, compared_against=report.metadata["champion_version"],
                         model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,

@@ -12,7 +12,7 @@ def launch_training(train_data: Input[Dataset], schema: Input[Artifact], model_n
     ``nproc_per_node`` ranks (``backend=kubernetes``: a PyTorchJob on ``cluster_config``); returns the MLflow run
     id."""
     from data.settings import from_struct
-    from training.steps import train_step
+    from training.steps.train import train_step
 
     result = train_step(train_path=train_data.path, schema_path=schema.path, model_name=model_name,
                         config=from_struct(training_config), nnodes=nnodes, nproc_per_node=nproc_per_node,

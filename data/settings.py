@@ -1,8 +1,10 @@
 """Where kfloop keeps its state, and the one place that reads the environment and ``kfloop.yaml``."""
 from __future__ import annotations
 
+import atexit
 import difflib
 import functools
+import gc
 import os
 import subprocess
 import tempfile
@@ -135,13 +137,23 @@ def activate(env: Environment) -> None:
 def step_function(fn: F) -> F:
     """Decorates a step function: in a pipeline step's process the environment is activated first, so MLflow and
     the workdir never fall back to the working directory, which a pod cannot write (MLflow's default store is
-    ``./mlflow.db``). Elsewhere the caller (the CLI, a test) has chosen the environment."""
+    ``./mlflow.db``), and the process ends without :func:`end_without_final_collection`'s last collection.
+    Elsewhere the caller (the CLI, a test) has chosen the environment."""
     @functools.wraps(fn)
     def in_environment(*args: Any, **kwargs: Any) -> Any:
         if _in_step():
             activate(load_environment())
+            end_without_final_collection()
         return fn(*args, **kwargs)
     return in_environment  # type: ignore[return-value]
+
+
+@functools.cache
+def end_without_final_collection() -> None:
+    """At exit, freeze what the process holds (:func:`gc.freeze`) so the interpreter's shutdown skips its last
+    cyclic collection over every imported library: about a second of CPU per step or training rank with torch and
+    MLflow loaded. For processes that end after their work: what they write is written (and closed) before."""
+    atexit.register(gc.freeze)
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

@@ -94,7 +94,7 @@ def test_a_data_store_that_cannot_be_written_is_named(own_data, tmp_path):
 
 
 def test_a_failure_to_keep_the_data_registers_nothing(isolated_env, own_data, tmp_path):
-    from training.steps import register_step
+    from training.steps.register import register_step
 
     with pytest.raises(DataStoreError, match="over data_store.max_bytes=10"):
         register_step(model_dir=str(tmp_path / "model"), report_path=str(tmp_path / "report.json"),

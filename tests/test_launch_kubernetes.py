@@ -150,7 +150,8 @@ def test_inputs_in_object_storage_are_staged_for_the_job(cluster, s3_bucket, dem
 def _prepared(tmp_path, demo_files, model_name: str):
     """validate -> split, as the pipeline runs them; returns (schema path, train path, holdout path, sha, md5 and
     path of the validated file)."""
-    from training.steps import split_step, validate_step
+    from training.steps.split import split_step
+    from training.steps.validate import validate_step
 
     schema = str(tmp_path / "schema.yaml")
     validated = validate_step(dataset_uri=str(demo_files["train.parquet"]), schema_uri="", target="churned",
@@ -170,7 +171,7 @@ def train_2x2(cluster: Cluster, isolated_env, demo_files, tmp_path, model_name: 
     """The pipeline's train step of a 2 x 2 job of ``model`` on ``cluster`` with ``settings``, the ranks reaching
     MLflow through the credentials Secret; (the prepared data of :func:`_prepared`, the model dir, the step's
     result)."""
-    from training.steps import train_step
+    from training.steps.train import train_step
 
     prepared = _prepared(tmp_path, demo_files, model_name)
     _credentials_secret(cluster, isolated_env.tracking_uri)
@@ -184,7 +185,8 @@ def train_2x2(cluster: Cluster, isolated_env, demo_files, tmp_path, model_name: 
 def register_candidate(tmp_path, prepared: tuple, model_dir: Path, run_id: str, model_name: str,
                        pipeline_run_id: str) -> str:
     """Evaluate a trained model on the holdout of ``prepared`` (:func:`_prepared`) and register it; its version."""
-    from training.steps import evaluate_step, register_step
+    from training.steps.evaluate import evaluate_step
+    from training.steps.register import register_step
 
     schema, train, holdout, sha, md5, dataset = prepared
     report = str(tmp_path / "report.json")
@@ -271,7 +273,7 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
 def test_a_failing_job_fails_the_step_with_the_masters_last_log_lines(cluster, isolated_env, demo_files, tmp_path):
     import mlflow
 
-    from training.steps import train_step
+    from training.steps.train import train_step
     from data.tables import read_table
     from data.validation import infer_schema, schema_to_yaml
 
@@ -353,7 +355,7 @@ def test_preflight_fails_fast_when_the_bandwidth_is_below_the_floor(cluster, tmp
 _LAUNCH_STEP = """
 import json, sys
 from data.settings import activate, load_environment
-from training.steps import train_step
+from training.steps.train import train_step
 args = json.loads(sys.argv[1])
 activate(load_environment())
 train_step(**args)
@@ -407,7 +409,7 @@ def test_a_retried_launch_step_attaches_to_the_job_its_killed_attempt_created(cl
     """Issue 7 item 5: kill the launch step right after it created the job, retry: one job, attached."""
     import mlflow
 
-    from training.steps import train_step
+    from training.steps.train import train_step
 
     schema, train, *_ = _prepared(tmp_path, demo_files, "k8s-retry")
     _credentials_secret(cluster, isolated_env.tracking_uri)

@@ -22,7 +22,7 @@ from training.gate import PromotionPolicy, evaluate
 from training.model import Predictor
 from training.model_files import JOB_SHAPE_FILE, MODEL_FILE
 from training.registry.versions import champion_profile
-from training.steps import register_step
+from training.steps.register import register_step
 
 NUMERIC, CATEGORICAL = ["x", "items", "flag"], ["color"]
 KINDS = {"x": "numeric", "items": "numeric", "flag": "numeric", "color": "categorical"}

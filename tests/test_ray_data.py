@@ -25,7 +25,7 @@ from training.config import ModelSpec
 from training.features import FeatureTransform, target_classes
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
-from training.steps import reference_profile
+from training.steps.register import reference_profile
 
 SCHEMA = "data/schema.yaml"
 
@@ -167,7 +167,7 @@ def _model_dir(demo, path):
 
 @pytest.mark.parametrize("data", ["train.parquet", "batch_drifted.csv"])
 def test_registrations_profile_built_on_ray_is_the_single_process_one(demo, ray_head, tmp_path, data):
-    """``drift.engine: ray`` at registration (:func:`training.steps.reference_profile`): Ray Data profiles the
+    """``drift.engine: ray`` at registration (:func:`training.steps.register.reference_profile`): Ray Data profiles the
     training data with the champion's predictions on the cluster; every column is small enough to be kept exactly,
     so counts, extremes and every value's count are the single process's (moments up to the order of float sums;
     the KLL sketches and the seeded samples differ by merge order and seeds, within their bounds: next test)."""

@@ -102,7 +102,7 @@ def test_webhook_logs_hold_no_secret(planted):
 def test_mlflow_params_and_tags_of_a_training_run_hold_no_secret(planted, isolated_env, demo_files, tmp_path):
     import mlflow
 
-    from training.steps import train_step
+    from training.steps.train import train_step
 
     train_step(train_path=str(demo_files["train.parquet"]), schema_path=str(REPO / "data" / "schema.yaml"),
                model_name="churn", config={"epochs": 1}, nnodes=1, nproc_per_node=1, backend="local",

@@ -68,6 +68,28 @@ def test_outside_a_step_the_workdir_is_dot_kfloop(step_env, monkeypatch):
     assert load_environment().workdir == step_env / "cwd" / ".kfloop"
 
 
+_FROZEN_AT_EXIT = """
+import atexit, gc, sys
+from data.settings import step_function
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))  # registered first: runs last
+step_function(lambda: None)()
+"""
+
+
+@pytest.mark.parametrize("in_step", [True, False])
+def test_a_step_process_skips_the_last_collection_at_exit_and_others_keep_it(step_env, in_step):
+    """A step's process freezes what it holds once its atexit handlers start (:func:`data.settings.
+    end_without_final_collection`), so the interpreter's shutdown does not collect every imported library's
+    objects; a process that is no step (the CLI, a test, a server) is left as it is."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if not in_step:
+        env.pop("_KFP_RUNTIME")
+    out = subprocess.run([sys.executable, "-c", _FROZEN_AT_EXIT], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == f"frozen at exit: {in_step}"
+
+
 _RUN_DRIFT = """
 import sys
 from kfp import local

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from data.settings import end_without_final_collection
 from data.storage import is_remote
 from data.tables import local_copy
 from data.validation import load_schema, schema_roles, schema_to_yaml
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         DataFileError: the data or schema file cannot be read.
     """
     args = parse_args(argv)
+    end_without_final_collection()
     cfg = TrainingConfig.from_dict(json.loads(args.config.read_text()))
     me = _init_distributed(cfg)
     logging.basicConfig(level=logging.INFO if me.rank == 0 else logging.WARNING, force=True,

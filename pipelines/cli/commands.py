@@ -332,7 +332,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from data.settings import load_environment
     from pipelines.config import training_settings
     from training.config import SHAPE_PARAMETERS
-    from training.steps import train_only
+    from training.steps.train import train_only
 
     settings = options.settings(args)
     training = training_settings(settings, **{key: getattr(args, key) for key in SHAPE_PARAMETERS})

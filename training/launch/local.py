@@ -30,7 +30,7 @@ from data.fileio import atomic_write_json
 from data.storage import absolute
 from training.config import JobShape, TrainingConfig
 from training.launch.jobspec import JobSpec, training_run_spec
-from training.model import MODEL_FILE
+from training.model_files import MODEL_FILE
 
 TAG_ENV = "KFLOOP_LAUNCH_ID"
 """Environment variable that marks every process of one launch (agents and, through inheritance, workers)."""

@@ -19,7 +19,7 @@ from data.fileio import atomic_write_json
 from data.storage import absolute
 from training.config import JobShape, TrainingConfig
 from training.launch.local import ERROR_TAIL_LINES, LaunchError, TrainResult
-from training.model import MODEL_FILE
+from training.model_files import MODEL_FILE
 
 DRIVER_LOG = "ray-driver.log"
 """The driver's combined output (Ray's worker logs come through it: ``log_to_driver``)."""

@@ -6,6 +6,9 @@ import mlflow
 
 from data.settings import Environment
 
+IMAGE_TAG = "kfloop.image"
+"""Tag of a training run: the image its processes ran (the job's on Kubernetes), copied into the lineage."""
+
 
 def ensure_experiment(name: str, env: Environment) -> str:
     """The MLflow experiment ``name`` (created on first use; artifacts under the workdir when the
