@@ -34,7 +34,7 @@ from training.config import ModelSpec
 from training.features import FeatureTransform, target_classes
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
-from training.registry.versions import served_model
+from training.registry.candidates import served_model
 
 OVERHEAD_GOAL = 0.10
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"

@@ -151,8 +151,9 @@ def step_function(fn: F) -> F:
 @functools.cache
 def end_without_final_collection() -> None:
     """At exit, freeze what the process holds (:func:`gc.freeze`) so the interpreter's shutdown skips its last
-    cyclic collection over every imported library: about a second of CPU per step or training rank with torch and
-    MLflow loaded. For processes that end after their work: what they write is written (and closed) before."""
+    cyclic collection over every imported library: about a second of CPU per step, training rank or ``kfloop``
+    command with torch and MLflow loaded. For processes that end after their work: what they write is written (and
+    closed) before."""
     atexit.register(gc.freeze)
 
 

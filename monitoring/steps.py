@@ -23,8 +23,9 @@ from data.validation import infer_schema, load_schema, schema_roles, validate
 from monitoring.records import record_drift_check, record_quality_check
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.progress import progress
+from training.registry.candidates import load_version_predictor
 from training.registry.versions import (EVALUATION_ARTIFACT, champion_profile, champion_schema, get_champion,
-                                        holdout_metrics, load_version_predictor)
+                                        holdout_metrics)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -374,12 +375,3 @@ def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], star
     progress(f"trigger: {'fired, run ' + str(decision.run_id) if decision.fire else 'skipped'}: {decision.reason}")
     return decision
 
-
-def last_trigger(model_name: str, *, since: float) -> dict[str, Any] | None:
-    """The trigger's last decision for ``model_name`` if made at or after ``since``: fire, reason, run_id, at."""
-    entry = trigger_store(model_name).load()["models"].get(model_name)
-    if not entry or not entry["last_check"] or entry["last_check"]["at"] < since:
-        return None
-    check = entry["last_check"]
-    runs = [f["run_id"] for f in entry["fired"] if f["key"] == check["key"] and f["at"] == check["at"]]
-    return {**check, "run_id": runs[0] if check["fire"] and runs else None}

@@ -139,6 +139,20 @@ class TriggerStore:
             raise TriggerStateError(self.path, problem)
         return state
 
+    def last_check(self, model: str, *, since: float) -> dict[str, Any] | None:
+        """The last decision for ``model`` if made at or after ``since``: ``fire``, ``reason``, ``key``, ``at`` and
+        ``run_id`` (of the run it started; None when it did not fire).
+
+        Raises:
+            TriggerStateError: the file is unusable.
+        """
+        entry = self.load()["models"].get(model)
+        if not entry or not entry["last_check"] or entry["last_check"]["at"] < since:
+            return None
+        check = entry["last_check"]
+        runs = [f["run_id"] for f in entry["fired"] if f["key"] == check["key"] and f["at"] == check["at"]]
+        return {**check, "run_id": runs[0] if check["fire"] and runs else None}
+
     def record(self, decision: TriggerDecision, now: float, run_id: str | None = None) -> None:
         """Store ``decision`` as the model's last check, count its outcome and, when it fired, append it to the
         model's history.

@@ -204,7 +204,7 @@ def loaded_after(code: str) -> set[str]:
     ("the training step's process, torchrun's ranks apart (components.training.launch_training)",
      "from training.steps.train import train_step", {"torch", "sklearn", "evidently", "matplotlib", "dvc", "ray"}),
     ("the validate step's process (components.data.validate_data)", "from training.steps.validate import validate_step",
-     {"evidently", "matplotlib", "dvc", "kubernetes", "ray"}),
+     {"torch", "sklearn", "evidently", "matplotlib", "dvc", "kubernetes", "ray"}),
 ])
 def test_lazy_imports_keep_their_entry_points_light(entry, code, heavy):
     assert loaded_after(code) & heavy == set(), entry

@@ -18,7 +18,8 @@ from pipelines.config import pipeline_params
 from pipelines.training import training_pipeline
 from training.config import ModelSpec, TrainingConfig, with_module_path
 from training.gate import PromotionPolicy, evaluate, regression_metrics
-from training.model_code import ModelCode, ModelCodeError, source_file
+from training.model_code import ModelCode, source_file
+from training.model_files import ModelCodeError
 
 MODULE = '''
 import torch

@@ -97,7 +97,8 @@ def test_a_version_whose_mlmodel_points_at_foreign_code_is_never_loaded(tmp_path
     """A version outside our experiment, logged with its own code but carrying a genuine kfloop model dir and a
     matching weights tag: the evaluator refuses it and never runs its code."""
     from data.fileio import file_digest
-    from training.registry.versions import WEIGHTS_TAG, ForeignModelError, load_version_predictor
+    from training.registry.candidates import load_version_predictor
+    from training.registry.versions import WEIGHTS_TAG, ForeignModelError
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

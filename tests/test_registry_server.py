@@ -18,6 +18,7 @@ from fakes.mlflow_server import Fault, FaultProxy
 from training.config import ModelSpec
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
+from training.registry.candidates import register_candidate
 from training.registry.versions import (
     RegistryUnavailableError,
     WeightsMismatchError,
@@ -25,7 +26,6 @@ from training.registry.versions import (
     download_model_dir,
     get_champion,
     promote,
-    register_candidate,
     rollback,
     verify_version,
 )
@@ -164,7 +164,7 @@ def test_503_on_the_alias_move_fails_clearly_and_a_rerun_completes(served, proxy
     run_id = served.run()
     decision = served.decide(served.good, served.bad)
     lineage = served.lineage(v1)
-    from training.registry.versions import log_candidate
+    from training.registry.candidates import log_candidate
 
     uri = log_candidate(run_id, served.good, decision=decision.to_dict(), lineage=lineage)
     v2 = register_candidate(name, run_id=run_id, model_uri=uri, decision=decision.to_dict(), lineage=lineage,

@@ -21,8 +21,9 @@ from training.config import ModelSpec
 from training.features import FeatureTransform, encode_target, target_classes
 from training.gate import Decision, PromotionPolicy, evaluate
 from training.model import WEIGHTS_FILE, Predictor, save_model_dir
-from training.model_code import ModelCode, ModelCodeError
-from training.model_files import MODULE_FILE
+from training.model_code import ModelCode
+from training.model_files import MODULE_FILE, ModelCodeError
+from training.registry.candidates import load_version_predictor, log_candidate, register_candidate
 from training.registry.versions import (
     MODULE_TAG,
     ChampionInfo,
@@ -31,10 +32,7 @@ from training.registry.versions import (
     champion_schema,
     download_model_dir,
     get_champion,
-    load_version_predictor,
-    log_candidate,
     promote,
-    register_candidate,
 )
 
 NUMERIC, CATEGORICAL, TARGET = ["age", "income"], ["region"], "label"

@@ -148,7 +148,7 @@ def served_model_dir(tmp_path_factory, demo_files) -> Path:
     from training.features import FeatureTransform, target_classes
     from training.model import Predictor, save_model_dir
     from training.model_code import ModelCode
-    from training.registry.versions import served_model
+    from training.registry.candidates import served_model
 
     root = tmp_path_factory.mktemp("served")
     train = pd.read_parquet(demo_files["train.parquet"])

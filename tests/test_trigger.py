@@ -69,6 +69,19 @@ def test_same_data_fires_again_in_a_new_window(tmp_path):
     assert [f["run_id"] for f in fired(store)] == ["run-1", "run-2"]
 
 
+def test_the_last_check_gives_the_run_it_started_and_nothing_older_than_asked(tmp_path):
+    store = TriggerStore(tmp_path / "state.json")
+    assert store.last_check("churn", since=0) is None  # no state yet
+    first = fire(store, "md5-a", T0)
+    assert store.last_check("churn", since=T0) == {"at": T0, "key": first.key, "fire": True,
+                                                   "reason": first.reason, "run_id": "run-1"}
+    assert store.last_check("churn", since=T0 + 1) is None  # made before `since`
+    assert store.last_check("fraud", since=0) is None  # another model
+    duplicate = fire(store, "md5-a", T0 + 4000, run_id="run-2")
+    assert store.last_check("churn", since=T0) == {"at": T0 + 4000, "key": first.key, "fire": False,
+                                                   "reason": duplicate.reason, "run_id": None}
+
+
 def test_state_survives_a_restart(tmp_path):
     fire(TriggerStore(tmp_path / "state.json"), "md5-a", T0)
 

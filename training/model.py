@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save
 from data.fileio import atomic_write_bytes, atomic_write_json
 from training.config import ModelSpec
 from training.features import FeatureTransform, encode_target
-from training.model_code import ModelCode, ModelCodeError
-from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, WEIGHTS_FILE
+from training.model_code import ModelCode
+from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, WEIGHTS_FILE, ModelCodeError
 from training.threshold import predicted_index
 
 

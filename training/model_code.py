@@ -17,13 +17,8 @@ from typing import Any, Callable
 
 import torch
 
-from data.errors import KfloopError
 from training.config import ModelSpec
-
-
-class ModelCodeError(KfloopError):
-    """The model module cannot be used: not found, not importable, changed since it was recorded, or its
-    builder does not return a ``torch.nn.Module``."""
+from training.model_files import ModelCodeError
 
 
 def source_file(module: str) -> Path:

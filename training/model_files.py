@@ -1,4 +1,5 @@
-"""Names of the files in a kfloop model directory (importable without torch)."""
+"""Names of the files in a kfloop model directory, and the error of its model module (importable without torch)."""
+from data.errors import KfloopError
 
 WEIGHTS_FILE = "weights.safetensors"
 """Final weights, safetensors."""
@@ -14,3 +15,8 @@ MODULE_FILE = "model_module.py"
 MODULE_SHA256_KEY = "model_module_sha256"
 """Where the sha256 of that copy is recorded: the version's tag, the run's ``kfloop.``-prefixed tag and the
 logged pyfunc's ``model_config``."""
+
+
+class ModelCodeError(KfloopError):
+    """The model module cannot be used: not found, not importable, changed since it was recorded, or its
+    builder does not return a ``torch.nn.Module``."""

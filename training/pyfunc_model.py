@@ -1,7 +1,7 @@
 """The MLflow pyfunc face of a kfloop model directory, logged as models-from-code (nothing pickled).
 
 MLflow executes this file when the model is logged and again when it is loaded (``mlflow.pyfunc.load_model``);
-``training.registry.versions.log_candidate`` passes its path as ``python_model``, the model directory (the model
+``training.registry.candidates.log_candidate`` passes its path as ``python_model``, the model directory (the model
 module's source included) as the ``model_dir`` artifact, that source's sha256 in the ``model_config`` and the
 version's schema as the ``schema`` artifact. Do not import this module from other
 code: importing it registers the model object.
@@ -16,8 +16,7 @@ import pandas as pd
 from data.schema_rules import RuleSet, apply_violation_mode, check_mode
 from data.validation import load_schema
 from training.model import Predictor
-from training.model_code import ModelCodeError
-from training.model_files import MODULE_SHA256_KEY
+from training.model_files import MODULE_SHA256_KEY, ModelCodeError
 
 MODEL_DIR_ARTIFACT = "model_dir"
 """Key of the kfloop model directory in the logged model's ``artifacts``."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
 from data.errors import EXIT_FAILED, KfloopError
+from data.settings import end_without_final_collection
 from data.storage import redact
 from training.launch.cluster import JOB_KINDS as CLUSTER_KINDS
 
@@ -588,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     ``kfloop CMD: error: ...`` and a hint on stderr, and under ``--json`` also ``{"error", "hint", "exit_code"}``
     on stdout; the exit code is the error's either way."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    end_without_final_collection()
     parser = build_parser()
     for each in _parsers(parser):
         each.json_errors = "--json" in argv

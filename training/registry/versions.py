@@ -1,4 +1,5 @@
-"""The MLflow model registry, kfloop's way: every candidate becomes a tagged version; only :func:`promote` (and
+"""The MLflow model registry, kfloop's way: every candidate becomes a tagged version
+(:mod:`training.registry.candidates` logs and registers it, and loads a version's predictor); only :func:`promote` (and
 :func:`rollback`) move the ``champion`` alias, under a lock, after re-reading the champion and re-checking; each move
 is appended to the champion history (:func:`champion_history`) as it happens.
 
@@ -10,34 +11,26 @@ scored from its downloaded model directory (:func:`download_model_dir`), never b
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any, Protocol
 
 import mlflow
-import pandas as pd
-from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
-from mlflow.models import Model, ModelSignature
+from mlflow.models import Model
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
-from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from data.errors import KfloopError
 from data.fileio import file_digest, utc_iso
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
-from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
-from training.gate import Decision, kfp_metrics
-from training.model import Predictor
-from training.model_code import ModelCodeError
-from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
+from training.model_files import (FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE,
+                                  ModelCodeError)
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -46,6 +39,7 @@ SCHEMA_ARTIFACT = "schema.yaml"
 EVALUATION_ARTIFACT = "evaluation.json"
 LINEAGE_ARTIFACT = "lineage.json"
 WEIGHTS_TAG = "weights_sha256"
+"""Version tag (and ``kfloop.``-prefixed run tag) holding the sha256 of ``weights.safetensors``."""
 MODULE_TAG = MODULE_SHA256_KEY
 """Version tag (and ``kfloop.``-prefixed run tag, and the pyfunc's ``model_config`` key) holding the sha256 of the
 model module's copy (``model_module.py``): every load checks it before importing the module."""
@@ -53,7 +47,6 @@ DRIFT_REPORT_URI_TAG = "drift_report_uri"
 """Version tag of the champion's last drift report (set by monitoring's drift records)."""
 QUALITY_REPORT_URI_TAG = "quality_report_uri"
 """Version tag of the champion's last quality report on labelled rows (set by monitoring's quality records)."""
-"""Version tag (and ``kfloop.``-prefixed run tag) holding the sha256 of ``weights.safetensors``."""
 HISTORY_TAG_PREFIX = "champion_move."
 """Registered-model tags ``champion_move.000001``, ...: the champion history, one JSON :class:`ChampionMove`
 per move, written under the promotion lock right after the alias moved; never rewritten."""
@@ -62,8 +55,6 @@ MAX_TAG_CHARS = 5000
 PYFUNC_MODEL_FILE = Path(__file__).parents[1] / "pyfunc_model.py"
 CODE_MODEL_LOADER = "mlflow.pyfunc.loaders.code_model"
 """The pyfunc loader of a models-from-code model: the only kind kfloop logs."""
-SERVING_REQUIREMENTS = ("mlflow", "torch", "safetensors", "numpy", "pandas", "pandera", "pyyaml")
-"""Distributions the pyfunc model needs at load time, pinned to the installed versions (local part dropped)."""
 
 
 class DecisionLike(Protocol):
@@ -239,7 +230,7 @@ class ForeignModelError(KfloopError, RuntimeError):
     """A model version kfloop did not log (foreign model code, or weights its run never recorded)."""
 
 
-def _client(client: "mlflow.MlflowClient | None") -> "mlflow.MlflowClient":
+def registry_client(client: "mlflow.MlflowClient | None" = None) -> "mlflow.MlflowClient":
     return client or mlflow.MlflowClient()
 
 
@@ -251,7 +242,7 @@ def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = 
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
     try:
-        return _client(client).get_registered_model(model_name)
+        return registry_client(client).get_registered_model(model_name)
     except MlflowException as e:
         if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
             return None
@@ -265,94 +256,11 @@ def ensure_registered_model(model_name: str, *, client: "mlflow.MlflowClient | N
         mlflow.exceptions.MlflowException: MLflow refused the call.
     """
     try:
-        _client(client).create_registered_model(model_name,
+        registry_client(client).create_registered_model(model_name,
                                                 description="kfloop candidates; alias 'champion' serves")
     except MlflowException as e:
         if e.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
             raise
-
-
-def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any], lineage: Lineage,
-                  profile: ReferenceProfile | None = None) -> str:
-    """Log the model directory (the model module's source included) as a pyfunc model into the existing run
-    ``run_id``, the module's sha256 in its ``model_config`` (checked at load), with ``schema.yaml``,
-    ``evaluation.json`` (``decision``), ``lineage.json``, the reference ``profile`` of its training data (as
-    ``reference_profile.json``, what drift checks of this version compare with), the gate's scalars as ``eval_*``
-    metrics, and the weights' sha256 and lineage as ``kfloop.*`` run tags. Uses the tracking URI MLflow resolves
-    (``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``).
-
-    Returns:
-        The logged model's URI (``models:/<model_id>``), for :func:`register_candidate`.
-
-    Raises:
-        FileNotFoundError: ``model_dir`` is not a complete model directory.
-        ValueError: ``decision`` is not a :meth:`training.gate.Decision.to_dict` result.
-        mlflow.exceptions.MlflowException: the run does not exist, or another run is active in this process.
-    """
-    model_dir = Path(model_dir)
-    predictor = Predictor.load(model_dir)
-    scalars = kfp_metrics(_decision(decision))
-    weights_sha = file_digest(model_dir / WEIGHTS_FILE)
-    module_sha = predictor.description["model"]["sha256"]
-    if lineage.model_module_sha256 and lineage.model_module_sha256 != module_sha:
-        raise ValueError(f"lineage.model_module_sha256={lineage.model_module_sha256} differs from {model_dir}'s "
-                         f"module sha256 {module_sha}: record the lineage of this model directory")
-    client = mlflow.MlflowClient()
-    active = mlflow.active_run()
-    with (nullcontext() if active is not None and active.info.run_id == run_id else mlflow.start_run(run_id=run_id)),\
-            tempfile.TemporaryDirectory() as tmp:
-        schema_file = Path(tmp) / SCHEMA_ARTIFACT
-        schema_file.write_text(lineage.schema_yaml, encoding="utf-8")
-        info = mlflow.pyfunc.log_model(
-            name=MODEL_ARTIFACT, **served_model(model_dir, predictor, schema_file),
-            pip_requirements=[f"{d}=={dist_version(d).split('+')[0]}" for d in SERVING_REQUIREMENTS])
-    client.log_text(run_id, lineage.schema_yaml, SCHEMA_ARTIFACT)
-    client.log_dict(run_id, decision, EVALUATION_ARTIFACT)
-    client.log_dict(run_id, lineage.to_dict(), LINEAGE_ARTIFACT)
-    if profile is not None:
-        client.log_text(run_id, profile.to_json(), PROFILE_ARTIFACT)
-    now_ms = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(f"eval_{k}", v, now_ms, 0) for k, v in scalars.items()],
-                     tags=[RunTag(f"kfloop.{k}", v) for k, v in {**lineage.tags(), WEIGHTS_TAG: weights_sha,
-                                                                 MODULE_TAG: module_sha}.items()])
-    return info.model_uri
-
-
-def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision: dict[str, Any],
-                       lineage: Lineage, client: "mlflow.MlflowClient | None" = None) -> str:
-    """Register the candidate logged by :func:`log_candidate` as a new version of ``model_name`` (created if
-    needed), tagged with its decision (``promote``/``reject``), reason, lineage and weights sha256; the full
-    reason is the version's description. Idempotent: a version already registered from ``run_id`` is returned
-    as is. Waits until the version is READY.
-
-    Returns:
-        The version number, as a string.
-
-    Raises:
-        ValueError: ``decision`` is malformed, or the run carries no weights sha256 (run
-            :func:`log_candidate` first); nothing is registered then.
-        mlflow.exceptions.MlflowException: the version did not become READY, or MLflow refused a call.
-    """
-    client = _client(client)
-    gate = _decision(decision)
-    existing = client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'")
-    if existing:
-        return str(min(int(mv.version) for mv in existing))
-    run = client.get_run(run_id)
-    weights_sha = run.data.tags.get(f"kfloop.{WEIGHTS_TAG}")
-    module_sha = run.data.tags.get(f"kfloop.{MODULE_TAG}")
-    if not weights_sha or not module_sha:
-        raise ValueError(f"run {run_id} has no kfloop.{WEIGHTS_TAG} or kfloop.{MODULE_TAG} tag: log the model "
-                         "with log_candidate() before registering it")
-    tags = {"decision": "promote" if gate.blessed else "reject", "reason": _truncate(gate.reason),
-            "primary_metric": gate.primary_metric,
-            **lineage.tags(), WEIGHTS_TAG: weights_sha, MODULE_TAG: module_sha,
-            "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}
-    ensure_registered_model(model_name, client=client)
-    model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
-    mv = client.create_model_version(model_name, source=model_uri, run_id=run_id, tags=tags,
-                                     description=gate.reason, model_id=model_id, await_creation_for=300)
-    return str(mv.version)
 
 
 def get_champion(model_name: str, *, client: "mlflow.MlflowClient | None" = None) -> ChampionInfo | None:
@@ -361,7 +269,7 @@ def get_champion(model_name: str, *, client: "mlflow.MlflowClient | None" = None
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
-    client = _client(client)
+    client = registry_client(client)
     registered = registered_model(model_name, client=client)
     version = registered.aliases.get(CHAMPION_ALIAS) if registered else None
     if version is None:
@@ -381,8 +289,9 @@ def holdout_metrics(client: Any, run_id: str, role: str = "challenger") -> dict[
 
 def list_versions(model_name: str, *, client: Any = None) -> list[dict[str, Any]]:
     """Every version, oldest first: when it was created, decision, reason, primary metric, holdout metrics and
-    the baseline's and the linear baseline's, lineage (MLflow run, pipeline run, data md5, git commit) and whether it is the champion now."""
-    client = _client(client)
+    the baseline's and the linear baseline's, lineage (MLflow run, pipeline run, data md5, git commit) and whether
+    it is the champion now."""
+    client = registry_client(client)
     champion = str(client.get_registered_model(model_name).aliases.get("champion"))
     versions = sorted(client.search_model_versions(f"name = '{model_name}'"), key=lambda v: int(v.version))
     records = [(mv, VersionRecord.of(mv)) for mv in versions]
@@ -403,7 +312,7 @@ def champion_schema(model_name: str, *, client: "mlflow.MlflowClient | None" = N
     Raises:
         FileNotFoundError: the champion's run has no ``schema.yaml`` (it was not logged by kfloop).
     """
-    client = _client(client)
+    client = registry_client(client)
     champion = get_champion(model_name, client=client)
     if champion is None:
         return None
@@ -420,7 +329,7 @@ def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     Raises:
         ValueError: the stored profile is malformed or of another format version.
     """
-    client = _client(client)
+    client = registry_client(client)
     champion = get_champion(model_name, client=client)
     if champion is None or champion.run_id is None:
         return None
@@ -446,7 +355,7 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
             not record its weights; nothing is downloaded but the MLmodel.
         FileNotFoundError: the logged model holds no complete model directory.
     """
-    client = _client(client)
+    client = registry_client(client)
     mv = client.get_model_version(model_name, str(version))
     expected = mv.tags.get(WEIGHTS_TAG)
     if not expected:
@@ -494,20 +403,6 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
     return local
 
 
-def load_version_predictor(model_name: str, version: str) -> "Predictor":
-    """Version ``version`` as a :class:`training.model.Predictor`, from its verified model directory (its
-    logged code is never run).
-
-    Raises:
-        WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
-        ModelCodeError: the downloaded model module is not the one recorded at registration.
-    """
-    client = _client(None)
-    with tempfile.TemporaryDirectory() as tmp:
-        local = download_model_dir(model_name, version, Path(tmp), client=client)
-        return Predictor.load(local, module_sha256=client.get_model_version(model_name, str(version)).tags[MODULE_TAG])
-
-
 def promote(model_name: str, version: str, *, compared_against: str | None,
             recheck: Callable[[ChampionInfo | None], DecisionLike], lock: AbstractContextManager,
             client: "mlflow.MlflowClient | None" = None) -> PromotionResult:
@@ -529,7 +424,7 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
             a valid version; run the step again).
         mlflow.exceptions.MlflowException: the version does not exist, or MLflow refused a call.
     """
-    client = _client(client)
+    client = registry_client(client)
     version, compared_against = str(version), (str(compared_against) if compared_against else None)
     with lock, _unavailable_is_clear(client, model_name):
         mv = client.get_model_version(model_name, version)
@@ -554,11 +449,11 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
             if not verdict.blessed:
                 reason = f"superseded: {changed}; re-check: {verdict.reason}"
                 client.set_model_version_tag(model_name, version, "decision", "superseded")
-                client.set_model_version_tag(model_name, version, "reason", _truncate(reason))
+                client.set_model_version_tag(model_name, version, "reason", truncate_tag(reason))
                 return PromotionResult(promoted=False, champion_version=previous, previous_champion=previous,
                                        reason=reason)
             reason = f"{changed}; re-check: {verdict.reason}"
-            client.set_model_version_tag(model_name, version, "recheck_reason", _truncate(reason))
+            client.set_model_version_tag(model_name, version, "recheck_reason", truncate_tag(reason))
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
         _move_champion(client, model_name, version, previous=previous, action="promote", reason=reason,
                        actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
@@ -581,7 +476,7 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
     """
     if not reason.strip():
         raise ValueError("a rollback needs a reason (--reason TEXT): it is recorded in the champion history")
-    client = _client(client)
+    client = registry_client(client)
     with lock, _unavailable_is_clear(client, model_name):
         current = get_champion(model_name, client=client)
         if current is None:
@@ -604,7 +499,7 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
         move = _move_champion(client, model_name, target, previous=current.version, action="rollback",
                               reason=reason, actor=actor)
         client.set_model_version_tag(model_name, current.version, "rolled_back_at", move.at)
-        client.set_model_version_tag(model_name, current.version, "rollback_reason", _truncate(reason))
+        client.set_model_version_tag(model_name, current.version, "rollback_reason", truncate_tag(reason))
     return PromotionResult(promoted=True, champion_version=target, previous_champion=current.version,
                            reason=f"rollback: {reason}")
 
@@ -619,7 +514,7 @@ def verify_version(model_name: str, version: str, *, client: "mlflow.MlflowClien
         WeightsMismatchError: the stored weights changed after registration.
         mlflow.exceptions.MlflowException: the version does not exist.
     """
-    client = _client(client)
+    client = registry_client(client)
     mv = client.get_model_version(model_name, str(version))
     label = f"{model_name} v{version}"
     if mv.status != "READY":
@@ -739,54 +634,7 @@ def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
         ) from e
 
 
-def _decision(decision: dict[str, Any]) -> "Decision":
-    try:
-        gate = Decision.from_dict(decision)
-    except (KeyError, TypeError) as e:
-        raise ValueError(f"decision is not a training.gate.Decision.to_dict() result ({e!r}); pass the gate's "
-                         "evaluation report") from e
-    value = gate.challenger_metrics.get(gate.primary_metric, math.nan)
-    if gate.blessed and not math.isfinite(value):
-        raise ValueError(f"decision is blessed but its primary metric {gate.primary_metric!r} is "
-                         f"{'missing' if gate.primary_metric not in gate.challenger_metrics else value}; a "
-                         "missing or NaN metric never promotes: re-run the evaluation step")
-    return gate
-
-
-def served_model(model_dir: str | Path, predictor: Predictor, schema_file: str | Path) -> dict[str, Any]:
-    """What ``mlflow.pyfunc.log_model`` (and ``save_model``) takes to serve the model directory ``model_dir``
-    (loaded: ``predictor``) with the schema check of ``schema_file``: the pyfunc file, its artifacts, the module's
-    sha256, the signature and an input example."""
-    return {"python_model": str(PYFUNC_MODEL_FILE), "artifacts": {"model_dir": str(model_dir),
-                                                                  "schema": str(schema_file)},
-            "model_config": {MODULE_TAG: predictor.description["model"]["sha256"]},
-            "input_example": _input_example(predictor), "signature": _signature(predictor)}
-
-
-def _input_example(predictor: "Predictor") -> pd.DataFrame:
-    """Two rows: typical values (medians, first category), then all nulls (object columns keep JSON nulls)."""
-    t = predictor.transform
-    typical = {**{c: s.median for c, s in t.numeric.items()},
-               **{c: (v[0] if v else None) for c, v in t.categorical.items()}}
-    return pd.DataFrame({c: pd.Series([v, None], dtype=object) for c, v in typical.items()})
-
-
-def _signature(predictor: "Predictor") -> "mlflow.models.ModelSignature":
-    """Outputs (the prediction frame) and the param ``on_schema_violation`` (default ``flag``) of
-    :mod:`data.schema_rules`; no input schema, on purpose: MLflow enforces one before ``predict`` runs, dropping
-    columns it does not name and refusing rows that lack one with its own error, so the served model could neither
-    flag an unexpected column nor name a missing one. The schema check does both (the ``schema`` artifact holds the
-    input columns and their rules; the input example shows them)."""
-    label_type = ("double" if predictor.task == "regression" else
-                  {str: "string", bool: "boolean", int: "long", float: "double"}[type(predictor.classes[0])])
-    return ModelSignature(
-        outputs=Schema([ColSpec(label_type, "prediction"),
-                        *(ColSpec("double", f"proba_{c}") for c in predictor.classes),
-                        ColSpec("string", VIOLATIONS_COLUMN, required=False)]),
-        params=ParamSchema([ParamSpec(ON_VIOLATION_PARAM, "string", ON_VIOLATION_MODES[0])]))
-
-
-def _truncate(text: str) -> str:
+def truncate_tag(text: str) -> str:
     return text if len(text) <= MAX_TAG_CHARS else text[:MAX_TAG_CHARS - 3] + "..."
 
 

@@ -15,7 +15,8 @@ from training.gate import PromotionPolicy, align_proba, evaluate, kfp_metrics
 from training.linear import linear_scores
 from training.model import Predictor
 from training.progress import progress
-from training.registry.versions import get_champion, load_version_predictor
+from training.registry.candidates import load_version_predictor
+from training.registry.versions import get_champion
 
 
 @dataclass(kw_only=True, slots=True)

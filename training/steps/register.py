@@ -19,7 +19,8 @@ from training.model_code import MODULE_PREFIX
 from training.model_files import JOB_SHAPE_FILE
 from training.progress import progress
 from training.registry.experiments import IMAGE_TAG
-from training.registry.versions import Lineage, log_candidate, register_candidate
+from training.registry.candidates import log_candidate, register_candidate
+from training.registry.versions import Lineage
 
 
 @step_function
