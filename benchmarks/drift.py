@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from data.fileio import atomic_write_json
-from monitoring.drift import DriftPolicy, check_drift, evidently_drift, same_verdict
+from monitoring.drift import check_drift, evidently_drift, same_verdict
+from monitoring.drift_policy import DriftPolicy
 
 SPEEDUP_GOAL = 10.0
 NUMERIC = [f"num_{i:02d}" for i in range(12)]

@@ -37,7 +37,8 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from data.fileio import atomic_write_json
-from monitoring.quality import Baseline, QualityPolicy, check_quality
+from monitoring.quality import Baseline, check_quality
+from monitoring.quality_policy import QualityPolicy
 from training.gate import compute_metrics
 
 CLASSES = [0, 1]

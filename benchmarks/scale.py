@@ -47,7 +47,8 @@ from data.sketches import SketchSettings
 from data.tables import table_chunks
 from data.validation import infer_schema, load_schema, schema_to_yaml, validate
 from data.ray_cluster import ray_session
-from monitoring.drift import DriftPolicy, check_drift_profile, evidently_drift
+from monitoring.drift import check_drift_profile, evidently_drift
+from monitoring.drift_policy import DriftPolicy
 from monitoring.ray_drift import RayTable
 from training.config import ModelSpec
 from training.features import FeatureTransform, encode_target, target_classes

@@ -26,7 +26,8 @@ from data.fileio import atomic_write_json
 from data.generate import generate
 from data.profiles import build_profile
 from data.sketches import SketchSettings
-from monitoring.drift import ColumnDrift, DriftPolicy, check_drift_profile, evidently_drift
+from monitoring.drift import ColumnDrift, check_drift_profile, evidently_drift
+from monitoring.drift_policy import DriftPolicy
 
 CHUNK_ROWS = 25_000
 Table = tuple[pd.DataFrame, pd.DataFrame, list[str], list[str]]

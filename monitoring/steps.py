@@ -20,6 +20,8 @@ from data.settings import load_environment, step_function
 from data.storage import redact, resolve
 from data.tables import DataFileError, read_table, read_table_source, table_chunks
 from data.validation import infer_schema, load_schema, schema_roles, validate
+from monitoring.drift_policy import DriftPolicy
+from monitoring.quality_policy import QualityPolicy
 from monitoring.records import record_drift_check, record_quality_check
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.progress import progress
@@ -136,7 +138,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         ValueError: no reference data, or a ``target`` the reference lacks; the message names what is missing.
         data.tables.DataFileError: a data file is unusable.
     """
-    from monitoring.drift import DriftPolicy, check_drift, check_drift_profile
+    from monitoring.drift import check_drift, check_drift_profile
     rules = DriftPolicy.from_dict(policy)
     champion = get_champion(model_name) if model_name else None
     profile = champion_profile(model_name) if champion is not None and not reference_uri else None
@@ -267,7 +269,7 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
         data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
-    from monitoring.quality import QualityPolicy, check_quality, join_labels, write_quality_report
+    from monitoring.quality import check_quality, join_labels, write_quality_report
     rules = QualityPolicy.from_dict(policy)
     if labels_uri and not id_column:
         raise ValueError("labels_uri is set without id_column: name the id column both files share")

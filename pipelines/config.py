@@ -9,8 +9,8 @@ from components.kfp_client import KfpSettings
 from data.dvc_store import DataStoreConfig
 from data.settings import SECTION_PARAMETERS, check_known_keys
 from data.storage import holds_credentials, redact
-from monitoring.drift import DriftPolicy
-from monitoring.quality import QualityPolicy
+from monitoring.drift_policy import DriftPolicy
+from monitoring.quality_policy import QualityPolicy
 from monitoring.trigger import TriggerPolicy
 from training.config import SHAPE_PARAMETERS, ModelSpec, TrainingSection
 from training.gate import PromotionPolicy

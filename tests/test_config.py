@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from data.settings import SECTION_PARAMETERS
-from monitoring.drift import DriftPolicy
-from monitoring.quality import QualityPolicy
+from monitoring.drift_policy import DriftPolicy
+from monitoring.quality_policy import QualityPolicy
 from monitoring.trigger import TriggerPolicy
 from pipelines.compile import PIPELINES
 from pipelines.config import SECTIONS, job_shape, pipeline_params

@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from monitoring.drift import ALL_NULL_METHOD, DriftPolicy, check_drift, evidently_drift, same_verdict
+from monitoring.drift import ALL_NULL_METHOD, check_drift, evidently_drift, same_verdict
+from monitoring.drift_policy import DriftPolicy
 
 NUMERIC = ["normal", "skewed", "few_ints", "many_ints", "flag", "sparse"]
 CATEGORICAL = ["city", "plan", "binary"]

@@ -138,7 +138,9 @@ def test_every_error_kfloop_raises_of_its_own_is_a_kfloop_error():
 LAZY_IMPORTS = {
     "pipelines.cli.commands": "*",  # each handler imports its stack when it runs: `kfloop --help` stays fast
     "pipelines.cli.operate": "*",  # the same, for the operating commands (commands imports this module)
-    "pipelines.cli.options": {"pipelines.config"},  # the settings check loads every typed config (Evidently's too)
+    "pipelines.cli.options": {"pipelines.config"},  # the settings check loads every typed config (the gate's sklearn)
+    "monitoring.drift_policy": {"evidently.legacy.calculations.stattests.registry",  # Evidently: only to check a
+                                "evidently.legacy.core"},  # method a policy names
     "monitoring.steps": {"monitoring.drift", "monitoring.quality",  # Evidently: only the step that checks loads it
                          "data.ray_cluster", "monitoring.ray_drift"},  # Ray (the optional ray extra): engine: ray only
     "training.steps.register": {"data.ray_blocks", "data.ray_cluster"},  # Ray (the ray extra): engine: ray profiles
@@ -199,6 +201,9 @@ def loaded_after(code: str) -> set[str]:
      "from components.run_starters import run_starter\nfrom monitoring.steps import trigger_step\n"
      "from training.launch.backends import step_backend",
      {"evidently", "matplotlib", "dvc", "ray"}),
+    ("kfloop run's process, as the retrain trigger starts it", "import pipelines.cli.commands, pipelines.local.runs\n"
+     "from pipelines.config import check_settings\ncheck_settings({'drift': {'drift_share': 0.3}})",
+     {"torch", "evidently", "matplotlib", "ray"}),
     ("the split step's process (components.data.split_holdout)", "from training.steps.split import split_step",
      {"torch", "mlflow", "sklearn", "evidently", "kubernetes", "dvc", "ray"}),
     ("the training step's process, torchrun's ranks apart (components.training.launch_training)",

@@ -11,7 +11,8 @@ import pytest
 import torch
 from sklearn.metrics import mean_absolute_error, r2_score, root_mean_squared_error
 
-from monitoring.drift import DriftPolicy, check_drift
+from monitoring.drift import check_drift
+from monitoring.drift_policy import DriftPolicy
 from pipelines.cli.commands import build_parser
 from pipelines.cli.options import settings
 from pipelines.config import pipeline_params

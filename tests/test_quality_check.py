@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from data.tables import DataFileError
-from monitoring.quality import Baseline, QualityPolicy, check_quality, join_labels, write_quality_report
+from monitoring.quality import Baseline, check_quality, join_labels, write_quality_report
+from monitoring.quality_policy import QualityPolicy
 from training.gate import compute_metrics, regression_metrics
 
 CLASSES = [0, 1]

@@ -17,7 +17,8 @@ from data.ray_cluster import ray_session
 from data.sketches import SketchSettings
 from data.tables import ReadLimits, iter_table, read_table
 from data.validation import load_schema, schema_roles, validate
-from monitoring.drift import DriftPolicy, check_drift_profile, same_verdict
+from monitoring.drift import check_drift_profile, same_verdict
+from monitoring.drift_policy import DriftPolicy
 from monitoring.ray_drift import RayTable
 from monitoring.steps import drift_step
 from pipelines.cli import main

@@ -9,7 +9,8 @@ import pandas as pd
 import pandera.pandas as pa
 import pytest
 
-from monitoring.drift import DriftPolicy, check_drift
+from monitoring.drift import check_drift
+from monitoring.drift_policy import DriftPolicy
 from data.schema_rules import RuleSet, SchemaViolationError, apply_violation_mode
 from data.validation import load_schema, schema_roles, validate
 

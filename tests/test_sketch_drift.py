@@ -13,7 +13,8 @@ import pytest
 from benchmarks.sketch_equality import TABLES, chunks
 from data.profiles import build_profile
 from data.sketches import NumericSketch, SketchSettings, merge_sketches, sketch_chunk, sketch_table
-from monitoring.drift import ColumnDrift, DriftPolicy, check_drift_profile, compare_sketches, evidently_drift
+from monitoring.drift import ColumnDrift, check_drift_profile, compare_sketches, evidently_drift
+from monitoring.drift_policy import DriftPolicy
 
 ROWS = 100_000
 

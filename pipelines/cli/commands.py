@@ -349,7 +349,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_drift(args: argparse.Namespace) -> int:
-    from monitoring.drift import ALL_NULL_METHOD, score_direction
+    from monitoring.drift import ALL_NULL_METHOD
+    from monitoring.drift_policy import score_direction
     from monitoring.steps import drift_step
 
     settings = options.settings(args)
