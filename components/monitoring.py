@@ -11,7 +11,7 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
     Returns ``drifted`` (drives ``dsl.If``); ``result`` is the JSON verdict with the data's md5."""
     from data.fileio import atomic_write_json
     from data.settings import from_struct
-    from monitoring.steps import drift_step
+    from monitoring.steps.checks import drift_step
     from training.progress import progress
 
     checked = drift_step(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
@@ -38,7 +38,7 @@ def check_quality(labelled_uri: str, labels_uri: str, id_column: str, retrain_ur
 
     from data.fileio import atomic_write_json
     from data.settings import from_struct
-    from monitoring.steps import quality_step, retrain_data
+    from monitoring.steps.checks import quality_step, retrain_data
 
     retrain = retrain_data(labelled_uri=labelled_uri, labels_uri=labels_uri, retrain_uri=retrain_uri)
     checked = quality_step(labelled_uri=labelled_uri, labels_uri=labels_uri, id_column=id_column,
@@ -66,7 +66,7 @@ def trigger_retraining(model_name: str, dataset_uri: str, drift_result: Input[Ar
     training pipeline under kfp.local (its id the registered version) and the state a file in the workdir."""
     from components.run_starters import run_starter, trigger_store
     from data.settings import from_struct, load_environment
-    from monitoring.steps import trigger_step
+    from monitoring.steps.trigger import trigger_step
     from training.launch.backends import step_backend
 
     pinned = from_struct(training_pipeline_version)

@@ -26,7 +26,7 @@ QUALITY_REPORT_ARTIFACT = "quality_report.html"
 
 
 def record_drift_check(model_name: str, checked: Any, *, current_uri: str, report_path: str | None) -> str:
-    """Log one drift check (a :class:`monitoring.steps.DriftStepResult`) as a run of ``<model>-drift``: metrics
+    """Log one drift check (a :class:`monitoring.steps.checks.DriftStepResult`) as a run of ``<model>-drift``: metrics
     ``share_drifted_columns``, ``drifted`` and ``score.<column>``, the JSON verdict and the HTML report as
     artifacts; the champion version it checked gets a ``drift_report_uri`` tag pointing at the report.
 
@@ -48,7 +48,7 @@ def record_drift_check(model_name: str, checked: Any, *, current_uri: str, repor
 
 
 def record_quality_check(model_name: str, checked: Any, *, report_path: str | None) -> str:
-    """Log one quality check (a :class:`monitoring.steps.QualityStepResult`) as a run of ``<model>-quality``:
+    """Log one quality check (a :class:`monitoring.steps.checks.QualityStepResult`) as a run of ``<model>-quality``:
     metrics ``quality_value``, ``quality_baseline`` (each when defined), ``degraded`` and ``insufficient_labels``
     (0/1), tags ``kfloop.degraded`` (``true``/``false``), ``kfloop.verdict`` and ``kfloop.champion_version``,
     the JSON verdict (``kfloop quality --json`` plus

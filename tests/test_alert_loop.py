@@ -19,7 +19,7 @@ from fakes.server_process import free_port, start_server, stop_group
 from polling import wait_for
 from quality_runs import record_quality_check
 
-from monitoring.steps import drift_step
+from monitoring.steps.checks import drift_step
 from training.registry.versions import ensure_registered_model
 
 from conftest import REPO

@@ -17,7 +17,7 @@ import pytest
 from cli_run import cli
 
 from data.settings import CODE_ROOT as REPO_ROOT
-from monitoring.steps import drift_step
+from monitoring.steps.checks import drift_step
 from pipelines.cli.commands import main
 from training.model_files import MODULE_FILE
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from kfp import local
 from kfp.local.cache import LocalCache
 
-from monitoring.steps import trigger_step
+from monitoring.steps.trigger import trigger_step
 from pipelines.compile import build_pipeline
 from pipelines.kubernetes_options import KubernetesOptions
 

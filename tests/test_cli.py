@@ -178,7 +178,7 @@ def test_drift_without_schema_or_target_compares_every_shared_column(tmp_path, d
 
 
 def test_drift_without_reference_names_what_is_missing(isolated_env, demo_files):
-    from monitoring.steps import drift_step
+    from monitoring.steps.checks import drift_step
 
     check = dict(current_uri=str(demo_files["batch_stable.parquet"]), reference_uri="", schema_uri="", policy={},
                  report_out="")

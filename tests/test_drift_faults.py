@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from data.generate import generate
-from monitoring.steps import drift_step, trigger_step, trigger_store
+from monitoring.steps.checks import drift_step
+from monitoring.steps.trigger import trigger_step, trigger_store
 from monitoring.trigger import TriggerStateError
 from pipelines.cli.commands import main
 

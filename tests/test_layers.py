@@ -81,11 +81,11 @@ def test_domain_code_imports_no_pipeline_layer_and_no_kfp():
 
 
 def test_only_the_pipeline_layers_import_the_step_modules():
-    """The steps (training/steps/, monitoring/steps.py) sit on top of the domain code: the components call them, the
+    """The steps (training/steps/, monitoring/steps/) sit on top of the domain code: the components call them, the
     CLI runs ``kfloop train`` through one; no domain module reaches up into them (a step may call another's code:
     promote re-decides with evaluate's)."""
     steps = {name for name in MODULES if name.startswith(("training.steps", "monitoring.steps"))}
-    assert {"training.steps.train", "monitoring.steps"} <= steps
+    assert {"training.steps.train", "monitoring.steps.trigger"} <= steps
     reaching_up = {name: sorted(deps & steps) for name, deps in GRAPH.items()
                    if deps & steps and name.split(".")[0] in DOMAIN and name not in steps}
     assert reaching_up == {}
@@ -141,8 +141,8 @@ LAZY_IMPORTS = {
     "pipelines.cli.options": {"pipelines.config"},  # the settings check loads every typed config (the gate's sklearn)
     "monitoring.drift_policy": {"evidently.legacy.calculations.stattests.registry",  # Evidently: only to check a
                                 "evidently.legacy.core"},  # method a policy names
-    "monitoring.steps": {"monitoring.drift", "monitoring.quality",  # Evidently: only the step that checks loads it
-                         "data.ray_cluster", "monitoring.ray_drift"},  # Ray (the optional ray extra): engine: ray only
+    "monitoring.steps.checks": {"monitoring.drift", "monitoring.quality",  # Evidently: the step that checks loads it
+                                "data.ray_cluster", "monitoring.ray_drift"},  # Ray (the ray extra): engine: ray only
     "training.steps.register": {"data.ray_blocks", "data.ray_cluster"},  # Ray (the ray extra): engine: ray profiles
     "training.train": {"mlflow"},  # only rank 0 of a run that logs pays for the import
 }
@@ -198,9 +198,9 @@ def loaded_after(code: str) -> set[str]:
     ("kfloop --help", "import pipelines.cli",
      {"torch", "mlflow", "kfp", "evidently", "sklearn", "matplotlib", "dvc", "ray"}),
     ("the trigger step's pod (components.monitoring.trigger_retraining)",
-     "from components.run_starters import run_starter\nfrom monitoring.steps import trigger_step\n"
+     "from components.run_starters import run_starter\nfrom monitoring.steps.trigger import trigger_step\n"
      "from training.launch.backends import step_backend",
-     {"evidently", "matplotlib", "dvc", "ray"}),
+     {"torch", "sklearn", "evidently", "matplotlib", "dvc", "ray"}),
     ("kfloop run's process, as the retrain trigger starts it", "import pipelines.cli.commands, pipelines.local.runs\n"
      "from pipelines.config import check_settings\ncheck_settings({'drift': {'drift_share': 0.3}})",
      {"torch", "evidently", "matplotlib", "ray"}),

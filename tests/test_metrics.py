@@ -20,7 +20,7 @@ from monitoring import records
 from monitoring.metrics import RecordsCollector, registered_models
 from monitoring.quality import Baseline, check_quality
 from monitoring.quality_policy import QualityPolicy
-from monitoring.steps import QualityStepResult, drift_step
+from monitoring.steps.checks import QualityStepResult, drift_step
 from monitoring.trigger import RunInFlight, TriggerPolicy, maybe_trigger
 from monitoring.trigger_registry import RegistryTriggerStore
 from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth

@@ -29,7 +29,8 @@ def demo(mlflow_server, tmp_path_factory):
     drift check of the drifted batch and one quality check of the stable batch recorded, one fired trigger. The code
     commit is pinned the way images pin it (KFLOOP_GIT_COMMIT) to this checkout's HEAD."""
     from data.demo import DATA_DIR, ensure_demo_data
-    from monitoring.steps import drift_step, quality_step, trigger_step
+    from monitoring.steps.checks import drift_step, quality_step
+    from monitoring.steps.trigger import trigger_step
 
     root = tmp_path_factory.mktemp("operate")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,

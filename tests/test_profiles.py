@@ -15,7 +15,7 @@ from data.tables import ReadLimits, read_table, table_chunks
 from data.validation import infer_schema, schema_to_yaml
 from monitoring.drift import check_drift, check_drift_profile, same_verdict
 from monitoring.drift_policy import DriftPolicy
-from monitoring.steps import drift_step
+from monitoring.steps.checks import drift_step
 from test_registry_versions import TARGET, build_model, make_frame
 from data.fileio import file_digest
 from training.config import JobShape, TrainingConfig

@@ -20,7 +20,7 @@ from data.validation import load_schema, schema_roles, validate
 from monitoring.drift import check_drift_profile, same_verdict
 from monitoring.drift_policy import DriftPolicy
 from monitoring.ray_drift import RayTable
-from monitoring.steps import drift_step
+from monitoring.steps.checks import drift_step
 from pipelines.cli import main
 from training.config import ModelSpec
 from training.features import FeatureTransform, target_classes

@@ -212,7 +212,7 @@ def test_connection_dropped_after_the_alias_moved_is_repaired_by_the_rerun(serve
 
 
 def test_rollback_moves_champion_back_and_every_consumer_follows(served, tmp_path):
-    from monitoring.steps import drift_step
+    from monitoring.steps.checks import drift_step
     from training.steps.evaluate import score_against_champion
     from data.validation import infer_schema, schema_to_yaml
 

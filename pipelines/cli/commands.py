@@ -351,7 +351,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_drift(args: argparse.Namespace) -> int:
     from monitoring.drift import ALL_NULL_METHOD
     from monitoring.drift_policy import score_direction
-    from monitoring.steps import drift_step
+    from monitoring.steps.checks import drift_step
 
     settings = options.settings(args)
     model = options.model_name(args, required_default=False)
@@ -392,7 +392,7 @@ def _drift_policy(args: argparse.Namespace, settings: dict) -> dict:
 
 def cmd_quality(args: argparse.Namespace) -> int:
     from data.settings import activate, load_environment
-    from monitoring.steps import quality_step
+    from monitoring.steps.checks import quality_step
 
     if args.id_column and not args.labels:
         raise ValueError("--id-column joins --labels to --data: pass --labels FILE too, or drop --id-column")

@@ -1,13 +1,11 @@
-"""The drift and quality pipelines' steps as plain functions. Each component calls one; each runs without KFP.
-The checks themselves (:mod:`monitoring.drift`, :mod:`monitoring.quality`) load Evidently, seconds of import, so only
-the step that runs one imports it: the trigger step's pod does without it."""
+"""The drift and quality steps. The checks themselves (:mod:`monitoring.drift`, :mod:`monitoring.quality`) load
+Evidently, seconds of import, so only the step that runs one imports it."""
 from __future__ import annotations
 
 import copy
 import functools
 import hashlib
 import tempfile
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -16,14 +14,13 @@ import mlflow
 import pandas as pd
 
 from data.profiles import prediction_kind
-from data.settings import load_environment, step_function
+from data.settings import step_function
 from data.storage import redact, resolve
 from data.tables import DataFileError, read_table, read_table_source, table_chunks
 from data.validation import infer_schema, load_schema, schema_roles, validate
 from monitoring.drift_policy import DriftPolicy
 from monitoring.quality_policy import QualityPolicy
 from monitoring.records import record_drift_check, record_quality_check
-from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.progress import progress
 from training.registry.candidates import load_version_predictor
 from training.registry.versions import (EVALUATION_ARTIFACT, champion_profile, champion_schema, get_champion,
@@ -359,21 +356,3 @@ def _champion_baseline(champion: Any, predictor: Any, metric: str | None):
                     trivial=holdout_metrics(client, champion.run_id, "baseline").get(metric),
                     priors=None if counts is None else [c / sum(counts) for c in counts], slices=slices,
                     holdout_rows=decision.get("holdout_rows"))
-
-
-def trigger_store(model_name: str):
-    """The trigger state of ``model_name`` in the workdir (a file that survives restarts of the step)."""
-    return TriggerStore.in_workdir(load_environment().workdir, model_name)
-
-
-@step_function
-def trigger_step(*, model_name: str, data_md5: str, policy: dict[str, Any], start: Callable[[], str],
-                 store: Any = None):
-    """Retrain unless the cooldown or the dedupe on (model, data hash, window) says no; ``start()`` starts a
-    training run and returns its id. ``store`` defaults to the workdir's file (:func:`trigger_store`). Returns the
-    :class:`monitoring.trigger.TriggerDecision` (with ``run_id``)."""
-    decision = maybe_trigger(store or trigger_store(model_name), model=model_name, data_hash=data_md5,
-                             now=time.time(), policy=TriggerPolicy.from_dict(policy), start=start)
-    progress(f"trigger: {'fired, run ' + str(decision.run_id) if decision.fire else 'skipped'}: {decision.reason}")
-    return decision
-
