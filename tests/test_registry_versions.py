@@ -17,6 +17,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from data.fileio import file_digest
+from data.holdout import write_parquet
 from training.config import ModelSpec
 from training.features import FeatureTransform, encode_target, target_classes
 from training.gate import Decision, PromotionPolicy, evaluate
@@ -34,6 +35,7 @@ from training.registry.versions import (
     get_champion,
     promote,
 )
+from training.steps.promote import promote_step
 
 NUMERIC, CATEGORICAL, TARGET = ["age", "income"], ["region"], "label"
 SCHEMA_YAML = "schema_type: dataframe\ncolumns:\n  age: {dtype: int64}\n"
@@ -245,6 +247,27 @@ def test_promote_rechecks_against_a_champion_that_changed_meanwhile(env, tmp_pat
     assert blessed.promoted and blessed.previous_champion == v_good
     assert get_champion(name).version == v_also_good
     assert env.client.get_model_version(name, v_also_good).tags["recheck_reason"].endswith("re-check: still better")
+
+
+def test_the_promote_step_re_decides_with_the_gate_when_the_champion_moved(env, tmp_path, monkeypatch):
+    """The promote step's own re-check (the evaluate step's scoring, loaded only for it): a candidate blessed
+    against v1 loses to the better champion promoted meanwhile, so ``champion`` stays."""
+    monkeypatch.setenv("KFLOOP_HOME", str(tmp_path / "home"))
+    name = "reg-step-race"
+    v1, _, _ = env.candidate(name, env.bad)
+    promote(name, v1, compared_against=None, recheck=lambda current: None, lock=FileLock(env.root / "step.lock"))
+    v_medium, _, medium_decision = env.candidate(name, env.medium, champion_dir=env.bad, previous=v1)
+    v_good, _, _ = env.candidate(name, env.good, champion_dir=env.bad, previous=v1)
+    promote(name, v_good, compared_against=v1, recheck=lambda current: None, lock=FileLock(env.root / "step.lock"))
+    holdout = tmp_path / "holdout.parquet"
+    sha = write_parquet(env.holdout, holdout)
+
+    result = promote_step(model_name=name, version=v_medium, compared_against=v1, model_dir=str(env.medium),
+                          holdout_path=str(holdout), holdout_sha256=sha,
+                          policy={"floor": 0.3, "bootstrap_samples": 200, "slice_columns": ["region"]})
+    assert medium_decision.blessed and not result.promoted
+    assert result.reason.startswith(f"superseded: champion changed from v{v1} to v{v_good} since the gate ran")
+    assert get_champion(name).version == v_good
 
 
 def test_promote_never_moves_the_alias_on_refusal_or_failure(env):
