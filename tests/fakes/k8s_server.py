@@ -66,13 +66,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from fakes import pod_security, tls, trainer_operator
+from fakes import kuberay_operator, pod_security, tls, trainer_operator
 from fakes.crd_schema import validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
-from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, TRAINJOBS,
-                             ApiError,
+from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES,
+                             SECRETS, TRAINJOBS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sServer"]
@@ -234,6 +234,9 @@ class K8sServer:
             controller.stop()
         for run in list(self._runs.values()):
             _terminate(run)
+        for controller in list(self._jobs.values()):
+            if isinstance(controller, kuberay_operator.RayClusterController):
+                controller.cleanup()
         self.store.close()
         self._http.shutdown()
         self._http.server_close()
@@ -446,6 +449,10 @@ class K8sServer:
             _encode_string_data(body)
         if resource is TRAINJOBS:
             return trainer_operator.create(self, namespace, body)
+        if resource is RAYJOBS:
+            return kuberay_operator.create_rayjob(self, namespace, body)
+        if resource is RAYCLUSTERS:
+            return kuberay_operator.create_raycluster(self, namespace, body)
         obj = self.store.create(resource, namespace, body)
         if resource is PYTORCHJOBS and self.operator:
             controller = _JobController(self, namespace, obj)
@@ -467,6 +474,7 @@ class K8sServer:
         refusal = pod_security.admit(labels, pod)
         if refusal:
             raise ApiError(403, "Forbidden", refusal, {"name": pod["metadata"]["name"], "kind": "pods"})
+        pod["spec"].setdefault("restartPolicy", "Always")  # the API server's default (core/v1 SetDefaults_PodSpec)
         pod.setdefault("status", {})["qosClass"] = qos_class(pod["spec"])
         return self.store.create(PODS, namespace, pod)
 
@@ -524,6 +532,8 @@ class K8sServer:
                 self.delete_pod(namespace, pod["metadata"]["name"])
         elif resource is TRAINJOBS:
             trainer_operator.deleted(self, namespace, name)
+        elif resource in (RAYJOBS, RAYCLUSTERS):
+            kuberay_operator.deleted(self, resource.plural, namespace, name)
         elif resource is PODS:
             run = self._runs.pop((namespace, name), None)
             if run:
