@@ -93,7 +93,8 @@ def test_rayjob_is_sized_from_the_shape_and_runs_ray_train(rendered):
         assert args.cpus_per_worker == (1 if gpus else 4 // per_pod)
         spec = body["spec"]
         assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["backoffLimit"],
-                spec["ttlSecondsAfterFinished"]) == ("K8sJobMode", True, 3, 86400)
+                spec["ttlSecondsAfterFinished"]) == ("K8sJobMode", True, 3, 0)  # the cluster goes when the job ends
+        assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}
 
 
 def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
