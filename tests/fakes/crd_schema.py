@@ -92,6 +92,17 @@ def _schemas() -> dict[tuple[str, str], dict]:
     return found
 
 
+@functools.cache
+def printer_columns(api_version: str, kind: str) -> list[dict]:
+    """The CRD's ``additionalPrinterColumns`` of ``api_version``/``kind`` (name, type, jsonPath), [] when none."""
+    for file_name in CRD_FILES:
+        crd = yaml.load((SPECS / file_name).read_text(), Loader=yaml.CSafeLoader)
+        for version in crd["spec"]["versions"]:
+            if (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"]) == (api_version, kind):
+                return version.get("additionalPrinterColumns", [])
+    return []
+
+
 def supported() -> list[tuple[str, str]]:
     """The (apiVersion, kind) pairs this module can validate."""
     return sorted(_schemas())

@@ -67,7 +67,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 from fakes import kuberay_operator, pod_security, tls, trainer_operator
-from fakes.crd_schema import validate as validate_crd
+from fakes.crd_schema import printer_columns, validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
@@ -616,19 +616,29 @@ def _check_micro_times(resource: Resource, body: dict) -> None:
 
 
 def _table(resource: Resource, items: list[dict], revision: int) -> dict:
-    """The server-side Table `kubectl get` asks for: NAME, the CRD's printer columns (State), AGE."""
+    """The server-side Table `kubectl get` asks for: NAME, then a CRD's ``additionalPrinterColumns`` (an ``age``
+    column shows the creation time), or AGE."""
+    printed = printer_columns(resource.api_version, resource.kind) if resource.crd else []
+    printed = printed or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
     columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name"}]
-    if resource.crd:
-        columns.append({"name": "State", "type": "string", "format": "", "description": "last condition"})
-    columns.append({"name": "Age", "type": "string", "format": "", "description": "creation time"})
+    columns += [{"name": c["name"], "type": c["type"], "format": "", "description": c.get("description", "")}
+                for c in printed]
     rows = []
     for obj in items:
-        cells = [obj["metadata"]["name"]]
-        if resource.crd:
-            conditions = obj.get("status", {}).get("conditions") or [{}]
-            cells.append(conditions[-1].get("type", ""))
-        cells.append(obj["metadata"].get("creationTimestamp", ""))
+        cells = [obj["metadata"]["name"]] + [_json_path(obj, c["jsonPath"]) for c in printed]
         rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata",
                                                 "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}})
     return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(revision)},
             "columnDefinitions": columns, "rows": rows}
+
+
+def _json_path(obj: dict, path: str) -> Any:
+    """A printer column's value: a dotted path (``.status.head.podIP``), ``[-1:]`` taking a list's last item;
+    "" when absent."""
+    value: Any = obj
+    for part in path.strip(".").split("."):
+        name, last = (part[:-5], True) if part.endswith("[-1:]") else (part, False)
+        value = value.get(name) if isinstance(value, dict) else None
+        if last:
+            value = value[-1] if isinstance(value, list) and value else None
+    return "" if value is None else value
