@@ -4,8 +4,8 @@ What it serves (HTTPS with a self-signed certificate the kubeconfig trusts), thr
 cluster admin, or of any user or service account):
 
 * discovery (`/version`, `/api`, `/apis`, group and resource lists) as `kubectl` and the client read it;
-* custom objects `pytorchjobs` (`kubeflow.org/v1`), `trainjobs` (`trainer.kubeflow.org/v1alpha1`) and `rayjobs`
-  (`ray.io/v1`: stored and validated; no KubeRay runs them, a test writes their status), and core
+* custom objects `pytorchjobs` (`kubeflow.org/v1`), `trainjobs` (`trainer.kubeflow.org/v1alpha1`), `rayjobs` and
+  `rayclusters` (`ray.io/v1`), and core
   `pods` (read-only for clients), `pods/log`, `events`, `secrets` (`stringData` stored as base64 `data`),
   `namespaces`, `leases` (`coordination.k8s.io/v1`) and RBAC's `roles`, `clusterroles`, `rolebindings`,
   `clusterrolebindings`: create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace
@@ -46,6 +46,9 @@ That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=D
 (tests/fakes/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
 TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
 JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
+RayJobs and RayClusters run the way KubeRay v1.7.0 runs them: tests/fakes/kuberay_operator.py (the RayJob and
+RayCluster controllers, the submitter's Job; the pods run `ray start` and `ray job submit`, cited from KubeRay's
+source). A pod without `restartPolicy` gets the API server's default, `Always`.
 """
 from __future__ import annotations
 
@@ -437,7 +440,8 @@ class K8sServer:
     # -- verbs (also used by the operator)
 
     def create(self, resource: Resource, namespace: str, body: Any) -> dict:
-        """Validate (CRDs: the real schema, strictly) and store; PyTorchJobs start in operator mode."""
+        """Validate (CRDs: the real schema, strictly) and store; PyTorchJobs, TrainJobs, RayJobs and RayClusters
+        start in operator mode."""
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the request body must be a JSON object")
         if resource.crd:
@@ -522,7 +526,8 @@ class K8sServer:
         return self.store.update(resource, namespace, name, change, expect_version=expect)
 
     def delete(self, resource: Resource, namespace: str, name: str) -> dict:
-        """Delete; a PyTorchJob's pods go with it (their processes are stopped), as owner references make them."""
+        """Delete; a job's pods go with it (their processes are stopped), as owner references make them (a RayJob's
+        RayCluster and submitter too)."""
         obj = self.store.delete(resource, namespace, name)
         if resource is PYTORCHJOBS:
             controller = self._jobs.pop((namespace, name), None)

@@ -35,8 +35,10 @@ Deliberate differences from a cluster, all forced by every pod sharing this host
 
 * Ports: each RayCluster gets free loopback ports for the GCS (``--port``, KubeRay's default 6379), the dashboard
   (``--dashboard-port``, 8265) and the Ray client server (10001), and each Ray pod its own metrics and dashboard agent
-  ports (KubeRay fixes 8080 and 52365); the head binds ``--node-ip-address=127.0.0.1`` and
-  ``--dashboard-host=127.0.0.1`` (KubeRay: ``0.0.0.0``); Ray's worker processes take ports from the OS
+  ports (KubeRay fixes 8080 and 52365); every node gets ``--node-ip-address=127.0.0.1`` (a pod's own IP in a
+  cluster), which Ray 2.60 turns into this machine's own address (``services.resolve_ip_for_localhost``), so all
+  nodes share one address that never leaves the machine; the dashboard binds ``--dashboard-host=127.0.0.1``
+  (KubeRay: ``0.0.0.0``); Ray's worker processes take ports from the OS
   (``--min-worker-port=0 --max-worker-port=0``: Ray's default range overlaps the test servers' free ports); and each
   Ray node keeps its session under a short dir of its own (``--temp-dir``: ``/tmp/ray`` would be shared by every pod,
   and a pod's emptyDir path is too long for Ray's Unix sockets). ``--disable-usage-stats``: nothing leaves loopback.
