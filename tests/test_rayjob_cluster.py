@@ -11,11 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import mlflow
 import pytest
 from kubernetes import client
 
 from fakes.kuberay_operator import CLUSTER_LABEL, NODE_TYPE_LABEL
 from polling import wait_for
+from test_launch_kubernetes import register_candidate, train_2x2
 from test_ray_train import registered_checkpoints
 from test_training import write_training_files
 from training.config import JobShape, TrainingConfig
@@ -58,11 +60,14 @@ def _pod_logs(cluster, pattern: str) -> list[str]:
 
 
 @pytest.mark.timeout(DEADLINE_S)
-def test_a_rayjob_of_two_workers_trains_the_model_on_real_ray(cluster, files, tmp_path):
+def test_a_rayjob_of_two_workers_trains_to_a_registered_candidate_on_real_ray(cluster, isolated_env, demo_files,
+                                                                              tmp_path):
     name = job_name_for("run-rayjob")
-    result = _train(cluster, files, tmp_path, "run-rayjob")
-    assert result.world_size == 2 and (tmp_path / "model" / "model.json").is_file()
-    assert json.loads((tmp_path / "model" / "model.json").read_text())["world_size"] == 2
+    prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "ray-model", "run-rayjob",
+                                            {**cluster.settings(), "kind": "rayjob"}, nproc_per_node=1)
+    assert json.loads((model_dir / "model.json").read_text())["world_size"] == 2
+    version = register_candidate(tmp_path, prepared, model_dir, result.run_id, "ray-model", "run-rayjob")
+    assert mlflow.MlflowClient().get_model_version("ray-model", version).run_id == result.run_id
 
     status = _rayjob(cluster, name)["status"]
     assert (status["jobDeploymentStatus"], status["jobStatus"], status["succeeded"]) == ("Complete", "SUCCEEDED", 1)
