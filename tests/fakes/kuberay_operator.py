@@ -199,7 +199,6 @@ class RayClusterController(_JobController):
         self.service = f"{self.name}-head-svc"  # GenerateHeadServiceName(RayClusterCRD, ...)
         self.fqdn = f"{self.service}.{namespace}.svc.{CLUSTER_DOMAIN}"  # GenerateFQDNServiceName
         self._write_pod_files([f"{self.fqdn} {self.service}"])
-        self.replica_index: dict[str, int] = {}
 
     @property
     def dashboard_url(self) -> str:
@@ -733,7 +732,7 @@ class RayJobController:
             if not (self._suspending(spec, status) or self._deadline(spec, status, "activeDeadlineSeconds")
                     or self._deadline(spec, status, "preRunningDeadlineSeconds")):
                 cluster = self._cluster(rayjob, status)
-                if cluster is not None and cluster_state(self.api, self.namespace, cluster.name) != "ready":
+                if cluster is not None and _cluster_status(self.api, self.namespace, cluster.name).get("state") != "ready":
                     status["rayClusterStatus"] = _cluster_status(self.api, self.namespace, cluster.name)
                 elif cluster is not None:
                     status["dashboardURL"] = cluster.dashboard_url
@@ -755,7 +754,7 @@ class RayJobController:
             status.update(jobStatus="", jobDeploymentStatus="")
         elif deployment in ("Complete", "Failed"):
             return self._finished(spec, status)
-        self._backoff(spec, status)
+        check_backoff_limit(spec, status)
         if status.get("jobDeploymentStatus") in ("Complete", "Failed") and deployment not in ("Complete", "Failed"):
             status["endTime"] = now()  # updateRayJobStatus
             self._ended = time.monotonic()
@@ -856,20 +855,6 @@ class RayJobController:
         if times:
             status["rayJobInfo"] = times
 
-    def _backoff(self, spec: dict, status: dict) -> None:
-        """``checkBackoffLimitAndUpdateStatusIfNeeded``: count the attempt; a Failed one with retries left under
-        ``backoffLimit`` (not for a deadline) becomes Retrying."""
-        failed, succeeded = status.get("failed", 0), status.get("succeeded", 0)
-        if status.get("jobDeploymentStatus") == "Failed":
-            failed += 1
-        if status.get("jobStatus") == "SUCCEEDED" and status.get("jobDeploymentStatus") == "Complete":
-            succeeded += 1
-        status.update(failed=failed, succeeded=succeeded)
-        limit = spec.get("backoffLimit")
-        if (status.get("jobDeploymentStatus") == "Failed" and limit is not None and failed < limit + 1
-                and status.get("reason") not in ("DeadlineExceeded", "JobStatusCheckTimeoutExceeded")):
-            status["jobDeploymentStatus"] = "Retrying"
-
     def _finished(self, spec: dict, status: dict) -> bool:
         """``handleShutdownAfterJobFinishes``: the RayCluster deleted ``ttlSecondsAfterFinished`` after the end (the
         submitter Job stays, with the driver's logs); True once nothing is left to do."""
@@ -900,8 +885,19 @@ class RayJobController:
         self._event("DeletedRayJobSubmitter", f"Deleted submitter K8s Job {self.namespace}/{self.name}")
 
 
-def cluster_state(api: K8sServer, namespace: str, name: str) -> str:
-    return _cluster_status(api, namespace, name).get("state", "")
+def check_backoff_limit(spec: dict, status: dict) -> None:
+    """``checkBackoffLimitAndUpdateStatusIfNeeded``: count the attempt; a Failed one with retries left under
+    ``backoffLimit`` (not for a deadline) becomes Retrying."""
+    failed, succeeded = status.get("failed", 0), status.get("succeeded", 0)
+    if status.get("jobDeploymentStatus") == "Failed":
+        failed += 1
+    if status.get("jobStatus") == "SUCCEEDED" and status.get("jobDeploymentStatus") == "Complete":
+        succeeded += 1
+    status.update(failed=failed, succeeded=succeeded)
+    limit = spec.get("backoffLimit")
+    if (status.get("jobDeploymentStatus") == "Failed" and limit is not None and failed < limit + 1
+            and status.get("reason") not in ("DeadlineExceeded", "JobStatusCheckTimeoutExceeded")):
+        status["jobDeploymentStatus"] = "Retrying"
 
 
 def _cluster_status(api: K8sServer, namespace: str, name: str) -> dict:

@@ -11,7 +11,7 @@ from kubernetes import client
 
 from fakes.k8s_store import RAYCLUSTERS
 from fakes.kubernetes_cluster import status_of
-from fakes.kuberay_operator import CLUSTER_LABEL, RayClusterController, RayJobController, submit_command
+from fakes.kuberay_operator import CLUSTER_LABEL, RayClusterController, check_backoff_limit, submit_command
 from polling import wait_for
 
 ENTRYPOINT = "python -c 'print(42)'"
@@ -127,7 +127,7 @@ def test_the_ray_pods_and_the_submitter_are_what_pod_go_and_job_go_make(cluster)
     ({"jobDeploymentStatus": "Running"}, 1, ("Running", 0)),
 ])
 def test_a_failed_attempt_is_retried_under_the_backoff_limit(status, limit, after):
-    RayJobController._backoff(None, {"backoffLimit": limit}, status)
+    check_backoff_limit({"backoffLimit": limit}, status)
     assert (status["jobDeploymentStatus"], status["failed"]) == after
 
 
