@@ -31,6 +31,18 @@ cited by file and function, never from kfloop's code:
   status comes from the head's dashboard (``GET /api/jobs/<id>``, header ``x-ray-authorization``, as
   ``utils/dashboardclient`` asks it).
 
+Token authentication is Ray 2.60's own (read from its wheel): ``ray start`` turns it on only with
+``RAY_AUTH_MODE=token`` or a token file (``_private/authentication/authentication_token_setup.py``
+``maybe_enable_token_auth_if_token_available``), the dashboard then wants ``Authorization`` or
+``X-Ray-Authorization: Bearer <token>`` except on its health paths (``http_token_authentication.py``,
+``dashboard/http_server_head.py``), and ``ray job submit`` sends the token of ``RAY_AUTH_TOKEN``
+(``get_auth_headers_if_auth_enabled``). Pods get no env from the test process, only their spec's: a RayCluster with
+``authOptions.mode: token`` gets KubeRay's Secret and env, one without runs Ray without authentication.
+
+Not played: ``clusterSelector`` (an existing cluster), the HTTP, Interactive and Sidecar submission modes, the
+autoscaler, GCS fault tolerance, ``deletionStrategy``; a deleted RayJob goes at once (KubeRay's finalizer first stops
+the Ray job through the dashboard).
+
 Deliberate differences from a cluster, all forced by every pod sharing this host's network and disk:
 
 * Ports: each RayCluster gets free loopback ports for the GCS (``--port``, KubeRay's default 6379), the dashboard
