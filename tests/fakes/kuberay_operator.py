@@ -194,14 +194,8 @@ class RayClusterController(_JobController):
     run on the kubelet of :class:`fakes.k8s_operator._JobController`."""
 
     def __init__(self, api: K8sServer, namespace: str, cluster: dict):
-        self.api, self.namespace, self.job = api, namespace, cluster
-        self.name = cluster["metadata"]["name"]
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.started = time.monotonic()
-        self.finished = False
+        self._setup(api, namespace, cluster)
         self.run_policy: dict = {}  # the kubelet's in-place restarts: no backoffLimit on a Ray pod
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=api.workdir))
         self.temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/var/tmp"))
         """Each Ray node's ``--temp-dir`` lives under this short path (Unix socket paths hold 107 bytes)."""
         ports: set[int] = set()
@@ -545,14 +539,8 @@ class SubmitterJob(_JobController):
     failures pass ``backoffLimit`` (Failed, BackoffLimitExceeded)."""
 
     def __init__(self, api: K8sServer, namespace: str, rayjob: dict, template: dict, cluster: RayClusterController):
-        self.api, self.namespace, self.job = api, namespace, rayjob
-        self.name = rayjob["metadata"]["name"]
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.started = time.monotonic()
-        self.finished = False
+        self._setup(api, namespace, rayjob, f"{rayjob['metadata']['name']}-submitter-")
         self.run_policy: dict = {}
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-submitter-", dir=api.workdir))
         self._write_pod_files([f"{cluster.fqdn} {cluster.service}"])
         self.template = template
         self.backoff_limit = ((rayjob["spec"].get("submitterConfig") or {}).get("backoffLimit")
