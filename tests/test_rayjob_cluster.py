@@ -104,7 +104,7 @@ def test_a_rayjob_of_two_workers_trains_to_a_registered_candidate_on_real_ray(cl
 def test_a_deleted_worker_pod_is_replaced_and_ray_train_resumes_from_its_checkpoint(cluster, files, tmp_path):
     name = job_name_for("run-rayjob-kill")
     run_dir = cluster.shared / name / "checkpoints" / name  # Ray Train's storage_path / the run's name
-    config = replace(TINY, epochs=10)
+    config = replace(TINY, epochs=20)  # the deletion (SIGTERM, SIGKILL 5 s later) lands well before the end
     core = client.CoreV1Api(cluster.api())
     with ThreadPoolExecutor(1) as pool:
         launch = pool.submit(_train, cluster, files, tmp_path, "run-rayjob-kill", config,

@@ -210,7 +210,8 @@ class K8sServer:
         if operator:
             trainer_operator.install_runtimes(self.store)
         self._runs: dict[tuple[str, str], _PodRun] = {}
-        self._jobs: dict[tuple[str, str], _JobController] = {}
+        self._jobs: dict[tuple[str, ...], Any] = {}
+        """The controllers of the jobs (and RayClusters) in operator mode, by (kind plural,) namespace and name."""
         self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._http.api = self
         self.ca_pem, context = tls.self_signed(self.workdir)
