@@ -106,8 +106,8 @@ def test_a_killed_ray_worker_restarts_the_group_from_the_checkpoint(tmp_path, fi
         launch = pool.submit(_launch, tmp_path, files, shape)
         victims = wait_for("two Ray Train workers", lambda: _train_workers(marker) if len(
             _train_workers(marker)) == 2 else None, timeout=DEADLINE_S, interval=0.05)
-        wait_for("a checkpoint Ray registered", lambda: registered_checkpoints(tmp_path / "ckpt" / "ray-test"), timeout=DEADLINE_S,
-                 interval=0.05)
+        wait_for("a checkpoint Ray registered", lambda: registered_checkpoints(tmp_path / "ckpt" / "ray-test"),
+                 timeout=DEADLINE_S, interval=0.05)
         os.kill(victims[-1], signal.SIGKILL)
         result = launch.result(timeout=DEADLINE_S)
     log = (tmp_path / "logs" / DRIVER_LOG).read_text()

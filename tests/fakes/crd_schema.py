@@ -38,10 +38,11 @@ _OBJECT_META = {
         "labels": _STRING_MAP,
         "annotations": _STRING_MAP,
         "finalizers": {"type": "array", "items": {"type": "string"}},
-        "ownerReferences": {"type": "array", "items": {"type": "object", "required": ["apiVersion", "kind", "name", "uid"],
-                                                       "properties": {
-            "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "name": {"type": "string"},
-            "uid": {"type": "string"}, "controller": {"type": "boolean"}, "blockOwnerDeletion": {"type": "boolean"}}}},
+        "ownerReferences": {"type": "array", "items": {
+            "type": "object", "required": ["apiVersion", "kind", "name", "uid"],
+            "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "name": {"type": "string"},
+                           "uid": {"type": "string"}, "controller": {"type": "boolean"},
+                           "blockOwnerDeletion": {"type": "boolean"}}}},
         "uid": {"type": "string"},
         "resourceVersion": {"type": "string"},
         "generation": {"type": "integer"},

@@ -732,8 +732,9 @@ class RayJobController:
             if not (self._suspending(spec, status) or self._deadline(spec, status, "activeDeadlineSeconds")
                     or self._deadline(spec, status, "preRunningDeadlineSeconds")):
                 cluster = self._cluster(rayjob, status)
-                if cluster is not None and _cluster_status(self.api, self.namespace, cluster.name).get("state") != "ready":
-                    status["rayClusterStatus"] = _cluster_status(self.api, self.namespace, cluster.name)
+                cluster_status = _cluster_status(self.api, self.namespace, cluster.name) if cluster else {}
+                if cluster is not None and cluster_status.get("state") != "ready":
+                    status["rayClusterStatus"] = cluster_status
                 elif cluster is not None:
                     status["dashboardURL"] = cluster.dashboard_url
                     self._create_submitter(rayjob, cluster)

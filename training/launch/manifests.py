@@ -232,10 +232,10 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     TTL would keep the idle cluster's GPUs; the RayJob and the submitter's Job, with the driver's log, stay);
     ``authOptions.mode: token``: KubeRay makes a Secret with a random token and gives it to every Ray container and
     the submitter (``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``), so only they can reach the dashboard's job API and the GCS
-    (Ray 2.60 has token auth on by default for clusters it starts itself, not for ``ray start``); ``backoffLimit`` is the number of times
-    KubeRay retries the whole RayJob on a new cluster (status ``Retrying``), while ``spec.max_restarts`` worker-group
-    restarts within one run are Ray Train's ``FailureConfig(max_failures)``. With ``cluster.kueue_queue`` the job is
-    created suspended for Kueue to admit.
+    (Ray 2.60 has token auth on by default for clusters it starts itself, not for ``ray start``); ``backoffLimit``
+    is the number of times KubeRay retries the whole RayJob on a new cluster (status ``Retrying``), while
+    ``spec.max_restarts`` worker-group restarts within one run are Ray Train's ``FailureConfig(max_failures)``. With
+    ``cluster.kueue_queue`` the job is created suspended for Kueue to admit.
 
     Raises:
         ValueError: ``spec`` and ``cluster`` do not fit together, or ``cluster`` sets an option a RayJob cannot
