@@ -370,7 +370,8 @@ def _pod_metadata(cluster: ClusterConfig) -> dict[str, Any]:
 
 def _run_policy(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     policy: dict[str, Any] = {"cleanPodPolicy": cluster.clean_pod_policy}
-    for key, value in (("activeDeadlineSeconds", cluster.active_deadline_seconds),
+    for key, value in (("ttlSecondsAfterFinished", cluster.ttl_seconds_after_finished),
+                       ("activeDeadlineSeconds", cluster.active_deadline_seconds),
                        ("backoffLimit", cluster.backoff_limit)):
         if value is not None:
             policy[key] = value
