@@ -102,14 +102,15 @@ def s3_bucket(s3_server, monkeypatch, request) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path):
-    """A Kubernetes API test server in operator mode with one shared volume (tests/fakes/kubernetes_cluster.py)."""
+def cluster(tmp_path, request):
+    """A Kubernetes API test server in operator mode with one shared volume (tests/fakes/kubernetes_cluster.py);
+    parametrized indirectly with ``{"operator": False}``, a server that runs no job (a test plays the operator)."""
     from fakes.k8s_server import K8sServer
     from fakes.kubernetes_cluster import CLAIM, Cluster
 
     shared = tmp_path / "shared"
     shared.mkdir()
-    server = K8sServer(tmp_path / "k8s", volumes={CLAIM: shared})
+    server = K8sServer(tmp_path / "k8s", volumes={CLAIM: shared}, **getattr(request, "param", {}))
     with server:
         yield Cluster(server, server.write_kubeconfig(tmp_path / "kubeconfig"), shared)
     assert server.live_pids() == [], "a pod process outlived the test server"

@@ -167,17 +167,18 @@ FAST_MODEL = {"params": {"hidden": [16]}}
 
 
 def train_2x2(cluster: Cluster, isolated_env, demo_files, tmp_path, model_name: str, run_id: str, settings: dict,
-              model: dict = FAST_MODEL):
-    """The pipeline's train step of a 2 x 2 job of ``model`` on ``cluster`` with ``settings``, the ranks reaching
-    MLflow through the credentials Secret; (the prepared data of :func:`_prepared`, the model dir, the step's
-    result)."""
+              model: dict = FAST_MODEL, nproc_per_node: int = 2):
+    """The pipeline's train step of a job of 2 nodes x ``nproc_per_node`` of ``model`` on ``cluster`` with
+    ``settings``, the ranks reaching MLflow through the credentials Secret; (the prepared data of :func:`_prepared`,
+    the model dir, the step's result)."""
     from training.steps.train import train_step
 
     prepared = _prepared(tmp_path, demo_files, model_name)
     _credentials_secret(cluster, isolated_env.tracking_uri)
     model_dir = tmp_path / "model"
     result = train_step(train_path=prepared[1], schema_path=prepared[0], model_name=model_name, config=FAST,
-                        model=model, nnodes=2, nproc_per_node=2, backend="kubernetes", pipeline_run_id=run_id,
+                        model=model, nnodes=2, nproc_per_node=nproc_per_node, backend="kubernetes",
+                        pipeline_run_id=run_id,
                         model_dir=str(model_dir), cluster=settings)
     return prepared, model_dir, result
 

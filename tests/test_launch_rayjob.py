@@ -93,7 +93,8 @@ def test_rayjob_is_sized_from_the_shape_and_runs_ray_train(rendered):
         assert args.cpus_per_worker == (1 if gpus else 4 // per_pod)
         spec = body["spec"]
         assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["backoffLimit"],
-                spec["ttlSecondsAfterFinished"]) == ("K8sJobMode", True, 3, 86400)
+                spec["ttlSecondsAfterFinished"]) == ("K8sJobMode", True, 3, 0)  # the cluster goes when the job ends
+        assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}
 
 
 def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
@@ -133,7 +134,10 @@ def test_what_a_rayjob_cannot_express_is_refused(settings, refusal):
 # --------------------------------------------------------------------------- the launcher follows RayJob status
 # The test plays KubeRay v1.7.0's RayJob controller: it writes the status transitions rayjob_controller.go makes
 # (Initializing -> Running -> Complete/Failed, Failed with backoffLimit left -> Retrying, suspend -> Suspended)
-# through the status subresource of the test API server, and the launcher follows them over its watch.
+# through the status subresource of the test API server, and the launcher follows them over its watch. The server's
+# own KubeRay (tests/fakes/kuberay_operator.py, run end to end in tests/test_rayjob_cluster.py) is off meanwhile.
+
+KUBERAY_OFF = pytest.mark.parametrize("cluster", [{"operator": False}], indirect=True, ids=["kuberay-off"])
 
 def _rayjob(cluster, name: str, **overrides) -> dict:
     settings = KubernetesSettings.from_dict({**cluster.settings(), "kind": "rayjob", **overrides}).cluster
@@ -177,6 +181,7 @@ def _rayjobs(cluster) -> list[str]:
         "ray.io", "v1", "default", "rayjobs")["items"]]
 
 
+@KUBERAY_OFF
 def test_a_failed_rayjob_fails_the_launch_with_kuberays_reason_and_is_kept(cluster, tmp_path):
     body = _rayjob(cluster, "ray-app-failed")
     thread, result = _launch(cluster, body, tmp_path)
@@ -191,6 +196,7 @@ def test_a_failed_rayjob_fails_the_launch_with_kuberays_reason_and_is_kept(clust
     assert _rayjobs(cluster) == ["ray-app-failed"]  # ended by itself: kept for inspection (KubeRay's TTL cleans up)
 
 
+@KUBERAY_OFF
 def test_a_stopped_ray_job_is_no_success(cluster, tmp_path):
     body = _rayjob(cluster, "ray-stopped")
     thread, result = _launch(cluster, body, tmp_path)
@@ -200,6 +206,7 @@ def test_a_stopped_ray_job_is_no_success(cluster, tmp_path):
     assert "Complete (Ray job STOPPED): Job was intentionally stopped." in str(result["error"])
 
 
+@KUBERAY_OFF
 def test_rayjob_retries_count_against_the_restart_cap_and_the_job_is_deleted(cluster, tmp_path):
     body = _rayjob(cluster, "ray-retrying")
     thread, result = _launch(cluster, body, tmp_path, restart_cap=1)
@@ -211,6 +218,7 @@ def test_rayjob_retries_count_against_the_restart_cap_and_the_job_is_deleted(clu
     assert _rayjobs(cluster) == []  # the launcher gave up: it deleted the RayJob (its Ray cluster goes with it)
 
 
+@KUBERAY_OFF
 def test_a_suspended_rayjob_waits_for_kueue_then_succeeds(cluster, tmp_path, capsys):
     body = _rayjob(cluster, "ray-queued", kueue_queue="team-a")
     assert body["spec"]["suspend"] is True

@@ -50,10 +50,11 @@ def _reported(storage: Path) -> list[Path]:
     return sorted(p for p in (storage / "ray-test").glob("checkpoint_*") if p.is_dir())
 
 
-def _registered(storage: Path) -> list[str]:
-    """Checkpoints Ray Train's controller has registered (the ones a restarted group resumes from): its snapshot."""
+def registered_checkpoints(run_dir: Path) -> list[str]:
+    """Checkpoints Ray Train's controller has registered for the run whose folder under the storage path is
+    ``run_dir`` (the ones a restarted group resumes from): its snapshot."""
     try:
-        snapshot = json.loads((storage / "ray-test" / "checkpoint_manager_snapshot.json").read_text())
+        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or being replaced
         return []
     return [r["checkpoint_dir_name"] for r in snapshot["checkpoint_results"]]
@@ -105,8 +106,8 @@ def test_a_killed_ray_worker_restarts_the_group_from_the_checkpoint(tmp_path, fi
         launch = pool.submit(_launch, tmp_path, files, shape)
         victims = wait_for("two Ray Train workers", lambda: _train_workers(marker) if len(
             _train_workers(marker)) == 2 else None, timeout=DEADLINE_S, interval=0.05)
-        wait_for("a checkpoint Ray registered", lambda: _registered(tmp_path / "ckpt"), timeout=DEADLINE_S,
-                 interval=0.05)
+        wait_for("a checkpoint Ray registered", lambda: registered_checkpoints(tmp_path / "ckpt" / "ray-test"),
+                 timeout=DEADLINE_S, interval=0.05)
         os.kill(victims[-1], signal.SIGKILL)
         result = launch.result(timeout=DEADLINE_S)
     log = (tmp_path / "logs" / DRIVER_LOG).read_text()

@@ -38,7 +38,11 @@ _OBJECT_META = {
         "labels": _STRING_MAP,
         "annotations": _STRING_MAP,
         "finalizers": {"type": "array", "items": {"type": "string"}},
-        "ownerReferences": {"type": "array", "items": {"type": "object"}},
+        "ownerReferences": {"type": "array", "items": {
+            "type": "object", "required": ["apiVersion", "kind", "name", "uid"],
+            "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}, "name": {"type": "string"},
+                           "uid": {"type": "string"}, "controller": {"type": "boolean"},
+                           "blockOwnerDeletion": {"type": "boolean"}}}},
         "uid": {"type": "string"},
         "resourceVersion": {"type": "string"},
         "generation": {"type": "integer"},
@@ -87,6 +91,17 @@ def _schemas() -> dict[tuple[str, str], dict]:
             schema["properties"]["metadata"] = _OBJECT_META
             found[(f"{group}/{version['name']}", kind)] = _structural(schema)
     return found
+
+
+@functools.cache
+def printer_columns(api_version: str, kind: str) -> list[dict]:
+    """The CRD's ``additionalPrinterColumns`` of ``api_version``/``kind`` (name, type, jsonPath), [] when none."""
+    for file_name in CRD_FILES:
+        crd = yaml.load((SPECS / file_name).read_text(), Loader=yaml.CSafeLoader)
+        for version in crd["spec"]["versions"]:
+            if (f"{crd['spec']['group']}/{version['name']}", crd["spec"]["names"]["kind"]) == (api_version, kind):
+                return version.get("additionalPrinterColumns", [])
+    return []
 
 
 def supported() -> list[tuple[str, str]]:

@@ -206,20 +206,25 @@ class _JobController:
     """The operator's reconcile loop for one PyTorchJob, and the kubelet of its pods."""
 
     def __init__(self, api: K8sServer, namespace: str, job: dict):
-        self.api, self.namespace, self.job = api, namespace, job
-        self.name = job["metadata"]["name"]
+        self._setup(api, namespace, job)
         self.port = free_port()
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.started = time.monotonic()
-        self.finished = False
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=api.workdir))
         self.defaulted = self._host_ports(operator.default_job(job))
         spec = self.defaulted["spec"]
         self.replicas = spec["pytorchReplicaSpecs"]
         self.run_policy = spec["runPolicy"]
         self._write_pod_files([self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
                                for i in range(rspec.get("replicas", 1))])
+
+    def _setup(self, api: K8sServer, namespace: str, job: dict, dir_prefix: str = "") -> None:
+        """The state every controller of pods shares with its kubelet: the API, the owning object, the stop flag,
+        and a fresh folder for its pods' logs, hosts file and emptyDirs (named ``dir_prefix``, else after it)."""
+        self.api, self.namespace, self.job = api, namespace, job
+        self.name = job["metadata"]["name"]
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        self.finished = False
+        self.dir = Path(tempfile.mkdtemp(prefix=dir_prefix or f"{self.name}-", dir=api.workdir))
 
     def _write_pod_files(self, hostnames: list[str]) -> None:
         """What every pod of the job sees in place of the cluster DNS: ``hosts`` (each line's names on loopback)

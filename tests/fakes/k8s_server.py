@@ -4,8 +4,8 @@ What it serves (HTTPS with a self-signed certificate the kubeconfig trusts), thr
 cluster admin, or of any user or service account):
 
 * discovery (`/version`, `/api`, `/apis`, group and resource lists) as `kubectl` and the client read it;
-* custom objects `pytorchjobs` (`kubeflow.org/v1`), `trainjobs` (`trainer.kubeflow.org/v1alpha1`) and `rayjobs`
-  (`ray.io/v1`: stored and validated; no KubeRay runs them, a test writes their status), and core
+* custom objects `pytorchjobs` (`kubeflow.org/v1`), `trainjobs` (`trainer.kubeflow.org/v1alpha1`), `rayjobs` and
+  `rayclusters` (`ray.io/v1`), and core
   `pods` (read-only for clients), `pods/log`, `events`, `secrets` (`stringData` stored as base64 `data`),
   `namespaces`, `leases` (`coordination.k8s.io/v1`) and RBAC's `roles`, `clusterroles`, `rolebindings`,
   `clusterrolebindings`: create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace
@@ -46,6 +46,9 @@ That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=D
 (tests/fakes/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
 TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
 JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
+RayJobs and RayClusters run the way KubeRay v1.7.0 runs them: tests/fakes/kuberay_operator.py (the RayJob and
+RayCluster controllers, the submitter's Job; the pods run `ray start` and `ray job submit`, cited from KubeRay's
+source). A pod without `restartPolicy` gets the API server's default, `Always`.
 """
 from __future__ import annotations
 
@@ -66,13 +69,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from fakes import pod_security, tls, trainer_operator
-from fakes.crd_schema import validate as validate_crd
+from fakes import kuberay_operator, pod_security, tls, trainer_operator
+from fakes.crd_schema import printer_columns, validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
-from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RESOURCES, SECRETS, TRAINJOBS,
-                             ApiError,
+from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES,
+                             SECRETS, TRAINJOBS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sServer"]
@@ -207,7 +210,8 @@ class K8sServer:
         if operator:
             trainer_operator.install_runtimes(self.store)
         self._runs: dict[tuple[str, str], _PodRun] = {}
-        self._jobs: dict[tuple[str, str], _JobController] = {}
+        self._jobs: dict[tuple[str, ...], Any] = {}
+        """The controllers of the jobs (and RayClusters) in operator mode, by (kind plural,) namespace and name."""
         self._http = _HTTPServer(("127.0.0.1", 0), _Handler)
         self._http.api = self
         self.ca_pem, context = tls.self_signed(self.workdir)
@@ -234,6 +238,9 @@ class K8sServer:
             controller.stop()
         for run in list(self._runs.values()):
             _terminate(run)
+        for controller in list(self._jobs.values()):
+            if isinstance(controller, kuberay_operator.RayClusterController):
+                controller.cleanup()
         self.store.close()
         self._http.shutdown()
         self._http.server_close()
@@ -434,7 +441,8 @@ class K8sServer:
     # -- verbs (also used by the operator)
 
     def create(self, resource: Resource, namespace: str, body: Any) -> dict:
-        """Validate (CRDs: the real schema, strictly) and store; PyTorchJobs start in operator mode."""
+        """Validate (CRDs: the real schema, strictly) and store; PyTorchJobs, TrainJobs, RayJobs and RayClusters
+        start in operator mode."""
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the request body must be a JSON object")
         if resource.crd:
@@ -446,6 +454,10 @@ class K8sServer:
             _encode_string_data(body)
         if resource is TRAINJOBS:
             return trainer_operator.create(self, namespace, body)
+        if resource is RAYJOBS:
+            return kuberay_operator.create_rayjob(self, namespace, body)
+        if resource is RAYCLUSTERS:
+            return kuberay_operator.create_raycluster(self, namespace, body)
         obj = self.store.create(resource, namespace, body)
         if resource is PYTORCHJOBS and self.operator:
             controller = _JobController(self, namespace, obj)
@@ -467,6 +479,7 @@ class K8sServer:
         refusal = pod_security.admit(labels, pod)
         if refusal:
             raise ApiError(403, "Forbidden", refusal, {"name": pod["metadata"]["name"], "kind": "pods"})
+        pod["spec"].setdefault("restartPolicy", "Always")  # the API server's default (core/v1 SetDefaults_PodSpec)
         pod.setdefault("status", {})["qosClass"] = qos_class(pod["spec"])
         return self.store.create(PODS, namespace, pod)
 
@@ -514,7 +527,8 @@ class K8sServer:
         return self.store.update(resource, namespace, name, change, expect_version=expect)
 
     def delete(self, resource: Resource, namespace: str, name: str) -> dict:
-        """Delete; a PyTorchJob's pods go with it (their processes are stopped), as owner references make them."""
+        """Delete; a job's pods go with it (their processes are stopped), as owner references make them (a RayJob's
+        RayCluster and submitter too)."""
         obj = self.store.delete(resource, namespace, name)
         if resource is PYTORCHJOBS:
             controller = self._jobs.pop((namespace, name), None)
@@ -524,6 +538,8 @@ class K8sServer:
                 self.delete_pod(namespace, pod["metadata"]["name"])
         elif resource is TRAINJOBS:
             trainer_operator.deleted(self, namespace, name)
+        elif resource in (RAYJOBS, RAYCLUSTERS):
+            kuberay_operator.deleted(self, resource.plural, namespace, name)
         elif resource is PODS:
             run = self._runs.pop((namespace, name), None)
             if run:
@@ -606,19 +622,29 @@ def _check_micro_times(resource: Resource, body: dict) -> None:
 
 
 def _table(resource: Resource, items: list[dict], revision: int) -> dict:
-    """The server-side Table `kubectl get` asks for: NAME, the CRD's printer columns (State), AGE."""
+    """The server-side Table `kubectl get` asks for: NAME, then a CRD's ``additionalPrinterColumns`` (an ``age``
+    column shows the creation time), or AGE."""
+    printed = printer_columns(resource.api_version, resource.kind) if resource.crd else []
+    printed = printed or [{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}]
     columns = [{"name": "Name", "type": "string", "format": "name", "description": "Name"}]
-    if resource.crd:
-        columns.append({"name": "State", "type": "string", "format": "", "description": "last condition"})
-    columns.append({"name": "Age", "type": "string", "format": "", "description": "creation time"})
+    columns += [{"name": c["name"], "type": c["type"], "format": "", "description": c.get("description", "")}
+                for c in printed]
     rows = []
     for obj in items:
-        cells = [obj["metadata"]["name"]]
-        if resource.crd:
-            conditions = obj.get("status", {}).get("conditions") or [{}]
-            cells.append(conditions[-1].get("type", ""))
-        cells.append(obj["metadata"].get("creationTimestamp", ""))
+        cells = [obj["metadata"]["name"]] + [_json_path(obj, c["jsonPath"]) for c in printed]
         rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata",
                                                 "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}})
     return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(revision)},
             "columnDefinitions": columns, "rows": rows}
+
+
+def _json_path(obj: dict, path: str) -> Any:
+    """A printer column's value: a dotted path (``.status.head.podIP``), ``[-1:]`` taking a list's last item;
+    "" when absent."""
+    value: Any = obj
+    for part in path.strip(".").split("."):
+        name, last = (part[:-5], True) if part.endswith("[-1:]") else (part, False)
+        value = value.get(name) if isinstance(value, dict) else None
+        if last:
+            value = value[-1] if isinstance(value, list) and value else None
+    return "" if value is None else value

@@ -28,9 +28,7 @@ import copy
 import math
 import secrets
 import socket
-import tempfile
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -281,14 +279,8 @@ class TrainJobController(_JobController):
     the kubelet of :class:`fakes.k8s_operator._JobController`."""
 
     def __init__(self, api: K8sServer, namespace: str, trainjob: dict, runtime: dict):
-        self.api, self.namespace, self.job = api, namespace, trainjob
-        self.name = trainjob["metadata"]["name"]
+        self._setup(api, namespace, trainjob)
         self.port = _free_port()
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.started = time.monotonic()
-        self.finished = False
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir=api.workdir))
         self.jobset_metadata, self.trainer, self.num_nodes = trainer_job(trainjob, runtime, self.port)
         job_spec = self.trainer["template"]["spec"]
         self.backoff_limit = job_spec.get("backoffLimit", JOB_BACKOFF_LIMIT)

@@ -152,7 +152,8 @@ class ClusterConfig:
     """``runPolicy.cleanPodPolicy``: which pods the operator deletes when the job ends (``None`` keeps them for
     their logs, ``Running``, ``All``)."""
     ttl_seconds_after_finished: int | None = 86400
-    """``runPolicy.ttlSecondsAfterFinished``: delete the finished job after this long; None keeps it."""
+    """``runPolicy.ttlSecondsAfterFinished``: delete the finished job after this long; None keeps it. Not for a
+    RayJob: its Ray cluster is deleted as soon as it ends (``ttlSecondsAfterFinished: 0``), the RayJob stays."""
     active_deadline_seconds: int | None = None
     """``runPolicy.activeDeadlineSeconds``: fail the job after this long, restarts included. The operator does not
     apply ``backoff_limit`` to exit codes >= 128 (OOM kills, signals), so this is the cap that always holds."""

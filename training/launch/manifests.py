@@ -227,10 +227,15 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     ``submissionMode: K8sJobMode``: KubeRay runs ``ray job submit`` in a Kubernetes Job named after the RayJob
     (rayjob_controller.go ``createNewK8sJob``), from :data:`RAY_SUBMITTER` in ``submitterPodTemplate`` (the
     restricted security context; KubeRay fills in its command, common/job.go ``BuildJobSubmitCommand``).
-    ``shutdownAfterJobFinishes`` deletes the Ray cluster when the job ends; ``backoffLimit`` is the number of times
-    KubeRay retries the whole RayJob on a new cluster (status ``Retrying``), while ``spec.max_restarts`` worker-group
-    restarts within one run are Ray Train's ``FailureConfig(max_failures)``. With ``cluster.kueue_queue`` the job is
-    created suspended for Kueue to admit.
+    ``shutdownAfterJobFinishes`` with ``ttlSecondsAfterFinished: 0`` deletes the Ray cluster as soon as the job ends
+    (KubeRay's TTL counts before the *cluster* is deleted, rayjob_controller.go ``handleShutdownAfterJobFinishes``: a
+    TTL would keep the idle cluster's GPUs; the RayJob and the submitter's Job, with the driver's log, stay);
+    ``authOptions.mode: token``: KubeRay makes a Secret with a random token and gives it to every Ray container and
+    the submitter (``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``), so only they can reach the dashboard's job API and the GCS
+    (Ray 2.60 has token auth on by default for clusters it starts itself, not for ``ray start``); ``backoffLimit``
+    is the number of times KubeRay retries the whole RayJob on a new cluster (status ``Retrying``), while
+    ``spec.max_restarts`` worker-group restarts within one run are Ray Train's ``FailureConfig(max_failures)``. With
+    ``cluster.kueue_queue`` the job is created suspended for Kueue to admit.
 
     Raises:
         ValueError: ``spec`` and ``cluster`` do not fit together, or ``cluster`` sets an option a RayJob cannot
@@ -282,7 +287,9 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
             "entrypoint": shlex.join(entrypoint),
             "submissionMode": "K8sJobMode",
             "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": 0,
             "rayClusterSpec": {
+                "authOptions": {"mode": "token"},
                 "headGroupSpec": {
                     "rayStartParams": {"num-cpus": "0"},
                     "template": template("ray-head", head_resources),
@@ -299,8 +306,7 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
                 "volumes": [{"name": _TMP, "emptyDir": {}}]}},
         },
     }
-    for key, value in (("ttlSecondsAfterFinished", cluster.ttl_seconds_after_finished),
-                       ("activeDeadlineSeconds", cluster.active_deadline_seconds),
+    for key, value in (("activeDeadlineSeconds", cluster.active_deadline_seconds),
                        ("backoffLimit", cluster.backoff_limit)):
         if value is not None:
             body["spec"][key] = value
