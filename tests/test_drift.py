@@ -10,15 +10,8 @@ from evidently.legacy.calculations import stattests
 from evidently.legacy.calculations.stattests.registry import get_registered_stattest
 from evidently.legacy.core import ColumnType
 
-from monitoring.drift import (
-    ALL_NULL_METHOD,
-    DISTANCE_METHODS,
-    P_VALUE_METHODS,
-    ColumnDriftOverride,
-    DriftPolicy,
-    check_drift,
-    score_direction,
-)
+from monitoring.drift import ALL_NULL_METHOD, check_drift
+from monitoring.drift_policy import DISTANCE_METHODS, P_VALUE_METHODS, ColumnDriftOverride, DriftPolicy, score_direction
 
 NUMERIC = ["x", "items", "flag"]
 CATEGORICAL = ["color"]

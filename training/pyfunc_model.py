@@ -33,7 +33,7 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
         model module is imported only if its sha256 is the one logged in the ``model_config``.
 
         Raises:
-            training.model_code.ModelCodeError: the logged module copy was modified.
+            training.model_files.ModelCodeError: the logged module copy was modified.
         """
         recorded = (context.model_config or {}).get(MODULE_SHA256_KEY)
         if not recorded:
