@@ -454,16 +454,25 @@ class K8sServer:
             _encode_string_data(body)
         if resource is TRAINJOBS:
             return trainer_operator.create(self, namespace, body)
-        if resource is RAYJOBS:
-            return kuberay_operator.create_rayjob(self, namespace, body)
-        if resource is RAYCLUSTERS:
-            return kuberay_operator.create_raycluster(self, namespace, body)
+        if resource in (RAYJOBS, RAYCLUSTERS):
+            return kuberay_operator.create(self, resource, namespace, body)
         obj = self.store.create(resource, namespace, body)
         if resource is PYTORCHJOBS and self.operator:
-            controller = _JobController(self, namespace, obj)
-            self._jobs[(namespace, obj["metadata"]["name"])] = controller
-            controller.start()
+            self.start_controller(PYTORCHJOBS, namespace, _JobController(self, namespace, obj))
         return obj
+
+    def start_controller(self, resource: Resource, namespace: str, controller: Any) -> None:
+        """Keep ``controller`` (of the object it was made for, ``controller.name``) under ``(plural, namespace,
+        name)`` and start it; :meth:`stop_controller` ends it."""
+        self._jobs[(resource.plural, namespace, controller.name)] = controller
+        controller.start()
+
+    def stop_controller(self, resource: Resource, namespace: str, name: str) -> Any:
+        """Stop and forget the controller of ``name``, if one runs; returns it (None when none did)."""
+        controller = self._jobs.pop((resource.plural, namespace, name), None)
+        if controller is not None:
+            controller.stop()
+        return controller
 
     def create_pod(self, namespace: str, pod: dict) -> dict:
         """Admit (Pod Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as
@@ -531,15 +540,13 @@ class K8sServer:
         RayCluster and submitter too)."""
         obj = self.store.delete(resource, namespace, name)
         if resource is PYTORCHJOBS:
-            controller = self._jobs.pop((namespace, name), None)
-            if controller:
-                controller.stop()
+            self.stop_controller(PYTORCHJOBS, namespace, name)
             for pod in self.store.list(PODS, namespace, f"{JOB_NAME_LABEL}={name}")[0]:
                 self.delete_pod(namespace, pod["metadata"]["name"])
         elif resource is TRAINJOBS:
             trainer_operator.deleted(self, namespace, name)
         elif resource in (RAYJOBS, RAYCLUSTERS):
-            kuberay_operator.deleted(self, resource.plural, namespace, name)
+            kuberay_operator.deleted(self, resource, namespace, name)
         elif resource is PODS:
             run = self._runs.pop((namespace, name), None)
             if run:

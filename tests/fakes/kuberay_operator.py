@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from fakes.k8s_operator import _JobController, quantity
-from fakes.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, now
+from fakes.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, Resource, now
 from fakes.server_process import free_port
 
 if TYPE_CHECKING:
@@ -927,33 +927,21 @@ def job_info(cluster: RayClusterController, job_id: str) -> dict | None:
 
 # ------------------------------------------------------------------------------------------------ the server's hooks
 
-def create_rayjob(server: K8sServer, namespace: str, body: dict) -> dict:
-    """Store a RayJob (validated by the server against the CRD) and, in operator mode, reconcile it."""
-    obj = server.store.create(RAYJOBS, namespace, body)
+def create(server: K8sServer, resource: Resource, namespace: str, body: dict) -> dict:
+    """Store a RayJob or a RayCluster (validated by the server against the CRD) and, in operator mode, reconcile
+    it: a RayCluster's pods run Ray."""
+    obj = server.store.create(resource, namespace, body)
     if server.operator:
-        controller = RayJobController(server, namespace, obj)
-        server._jobs[(RAYJOBS.plural, namespace, obj["metadata"]["name"])] = controller
-        controller.start()
+        controller = RayJobController if resource is RAYJOBS else RayClusterController
+        server.start_controller(resource, namespace, controller(server, namespace, obj))
     return obj
 
 
-def create_raycluster(server: K8sServer, namespace: str, body: dict) -> dict:
-    """Store a RayCluster and, in operator mode, reconcile it: its pods run Ray."""
-    obj = server.store.create(RAYCLUSTERS, namespace, body)
-    if server.operator:
-        controller = RayClusterController(server, namespace, obj)
-        server._jobs[(RAYCLUSTERS.plural, namespace, obj["metadata"]["name"])] = controller
-        controller.start()
-    return obj
-
-
-def deleted(server: K8sServer, plural: str, namespace: str, name: str) -> None:
+def deleted(server: K8sServer, resource: Resource, namespace: str, name: str) -> None:
     """Owner references at work: a deleted RayJob takes its RayCluster and submitter Job (with their pods), a
     deleted RayCluster its pods and auth Secret."""
-    controller = server._jobs.pop((plural, namespace, name), None)
-    if controller is not None:
-        controller.stop()
-    if plural == RAYJOBS.plural:
+    controller = server.stop_controller(resource, namespace, name)
+    if resource is RAYJOBS:
         if isinstance(controller, RayJobController) and controller.submitter:
             controller.submitter.delete()
         for cluster in server.store.list(RAYCLUSTERS, namespace, f"{CR_NAME_LABEL}={name},{CRD_LABEL}=RayJob")[0]:

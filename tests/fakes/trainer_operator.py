@@ -444,16 +444,12 @@ def create(server: K8sServer, namespace: str, body: dict) -> dict:
     obj = server.store.create(TRAINJOBS, namespace, body)
     if server.operator:
         runtime, _ = _runtime(server.store, namespace, obj)
-        controller = TrainJobController(server, namespace, obj, runtime)
-        server._jobs[(TRAINJOBS.plural, namespace, obj["metadata"]["name"])] = controller
-        controller.start()
+        server.start_controller(TRAINJOBS, namespace, TrainJobController(server, namespace, obj, runtime))
     return obj
 
 
 def deleted(server: K8sServer, namespace: str, name: str) -> None:
     """A deleted TrainJob takes its JobSet, Job and pods with it (owner references)."""
-    controller = server._jobs.pop((TRAINJOBS.plural, namespace, name), None)
-    if controller:
-        controller.stop()
+    server.stop_controller(TRAINJOBS, namespace, name)
     for pod in server.store.list(PODS, namespace, f"{JOBSET_NAME_LABEL}={name}")[0]:
         server.delete_pod(namespace, pod["metadata"]["name"])
