@@ -9,7 +9,7 @@ from typing import Any
 import mlflow
 
 from data.settings import DEFAULT_MODEL_NAME, Environment, load_environment
-from monitoring.trigger import TriggerStore
+from monitoring.steps.trigger import trigger_store
 from pipelines.compile import PIPELINES
 from pipelines.config import pipeline_params
 from pipelines.local.runner import run_local
@@ -53,7 +53,7 @@ def check_summary(model_name: str, check_result: Any, *, since: float) -> dict[s
     """A drift or quality check's verdict (its JSON result) and what the trigger did (and the training run it
     started, if any)."""
     result = json.loads(Path(check_result.path).read_text())
-    trigger = TriggerStore.in_workdir(load_environment().workdir, model_name).last_check(model_name, since=since)
+    trigger = trigger_store(model_name).last_check(model_name, since=since)
     retrain = None
     if trigger is not None and trigger["run_id"]:  # a local run's id is the version it registered
         retrain = training_summary(model_name, trigger["run_id"])
