@@ -44,7 +44,7 @@ from benchmarks.drift import CATEGORICAL, NUMERIC, make_frame
 from data.fileio import atomic_write_json
 from data.profiles import ReferenceProfile, profile_table
 from data.sketches import SketchSettings
-from data.tables import table_chunks
+from data.tables import sketching_chunks
 from data.validation import infer_schema, load_schema, schema_to_yaml, validate
 from data.ray_cluster import ray_session
 from monitoring.drift import check_drift_profile, evidently_drift
@@ -124,7 +124,7 @@ def stage_profile(work: Path, reference: Path, out: Path) -> dict:
 
 def stage_drift(work: Path, profile: Path, current: Path) -> dict:
     predictor = Predictor.load(work / "model")
-    with table_chunks(current, text_columns=CATEGORICAL, categories=True) as (chunks, _):
+    with sketching_chunks(current, CATEGORICAL) as (chunks, _):
         result = check_drift_profile(ReferenceProfile.read(profile), chunks, numeric=NUMERIC, categorical=CATEGORICAL,
                                      policy=DriftPolicy(), report_path=work / "drift.html",
                                      schema=load_schema(work / "schema.yaml"), predict=predictor.predict)

@@ -19,7 +19,7 @@ import pandera.pandas as pa
 
 from data.fileio import atomic_write_text
 from data.sketches import ColumnSketch, SketchSettings, sketch_chunk, sketch_from_dict, merge_sketches
-from data.tables import table_chunks
+from data.tables import sketching_chunks
 from data.validation import schema_roles
 
 PROFILE_ARTIFACT = "reference_profile.json"
@@ -177,7 +177,7 @@ def profile_table(uri: str | Path, schema: pa.DataFrameSchema, *,
         ValueError: as :func:`build_profile`.
     """
     columns = ProfiledColumns.of(schema)
-    with table_chunks(uri, text_columns=columns.text, categories=True) as (chunks, source):
+    with sketching_chunks(uri, columns.text) as (chunks, source):
         return build_profile(chunks, columns.kinds, predict=predict, prediction_kind=columns.prediction_kind,
                              settings=settings, source=source.uri)
 

@@ -26,7 +26,7 @@ import ray.data
 from data import storage
 from data.profiles import ProfiledColumns, ReferenceProfile, profile_chunk, profile_of, profiled_kinds
 from data.sketches import SketchSettings, merge_sketches, sketch_from_dict
-from data.tables import DEFAULT_LIMITS, PARQUET_SUFFIXES, DataFileError, ReadLimits, table_format
+from data.tables import DEFAULT_LIMITS, PARQUET_SUFFIXES, SKETCHING_LIMITS, DataFileError, ReadLimits, table_format
 from data.validation import StreamedValidation, ValidationReport
 
 PART_COLUMN = "part"
@@ -123,7 +123,7 @@ def ship_modules(prefix: str) -> None:
 def profile_table_on_ray(uri: str | Path, schema: pa.DataFrameSchema, *,
                          predict: Callable[[pd.DataFrame], Any] | None = None,
                          settings: SketchSettings = SketchSettings(),
-                         limits: ReadLimits = DEFAULT_LIMITS) -> ReferenceProfile:
+                         limits: ReadLimits = SKETCHING_LIMITS) -> ReferenceProfile:
     """:func:`data.profiles.profile_table` with Ray Data reading the table on the joined cluster
     (:func:`profile_dataset`).
 

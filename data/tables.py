@@ -59,6 +59,10 @@ class ReadLimits:
 
 
 DEFAULT_LIMITS = ReadLimits()
+SKETCHING_LIMITS = ReadLimits(max_bytes=1 << 40, max_rows=1 << 40)
+"""Limits of a read whose memory does not grow with the rows: a reference profile and a drift check hold a chunk and
+the sketches (:mod:`data.sketches`), so no row or size cap protects memory there (1 TiB, 2^40 rows). The local engine
+still copies an object in storage to local temp disk first; ``engine: ray`` reads it in place."""
 
 
 @contextmanager
@@ -177,6 +181,15 @@ def table_chunks(uri: str | Path | storage.Resolved, *, columns: list[str] | Non
     with local_copy(uri, limits=limits) as (path, source):
         yield iter_table(path, columns=columns, text_columns=text_columns, limits=limits,
                          categories=categories), source
+
+
+@contextmanager
+def sketching_chunks(uri: str | Path | storage.Resolved,
+                     text_columns: list[str]) -> Iterator[tuple[Iterator[pd.DataFrame], storage.Resolved]]:
+    """:func:`table_chunks` as profiles and drift checks read a table into sketches: ``text_columns`` as
+    categories (Parquet dictionaries), under :data:`SKETCHING_LIMITS`."""
+    with table_chunks(uri, text_columns=text_columns, categories=True, limits=SKETCHING_LIMITS) as read:
+        yield read
 
 
 def table_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:

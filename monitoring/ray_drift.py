@@ -15,6 +15,7 @@ import pandera.pandas as pa
 from data.profiles import ReferenceProfile
 from data.ray_blocks import dataset_columns, map_chunks, profile_dataset, read_dataset, ship_modules
 from data.sketches import SketchSettings
+from data.tables import SKETCHING_LIMITS
 from data.schema_rules import RuleSet
 from monitoring.drift import BatchSummary, DriftResult, Summarise, check_drift_summarised, summarise_chunk
 from monitoring.drift_policy import DriftPolicy
@@ -33,7 +34,7 @@ class RayTable:
 
     def __init__(self, uri: str, *, text_columns: list[str] | None = None):
         self.uri = uri
-        self.dataset = read_dataset(uri, text_columns=text_columns)
+        self.dataset = read_dataset(uri, text_columns=text_columns, limits=SKETCHING_LIMITS)
         self.columns = dataset_columns(self.dataset)
 
     def profile(self, kinds: dict[str, str], *, predict: Callable[[pd.DataFrame], np.ndarray] | None,

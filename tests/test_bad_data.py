@@ -15,7 +15,7 @@ import pytest
 
 from data.errors import EXIT_FAILED
 from data.generate import generate
-from data.tables import DataFileError, ReadLimits, read_table
+from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, read_table, sketching_chunks
 from data.validation import load_schema, schema_diff, validate
 from pipelines.cli.commands import main
 
@@ -68,6 +68,17 @@ def test_too_many_parquet_rows_are_refused_from_the_footer_with_memory_bounded(t
     assert rss_mib < 64 and arrow_mib < 16, f"refusing grew RSS by {rss_mib} MiB, Arrow allocated {arrow_mib} MiB"
     loaded, _, arrow_mib = peak(10_000_000)
     assert loaded == "loaded" and arrow_mib >= 200, "the same file loads when allowed, and that costs memory"
+
+
+def test_profiles_and_drift_checks_read_a_table_over_the_whole_read_row_limit(tmp_path):
+    """A profile and a drift check hold a chunk and the sketches, so the row cap of a whole read does not stop
+    them (100M rows are checked this way in benchmarks/scale.py)."""
+    path = _big_parquet(tmp_path / "big.parquet", rows=DEFAULT_LIMITS.max_rows + 500_000)
+    with pytest.raises(DataFileError, match=f"more than {DEFAULT_LIMITS.max_rows} data rows"):
+        read_table(path)
+    with sketching_chunks(path, []) as (chunks, source):
+        first = next(chunks)
+    assert len(first) == DEFAULT_LIMITS.chunk_rows and source.size == path.stat().st_size
 
 
 def test_too_many_csv_rows_are_refused_after_reading_at_most_the_limit(tmp_path):

@@ -32,6 +32,22 @@ def test_nulls_and_unseen_categories_share_slot_zero():
     assert out[0, 2:].tolist() == [1.0, 0.0, 0.0]  # unknown slot, then blue, red
 
 
+def test_categories_map_to_the_vocabulary_alike_from_text_or_a_pandas_categorical():
+    """A Parquet dictionary column arrives as a pandas Categorical (looked up once per category): its matrix equals
+    the one of the same values as text, nulls, unseen values and numbers compared as text included."""
+    fitted = FeatureTransform.fit(pd.DataFrame({"colour": ["red", "blue", "1"], "n": [1.0, 2.0, 3.0]}),
+                                  numeric=["n"], categorical=["colour"])
+    values = ["blue", None, "purple", "red", "1", "blue"]
+    as_text = pd.DataFrame({"colour": values, "n": 1.0})
+    as_category = pd.DataFrame({"colour": pd.Categorical(values, categories=["purple", "zzz", "blue", "red", "1"]),
+                                "n": 1.0})
+    as_numbers = pd.DataFrame({"colour": pd.Categorical([1, None, 1]), "n": 1.0})
+    expected = fitted.transform(as_text)
+    assert expected[:, 2:].argmax(axis=1).tolist() == [2, 0, 0, 3, 1, 2]  # slots: unknown, then 1, blue, red
+    assert np.array_equal(fitted.transform(as_category), expected)
+    assert fitted.transform(as_numbers)[:, 2:].argmax(axis=1).tolist() == [1, 0, 1]
+
+
 def test_target_classes_and_encoding_errors():
     assert target_classes(pd.Series([1, 0, 1], name="y")) == [0, 1]
     with pytest.raises(ValueError, match="single class"):

@@ -59,9 +59,9 @@ class FeatureTransform:
             out[:, j] = (np.where(isnull, s.median, values) - s.mean) / s.std
             out[:, j + 1] = isnull
             j += 2
+        rows = np.arange(len(df))
         for col, vocab in self.categorical.items():
-            codes = pd.Categorical(df[col].astype("string"), categories=vocab).codes + 1  # -1 (null/unseen) -> 0
-            out[np.arange(len(df)), j + codes] = 1.0
+            out[rows, j + vocabulary_codes(df[col], vocab) + 1] = 1.0  # -1 (null/unseen) -> slot 0
             j += len(vocab) + 1
         return out
 
@@ -76,6 +76,16 @@ class FeatureTransform:
         return cls(numeric={s["column"]: NumericStats(median=s["median"], mean=s["mean"], std=s["std"])
                             for s in d["numeric"]},
                    categorical={c["column"]: list(c["vocabulary"]) for c in d["categorical"]})
+
+
+def vocabulary_codes(column: pd.Series, vocabulary: list[str]) -> np.ndarray:
+    """Each value's position in ``vocabulary`` (values compared as text), -1 for a null or a value not in it. A
+    pandas Categorical (a Parquet dictionary column) is looked up once per category, not once per row."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        lookup = pd.Index(vocabulary).get_indexer(column.cat.categories.astype("string"))
+        codes = column.cat.codes.to_numpy()
+        return np.where(codes >= 0, np.append(lookup, -1)[codes], -1)
+    return pd.Categorical(column.astype("string"), categories=vocabulary).codes
 
 
 MEDIAN_SAMPLE = 100_000

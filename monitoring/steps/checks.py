@@ -16,7 +16,7 @@ import pandas as pd
 from data.profiles import prediction_kind
 from data.settings import step_function
 from data.storage import redact, resolve
-from data.tables import DataFileError, read_table, read_table_source, table_chunks
+from data.tables import DataFileError, read_table, read_table_source, sketching_chunks
 from data.validation import infer_schema, load_schema, schema_roles, validate
 from monitoring.drift_policy import DriftPolicy
 from monitoring.quality_policy import QualityPolicy
@@ -164,7 +164,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                  if champion is not None and rules.include_predictions else None)
     report_path = report_out or None
     if profile is not None:
-        with table_chunks(current_uri, text_columns=categorical, categories=True) as (chunks, source):
+        with sketching_chunks(current_uri, categorical) as (chunks, source):
             result = check_drift_profile(profile, chunks, numeric=numeric, categorical=categorical,
                                          policy=rules, report_path=report_path, schema=schema,
                                          predict=predictor.predict if predictor is not None else None)
