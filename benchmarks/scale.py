@@ -12,7 +12,7 @@ failure; its verdicts are compared with kfloop's (profile of the same rows, chec
 size it finishes. Writes ``benchmarks/results/scale.json``.
 
 With ``--drift-rows N`` (e.g. 100000000) a second current file of N rows is generated and checked against the same
-profile (``drift_100m_*``: disk about 7 GB per 100M rows).
+profile (``drift_100m_*``: disk about 4.8 GB per 100M rows). ``make bench-scale`` passes 100M (``SCALE_DRIFT_ROWS``).
 
 Goals (issues 17 and 30, 10M x 20 on this 2-core machine): drift against the stored profile <= 30 s and <= 1 GiB;
 the profile build (predictions included) <= 30 s and <= 1 GiB; validation <= 120 s and <= 3 GiB; training input

@@ -14,9 +14,9 @@ import pandera.pandas as pa
 
 from data.profiles import ReferenceProfile
 from data.ray_blocks import dataset_columns, map_chunks, profile_dataset, read_dataset, ship_modules
+from data.schema_rules import RuleSet
 from data.sketches import SketchSettings
 from data.tables import SKETCHING_LIMITS
-from data.schema_rules import RuleSet
 from monitoring.drift import BatchSummary, DriftResult, Summarise, check_drift_summarised, summarise_chunk
 from monitoring.drift_policy import DriftPolicy
 from training.model_code import MODULE_PREFIX
