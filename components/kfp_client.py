@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import struct
 import subprocess
 import time
 import warnings
@@ -29,6 +31,8 @@ from typing import Any, Callable, Iterator
 import kfp.dsl.component_factory  # noqa: F401
 from kfp.client import Client, ServiceAccountTokenVolumeCredentials
 from kfp_server_api import ApiException
+from urllib3 import Retry
+from urllib3.connection import HTTPConnection
 
 from data.settings import CODE_ROOT, section_from_dict
 from monitoring.trigger import RunInFlight
@@ -51,6 +55,10 @@ IN_FLIGHT = {"PENDING", "RUNNING", "CANCELING", "PAUSED"}
 """Run states that count as a training run in flight."""
 FINAL = {"SUCCEEDED", "FAILED", "SKIPPED", "CANCELED"}
 CRON_FIELDS = 6
+REQUEST_TIMEOUT_SECONDS = 30
+"""Each KFP API call gives up waiting on the server after this long (connecting, sending, each read)."""
+REQUEST_RETRIES = 2
+"""Connection failures, and read failures of reads (never of a run's creation), are retried this often."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -111,9 +119,11 @@ def endpoint(host: str | None, in_cluster_host: str = IN_CLUSTER_ENDPOINT) -> st
     return check_host(host or env or in_cluster_host, "--host" if host else ENDPOINT_ENV if env else "kfp.host")
 
 
-def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT) -> Any:
+def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT,
+            timeout_seconds: int = REQUEST_TIMEOUT_SECONDS) -> Any:
     """A ``kfp.Client`` for ``host``, else ``KF_PIPELINES_ENDPOINT``, else ``in_cluster_host`` (``kfp.host``), with
-    the credentials the environment holds (see the module docstring), or none.
+    the credentials the environment holds (see the module docstring), or none, whose requests give up after
+    ``timeout_seconds`` of silence and :data:`REQUEST_RETRIES` retries.
 
     Raises:
         ValueError: the URL is not http(s).
@@ -125,8 +135,22 @@ def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT) -> 
                    if token is None and Path(token_file).is_file() else None)
     with warnings.catch_warnings():  # kfp warns on every Client() that it needs a v2 server
         warnings.simplefilter("ignore", FutureWarning)
-        return Client(host=host, existing_token=token, credentials=credentials,
-                      cookies=os.environ.get(COOKIES_ENV) or None)
+        client = Client(host=host, existing_token=token, credentials=credentials,
+                        cookies=os.environ.get(COOKIES_ENV) or None)
+    _bound_requests(client, timeout_seconds)
+    return client
+
+
+def _bound_requests(client: Any, seconds: int) -> None:
+    """Give every request of ``client`` a deadline and bounded retries. The KFP SDK sends each request with
+    ``timeout=None``, which overrides any urllib3 pool timeout, so the deadline is set on its sockets
+    (``SO_SNDTIMEO`` bounds connecting and sending, ``SO_RCVTIMEO`` each read); urllib3's ``Retry`` retries reads
+    of idempotent calls only, never a POST that may have created a run."""
+    deadline = struct.pack("ll", seconds, 0)  # struct timeval
+    client._run_api.api_client.rest_client.pool_manager.connection_pool_kw.update(
+        socket_options=[*HTTPConnection.default_socket_options, (socket.SOL_SOCKET, socket.SO_SNDTIMEO, deadline),
+                        (socket.SOL_SOCKET, socket.SO_RCVTIMEO, deadline)],
+        retries=Retry(total=REQUEST_RETRIES, backoff_factor=0.5))
 
 
 def code_source_url(commit: str, cwd: Path = CODE_ROOT) -> str:

@@ -126,9 +126,18 @@ def own_image() -> tuple[str, tuple[str, ...]]:
     return os.environ.get(IMAGE_ENV, ""), secrets
 
 
+MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "30", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+                        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+"""Bounds on each MLflow REST call unless the user set them: 30 s per try and 3 retries with 1, 2, 4 s backoff
+(MLflow's own defaults, 120 s and 7 retries, make one call to an MLflow that does not answer last many minutes)."""
+
+
 def activate(env: Environment) -> None:
-    """Make this process and every step it starts use ``env`` (MLflow client, artifact root, workdir)."""
+    """Make this process and every step it starts use ``env`` (MLflow client, artifact root, workdir), with
+    MLflow's calls bounded (:data:`MLFLOW_HTTP_DEFAULTS`, unless set)."""
     os.environ.update(env.export())
+    for name, value in MLFLOW_HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
     os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

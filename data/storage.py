@@ -1,11 +1,12 @@
 """Local paths, PVC mounts and object storage behind one URI, through fsspec.
 
 ``s3://`` (AWS S3, MinIO or any S3-compatible store, via s3fs), ``gs://`` (gcsfs, extra ``kfloop[gcs]``) and
-``az://``/``abfs://`` (adlfs, extra ``kfloop[azure]``); anything else is a local or mounted path. Credentials come
+``az://``/``abfs://`` (adlfs, extra ``kfloop[azure]``), or a local or mounted path: nothing else (:func:`check_uri`;
+no ``http(s)``, ``ftp`` or ``::`` chains, which would make a step pod send requests for whoever names the URI). Credentials come
 only from each library's standard environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL`` for S3-compatible endpoints; ``GOOGLE_APPLICATION_CREDENTIALS``;
 ``AZURE_STORAGE_ACCOUNT_NAME`` / ``AZURE_STORAGE_KEY`` / ``AZURE_STORAGE_CONNECTION_STRING``). A URI that is logged,
-recorded in lineage or printed goes through :func:`redact` first: user info and query parameters are dropped.
+recorded in lineage or printed goes through :func:`data.redaction.redact` first: user info and query parameters are dropped.
 A URI is resolved once (:func:`resolve`) into a :class:`Resolved` that the readers take: its file system, size,
 version, md5 and the name it is shown by.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
+import posixpath
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -24,6 +25,7 @@ from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, N
                                  PartialCredentialsError)
 
 from data.errors import EXIT_DATA_FILE, KfloopError
+from data.redaction import redact, redact_text
 
 REMOTE_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
                    "abfss": "adlfs"}
@@ -95,15 +97,73 @@ def is_remote(uri: str | os.PathLike) -> bool:
     return isinstance(uri, str) and urlsplit(uri).scheme.lower() in REMOTE_PACKAGES
 
 
-def redact(uri: str | os.PathLike) -> str:
-    """``uri`` without user info (``user:secret@``), query (``?X-Amz-Signature=...``, Azure SAS) or fragment."""
+def check_uri(uri: str | os.PathLike) -> str:
+    """``uri`` if kfloop may read it: a local or mounted path, or an object URI of an allowed scheme
+    (:data:`REMOTE_PACKAGES`) whose key has no ``.``/``..`` segment, no empty segment (``//``), no query and no
+    fragment: such a URI is refused, never normalised, since the store would read another key than the one checked.
+
+    Raises:
+        StorageError: the URI breaks one of these rules (named in the message, the URI redacted).
+    """
     text = str(uri)
+    if "::" in text:
+        raise StorageError(text, "rule uri.chain: fsspec '::' chains are not read; give one local path or object URI")
     parts = urlsplit(text)
-    if not parts.scheme or len(parts.scheme) == 1:  # a path (or a Windows drive letter)
+    scheme = parts.scheme.lower()
+    if len(scheme) > 1 and scheme not in REMOTE_PACKAGES:
+        raise StorageError(text, f"rule uri.scheme: scheme {scheme!r} is not read; use a local or mounted path or "
+                                 "s3://, gs://, az:// or abfs:// (copy the data there first)")
+    if not is_remote(text):
         return text
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    if parts.query or parts.fragment or text.endswith(("?", "#")):
+        raise StorageError(text, "rule uri.query: a query or fragment is not read (presigned URLs, versionId=); name "
+                                 "the object by bucket and key")
+    segments = parts.path[1:].split("/")
+    if not parts.hostname or any(seg in (".", "..") for seg in segments) or "" in segments[:-1]:
+        raise StorageError(text, "rule uri.key: an object URI needs a bucket and a key without '.', '..' or '//' "
+                                 "segments (they are refused, not resolved)")
+    return text
+
+
+def location(uri: str | os.PathLike) -> str:
+    """``uri`` in the form compared with allowed prefixes: ``scheme://bucket/key`` (no credentials) after
+    :func:`check_uri`, or a local path through :func:`os.path.realpath` (links and ``..`` resolved).
+
+    Raises:
+        StorageError: as :func:`check_uri`.
+    """
+    text = check_uri(uri)
+    if not is_remote(text):
+        return os.path.realpath(text)
+    parts = urlsplit(text)
+    return f"{parts.scheme.lower()}://{parts.hostname}/{parts.path.lstrip('/')}"
+
+
+def under_prefix(uri: str | os.PathLike, prefix: str) -> bool:
+    """``uri`` is the folder ``prefix`` or lies inside it (``s3://b/data2`` is not under ``s3://b/data``).
+
+    Raises:
+        StorageError: either breaks :func:`check_uri`.
+    """
+    place, base = location(uri), location(prefix).rstrip("/")
+    return place == base or place.startswith(base + "/")
+
+
+def data_folder(uri: str | os.PathLike) -> str:
+    """The folder of the data file ``uri`` (as :func:`location`), the allowed prefix derived from a champion's
+    lineage.
+
+    Raises:
+        StorageError: ``uri`` breaks :func:`check_uri`, or its folder is ``/`` or a bucket's root, which would allow
+            every local file or the whole bucket.
+    """
+    folder = posixpath.dirname(location(uri))
+    parts = urlsplit(folder)
+    if folder in ("", "/") or (is_remote(folder) and not parts.path.strip("/")):
+        raise StorageError(str(uri), f"rule trigger.allowed_data_prefixes: the folder of this data ({redact(folder)}) "
+                                     "would allow every file there; set trigger.allowed_data_prefixes to the folders "
+                                     "alerts may train on")
+    return folder
 
 
 def holds_credentials(uri: str | os.PathLike) -> bool:
@@ -189,8 +249,10 @@ def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """A fresh file system for ``uri``: it reads the credentials and endpoint in the environment now.
 
     Raises:
-        StorageError: the URI holds credentials (``user:secret@``), or the scheme's package is not installed.
+        StorageError: the URI breaks :func:`check_uri` or holds credentials (``user:secret@``), or the scheme's package
+            is not installed.
     """
+    check_uri(uri)
     if holds_credentials(uri):
         raise StorageError(uri, "credentials in the URI: remove 'user:secret@' and give them in the environment "
                                 f"instead ({CREDENTIALS_HINT[REMOTE_PACKAGES[urlsplit(uri).scheme.lower()]]})")
@@ -231,13 +293,3 @@ def _problem(exc: Exception, uri: str) -> str:
         endpoint = redact(f"{endpoint.scheme}://{endpoint.netloc}")
         return f"cannot reach the endpoint {endpoint}: check AWS_ENDPOINT_URL and that the store is running"
     return f"cannot read it: {type(exc).__name__}: {redact_text(str(exc).replace(str(uri), redact(uri)))}"
-
-
-_URL = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^\s/@'\"<>]*@)?(?P<rest>[^\s'\"<>?#]*)"
-                  r"(?P<query>[?#][^\s'\"<>]*)?")
-
-
-def redact_text(text: str) -> str:
-    """``text`` (a library's error message) with every URL in it :func:`redact`-ed: no ``user:secret@``, query or
-    fragment."""
-    return _URL.sub(lambda m: m["scheme"] + m["rest"], text)

@@ -1,10 +1,13 @@
 """The retrain decision: dedupe on (model, data hash, time window), a cooldown per model, and one JSON state file
-whose lock makes decide -> start the run -> record a single step across processes."""
+whose lock makes decide -> record it pending -> start the run -> complete the record a single step across
+processes. The pending record is written before the run starts, so a lost write means no run, and a write lost
+after the start leaves the pending record holding the cooldown: a run is never started twice."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -13,6 +16,7 @@ from filelock import FileLock
 
 from data.errors import KfloopError
 from data.fileio import atomic_write_json, utc_iso
+from data.redaction import redact_text
 from data.settings import section_from_dict
 
 HISTORY_LIMIT = 100
@@ -20,6 +24,13 @@ HISTORY_LIMIT = 100
 STATE_VERSION = 1
 OUTCOMES = ("fired", "duplicate", "cooldown", "in_flight")
 """What a decision came to; the state counts each per model (``counts``), for ``/metrics``."""
+DATA_HASH = re.compile(r"(alert-)?[0-9a-f]{1,64}")
+"""A data hash the trigger keys on: a content hash in lowercase hex of at most 64 characters (a DVC md5, a sha256),
+or the webhook's ``alert-<hex>`` key for an alert that names no data."""
+MAX_MODEL_CHARS = 256
+"""The longest model name the trigger takes (MLflow's own limit on registered model names)."""
+MAX_REASON_CHARS = 500
+"""A reason is kept (in the state, the log, the answer) to this many characters."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -91,6 +102,16 @@ class TriggerStateError(KfloopError, ValueError):
         self.problem = problem
 
 
+class RunNotRecorded(KfloopError, RuntimeError):
+    """A run was started but recording its id failed; its pending record keeps the cooldown and the dedupe."""
+
+    def __init__(self, model: str, run_id: str, err: Exception):
+        super().__init__(f"training run {run_id} of model {model!r} was started, but recording its id failed "
+                         f"({type(err).__name__}: {bounded(redact_text(str(err)))}); the pending record keeps the "
+                         "cooldown, so no second run starts: check the trigger state's store")
+        self.model, self.run_id = model, run_id
+
+
 class RunInFlight(KfloopError, RuntimeError):
     """Raised by a ``start()`` callback that did not start a run because one is already pending or running."""
 
@@ -153,26 +174,45 @@ class TriggerStore:
         runs = [f["run_id"] for f in entry["fired"] if f["key"] == check["key"] and f["at"] == check["at"]]
         return {**check, "run_id": runs[0] if check["fire"] and runs else None}
 
-    def record(self, decision: TriggerDecision, now: float, run_id: str | None = None) -> None:
+    def record(self, decision: TriggerDecision, now: float) -> None:
         """Store ``decision`` as the model's last check, count its outcome and, when it fired, append it to the
-        model's history.
+        model's history as pending (no run id yet: :meth:`complete` adds it).
 
         Raises:
             TriggerStateError: the existing file is unusable.
-            ValueError: ``run_id`` given for a decision that did not fire.
         """
-        if run_id is not None and not decision.fire:
-            raise ValueError(f"run_id {run_id!r} given for a decision that did not fire ({decision.reason})")
         with self.lock:
             state = self.load()
             entry = state["models"].setdefault(decision.model, {"fired": [], "last_check": None})
-            entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire, "reason": decision.reason}
+            entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire,
+                                   "reason": bounded(decision.reason)}
             counts = entry["counts"] = outcome_counts(entry)
             counts[decision.outcome] = counts.get(decision.outcome, 0) + 1
             if decision.fire:
                 entry["fired"].append({"key": decision.key, "data_hash": decision.data_hash,
-                                       "window": decision.window, "at": now, "run_id": run_id})
+                                       "window": decision.window, "at": now, "run_id": None, "pending": True})
                 del entry["fired"][:-HISTORY_LIMIT]
+            self._write(state)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put back ``state``, read by :meth:`load` under the same lock hold (a run that did not start)."""
+        with self.lock:
+            self._write(state)
+
+    def complete(self, decision: TriggerDecision, now: float, run_id: str) -> None:
+        """Give the pending record of ``decision`` (recorded at ``now``) the id of the run it started.
+
+        Raises:
+            TriggerStateError: the existing file is unusable.
+            ValueError: no pending record of ``decision`` at ``now``.
+        """
+        with self.lock:
+            state = self.load()
+            pending = [f for f in state["models"].get(decision.model, {"fired": []})["fired"]
+                       if f["key"] == decision.key and f["at"] == now and f.get("pending")]
+            if not pending:
+                raise ValueError(f"no pending trigger record of {decision.key} at {utc_iso(now)} to complete")
+            pending[-1].update(run_id=run_id, pending=False)
             self._write(state)
 
 
@@ -183,10 +223,12 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
         ValueError: empty model or data hash, or a non-finite ``now``.
         TriggerStateError: the state file is unusable.
     """
-    if not isinstance(model, str) or not model:
-        raise ValueError(f"model={model!r}: use the registered model name")
-    if not isinstance(data_hash, str) or not data_hash:
-        raise ValueError(f"data_hash={data_hash!r}: use the dataset's content hash (e.g. its DVC md5)")
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_CHARS:
+        raise ValueError(f"model={bounded(repr(model), 80)}: use the registered model name (1 to {MAX_MODEL_CHARS} "
+                         "characters)")
+    if not isinstance(data_hash, str) or not DATA_HASH.fullmatch(data_hash):
+        raise ValueError(f"data_hash={bounded(repr(data_hash), 80)}: use the dataset's content hash, lowercase hex "
+                         "of at most 64 characters (e.g. its DVC md5)")
     if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
         raise ValueError(f"now={now!r}: use seconds since the epoch, e.g. time.time()")
     window = math.floor(now / policy.window_seconds)
@@ -197,13 +239,13 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
     if same:
         return TriggerDecision(fire=False, outcome="duplicate",
                                reason=f"duplicate: model {model!r} was already triggered for data {data_hash} in "
-                               f"window {window} at {utc_iso(same[-1]['at'])} (run {same[-1]['run_id']})", **made)
+                               f"window {window} at {utc_iso(same[-1]['at'])} ({_run(same[-1])})", **made)
     if fired:
         last = max(fired, key=lambda f: f["at"])
         if now - last["at"] < policy.cooldown_seconds:
             return TriggerDecision(fire=False, outcome="cooldown",
-                                   reason=f"cooldown: model {model!r} was triggered at {utc_iso(last['at'])} (run "
-                                   f"{last['run_id']}); the next trigger may fire from "
+                                   reason=f"cooldown: model {model!r} was triggered at {utc_iso(last['at'])} "
+                                   f"({_run(last)}); the next trigger may fire from "
                                    f"{utc_iso(last['at'] + policy.cooldown_seconds)}", **made)
     return TriggerDecision(fire=True, outcome="fired",
                            reason=f"new data {data_hash} for model {model!r} in window {window}", **made)
@@ -211,25 +253,48 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
 
 def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy,
                   start: Callable[[], str]) -> TriggerDecision:
-    """Decide, call ``start()`` (which starts a training run and returns its id) when the decision fires, and record,
-    all under the store's file lock, so concurrent triggers never both start a run. When ``start()`` raises
-    :class:`RunInFlight` the decision is recorded as skipped (not fired) with that reason.
+    """Decide and, when the decision fires, record it pending, call ``start()`` (which starts a training run and
+    returns its id) and complete the record with the id, all under the store's lock, so concurrent triggers never
+    both start a run. A failed pending write starts nothing; when ``start()`` raises, the state is put back as it
+    was (:class:`RunInFlight`: the decision is recorded as skipped, with that reason).
 
     Raises:
-        ValueError, TriggerStateError: as ``decide``.
+        ValueError, TriggerStateError: as ``decide``; or the pending record could not be written (no run started).
+        RunNotRecorded: the run started but its id could not be recorded; the pending record keeps the cooldown.
         Exception: whatever else ``start()`` raises; nothing is recorded then.
     """
     with store.lock:
         decision = decide(store, model=model, data_hash=data_hash, now=now, policy=policy)
-        run_id = None
-        if decision.fire:
-            try:
-                run_id = start()
-            except RunInFlight as busy:
-                decision = dataclasses.replace(decision, fire=False, outcome="in_flight",
-                                               reason=f"in flight: {busy}")
-        store.record(decision, now, run_id=run_id)
+        if not decision.fire:
+            store.record(decision, now)
+            return decision
+        before = store.load()
+        store.record(decision, now)
+        try:
+            run_id = start()
+        except RunInFlight as busy:
+            store.restore(before)
+            skipped = dataclasses.replace(decision, fire=False, outcome="in_flight", reason=f"in flight: {busy}")
+            store.record(skipped, now)
+            return skipped
+        except BaseException:
+            store.restore(before)
+            raise
+        try:
+            store.complete(decision, now, run_id)
+        except Exception as err:  # any store failure: the run is started, its pending record holds
+            raise RunNotRecorded(model, run_id, err) from None
     return dataclasses.replace(decision, run_id=run_id)
+
+
+def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, marked where it was cut."""
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} chars)"
+
+
+def _run(fired: dict[str, Any]) -> str:
+    """How a fired entry names its run."""
+    return "run pending" if fired.get("pending") else f"run {fired['run_id']}"
 
 
 def outcome_counts(entry: dict[str, Any]) -> dict[str, int]:

@@ -8,26 +8,35 @@ from typing import Any
 
 import mlflow
 
+from data.redaction import redact
 from monitoring.trigger import TriggerStore
 from training.registry.versions import ensure_registered_model, registered_model
 
 STATE_TAG = "kfloop.trigger_state"
 """Registered-model tag holding the trigger document (MLflow allows 100,000 characters; the history is capped)."""
-_PROCESS_LOCK = threading.RLock()
+_LOCKS: dict[str, threading.RLock] = {}
+"""One lock per registered model: a slow MLflow or KFP call for one model holds up no other model's trigger."""
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model_name: str) -> threading.RLock:
+    """The process's lock of ``model_name``'s trigger state (the same object on every call)."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(model_name, threading.RLock())
 
 
 class RegistryTriggerStore(TriggerStore):
     """:class:`TriggerStore` whose document is the ``kfloop.trigger_state`` tag of registered model ``model_name``.
 
-    MLflow has no compare-and-set, so ``lock`` serialises deciders within a process only; across pods the
-    KFP path also refuses to start a training run while one is in flight.
+    MLflow has no compare-and-set, so ``lock`` (one per model, :func:`model_lock`) serialises deciders within a
+    process only; across pods the KFP path also refuses to start a training run while one is in flight.
     """
 
     def __init__(self, model_name: str, client: Any = None):
         self.model_name = model_name
         self.client = client or mlflow.MlflowClient()
-        self.path = f"registered model {model_name!r} tag {STATE_TAG} at {mlflow.get_tracking_uri()}"
-        self.lock = _PROCESS_LOCK
+        self.path = f"registered model {model_name!r} tag {STATE_TAG} at {redact(mlflow.get_tracking_uri())}"
+        self.lock = model_lock(model_name)
 
     def _read(self) -> bytes | None:
         registered = registered_model(self.model_name, client=self.client)

@@ -11,21 +11,18 @@ import dataclasses
 import hashlib
 import hmac
 import json
-import os
-import posixpath
 import sys
 import time
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping, TextIO
-from urllib.parse import urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from data.errors import KfloopError
-from data.storage import is_remote, redact
+from data.storage import StorageError, data_folder, redact, under_prefix
 from monitoring.metrics import exposition
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
 from training.registry.versions import get_champion, registered_model
@@ -193,27 +190,19 @@ class AlertScope:
                 raise AlertRefused(f"rule trigger.allowed_data_prefixes: none is set and {alert.model!r} has no "
                                    "champion whose lineage names its training data: set trigger.allowed_data_prefixes "
                                    "to the folders alerts may train on")
-            prefixes = (posixpath.dirname(_location(champion.record.data_uri)),)
             source += " (unset: the folder of the champion's training data)"
-        if not any(_under(_location(uri), prefix) for prefix in prefixes):
+            try:
+                prefixes = (data_folder(champion.record.data_uri),)
+            except StorageError as err:
+                raise AlertRefused(f"rule {source}: {err}") from None
+        try:
+            allowed = any(under_prefix(uri, prefix) for prefix in prefixes)
+        except StorageError as err:
+            raise AlertRefused(f"rule dataset_uri: {err}") from None
+        if not allowed:
             raise AlertRefused(f"rule {source}: {redact(uri)} is not under {[redact(p) for p in prefixes]}; add "
                                "its folder to trigger.allowed_data_prefixes if alerts may train on it")
         return dataclasses.replace(alert, dataset_uri=uri)
-
-
-def _location(uri: str) -> str:
-    """``uri`` as compared with the prefixes: ``scheme://bucket/key`` (no credentials, query or fragment) or an
-    absolute local path, with ``.`` and ``..`` resolved, so ``s3://b/ok/../other`` is not under ``s3://b/ok``."""
-    if is_remote(uri):
-        parts = urlsplit(uri)
-        return f"{parts.scheme.lower()}://{parts.hostname or ''}{posixpath.normpath('/' + parts.path.lstrip('/'))}"
-    return os.path.abspath(uri)
-
-
-def _under(location: str, prefix: str) -> bool:
-    """``location`` is the folder ``prefix`` or lies inside it (``s3://b/data2`` is not under ``s3://b/data``)."""
-    base = _location(prefix).rstrip("/")
-    return location == base or location.startswith(base + "/")
 
 
 class AlertWebhook:

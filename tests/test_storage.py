@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,47 @@ def kfloop(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subproce
 ])
 def test_redact_drops_user_info_and_query(uri, recorded):
     assert storage.redact(uri) == recorded
+
+
+@pytest.mark.parametrize("uri, rule", [
+    ("http://alice:S3CRETPW@127.0.0.1:1/x.parquet", "rule uri.scheme: scheme 'http'"),
+    ("https://bucket.s3.amazonaws.com/x.parquet?X-Amz-Signature=abc123SIG", "rule uri.scheme: scheme 'https'"),
+    ("ftp://127.0.0.1/x.csv", "rule uri.scheme: scheme 'ftp'"),
+    ("file:///var/run/secrets/kubernetes.io/serviceaccount/token", "rule uri.scheme: scheme 'file'"),
+    ("memory://x.parquet", "rule uri.scheme: scheme 'memory'"),
+    ("simplecache::s3://bucket/x.parquet", "rule uri.chain"),
+    ("s3://ml-data/scratch/../churn/x.parquet", "rule uri.key"),
+    ("s3://ml-data/./churn/x.parquet", "rule uri.key"),
+    ("s3://ml-data/churn//x.parquet", "rule uri.key"),
+    ("s3://ml-data//x.parquet", "rule uri.key"),
+    ("s3://ml-data/x.parquet?X-Amz-Credential=AKIA&X-Amz-Signature=abc123SIG", "rule uri.query"),
+    ("az://container/x.parquet#frag", "rule uri.query"),
+])
+def test_only_local_paths_and_object_stores_are_read_and_odd_keys_are_refused_not_resolved(uri, rule):
+    for call in (storage.check_uri, storage.resolve, storage.location):
+        with pytest.raises(storage.StorageError, match=re.escape(rule)) as err:
+            call(uri)
+        assert storage.redact(uri) in str(err.value)
+        assert not any(secret in str(err.value) for secret in ("S3CRETPW", "abc123SIG", "AKIA"))
+
+
+def test_allowed_prefixes_compare_object_keys_as_given_and_local_paths_by_realpath(tmp_path):
+    allowed, elsewhere = tmp_path / "allowed", tmp_path / "elsewhere"
+    allowed.mkdir(), elsewhere.mkdir()
+    (allowed / "link.parquet").symlink_to(elsewhere / "x.parquet")
+    assert storage.under_prefix("s3://ml-data/churn/x.parquet", "s3://ml-data/churn/")
+    assert not storage.under_prefix("s3://ml-data/churn-evil/x.parquet", "s3://ml-data/churn")
+    assert storage.under_prefix(str(allowed / "x.parquet"), str(allowed))
+    assert not storage.under_prefix(str(allowed / "link.parquet"), str(allowed))  # abspath would let it pass
+    assert not storage.under_prefix(f"{allowed}/../elsewhere/x.parquet", str(allowed))
+
+
+@pytest.mark.parametrize("data_uri, folder", [("/train.parquet", "(/)"), ("s3://bucket/train.parquet", "(s3://bucket)")])
+def test_a_data_folder_of_root_or_a_bare_bucket_is_refused_as_an_allowed_prefix(data_uri, folder):
+    with pytest.raises(storage.StorageError, match=re.escape(f"rule trigger.allowed_data_prefixes: the folder of "
+                                                             f"this data {folder} would allow every file there")):
+        storage.data_folder(data_uri)
+    assert storage.data_folder("s3://bucket/churn/train.parquet") == "s3://bucket/churn"
 
 
 def test_remote_schemes_and_local_paths():

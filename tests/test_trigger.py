@@ -1,7 +1,6 @@
 """The retrain trigger: dedupe, cooldown, state on disk, and one run when processes race."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import multiprocessing
 from pathlib import Path
@@ -12,6 +11,7 @@ from filelock import FileLock, Timeout
 from monitoring.trigger import (
     HISTORY_LIMIT,
     RunInFlight,
+    RunNotRecorded,
     TriggerPolicy,
     TriggerStateError,
     TriggerStore,
@@ -35,10 +35,10 @@ def fired(store, model="churn"):
 def test_fires_once_then_dedupes_the_same_key(tmp_path):
     store = TriggerStore(tmp_path / "state.json")
 
-    first = fire(store, "md5-a", T0)
-    again = fire(store, "md5-a", T0 + 4000, run_id="run-2")  # past the cooldown, same window
+    first = fire(store, "0a", T0)
+    again = fire(store, "0a", T0 + 4000, run_id="run-2")  # past the cooldown, same window
 
-    assert (first.fire, first.run_id, first.key) == (True, "run-1", "churn:md5-a:20000")
+    assert (first.fire, first.run_id, first.key) == (True, "run-1", "churn:0a:20000")
     assert (again.fire, again.run_id, again.key) == (False, None, first.key)
     assert again.reason.startswith("duplicate:") and "run-1" in again.reason
     assert [(f["key"], f["run_id"], f["at"]) for f in fired(store)] == [(first.key, "run-1", T0)]
@@ -48,11 +48,11 @@ def test_fires_once_then_dedupes_the_same_key(tmp_path):
 
 def test_cooldown_blocks_other_data_for_the_same_model_only(tmp_path):
     store = TriggerStore(tmp_path / "state.json")
-    fire(store, "md5-a", T0)
+    fire(store, "0a", T0)
 
-    blocked = decide(store, model="churn", data_hash="md5-b", now=T0 + 3599, policy=POLICY)
-    other_model = decide(store, model="fraud", data_hash="md5-b", now=T0 + 1, policy=POLICY)
-    after = decide(store, model="churn", data_hash="md5-b", now=T0 + 3600, policy=POLICY)
+    blocked = decide(store, model="churn", data_hash="0b", now=T0 + 3599, policy=POLICY)
+    other_model = decide(store, model="fraud", data_hash="0b", now=T0 + 1, policy=POLICY)
+    after = decide(store, model="churn", data_hash="0b", now=T0 + 3600, policy=POLICY)
 
     assert not blocked.fire and blocked.reason.startswith("cooldown:")
     assert "next trigger may fire from" in blocked.reason
@@ -61,9 +61,9 @@ def test_cooldown_blocks_other_data_for_the_same_model_only(tmp_path):
 
 def test_same_data_fires_again_in_a_new_window(tmp_path):
     store = TriggerStore(tmp_path / "state.json")
-    first = fire(store, "md5-a", T0)
+    first = fire(store, "0a", T0)
 
-    next_window = fire(store, "md5-a", T0 + 86400, run_id="run-2")
+    next_window = fire(store, "0a", T0 + 86400, run_id="run-2")
 
     assert next_window.fire and next_window.window == first.window + 1
     assert [f["run_id"] for f in fired(store)] == ["run-1", "run-2"]
@@ -72,29 +72,29 @@ def test_same_data_fires_again_in_a_new_window(tmp_path):
 def test_the_last_check_gives_the_run_it_started_and_nothing_older_than_asked(tmp_path):
     store = TriggerStore(tmp_path / "state.json")
     assert store.last_check("churn", since=0) is None  # no state yet
-    first = fire(store, "md5-a", T0)
+    first = fire(store, "0a", T0)
     assert store.last_check("churn", since=T0) == {"at": T0, "key": first.key, "fire": True,
                                                    "reason": first.reason, "run_id": "run-1"}
     assert store.last_check("churn", since=T0 + 1) is None  # made before `since`
     assert store.last_check("fraud", since=0) is None  # another model
-    duplicate = fire(store, "md5-a", T0 + 4000, run_id="run-2")
+    duplicate = fire(store, "0a", T0 + 4000, run_id="run-2")
     assert store.last_check("churn", since=T0) == {"at": T0 + 4000, "key": first.key, "fire": False,
                                                    "reason": duplicate.reason, "run_id": None}
 
 
 def test_state_survives_a_restart(tmp_path):
-    fire(TriggerStore(tmp_path / "state.json"), "md5-a", T0)
+    fire(TriggerStore(tmp_path / "state.json"), "0a", T0)
 
     restarted = TriggerStore(tmp_path / "state.json")
 
-    assert not decide(restarted, model="churn", data_hash="md5-a", now=T0 + 5000, policy=POLICY).fire
-    assert not decide(restarted, model="churn", data_hash="md5-b", now=T0 + 10, policy=POLICY).fire
+    assert not decide(restarted, model="churn", data_hash="0a", now=T0 + 5000, policy=POLICY).fire
+    assert not decide(restarted, model="churn", data_hash="0b", now=T0 + 10, policy=POLICY).fire
 
 
 def test_state_is_written_atomically_without_leftovers(tmp_path):
     store = TriggerStore(tmp_path / "state.json")
-    fire(store, "md5-a", T0)
-    fire(store, "md5-b", T0 + 10)
+    fire(store, "0a", T0)
+    fire(store, "0b", T0 + 10)
 
     leftovers = [p.name for p in tmp_path.iterdir() if p.name not in ("state.json", "state.json.lock")]
     assert leftovers == []
@@ -105,7 +105,7 @@ def test_history_is_bounded_per_model(tmp_path):
     store = TriggerStore(tmp_path / "state.json")
     no_cooldown = TriggerPolicy(cooldown_seconds=0)
     for i in range(HISTORY_LIMIT + 3):
-        maybe_trigger(store, model="churn", data_hash=f"md5-{i}", now=T0 + i, policy=no_cooldown,
+        maybe_trigger(store, model="churn", data_hash=f"{i:x}", now=T0 + i, policy=no_cooldown,
                       start=lambda i=i: f"run-{i}")
 
     history = fired(store)
@@ -124,7 +124,7 @@ def test_corrupt_state_is_a_clear_error_and_left_untouched(tmp_path, content, pr
     store = TriggerStore(path)
 
     with pytest.raises(TriggerStateError, match=problem) as err:
-        fire(store, "md5-a", T0)
+        fire(store, "0a", T0)
 
     assert str(path) in str(err.value) and "move it aside" in str(err.value)
     assert path.read_bytes() == content
@@ -137,10 +137,10 @@ def test_failed_start_records_nothing_and_propagates(tmp_path):
         raise RuntimeError("KFP API unreachable")
 
     with pytest.raises(RuntimeError, match="KFP API unreachable"):
-        maybe_trigger(store, model="churn", data_hash="md5-a", now=T0, policy=POLICY, start=broken_start)
+        maybe_trigger(store, model="churn", data_hash="0a", now=T0, policy=POLICY, start=broken_start)
 
-    assert not (tmp_path / "state.json").exists()
-    assert fire(store, "md5-a", T0 + 1).fire
+    assert store.load()["models"] == {}  # the pending record was taken back: no run started
+    assert fire(store, "0a", T0 + 1).fire
 
 
 def test_start_runs_under_the_lock_and_only_when_firing(tmp_path):
@@ -153,10 +153,57 @@ def test_start_runs_under_the_lock_and_only_when_firing(tmp_path):
         calls.append("started")
         return "run-1"
 
-    maybe_trigger(store, model="churn", data_hash="md5-a", now=T0, policy=POLICY, start=start)
-    maybe_trigger(store, model="churn", data_hash="md5-a", now=T0 + 1, policy=POLICY, start=start)
+    maybe_trigger(store, model="churn", data_hash="0a", now=T0, policy=POLICY, start=start)
+    maybe_trigger(store, model="churn", data_hash="0a", now=T0 + 1, policy=POLICY, start=start)
 
     assert calls == ["started"]
+
+
+class LosingStore(TriggerStore):
+    """The file store whose writes fail from the ``fail_from``-th on, as a store that went away would."""
+
+    def __init__(self, path, fail_from):
+        super().__init__(path)
+        self.writes, self.fail_from = 0, fail_from
+
+    def _write(self, state):
+        self.writes += 1
+        if self.writes >= self.fail_from:
+            raise OSError("the store went away")
+        super()._write(state)
+
+
+def test_a_lost_pending_write_starts_no_run(tmp_path):
+    store = LosingStore(tmp_path / "state.json", fail_from=1)
+    started = []
+
+    with pytest.raises(OSError, match="the store went away"):
+        maybe_trigger(store, model="churn", data_hash="0a", now=T0, policy=POLICY,
+                      start=lambda: started.append("run-1") or "run-1")
+
+    assert started == []
+
+
+def test_a_write_lost_after_the_start_keeps_the_cooldown_so_no_second_run_starts(tmp_path):
+    store = LosingStore(tmp_path / "state.json", fail_from=2)  # the pending record is written, its completion lost
+    started = []
+
+    def start() -> str:
+        started.append(f"run-{len(started) + 1}")
+        return started[-1]
+
+    with pytest.raises(RunNotRecorded, match="training run run-1 of model 'churn' was started, but recording its id "
+                                             "failed \\(OSError: the store went away\\); the pending record keeps"):
+        maybe_trigger(store, model="churn", data_hash="0a", now=T0, policy=POLICY, start=start)
+    store.fail_from = float("inf")
+    again = [maybe_trigger(store, model="churn", data_hash=data, now=now, policy=POLICY, start=start)
+             for data, now in (("0a", T0 + 10), ("0b", T0 + 20), ("0c", T0 + 3000))]
+
+    assert started == ["run-1"]
+    assert [d.outcome for d in again] == ["duplicate", "cooldown", "cooldown"]
+    assert "(run pending)" in again[0].reason and "(run pending)" in again[1].reason
+    assert fired(store) == [{"key": "churn:0a:20000", "data_hash": "0a", "window": 20000, "at": T0, "run_id": None,
+                             "pending": True}]
 
 
 def _race(state_path: str, runs_dir: str, index: int, data_hash: str, barrier, ready, other_ready) -> None:
@@ -182,7 +229,7 @@ def test_racing_processes_start_exactly_one_run(tmp_path, same_data):
     runs.mkdir()
     barrier, ready = ctx.Barrier(2), [ctx.Event(), ctx.Event()]
     procs = [ctx.Process(target=_race, args=(str(tmp_path / "state.json"), str(runs), i,
-                                             "md5-a" if same_data else f"md5-{i}", barrier, ready[i], ready[1 - i]))
+                                             "0a" if same_data else f"{i:x}", barrier, ready[i], ready[1 - i]))
              for i in range(2)]
     for p in procs:
         p.start()
@@ -217,10 +264,16 @@ def test_invalid_decide_arguments(tmp_path):
     with pytest.raises(ValueError, match="data_hash='': use the dataset's content hash"):
         decide(store, model="churn", data_hash="", now=T0, policy=POLICY)
     with pytest.raises(ValueError, match="now=nan"):
-        decide(store, model="churn", data_hash="md5-a", now=float("nan"), policy=POLICY)
-    decision = decide(store, model="churn", data_hash="md5-a", now=T0, policy=POLICY)
-    with pytest.raises(ValueError, match="did not fire"):
-        store.record(dataclasses.replace(decision, fire=False), T0, run_id="run-1")
+        decide(store, model="churn", data_hash="0a", now=float("nan"), policy=POLICY)
+    with pytest.raises(ValueError, match="data_hash='md5-a': use the dataset's content hash, lowercase hex"):
+        decide(store, model="churn", data_hash="md5-a", now=T0, policy=POLICY)
+    with pytest.raises(ValueError, match=r"data_hash='aaaa.*\(30002 chars\): use the dataset's content hash"):
+        decide(store, model="churn", data_hash="a" * 30_000, now=T0, policy=POLICY)
+    with pytest.raises(ValueError, match="model='mmmm.*: use the registered model name \\(1 to 256"):
+        decide(store, model="m" * 300, data_hash="0a", now=T0, policy=POLICY)
+    decision = decide(store, model="churn", data_hash="0a", now=T0, policy=POLICY)
+    with pytest.raises(ValueError, match="no pending trigger record of churn:0a:20000"):
+        store.complete(decision, T0, "run-1")
 
 
 def test_a_run_in_flight_is_recorded_as_skipped_and_fires_later(tmp_path):
@@ -229,8 +282,8 @@ def test_a_run_in_flight_is_recorded_as_skipped_and_fires_later(tmp_path):
     def busy() -> str:
         raise RunInFlight("training run r-7 is RUNNING")
 
-    skipped = maybe_trigger(store, model="churn", data_hash="md5-a", now=T0, policy=POLICY, start=busy)
-    later = fire(store, "md5-a", T0 + 60)
+    skipped = maybe_trigger(store, model="churn", data_hash="0a", now=T0, policy=POLICY, start=busy)
+    later = fire(store, "0a", T0 + 60)
 
     assert (skipped.fire, skipped.run_id) == (False, None) and "r-7 is RUNNING" in skipped.reason
     assert later.fire and [f["run_id"] for f in fired(store)] == ["run-1"]
@@ -238,21 +291,21 @@ def test_a_run_in_flight_is_recorded_as_skipped_and_fires_later(tmp_path):
 
 def test_each_decision_is_counted_by_outcome_and_old_states_count_from_their_history(tmp_path):
     store = TriggerStore(tmp_path / "state.json")
-    fire(store, "md5-a", T0)
-    fire(store, "md5-a", T0 + 10)
-    fire(store, "md5-b", T0 + 20)
+    fire(store, "0a", T0)
+    fire(store, "0a", T0 + 10)
+    fire(store, "0b", T0 + 20)
 
     def busy() -> str:
         raise RunInFlight("run r-9 is RUNNING")
 
-    maybe_trigger(store, model="churn", data_hash="md5-c", now=T0 + 4000, policy=POLICY, start=busy)
+    maybe_trigger(store, model="churn", data_hash="0c", now=T0 + 4000, policy=POLICY, start=busy)
     assert store.load()["models"]["churn"]["counts"] == {"fired": 1, "duplicate": 1, "cooldown": 1, "in_flight": 1}
 
     state = store.load()
     del state["models"]["churn"]["counts"]  # written before the counts were kept
     store.path.write_text(json.dumps(state))
     assert outcome_counts(store.load()["models"]["churn"]) == {"fired": 1}
-    fire(store, "md5-d", T0 + 8000)
+    fire(store, "0d", T0 + 8000)
     assert store.load()["models"]["churn"]["counts"] == {"fired": 2}
 
     state["models"]["churn"]["counts"] = {"fired": "2"}
