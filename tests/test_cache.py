@@ -40,7 +40,7 @@ def _verdicts(pipeline, demo_files, tmp_path) -> list[bool]:
 
 def test_a_rerun_on_changed_content_gets_the_new_verdict(isolated_env, demo_files, tmp_path):
     # a recent retrain of the model: the drifted run's trigger step stays in its cooldown instead of training
-    trigger_step(model_name=MODEL, data_md5="earlier", policy={}, start=lambda: "earlier-run")
+    trigger_step(model_name=MODEL, data_md5="ea71e7", policy={}, start=lambda: "earlier-run")
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"),
                raise_on_error=True, enable_caching=True)
     pipeline = build_pipeline("drift")

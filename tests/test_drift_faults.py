@@ -42,7 +42,7 @@ def _state(workdir: Path) -> dict:
 
 def test_a_crashing_drift_check_leaves_no_verdict_no_retrain_and_the_previous_state(tmp_path, isolated_env,
                                                                                      capsys, demo_files):
-    trigger_step(model_name=MODEL, data_md5="md5-of-an-earlier-batch", policy={}, start=lambda: "run-earlier")
+    trigger_step(model_name=MODEL, data_md5="ea71e7", policy={}, start=lambda: "run-earlier")
     reference, stable = demo_files["train.parquet"], demo_files["batch_stable.parquet"]
     code, out, err = _run_drift(capsys, isolated_env.workdir, stable, reference)
     assert code == 0, err
@@ -80,7 +80,7 @@ def test_an_evidently_level_error_is_a_failed_check_not_a_verdict(tmp_path, isol
 
 def _recorded_state() -> Path:
     store = trigger_store(MODEL)
-    trigger_step(model_name=MODEL, data_md5="md5-a", policy={}, start=lambda: "run-1")
+    trigger_step(model_name=MODEL, data_md5="0a", policy={}, start=lambda: "run-1")
     return store.path
 
 
@@ -93,7 +93,7 @@ def test_a_damaged_trigger_state_stops_the_trigger_and_says_why(tmp_path, isolat
     path.write_bytes(damaged)
     started = []
     with pytest.raises(TriggerStateError, match=rf"trigger state file {path} is unusable: .*move it aside") as err:
-        trigger_step(model_name=MODEL, data_md5="md5-b", policy={"cooldown_seconds": 0},
+        trigger_step(model_name=MODEL, data_md5="0b", policy={"cooldown_seconds": 0},
                      start=lambda: started.append(1) or "run-2")
     assert started == [], "no training run was started"
     assert path.read_bytes() == damaged, "the evidence is left as it was"

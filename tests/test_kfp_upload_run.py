@@ -486,7 +486,7 @@ def test_the_trigger_step_reaches_kfp_from_kfp_host_with_its_projected_token_in_
     monkeypatch.setenv("KFP_POD_NAME", "drift-abc-trigger-retraining")
     run_id = trigger_retraining.python_func(
         model_name="churn", dataset_uri="s3://bucket/drifted.parquet",
-        drift_result=Artifact(uri=str(tmp_path / "result.json"), metadata={"data_md5": "md5-drifted"}),
+        drift_result=Artifact(uri=str(tmp_path / "result.json"), metadata={"data_md5": "d71f7ed"}),
         trigger_policy={"cooldown_seconds": 3600}, training_params={}, training_pipeline_version=pinned)
 
     run = kfp.store.runs[run_id]

@@ -93,8 +93,8 @@ def recorded(isolated_env, demo_files):
         raise RunInFlight("training run r-7 is RUNNING")
 
     outcomes = [maybe_trigger(store, model=MODEL, data_hash=data, now=now, policy=POLICY, start=start).outcome
-                for data, now, start in (("md5-a", T0, lambda: "run-1"), ("md5-a", T0 + 10, lambda: "run-2"),
-                                         ("md5-b", T0 + 20, lambda: "run-3"), ("md5-c", T0 + 4000, busy))]
+                for data, now, start in (("0a", T0, lambda: "run-1"), ("0a", T0 + 10, lambda: "run-2"),
+                                         ("0b", T0 + 20, lambda: "run-3"), ("0c", T0 + 4000, busy))]
     assert outcomes == ["fired", "duplicate", "cooldown", "in_flight"]
     return {"drifted": drifted, "before": before, "after": after}
 

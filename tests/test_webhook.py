@@ -135,13 +135,13 @@ def test_an_alert_while_a_training_run_is_in_flight_starts_none(kfp, hook, clock
 
 
 def test_an_alert_after_the_cooldown_starts_one(kfp, hook, clock):
-    first = hook.post({"model": "churn", "reason": "drift", "data_md5": "md5-a"})[1]["decisions"][0]
+    first = hook.post({"model": "churn", "reason": "drift", "data_md5": "0a"})[1]["decisions"][0]
     kfp.set_run_state(first["run_id"], "SUCCEEDED")
 
     clock.now = T0 + 3599
-    blocked = hook.post({"model": "churn", "reason": "drift", "data_md5": "md5-b"})[1]["decisions"][0]
+    blocked = hook.post({"model": "churn", "reason": "drift", "data_md5": "0b"})[1]["decisions"][0]
     clock.now = T0 + 3600
-    after = hook.post({"model": "churn", "reason": "drift", "data_md5": "md5-b"})[1]["decisions"][0]
+    after = hook.post({"model": "churn", "reason": "drift", "data_md5": "0b"})[1]["decisions"][0]
 
     assert first["fire"] and not blocked["fire"] and blocked["reason"].startswith("cooldown:")
     assert after["fire"] and after["run_id"] != first["run_id"]
@@ -257,7 +257,13 @@ def champion_trained_on(model: str, data_uri: str) -> None:
     (("s3://bucket/",), {"model": "never-registered"}, "rule registered_model: 'never-registered'"),
     (("s3://bucket/churn/",), {"dataset_uri": "s3://elsewhere/churn/x.parquet"}, "rule trigger.allowed_data_prefixes"),
     (("s3://bucket/churn",), {"dataset_uri": "s3://bucket/churn-evil/x.parquet"}, "not under ['s3://bucket/churn']"),
-    (("s3://bucket/churn/",), {"dataset_uri": "s3://bucket/churn/../hr/x.parquet"}, "is not under"),
+    (("s3://bucket/churn/",), {"dataset_uri": "s3://bucket/churn/../hr/x.parquet"}, "rule dataset_uri: "
+     "s3://bucket/churn/../hr/x.parquet: rule uri.key"),
+    (("s3://bucket/churn/",), {"dataset_uri": "http://alice:S3CRETPW@169.254.169.254/latest/meta-data"},
+     "rule dataset_uri: http://169.254.169.254/latest/meta-data: rule uri.scheme: scheme 'http' is not read"),
+    (("s3://bucket/churn/",), {"dataset_uri": "simplecache::s3://bucket/churn/x.parquet"}, "rule uri.chain"),
+    (("s3://bucket/churn/",), {"dataset_uri": "s3://bucket/churn/x.parquet?X-Amz-Signature=abc123SIG"},
+     "rule dataset_uri: s3://bucket/churn/x.parquet: rule uri.query"),
     (None, {"dataset_uri": "s3://bucket/other/x.parquet"}, "(unset: the folder of the champion's training data)"),
     (None, {"model": "no-champion"}, "has no champion whose lineage names its training data"),
 ])
@@ -274,6 +280,22 @@ def test_alerts_outside_their_scope_get_403_naming_the_rule_log_it_and_start_not
     assert not training_runs(kfp) and not RegistryTriggerStore("churn").load()["models"]
     (logged,) = [json.loads(line) for line in hook.log.getvalue().splitlines()]
     assert logged["event"] == "rejected" and logged["status"] == 403 and rule in logged["error"]
+    assert not any(secret in hook.log.getvalue() + json.dumps(answer) for secret in ("S3CRETPW", "abc123SIG"))
+
+
+@pytest.mark.parametrize("champion_data, dataset_uri", [
+    ("/train.parquet", "/var/run/secrets/kubernetes.io/serviceaccount/token"),
+    ("s3://bucket/train.parquet", "s3://bucket/hr/salaries.parquet"),
+])
+def test_a_champion_at_the_root_or_a_bucket_root_allows_nothing_by_default(kfp, clock, champion_data, dataset_uri):
+    champion_trained_on("churn", champion_data)
+    hook = Hook(kfp, clock, prefixes=None)
+    try:
+        status, answer = hook.post({"model": "churn", "reason": "drift", "dataset_uri": dataset_uri})
+    finally:
+        hook.close()
+    assert status == 403 and "would allow every file there; set trigger.allowed_data_prefixes" in answer["error"]
+    assert not training_runs(kfp) and not RegistryTriggerStore("churn").load()["models"]
 
 
 def test_by_default_alerts_may_train_on_the_champions_data_folder(kfp, clock):
@@ -309,7 +331,7 @@ def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_onc
     pinned = {"pipeline_name": "kfloop-training", "pipeline_id": training.pipeline_id,
               "pipeline_version_id": training.pipeline_version_id, "version_name": "a" * 40,
               "experiment": "kfloop", "namespace": "", "host": kfp.url, "service_account": "kfloop"}
-    drift_result = Artifact(uri=str(tmp_path / "result.json"), metadata={"data_md5": "md5-drifted"})
+    drift_result = Artifact(uri=str(tmp_path / "result.json"), metadata={"data_md5": "d71f7ed"})
 
     def step() -> str:  # what the step's executor calls, as a fresh pod would (no state in the process)
         return trigger_retraining.python_func(model_name="churn", dataset_uri="s3://bucket/drifted.parquet",
@@ -330,7 +352,7 @@ def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_onc
     with pytest.raises(ValueError, match="no training pipeline version is pinned.*--host"):
         trigger_retraining.python_func(model_name="churn", dataset_uri="s3://bucket/other.parquet",
                                        drift_result=Artifact(uri=str(tmp_path / "r.json"),
-                                                             metadata={"data_md5": "md5-other"}),
+                                                             metadata={"data_md5": "07e4"}),
                                        trigger_policy={"cooldown_seconds": 0}, training_params={},
                                        training_pipeline_version={})
     assert len(training_runs(kfp)) == 1
