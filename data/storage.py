@@ -1,12 +1,14 @@
 """Local paths, PVC mounts and object storage behind one URI, through fsspec.
 
 ``s3://`` (AWS S3, MinIO or any S3-compatible store, via s3fs), ``gs://`` (gcsfs, extra ``kfloop[gcs]``) and
-``az://``/``abfs://`` (adlfs, extra ``kfloop[azure]``), or a local or mounted path: nothing else (:func:`check_uri`;
-no ``http(s)``, ``ftp`` or ``::`` chains, which would make a step pod send requests for whoever names the URI). Credentials come
+``az://``/``abfs://`` (adlfs, extra ``kfloop[azure]``), or a local or mounted path: nothing else
+(:func:`check_uri`; no ``http(s)``, ``ftp`` or ``::`` chains, which would make a step pod send requests for whoever
+names the URI). Credentials come
 only from each library's standard environment (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_ENDPOINT_URL`` for S3-compatible endpoints; ``GOOGLE_APPLICATION_CREDENTIALS``;
 ``AZURE_STORAGE_ACCOUNT_NAME`` / ``AZURE_STORAGE_KEY`` / ``AZURE_STORAGE_CONNECTION_STRING``). A URI that is logged,
-recorded in lineage or printed goes through :func:`data.redaction.redact` first: user info and query parameters are dropped.
+recorded in lineage or printed goes through :func:`data.redaction.redact` first: user info and query parameters
+are dropped.
 A URI is resolved once (:func:`resolve`) into a :class:`Resolved` that the readers take: its file system, size,
 version, md5 and the name it is shown by.
 """

@@ -11,6 +11,7 @@ import mlflow
 from mlflow.entities import Metric, Param
 
 from data.fileio import utc_iso
+from data.redaction import redact_text
 from data.settings import load_environment
 from training.registry.experiments import ensure_experiment
 from training.registry.versions import DRIFT_REPORT_URI_TAG, QUALITY_REPORT_URI_TAG
@@ -86,7 +87,7 @@ def _record_check(model_name: str, suffix: str, *, champion_version: str | None,
     run_id = run.info.run_id
     now_ms = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now_ms, 0) for k, v in metrics.items()],
-                     params=[Param(k, v[:6000]) for k, v in params.items()])
+                     params=[Param(k, redact_text(v)[:6000]) for k, v in params.items()])
     client.log_dict(run_id, result[1], result[0])
     artifact, report_path, tag = report
     if report_path and Path(report_path).is_file():

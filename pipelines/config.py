@@ -7,8 +7,8 @@ from typing import Any
 
 from components.kfp_client import KfpSettings
 from data.dvc_store import DataStoreConfig
+from data.redaction import redact_text
 from data.settings import SECTION_PARAMETERS, check_known_keys
-from data.storage import holds_credentials, redact
 from monitoring.drift_policy import DriftPolicy
 from monitoring.quality_policy import QualityPolicy
 from monitoring.trigger import TriggerPolicy
@@ -149,11 +149,12 @@ def pipeline_params(pipeline: Any, settings: dict[str, Any]) -> dict[str, Any]:
             params[key] = value
     if "training_params" in declared:  # the monitoring pipelines' retrain runs get the training settings
         params["training_params"] = {k: v for k, v in settings.items() if k in TRAINING_KEYS}
-    with_credentials = [k for k, v in params.items() if isinstance(v, str) and holds_credentials(v)]
+    with_credentials = [k for k, v in params.items() if isinstance(v, str) and redact_text(v) != v]
     if with_credentials:
-        uris = ", ".join(redact(params[k]) for k in with_credentials)
-        raise ValueError(f"{with_credentials}: credentials in a URI ({uris}); remove 'user:secret@' and give them "
-                         "in the environment (AWS_ACCESS_KEY_ID, ...)")
+        values = ", ".join(redact_text(params[k]) for k in with_credentials)
+        raise ValueError(f"{with_credentials}: a credential in a run parameter ({values}); remove 'user:secret@', "
+                         "presigned query parameters and tokens, and give credentials in the environment "
+                         "(AWS_ACCESS_KEY_ID, ...)")
     missing = [k for k, spec in declared.items() if not spec.optional and k not in params]
     if missing:
         raise ValueError(f"missing required parameter(s) {missing}: pass them with --set KEY=VALUE")

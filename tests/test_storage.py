@@ -93,7 +93,8 @@ def test_allowed_prefixes_compare_object_keys_as_given_and_local_paths_by_realpa
     assert not storage.under_prefix(f"{allowed}/../elsewhere/x.parquet", str(allowed))
 
 
-@pytest.mark.parametrize("data_uri, folder", [("/train.parquet", "(/)"), ("s3://bucket/train.parquet", "(s3://bucket)")])
+@pytest.mark.parametrize("data_uri, folder", [("/train.parquet", "(/)"),
+                                              ("s3://bucket/train.parquet", "(s3://bucket)")])
 def test_a_data_folder_of_root_or_a_bare_bucket_is_refused_as_an_allowed_prefix(data_uri, folder):
     with pytest.raises(storage.StorageError, match=re.escape(f"rule trigger.allowed_data_prefixes: the folder of "
                                                              f"this data {folder} would allow every file there")):
@@ -175,12 +176,16 @@ def test_credentials_in_a_uri_are_refused_without_echoing_them(s3_bucket, demo_f
     assert_no_secret(str(info.value))
 
 
-def test_pipeline_parameters_refuse_credentials_in_a_uri():
+@pytest.mark.parametrize("uri, shown", [
+    (f"s3://{ACCESS_KEY_ID}:{SECRET_ACCESS_KEY}@bucket/train.parquet", "s3://***@bucket/train.parquet"),
+    (f"s3://bucket/train.parquet?X-Amz-Credential={ACCESS_KEY_ID}&X-Amz-Signature={SECRET_ACCESS_KEY}",
+     "s3://bucket/train.parquet"),
+])
+def test_pipeline_parameters_refuse_credentials_in_a_uri(uri, shown):
     from pipelines.config import pipeline_params
     from pipelines.training import training_pipeline
 
-    uri = f"s3://{ACCESS_KEY_ID}:{SECRET_ACCESS_KEY}@bucket/train.parquet"
-    refused = r"\['dataset_uri'\]: credentials in a URI \(s3://bucket/train.parquet\)"
+    refused = rf"\['dataset_uri'\]: a credential in a run parameter \({re.escape(shown)}\)"
     with pytest.raises(ValueError, match=refused) as info:
         pipeline_params(training_pipeline, {"dataset_uri": uri})
     assert_no_secret(str(info.value))

@@ -8,12 +8,15 @@ from typing import TextIO
 
 from rich.console import Console
 
+from data.redaction import redact_text
+
 PREFIX = "[kfloop] "
 
 
 def progress(text: str, *, stream: TextIO | None = None) -> None:
-    """Print one progress line to stderr (a step's log; stdout stays free for results such as ``--json``)."""
-    print(f"{PREFIX}{text}", file=stream or sys.stderr, flush=True)
+    """Print one progress line to stderr (a step's log; stdout stays free for results such as ``--json``), redacted
+    (:func:`data.redaction.redact_text`)."""
+    print(f"{PREFIX}{redact_text(text)}", file=stream or sys.stderr, flush=True)
 
 
 @contextmanager

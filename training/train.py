@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
+from data.redaction import redact_text
 from data.settings import end_without_final_collection
 from data.storage import is_remote
 from data.tables import local_copy
@@ -495,7 +496,7 @@ class _MlflowLog:
     def params(self, params: dict[str, Any]) -> None:
         """Log the params the run does not have yet (a resumed run keeps the values it started with)."""
         existing = self._client.get_run(self._run_id).data.params
-        new = [self._entities.Param(k, str(v)) for k, v in params.items() if k not in existing]
+        new = [self._entities.Param(k, redact_text(str(v))) for k, v in params.items() if k not in existing]
         if new:
             self._client.log_batch(self._run_id, params=new)
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from data.redaction import redact, redact_text
 from data.settings import (DEFAULT_MODEL_NAME, Environment, activate, load_config_file, load_environment, merge,
                            parse_overrides)
 from training.config import with_module_path
@@ -87,8 +88,9 @@ def registry_environment(args: argparse.Namespace, model: str) -> Environment:
     env = load_environment(args.workdir)
     database = env.tracking_uri.removeprefix("sqlite:///")
     if database != env.tracking_uri and not Path(database).exists():
-        raise ValueError(f"model '{model}' is not registered in {env.tracking_uri}: no MLflow database there yet; "
-                         "pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first (kfloop demo)")
+        raise ValueError(f"model '{model}' is not registered in {redact(env.tracking_uri)}: no MLflow database "
+                         "there yet; pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first "
+                         "(kfloop demo)")
     activate(env)
     return env
 
@@ -106,7 +108,8 @@ def print_json(obj: Any) -> None:
 def print_error(where: str, message: str, *, hints: list[str], exit_code: int, as_json: bool) -> None:
     """A failed command's error: ``kfloop CMD: error: ...`` and one ``hint: ...`` line per hint on stderr, for the
     person reading the log; under ``--json`` also ``{"error", "hint", "exit_code"}`` on stdout (``hint``: the hints
-    joined, or null), for the script reading stdout."""
+    joined, or null), for the script reading stdout. Both pass through :func:`data.redaction.redact_text`."""
+    message, hints = redact_text(message), [redact_text(hint) for hint in hints]
     if as_json:
         print_json({"error": message, "hint": "; ".join(hints) or None, "exit_code": exit_code})
     print(f"kfloop {where}: error: {message}", file=sys.stderr)

@@ -12,6 +12,7 @@ import pandas as pd
 
 from data.demo import DATA_DIR, ensure_demo_data
 from data.dvc_store import DEFAULT_STORE_DIR
+from data.redaction import redact
 from data.settings import activate, load_environment
 from pipelines.local.runs import run_pipeline
 from training.progress import progress
@@ -52,8 +53,8 @@ def run_demo(workdir: Path) -> dict[str, Any]:
         "drift", {**common, "current_uri": str(data.drifted)}, env=env))
     prediction = _timed(steps, "champion via mlflow.pyfunc", lambda: _predict_with_champion(data.drifted))
     steps["total"] = round(time.monotonic() - start, 2)
-    return {"model_name": MODEL_NAME, "workdir": str(root), "tracking_uri": env.tracking_uri, "data_md5": data.md5,
-            "first_training": first, "stable_batch": stable, "drifted_batch": drifted,
+    return {"model_name": MODEL_NAME, "workdir": str(root), "tracking_uri": redact(env.tracking_uri),
+            "data_md5": data.md5, "first_training": first, "stable_batch": stable, "drifted_batch": drifted,
             "champion_prediction": prediction, "versions": _versions(), "seconds": steps,
             "next_commands": next_commands(root, env.tracking_uri)}
 
@@ -63,7 +64,7 @@ def next_commands(workdir: Path, tracking_uri: str) -> list[str]:
     that work from any directory."""
     kfloop = f"kfloop --workdir {shlex.quote(str(workdir))}"
     ui = (f"mlflow ui --backend-store-uri {shlex.quote(tracking_uri)} --port 5000"
-          if tracking_uri.startswith("sqlite:") else f"open {tracking_uri} (the MLflow server the demo used)")
+          if tracking_uri.startswith("sqlite:") else f"open {redact(tracking_uri)} (the MLflow server the demo used)")
     return [f"{kfloop} status --model {MODEL_NAME}", f"{kfloop} history --model {MODEL_NAME}",
             f"{kfloop} report --model {MODEL_NAME} --out {shlex.quote(str(workdir / 'report.html'))}",
             f"{kfloop} reproduce {MODEL_NAME} 1", ui]

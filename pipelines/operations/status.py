@@ -5,13 +5,13 @@ from __future__ import annotations
 import getpass
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import mlflow
 from mlflow.exceptions import MlflowException
 
 from components.run_starters import trigger_store
 from data.fileio import utc_iso
+from data.redaction import redact
 from data.settings import Environment
 from monitoring.records import drift_checks, quality_checks, trigger_status
 from monitoring.trigger import TriggerPolicy
@@ -37,7 +37,7 @@ def status(model_name: str, *, env: Environment, trigger_policy: dict[str, Any])
     quality = quality_checks(model_name, limit=1)
     policy = TriggerPolicy.from_dict(trigger_policy)
     return {
-        "model_name": model_name, "tracking_uri": _without_credentials(env.tracking_uri),
+        "model_name": model_name, "tracking_uri": redact(env.tracking_uri),
         "champion": None if champion is None else {
             "version": champion.version, "run_id": champion.run_id,
             "since": moves[-1].at if moves else champion.record.promoted_at,
@@ -129,7 +129,7 @@ def _require_model(client: Any, model_name: str, env: Environment) -> None:
     try:
         client.get_registered_model(model_name)
     except MlflowException as e:
-        raise ValueError(f"model '{model_name}' is not registered in {env.tracking_uri}; pass --model NAME or "
+        raise ValueError(f"model '{model_name}' is not registered in {redact(env.tracking_uri)}; pass --model NAME or "
                          "--workdir DIR (or set MLFLOW_TRACKING_URI)") from e
 
 
@@ -182,12 +182,6 @@ def _vs_baseline(version: dict[str, Any]) -> str:
 
 def _metrics(m: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.4f}" for k, v in m.items()) or "none recorded"
-
-
-def _without_credentials(uri: str) -> str:
-    """``uri`` without a ``user:password@`` part (status output lands in logs)."""
-    parts = urlsplit(uri)
-    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl() if "@" in parts.netloc else uri
 
 
 def _v(version: str | None) -> str:

@@ -28,6 +28,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_
 
 from data.errors import KfloopError
 from data.fileio import file_digest, utc_iso
+from data.redaction import redact, redact_text
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from training.model_files import (FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE,
                                   ModelCodeError)
@@ -626,15 +627,17 @@ def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
         if "API request to" not in e.message:
             raise
         raise RegistryUnavailableError(
-            f"MLflow at {client.tracking_uri} did not answer for {model_name} after "
-            f"MLFLOW_HTTP_REQUEST_MAX_RETRIES retries ({e.message.splitlines()[0][:300]}). 'champion' still "
-            "points at a valid version (the old one, or the new one if only recording the move failed); run the "
-            "same command again once MLflow is back: registration finds the version by run id and a move "
-            "already made is recorded, not repeated"
+            f"MLflow at {redact(client.tracking_uri)} did not answer for {model_name} after "
+            f"MLFLOW_HTTP_REQUEST_MAX_RETRIES retries ({redact_text(e.message.splitlines()[0])[:300]}). "
+            "'champion' still points at a valid version (the old one, or the new one if only recording the move "
+            "failed); run the same command again once MLflow is back: registration finds the version by run id and "
+            "a move already made is recorded, not repeated"
         ) from e
 
 
 def truncate_tag(text: str) -> str:
+    """``text`` as a tag value: redacted (:func:`data.redaction.redact_text`), at most ``MAX_TAG_CHARS``."""
+    text = redact_text(text)
     return text if len(text) <= MAX_TAG_CHARS else text[:MAX_TAG_CHARS - 3] + "..."
 
 
