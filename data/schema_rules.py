@@ -26,6 +26,8 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 SMALL_BATCH = 2_000
 """Up to this many values, :func:`_isin` looks each up in a Python set (serving's batches: no pandas overhead);
 above it pandas' hash table is faster."""
+MAX_VALUE_CHARS = 40
+"""A value is shown (``repr``) to this many characters in a message."""
 _LOWER = {"greater_than": False, "greater_than_or_equal_to": True}
 _UPPER = {"less_than": False, "less_than_or_equal_to": True}
 
@@ -71,14 +73,18 @@ class RuleSet:
         return [failed for name, rules in self.columns.items() if name in df.columns
                 for failed in rules.check(df[name])]
 
-    def row_messages(self, df: pd.DataFrame) -> np.ndarray:
-        """Per row: ``""`` when clean, else ``column: problem`` per failed rule joined by ``"; "``."""
+    def row_messages(self, df: pd.DataFrame, *, max_chars: int | None = None) -> np.ndarray:
+        """Per row: ``""`` when clean, else ``column: problem`` per failed rule joined by ``"; "``, each value shown
+        to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`capped`)."""
         out = np.full(len(df), "", dtype=object)
         for failed in self.check(df):
             column, describe = failed.rule.column, failed.rule.describe
             texts = np.array([f"{column}: {describe(v)}" for v in failed.values], dtype=object)
             before = out[failed.positions]
             out[failed.positions] = np.where(before == "", texts, before + "; " + texts)
+        if max_chars is not None:
+            long = np.flatnonzero(np.fromiter(map(len, out), dtype=np.int64, count=len(out)) > max_chars)
+            out[long] = [capped(text, max_chars) for text in out[long]]
         return out
 
     def shares(self, df: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -248,8 +254,13 @@ def _pandera_fails(check: pa.Check, array: np.ndarray) -> np.ndarray:
 
 
 def _shown(value: Any) -> str:
-    """``repr`` of the plain Python value (``'a'``, not ``np.str_('a')``)."""
-    return repr(value.item() if isinstance(value, np.generic) else value)
+    """``repr`` of the plain Python value (``'a'``, not ``np.str_('a')``), cut to :data:`MAX_VALUE_CHARS`."""
+    return capped(repr(value.item() if isinstance(value, np.generic) else value), MAX_VALUE_CHARS)
+
+
+def capped(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` characters, ending ``...`` where it was cut."""
+    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------------- serving
@@ -262,6 +273,29 @@ ON_VIOLATION_MODES = ("flag", "error", "ignore")
 """``flag`` (default) adds :data:`VIOLATIONS_COLUMN`; ``error`` raises :class:`SchemaViolationError` naming the
 rows; ``ignore`` checks nothing and adds no column."""
 MAX_ROWS_NAMED = 5
+SEE_FIRST_ROW = "columns: see the first row"
+"""What every row but the first says of the batch's column problems, which the first row lists once."""
+MIN_MESSAGE_CHARS = 80
+"""The shortest message cap: room for :data:`SEE_FIRST_ROW` and one problem."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ServingLimits:
+    """Bounds on one scoring request, so a hostile or mistaken batch cannot make the answer explode."""
+
+    max_rows: int = 100_000
+    """Rows one request may score; more are refused with an error saying to split the batch."""
+    max_message_chars: int = 200
+    """A row's :data:`VIOLATIONS_COLUMN` text (and the column problems of a batch) is cut to this many characters."""
+
+    def __post_init__(self) -> None:
+        for name, least in (("max_rows", 1), ("max_message_chars", MIN_MESSAGE_CHARS)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"serving {name}={value!r}: use a whole number of at least {least}")
+
+
+DEFAULT_LIMITS = ServingLimits()
 
 
 class SchemaViolationError(KfloopError, ValueError):
@@ -280,6 +314,18 @@ def check_mode(params: dict | None) -> str:
     return mode
 
 
+def check_rows(n_rows: int, limits: ServingLimits = DEFAULT_LIMITS) -> None:
+    """Refuse a request of more than ``limits.max_rows`` rows before anything is scored.
+
+    Raises:
+        SchemaViolationError: too many rows.
+    """
+    if n_rows > limits.max_rows:
+        raise SchemaViolationError(f"{n_rows} rows in one request, over the serving limit max_rows="
+                                   f"{limits.max_rows}: split the batch into requests of at most {limits.max_rows} "
+                                   "rows")
+
+
 def column_problems(rules: RuleSet, columns: Iterable[str], required: Iterable[str]) -> list[str]:
     """``missing column 'x'`` for each of ``required`` not in ``columns``, then ``unexpected column 'y'`` for each of
     ``columns`` the schema does not know."""
@@ -289,29 +335,37 @@ def column_problems(rules: RuleSet, columns: Iterable[str], required: Iterable[s
 
 
 def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFrame, mode: str, *,
-                         required: Iterable[str] = ()) -> pd.DataFrame:
-    """``scored`` (one output row per input row) as ``mode`` asks: with :data:`VIOLATIONS_COLUMN` (``flag``; a
-    missing ``required`` column or one the schema does not know is flagged on every row), unchanged (``ignore``),
-    or unchanged once the columns are the schema's and every row is clean (``error``).
+                         required: Iterable[str] = (), limits: ServingLimits = DEFAULT_LIMITS) -> pd.DataFrame:
+    """``scored`` (one output row per input row) as ``mode`` asks: with :data:`VIOLATIONS_COLUMN` (``flag``),
+    unchanged (``ignore``), or unchanged once the columns are the schema's and every row is clean (``error``).
+    Under ``flag`` a missing ``required`` column or one the schema does not know is listed once, on the first row,
+    every other row saying :data:`SEE_FIRST_ROW`; every message is cut to ``limits.max_message_chars``.
 
     Raises:
         ValueError: ``mode`` is not one of :data:`ON_VIOLATION_MODES`.
-        SchemaViolationError: ``mode`` is ``error`` and a column is missing or unknown (named), or a row breaks a
-            rule (up to five rows and their columns named).
+        SchemaViolationError: more rows than ``limits.max_rows``; or ``mode`` is ``error`` and a column is missing or
+            unknown (named), or a row breaks a rule (up to five rows and their columns named).
     """
     mode = check_mode({ON_VIOLATION_PARAM: mode})
+    check_rows(len(rows), limits)
     if mode == "ignore":
         return scored
+    cap = limits.max_message_chars
     problems = column_problems(rules, rows.columns, required)
+    listed = capped(f"{len(problems)} column problem(s): {', '.join(problems)}", cap)
     if problems and mode == "error":
-        raise SchemaViolationError(f"the rows' columns differ from the model's training schema: {', '.join(problems)}"
-                                   f"; send the schema's columns, or pass {ON_VIOLATION_PARAM}='flag' to score them "
-                                   f"with a {VIOLATIONS_COLUMN} column")
-    messages = rules.row_messages(rows)
+        raise SchemaViolationError(f"the rows' columns differ from the model's training schema: {listed}; send the "
+                                   f"schema's columns, or pass {ON_VIOLATION_PARAM}='flag' to score them with a "
+                                   f"{VIOLATIONS_COLUMN} column")
+    if mode == "flag" and problems:  # the batch's column problems first, within the same cap
+        messages = rules.row_messages(rows, max_chars=max(cap - len(SEE_FIRST_ROW) - 2, 1))
+        shared = np.full(len(rows), SEE_FIRST_ROW, dtype=object)
+        shared[:1] = listed
+        messages = np.where(messages == "", shared, shared + "; " + messages)
+        messages[:1] = [capped(text, cap) for text in messages[:1]]
+        return scored.assign(**{VIOLATIONS_COLUMN: messages})
+    messages = rules.row_messages(rows, max_chars=cap)
     if mode == "flag":
-        if problems:
-            shared = "; ".join(problems)
-            messages = np.where(messages == "", shared, shared + "; " + messages)
         return scored.assign(**{VIOLATIONS_COLUMN: messages})
     bad = np.flatnonzero(messages != "")
     if len(bad):

@@ -11,7 +11,8 @@ import pytest
 
 from monitoring.drift import check_drift
 from monitoring.drift_policy import DriftPolicy
-from data.schema_rules import RuleSet, SchemaViolationError, apply_violation_mode
+from data.schema_rules import (SEE_FIRST_ROW, RuleSet, SchemaViolationError, ServingLimits,
+                               apply_violation_mode)
 from data.validation import load_schema, schema_roles, validate
 
 SCHEMA = load_schema(Path(__file__).resolve().parents[1] / "data" / "schema.yaml")
@@ -199,10 +200,12 @@ def test_the_served_model_flags_unexpected_and_missing_columns_and_infinity_in_a
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
 
-    assert got["unexpected flag"]["flags"] == ["unexpected column 'x'"] * 4
+    assert got["unexpected flag"]["flags"] == ["1 column problem(s): unexpected column 'x'", *[SEE_FIRST_ROW] * 3]
     assert got["unexpected error"]["error"].startswith("SchemaViolationError: the rows' columns differ from the "
-                                                       "model's training schema: unexpected column 'x'; ")
-    assert got["missing flag"]["rows"] == 4 and got["missing flag"]["flags"] == ["missing column 'tenure_months'"] * 4
+                                                       "model's training schema: 1 column problem(s): unexpected "
+                                                       "column 'x'; ")
+    assert got["missing flag"]["rows"] == 4 and got["missing flag"]["flags"] == [
+        "1 column problem(s): missing column 'tenure_months'", *[SEE_FIRST_ROW] * 3]
     assert "missing column 'tenure_months'" in got["missing error"]["error"]
     assert "Model is missing inputs" not in done.stdout
     for case in ("unexpected", "missing", "infinite"):
@@ -210,3 +213,40 @@ def test_the_served_model_flags_unexpected_and_missing_columns_and_infinity_in_a
     assert got["infinite flag"]["flags"] == ["", "monthly_charges: inf is not a finite number",
                                              "monthly_charges: -inf is not a finite number", ""]
     assert got["infinite error"]["error"].startswith("SchemaViolationError: 2 of 4 row(s) fall outside")
+
+
+def test_a_batch_with_200_unknown_columns_is_flagged_with_bounded_output(stable):
+    """Issue 41: 20,000 rows with 200 unknown columns (5.3 MB in) gave 244 MB of violation text."""
+    rows = stable.sample(20_000, replace=True, random_state=0).reset_index(drop=True)
+    rows = pd.concat([rows, pd.DataFrame({f"extra_{i:03d}_{'x' * 12}": "y" * 10 for i in range(200)},
+                                         index=rows.index)], axis=1)
+    rows.loc[7, "region"] = "atlantis-" + "z" * 5000  # a long value, echoed cut
+    features = schema_roles(SCHEMA).numeric + schema_roles(SCHEMA).categorical
+    rules = RuleSet(SCHEMA, features)
+    scored = pd.DataFrame({"prediction": np.zeros(len(rows), dtype=int)}, index=rows.index)
+
+    flagged = apply_violation_mode(rules, rows, scored, "flag", required=features)["schema_violations"]
+
+    assert sum(map(len, flagged)) < 1_000_000  # was 244 MB
+    assert max(map(len, flagged)) <= ServingLimits().max_message_chars
+    assert flagged[0].startswith("200 column problem(s): unexpected column 'extra_000_xxxxxxxxxxxx'")
+    assert (flagged[1:] != "").all() and all(text.startswith(SEE_FIRST_ROW) for text in flagged[1:])
+    assert "region: unseen category 'atlantis-zzzz" in flagged[7] and "z" * 100 not in flagged[7]
+    with pytest.raises(SchemaViolationError, match=r"200 column problem\(s\): unexpected column") as raised:
+        apply_violation_mode(rules, rows, scored, "error", required=features)
+    assert len(str(raised.value)) < 600
+
+
+def test_a_request_over_max_rows_is_refused_before_anything_else(stable):
+    rules = RuleSet(SCHEMA)
+    rows = stable.head(11)
+    scored = pd.DataFrame({"prediction": np.zeros(len(rows), dtype=int)}, index=rows.index)
+    limits = ServingLimits(max_rows=10)
+    for mode in ("flag", "error", "ignore"):
+        with pytest.raises(SchemaViolationError, match=r"11 rows in one request, over the serving limit "
+                                                       r"max_rows=10: split the batch"):
+            apply_violation_mode(rules, rows, scored, mode, limits=limits)
+    assert apply_violation_mode(rules, rows.head(10), scored.head(10), "ignore", limits=limits).equals(
+        scored.head(10))
+    with pytest.raises(ValueError, match="serving max_message_chars=10: use a whole number of at least 80"):
+        ServingLimits(max_message_chars=10)

@@ -13,7 +13,7 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from data.schema_rules import RuleSet, apply_violation_mode, check_mode
+from data.schema_rules import RuleSet, apply_violation_mode, check_mode, check_rows
 from data.validation import load_schema
 from training.model import Predictor
 from training.model_files import MODULE_SHA256_KEY, ModelCodeError
@@ -53,13 +53,16 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
 
         Raises:
             ValueError: an unknown mode.
-            data.schema_rules.SchemaViolationError: ``error`` mode and a column or row outside the schema.
+            data.schema_rules.SchemaViolationError: more rows than serving's ``max_rows``
+                (:class:`data.schema_rules.ServingLimits`), checked before anything is scored; or ``error`` mode
+                and a column or row outside the schema.
 
         Nulls and categories unseen in training are handled by the model's preprocessing, and so is a missing
         feature column (as nulls); the check flags it on every row (``error``: names it), and so a column the schema
         does not know, which the model ignores.
         """
         mode = check_mode(params)
+        check_rows(len(model_input))
         missing = [name for name in self.features if name not in model_input.columns]
         rows = model_input.assign(**dict.fromkeys(missing)) if missing else model_input
         if self.predictor.task == "regression":
