@@ -18,6 +18,7 @@ from filelock import FileLock, Timeout
 
 from data.fileio import file_digest
 from data.holdout import write_parquet
+from data.schema_rules import SEE_FIRST_ROW
 from training.config import ModelSpec
 from training.features import FeatureTransform, encode_target, target_classes
 from training.gate import Decision, PromotionPolicy, evaluate
@@ -307,9 +308,10 @@ def test_champion_loads_by_alias_and_predicts_raw_rows(env):
     out = mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(raw)
     expected = Predictor.load(env.good).predict_proba(raw)
     assert list(out.columns) == ["prediction", "proba_no", "proba_yes", "schema_violations"] and len(out) == 4
-    # the recorded schema knows only age: every other column is flagged on every row, and the rows are still scored
-    unknown = "; ".join(f"unexpected column {c!r}" for c in ("income", "region", "label", "customer_id"))
-    assert out["schema_violations"].tolist() == [unknown] * 4
+    # the recorded schema knows only age: every other column is flagged, listed once on the first row, and the rows
+    # are still scored
+    unknown = ", ".join(f"unexpected column {c!r}" for c in ("income", "region", "label", "customer_id"))
+    assert out["schema_violations"].tolist() == [f"4 column problem(s): {unknown}", *[SEE_FIRST_ROW] * 3]
     np.testing.assert_allclose(out[["proba_no", "proba_yes"]].to_numpy(), expected, rtol=1e-12)
     assert out["prediction"].tolist() == np.asarray(["no", "yes"], dtype=object)[expected.argmax(1)].tolist()
 
