@@ -13,10 +13,12 @@ import re
 from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
-SECRET_ENV = re.compile(r"AWS_ACCESS_KEY_ID|.*(SECRET|TOKEN|PASSWORD|_KEY|COOKIES|CONNECTION_STRING|HMAC)\w*")
+SECRET_ENV = re.compile(r"AWS_ACCESS_KEY_ID|(?!.*_(PATH|FILE|DIR)$).*(SECRET|TOKEN|PASSWORD|_KEY|COOKIES|"
+                        r"CONNECTION_STRING|HMAC)\w*")
 """Names of environment variables whose values never appear in a message (``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AZURE_STORAGE_KEY``, ``MLFLOW_TRACKING_PASSWORD``, ``KFP_TOKEN``,
-``KFLOOP_WEBHOOK_TOKEN``...)."""
+``KFLOOP_WEBHOOK_TOKEN``...); a name ending ``_PATH``, ``_FILE`` or ``_DIR`` holds where a secret is, not the
+secret (``KF_PIPELINES_SA_TOKEN_PATH``)."""
 MIN_SECRET_CHARS = 6
 """Shorter values (``1``, ``true``) are not searched for: they would mask ordinary words, and are no secret."""
 _URL = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^\s/@'\"<>]*@)?(?P<rest>[^\s'\"<>?#]*)"
