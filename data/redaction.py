@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 MASK = "***"
 SECRET_ENV = re.compile(r"AWS_ACCESS_KEY_ID|(?!.*_(PATH|FILE|DIR)$).*(SECRET|TOKEN|PASSWORD|_KEY|COOKIES|"
@@ -35,9 +35,10 @@ def redact(uri: str | os.PathLike) -> str:
     parts = urlsplit(text)
     if not parts.scheme or len(parts.scheme) == 1:  # a path (or a Windows drive letter)
         return _without_secret_values(text)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return _without_secret_values(urlunsplit((parts.scheme, netloc, parts.path, "", "")))
+    rest = text[len(parts.scheme) + 1:]  # cut, not rebuilt: sqlite:////abs.db keeps its four slashes
+    if rest.startswith("//"):
+        rest = "//" + parts.netloc.rpartition("@")[2] + rest[2 + len(parts.netloc):]
+    return _without_secret_values(parts.scheme + ":" + re.split(r"[?#]", rest, maxsplit=1)[0])
 
 
 def redact_text(text: str) -> str:

@@ -169,7 +169,8 @@ def test_report_page_has_every_chart(demo, tmp_path, capsys):
 
 
 def test_status_output_never_carries_tracking_credentials():
-    from pipelines.operations.status import _without_credentials
+    from data.redaction import redact
 
-    assert _without_credentials("https://bob:s3cret@mlflow.example.com:5000/x") == "https://mlflow.example.com:5000/x"
-    assert _without_credentials("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    assert redact("https://bob:s3cret@mlflow.example.com:5000/x") == "https://mlflow.example.com:5000/x"
+    assert redact("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    assert redact("sqlite:///relative.db") == "sqlite:///relative.db"
