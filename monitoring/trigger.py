@@ -259,9 +259,10 @@ def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float
     was (:class:`RunInFlight`: the decision is recorded as skipped, with that reason).
 
     Raises:
-        ValueError, TriggerStateError: as ``decide``; or the pending record could not be written (no run started).
+        ValueError, TriggerStateError: as ``decide``.
         RunNotRecorded: the run started but its id could not be recorded; the pending record keeps the cooldown.
-        Exception: whatever else ``start()`` raises; nothing is recorded then.
+        Exception: what the store raises when the pending record cannot be written (no run is started then), or
+            what ``start()`` raises (the state is put back then).
     """
     with store.lock:
         decision = decide(store, model=model, data_hash=data_hash, now=now, policy=policy)
