@@ -25,7 +25,7 @@ _URL = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^\s/@'
                   r"(?P<query>[?#][^\s'\"<>]*)?")
 _SIGNED = re.compile(r"(?i)\b(X-Amz-(?:Signature|Credential|Security-Token)|X-Goog-(?:Signature|Credential)|sig|"
                      r"AWSAccessKeyId|Signature|token|access_token)=[^\s&'\"<>]+")
-_BEARER = re.compile(r"(?i)\b(Bearer|Basic|token)\s+[A-Za-z0-9._~+/=-]{8,}")
+_BEARER = re.compile(r"(?i)\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 
 
 def redact(uri: str | os.PathLike) -> str:
