@@ -17,6 +17,7 @@ from filelock import FileLock
 from data.errors import KfloopError
 from data.fileio import atomic_write_json, utc_iso
 from data.redaction import redact_text
+from data.storage import StorageError, check_uri
 from data.settings import section_from_dict
 
 HISTORY_LIMIT = 100
@@ -53,6 +54,11 @@ class TriggerPolicy:
                 raise ValueError(f"allowed_data_prefixes={prefixes!r}: use a list of folders or bucket prefixes, "
                                  "e.g. ['s3://bucket/churn/'], or null for the folder of the champion's training data")
             self.allowed_data_prefixes = tuple(prefixes)
+            for prefix in self.allowed_data_prefixes:
+                try:
+                    check_uri(prefix)
+                except StorageError as err:
+                    raise ValueError(f"allowed_data_prefixes: {err}") from None
         for name in ("cooldown_seconds", "window_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
