@@ -247,7 +247,8 @@ def test_racing_processes_start_exactly_one_run(tmp_path, same_data):
     ({"cooldown_seconds": -1}, "cooldown_seconds=-1: use a finite number of seconds >= 0"),
     ({"window_seconds": 0}, "window_seconds=0: use a positive window"),
     ({"window_seconds": float("inf")}, "window_seconds=inf"),
-    ({"allowed_data_prefixes": ["s3://ml-data/churn/../"]}, "allowed_data_prefixes: s3://ml-data/churn/../: rule uri.key"),
+    ({"allowed_data_prefixes": ["s3://ml-data/churn/../"]},
+     "allowed_data_prefixes: s3://ml-data/churn/../: rule uri.key"),
     ({"allowed_data_prefixes": ["http://169.254.169.254/"]}, "allowed_data_prefixes: http://169.254.169.254/: rule "
                                                              "uri.scheme"),
 ])
