@@ -94,6 +94,18 @@ def test_slow_clients_are_cut_at_their_deadlines(served):
     assert post_alert(hook.port, hook.token, {"model": MODEL, "reason": "drift"})[0] == 200 and len(hook.started) == 1
 
 
+def test_a_kept_alive_connection_has_the_header_deadline_again_for_its_next_request(served):
+    hook = served(ServerLimits(header_timeout_seconds=0.5, keep_alive_seconds=60))
+    with socket.create_connection(("127.0.0.1", hook.port), timeout=30) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: k\r\n\r\n")
+        assert status_of(sock) == 200
+        sock.sendall(b"POST /alerts HTTP/1.1\r\nHost: k\r\nContent-Le")  # uvicorn's keep-alive timer stops here
+        rest = b""
+        while chunk := sock.recv(65536):  # until the server closes it (the socket's timeout would fail the test)
+            rest += chunk
+    assert b"HTTP/1.1" not in rest and [e["stage"] for e in events(hook, "timeout")] == ["headers"]
+
+
 def test_malformed_alerts_get_4xx_never_500_and_start_nothing(served):
     hook = served()
     nested = b'{"model": "churn", "reason": "x", "data_md5": ' + b"[" * 30_000 + b"]" * 30_000 + b"}"
