@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from fakes import pytorchjob_contract as operator
 from fakes.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
+from fakes.k8s_validation import service_refusal
 from fakes.server_process import free_port
 
 if TYPE_CHECKING:
@@ -212,8 +213,11 @@ class _JobController:
         spec = self.defaulted["spec"]
         self.replicas = spec["pytorchReplicaSpecs"]
         self.run_policy = spec["runPolicy"]
-        self._write_pod_files([self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
-                               for i in range(rspec.get("replicas", 1))])
+        names = [self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
+                 for i in range(rspec.get("replicas", 1))]
+        self.refused_services = {name: refusal for name in names if (refusal := service_refusal(name))}
+        """Headless services (one per pod, named as it) the API server refuses: their names do not resolve."""
+        self._write_pod_files([name for name in names if name not in self.refused_services])
 
     def _setup(self, api: K8sServer, namespace: str, job: dict, dir_prefix: str = "") -> None:
         """The state every controller of pods shares with its kubelet: the API, the owning object, the stop flag,
@@ -255,6 +259,9 @@ class _JobController:
 
     def start(self) -> None:
         self.set_condition("Created", "PyTorchJobCreated", f"PyTorchJob {self.name} is created.")
+        for refusal in self.refused_services.values():
+            self.api.record_event(self.namespace, self.job, reason=operator.FAILED_CREATE_SERVICE, type_="Warning",
+                                  message=f"Error creating: {refusal}")
         for rtype, rspec in self.replicas.items():
             for index in range(rspec.get("replicas", 1)):
                 self.start_pod(rtype, index)

@@ -69,11 +69,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from fakes import kuberay_operator, pod_security, tls, trainer_operator
+from fakes import kuberay_operator, pod_security, pytorchjob_contract, tls, trainer_operator
 from fakes.crd_schema import printer_columns, validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
+from fakes.k8s_validation import aggregate, webhook_denied
 from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES,
                              SECRETS, TRAINJOBS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
@@ -452,6 +453,8 @@ class K8sServer:
         _check_micro_times(resource, body)
         if resource is SECRETS:
             _encode_string_data(body)
+        if resource is PYTORCHJOBS:
+            _admit_pytorchjob(body)
         if resource is TRAINJOBS:
             return trainer_operator.create(self, namespace, body)
         if resource in (RAYJOBS, RAYCLUSTERS):
@@ -527,6 +530,8 @@ class K8sServer:
                 candidate["metadata"] = {k: v for k, v in updated["metadata"].items()
                                          if k in ("name", "namespace", "labels", "annotations")}
                 self._validate(resource, candidate)
+                if resource is PYTORCHJOBS:
+                    _admit_pytorchjob(candidate, current)
             return updated
 
         _check_micro_times(resource, body)
@@ -573,6 +578,17 @@ class K8sServer:
                                "uid": meta["uid"], "apiVersion": involved["apiVersion"]},
             "reason": reason, "message": message, "type": type_, "count": 1, "firstTimestamp": now(),
             "lastTimestamp": now(), "source": {"component": "kfloop-test-server"}})
+
+
+def _admit_pytorchjob(job: dict, old: dict | None = None) -> None:
+    """The Training Operator's validating webhook (tests/fakes/pytorchjob_contract.py ``validate``).
+
+    Raises:
+        ApiError: 403 with the webhook's denial, as the API server answers it.
+    """
+    _, errors = pytorchjob_contract.validate(job, old)
+    if errors:
+        raise ApiError(403, "Forbidden", webhook_denied(pytorchjob_contract.WEBHOOK, aggregate(errors)))
 
 
 def qos_class(pod_spec: dict) -> str:
