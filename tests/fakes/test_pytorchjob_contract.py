@@ -224,8 +224,9 @@ def test_a_pod_name_too_long_for_its_service_is_a_failed_create_service_event(cl
     client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
         "kubeflow.org", "v1", "default", "pytorchjobs", pytorchjob(name, ["true"], workers=1))
     core = client.CoreV1Api(cluster.api())
-    events = wait_for("the FailedCreateService events", lambda: [
-        e.message for e in core.list_namespaced_event("default").items if e.reason == "FailedCreateService"] or None)
+    events = wait_for("both FailedCreateService events", lambda: (found := [
+        e.message for e in core.list_namespaced_event("default").items if e.reason == "FailedCreateService"]) and
+        len(found) == 2 and found)
     assert sorted(events) == [f'Error creating: Service "{service}" is invalid: metadata.name: Invalid value: '
                               f'"{service}": must be no more than 63 characters'
                               for service in (f"{name}-master-0", f"{name}-worker-0")]
