@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 
+from fakes import istio_injection
 from fakes import pytorchjob_contract as operator
 from fakes.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
 from fakes.k8s_validation import service_refusal
@@ -384,6 +385,10 @@ class _JobController:
             return
         run = _PodRun(log=self.dir / f"{name}-{uid[:8]}.log")
         self.api._runs[(self.namespace, name)] = run
+        # Istio's classic sidecar: running from the pod's start until the pod is deleted
+        sidecar = [{"name": istio_injection.PROXY, "image": istio_injection.PROXY_IMAGE, "imageID": "", "ready": True,
+                    "started": True, "restartCount": 0, "state": {"running": {"startedAt": now()}}}
+                   ] if istio_injection.injected(pod) else []
         for init in pod["spec"].get("initContainers", []):
             code = self._run_init(pod, init, run)
             if code is None:
@@ -409,7 +414,8 @@ class _JobController:
                     "name": container["name"], "image": image, "imageID": "", "ready": True, "started": True,
                     "restartCount": restarts, "state": {"running": {"startedAt": started}},
                     "containerID": run.container.id,
-                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
+                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})},
+                    *sidecar]))
             if self._master_running():
                 self.set_condition("Running", "PyTorchJobRunning", f"PyTorchJob {self.name} is running.")
             if name in self.api.killed_pods:
@@ -424,12 +430,16 @@ class _JobController:
             in_place = pod["spec"]["restartPolicy"] == "Always" or (
                 pod["spec"]["restartPolicy"] == "OnFailure" and exit_code != 0)
             if not in_place:
-                phase = "Succeeded" if exit_code == 0 else "Failed"
+                # a running sidecar keeps the pod Running (the kubelet's getPhase): the operator sees no end
+                phase = "Running" if sidecar else "Succeeded" if exit_code == 0 else "Failed"
                 self._update_pod(name, lambda p: p["status"].update(phase=phase, containerStatuses=[{
                     "name": container["name"], "image": image, "imageID": "", "ready": False, "started": False,
                     "restartCount": restarts, "state": {"terminated": terminated},
-                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
-                return self._pod_finished(rtype, index, name, exit_code)
+                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})},
+                    *sidecar]))
+                if not sidecar:
+                    self._pod_finished(rtype, index, name, exit_code)
+                return
             restarts += 1
             backoff = min(8.0, CRASH_BACKOFF_SECONDS * 2 ** (restarts - 1))
             self._update_pod(name, lambda p: p["status"].update(containerStatuses=[{

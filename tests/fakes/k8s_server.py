@@ -17,13 +17,16 @@ cluster admin, or of any user or service account):
   event with code 410 Expired when N is older than the retained history, as the API server sends it).
 * authentication and RBAC authorisation of every request by the roles and bindings it holds
   (tests/fakes/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
-  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Pod Security admission of pods in namespaces labelled
-  `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
+  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Istio's sidecar
+  injection into pods of namespaces labelled `istio-injection: enabled` (tests/fakes/istio_injection.py: the
+  sidecar outlives the app container, so such a pod stays Running) and Pod Security admission of pods in namespaces
+  labelled `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
 
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object
 per replica, made as tests/fakes/pytorchjob_contract.py says the operator makes it (names, labels, the env on
 every container, the `init-pytorch` init container of workers), admitted like any pod, and one local process
-group per container that runs: the init containers in order, then the `pytorch` container (others are not run),
+group per container that runs: the init containers in order, then the `pytorch` container (others are not run;
+an injected `istio-proxy` is reported running until the pod is deleted),
 each with its own `command` + `args`, its env (`secretKeyRef` resolved from Secrets in the store) and a minimal
 image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image holds). Pod names
 resolve like a cluster's headless services do: each pod process runs in its own mount and UTS namespaces
@@ -69,7 +72,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from fakes import kuberay_operator, pod_security, pytorchjob_contract, tls, trainer_operator
+from fakes import istio_injection, kuberay_operator, pod_security, pytorchjob_contract, tls, trainer_operator
 from fakes.crd_schema import printer_columns, validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
@@ -478,8 +481,9 @@ class K8sServer:
         return controller
 
     def create_pod(self, namespace: str, pod: dict) -> dict:
-        """Admit (Pod Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as
-        the API server does for the operator's pod creations.
+        """Admit (Istio's sidecar injection where the namespace has it, tests/fakes/istio_injection.py; then Pod
+        Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as the API server
+        does for the operator's pod creations.
 
         Raises:
             ApiError: 403 Forbidden when the namespace's Pod Security level refuses the pod.
@@ -488,6 +492,8 @@ class K8sServer:
             labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}
         except ApiError:
             labels = {}
+        if istio_injection.injection_required(namespace, labels, pod):  # mutating admission, before validating
+            istio_injection.inject(pod)
         refusal = pod_security.admit(labels, pod)
         if refusal:
             raise ApiError(403, "Forbidden", refusal, {"name": pod["metadata"]["name"], "kind": "pods"})
