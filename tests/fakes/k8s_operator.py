@@ -120,21 +120,80 @@ def _terminate(run: _PodRun) -> None:
         container.stop()
 
 
-def container_env(api: K8sServer, namespace: str, pod: dict, container: dict,
-                  local: Callable[[str], str] = str) -> dict[str, str]:
-    """The container's ``env`` as the kubelet resolves it: values (through ``local``, the process runtime's mount
-    mapping), ``fieldRef`` (:func:`field_value`) and ``secretKeyRef`` from the Secrets in the store.
+def expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's ``$(VAR)`` expansion (kubernetes ``third_party/forked/golang/expansion/expand.go``,
+    ``Expand``): ``$(VAR)`` becomes ``env``'s value, or stays as written when ``VAR`` is undefined; ``$$`` is an
+    escaped ``$``; any other ``$`` (an unclosed ``$(`` too) stays."""
+    out, at = [], 0
+    while at < len(text):
+        if text[at] == "$" and at + 1 < len(text):
+            if text[at + 1] == "$":
+                out.append("$")
+                at += 2
+                continue
+            end = text.find(")", at + 2) if text[at + 1] == "(" else -1
+            if end != -1:
+                name = text[at + 2:end]
+                out.append(env.get(name, text[at:end + 1]))
+                at = end + 1
+                continue
+        out.append(text[at])
+        at += 1
+    return "".join(out)
+
+
+SUPPORTED_VOLUMES = ("persistentVolumeClaim", "emptyDir")
+"""Volume kinds the test cluster's kubelets mount; a pod with any other is refused, never run without it."""
+
+
+def container_volumes(pod: dict, container: dict) -> list[tuple[dict, dict]]:
+    """(volume mount, volume) of each of the container's ``volumeMounts``.
 
     Raises:
-        ValueError: a referenced Secret or key is missing (and not ``optional``).
+        ValueError: a mount names no volume of the pod (the API server's ``Not found``), or a volume is of a kind
+            the test cluster does not emulate (its field named).
     """
-    env = {}
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = local(str(item["value"]))
-        elif "fieldRef" in item.get("valueFrom", {}):
+    volumes = {v["name"]: (i, v) for i, v in enumerate(pod["spec"].get("volumes", []))}
+    found = []
+    for index, mount in enumerate(container.get("volumeMounts", [])):
+        if mount["name"] not in volumes:
+            raise ValueError(f"spec.containers[{container['name']}].volumeMounts[{index}].name: Not found: "
+                             f"\"{mount['name']}\"")
+        at, volume = volumes[mount["name"]]
+        kinds = [key for key in volume if key != "name"]
+        if not kinds or any(kind not in SUPPORTED_VOLUMES for kind in kinds):
+            raise ValueError(f"spec.volumes[{at}] ({mount['name']!r}): {', '.join(kinds) or 'no source'} is not "
+                             f"emulated by the test cluster's kubelet (only {', '.join(SUPPORTED_VOLUMES)})")
+        found.append((mount, volume))
+    return found
+
+
+def container_env(api: K8sServer, namespace: str, pod: dict, container: dict,
+                  local: Callable[[str], str] = str) -> dict[str, str]:
+    """The container's ``env`` as the kubelet resolves it: values with ``$(VAR)`` of the variables before them
+    expanded (:func:`expand`; then through ``local``, the process runtime's mount mapping), ``fieldRef``
+    (:func:`field_value`) and ``secretKeyRef`` from the Secrets in the store.
+
+    Raises:
+        ValueError: a referenced Secret or key is missing (and not ``optional``), or the container uses an env form
+            the test cluster does not emulate (``envFrom``, ``configMapKeyRef``, ``resourceFieldRef``: named).
+    """
+    if container.get("envFrom"):
+        raise ValueError(f"spec.containers[{container['name']}].envFrom is not emulated by the test cluster's "
+                         "kubelet: list the variables under env")
+    env: dict[str, str] = {}
+    for index, item in enumerate(container.get("env", [])):
+        source = item.get("valueFrom") or {}
+        unknown = sorted(set(source) - {"fieldRef", "secretKeyRef"})
+        if unknown:
+            raise ValueError(f"spec.containers[{container['name']}].env[{index}].valueFrom.{unknown[0]} "
+                             f"({item['name']}) is not emulated by the test cluster's kubelet (only fieldRef and "
+                             "secretKeyRef)")
+        if not source:
+            env[item["name"]] = local(expand(str(item.get("value", "")), env))
+        elif "fieldRef" in source:
             env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
-        elif "secretKeyRef" in item.get("valueFrom", {}):
+        else:
             ref = item["valueFrom"]["secretKeyRef"]
             try:
                 secret = api.store.get(SECRETS, namespace, ref["name"])
@@ -556,10 +615,12 @@ class ProcessRuntime:
 
 
 def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str], dict[str, str], str]:
-    """argv, env and working dir of the container, with volume mount paths mapped to host dirs.
+    """argv (``$(VAR)`` of the container's env expanded, as the kubelet does), env and working dir of the
+    container, with volume mount paths mapped to host dirs.
 
     Raises:
-        ValueError: a referenced Secret or key is missing, or a PVC claim has no host dir.
+        ValueError: a referenced Secret or key is missing, a PVC claim has no host dir, or the container uses a
+            volume or env form the test cluster does not emulate.
     """
     mounts = _mounts(job, pod, container)
 
@@ -575,8 +636,9 @@ def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str]
     env = {"PATH": f"{job.bin}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
            "HOME": str(job.dir), "HOSTNAME": pod["metadata"]["name"],
            "PYTHONPATH": str(CODE_ROOT)}  # the image holds the code under test (not whatever the venv has)
-    env.update(container_env(job.api, job.namespace, pod, container, local))
-    argv = [local(a) for a in container.get("command", []) + container.get("args", [])]
+    own = container_env(job.api, job.namespace, pod, container, local)
+    env.update(own)
+    argv = [local(expand(a, own)) for a in container.get("command", []) + container.get("args", [])]
     if not argv:
         raise ValueError("the container has no command (the test server runs no image entrypoints)")
     script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
@@ -588,19 +650,15 @@ def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str]
 
 def _mounts(job: _JobController, pod: dict, container: dict) -> list[tuple[str, Path]]:
     """(mount path, host dir), longest path first."""
-    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
     mounts = []
-    for mount in container.get("volumeMounts", []):
-        volume = volumes.get(mount["name"], {})
+    for mount, volume in container_volumes(pod, container):
         if "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"]["claimName"]
             if claim not in job.api.volumes:
                 raise ValueError(f'persistentvolumeclaim "{claim}" not found')
             host = job.api.volumes[claim]
-        elif "emptyDir" in volume:
+        else:
             host = job.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
             host.mkdir(parents=True, exist_ok=True)
-        else:
-            continue
         mounts.append((mount["mountPath"], host / mount.get("subPath", "")))
     return sorted(mounts, key=lambda m: -len(m[0]))
