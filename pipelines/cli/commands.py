@@ -568,11 +568,11 @@ def cmd_render_job(args: argparse.Namespace) -> int:
     settings = options.settings(args)
     cluster_settings = dict(settings.get("cluster", {}))
     launch = KubernetesSettings.from_dict(cluster_settings)  # the cluster and the launcher's own settings
-    cluster = in_namespace(launch.cluster, launch.launcher.kubeconfig)
     training = training_settings({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
                                  nproc_per_node=args.nproc_per_node, backend="kubernetes")
     section = TrainingSection.from_dict(training)
-    body = job_manifest(section.config, section.shape, cluster, run_id=args.run_id)
+    body = in_namespace(job_manifest(section.config, section.shape, launch.cluster, run_id=args.run_id),
+                        launch.launcher.kubeconfig)
     options.print_json(body) if args.json else sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0
 

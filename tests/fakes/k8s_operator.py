@@ -111,6 +111,23 @@ def field_value(pod: dict, path: str) -> str:
     return str(value)
 
 
+def pod_requests(pod: dict) -> dict[str, float]:
+    """What the scheduler counts for a pod: requests, or limits where no request is set; the larger of the
+    containers' sum and each init container's (they run one at a time, before the others)."""
+    def requests(container: dict) -> dict[str, float]:
+        resources = container.get("resources", {})
+        return {k: quantity(v) for k, v in {**resources.get("limits", {}), **resources.get("requests", {})}.items()}
+
+    wanted: dict[str, float] = {}
+    for container in pod["spec"].get("containers", []):
+        for key, value in requests(container).items():
+            wanted[key] = wanted.get(key, 0.0) + value
+    for init in pod["spec"].get("initContainers", []):
+        for key, value in requests(init).items():
+            wanted[key] = max(wanted.get(key, 0.0), value)
+    return wanted
+
+
 def _terminate(run: _PodRun) -> None:
     """Stop the pod's container (SIGTERM, SIGKILL after STOP_GRACE_SECONDS); none starts after this."""
     with run.lock:
@@ -422,18 +439,8 @@ class _JobController:
         name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         container = next((c for c in pod["spec"]["containers"] if c.get("name") == "pytorch"),
                          pod["spec"]["containers"][0])
-        unfit = self._unfit(pod)
-        if unfit:
-            message = f"0/1 nodes are available: 1 Insufficient {unfit}. preemption: 0/1 nodes are available: " \
-                      "1 No preemption victims found for incoming pod."
-            self._update_pod(name, lambda p: p["status"].update(conditions=[
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                 "lastTransitionTime": now()}]))
-            self.api.record_event(self.namespace, pod, reason="FailedScheduling", message=message, type_="Warning")
+        if not self._schedule(pod):
             return
-        self._update_pod(name, lambda p: p["status"].update(
-            conditions=[{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
-            hostIP="127.0.0.1", podIP="127.0.0.1"))
         self.api.record_event(self.namespace, pod, reason="Scheduled",
                               message=f"Successfully assigned {self.namespace}/{name} to kfloop-test-node")
         image = container.get("image", "")
@@ -574,22 +581,54 @@ class _JobController:
         self.finish("Failed", "PyTorchJobFailed", f"PyTorchJob {self.name} is failed because 1 {rtype} replica(s) "
                                                   "failed.")
 
-    def _unfit(self, pod: dict) -> str | None:
-        """The first resource the node lacks for this pod (requests, or limits where no request is set; the larger
-        of the containers' sum and each init container's, as the scheduler counts)."""
-        def requests(container: dict) -> dict[str, float]:
-            resources = container.get("resources", {})
-            return {k: quantity(v) for k, v in {**resources.get("limits", {}), **resources.get("requests", {})}.items()}
+    def _schedule(self, pod: dict) -> bool:
+        """The scheduler: bind the pod once the node's ``capacity``, less what its bound and unfinished pods request,
+        fits it (checked and bound under one lock, as the scheduler's cache assumes a pod); until then the pod is
+        Unschedulable with a FailedScheduling event, and retried at each change of the cluster. False when the pod
+        or its job went away first."""
+        name = pod["metadata"]["name"]
+        store, revision, reported = self.api.store, -1, False
+        while not self.stopping.is_set():
+            with self.api.scheduling:
+                unfit = self._unfit(pod)
+                if not unfit:
+                    return self._update_pod(name, lambda p: p["status"].update(
+                        conditions=[{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
+                        hostIP="127.0.0.1", podIP="127.0.0.1")) is not None
+            if not reported:
+                message = f"0/1 nodes are available: 1 Insufficient {unfit}. preemption: 0/1 nodes are available: " \
+                          "1 No preemption victims found for incoming pod."
+                if self._update_pod(name, lambda p: p["status"].update(conditions=[
+                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                         "lastTransitionTime": now()}])) is None:
+                    return False
+                self.api.record_event(self.namespace, pod, reason="FailedScheduling", message=message,
+                                      type_="Warning")
+                reported = True
+            with store.lock:
+                while store.revision == revision and not store.closed and not self.stopping.is_set():
+                    store.lock.wait(0.5)
+                if store.closed:
+                    return False
+                revision = store.revision
+            try:
+                store.get(PODS, self.namespace, name)
+            except ApiError:
+                return False  # deleted while it waited
+        return False
 
-        wanted: dict[str, float] = {}
-        for container in pod["spec"].get("containers", []):
-            for key, value in requests(container).items():
-                wanted[key] = wanted.get(key, 0.0) + value
-        for init in pod["spec"].get("initContainers", []):  # init containers run one at a time, before the others
-            for key, value in requests(init).items():
-                wanted[key] = max(wanted.get(key, 0.0), value)
-        for key, value in wanted.items():
-            if value > self.api.capacity.get(key, 0.0):
+    def _unfit(self, pod: dict) -> str | None:
+        """The first resource the node lacks for this pod, next to the pods bound to it that have not ended."""
+        allocated: dict[str, float] = {}
+        for other in self.api.store.list(PODS, None)[0]:
+            status = other.get("status") or {}
+            bound = any(c["type"] == "PodScheduled" and c["status"] == "True" for c in status.get("conditions", []))
+            if bound and status.get("phase") not in ("Succeeded", "Failed") and \
+                    other["metadata"]["uid"] != pod["metadata"]["uid"]:
+                for key, value in pod_requests(other).items():
+                    allocated[key] = allocated.get(key, 0.0) + value
+        for key, value in pod_requests(pod).items():
+            if value + allocated.get(key, 0.0) > self.api.capacity.get(key, 0.0):
                 return key
         return None
 

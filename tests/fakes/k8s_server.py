@@ -41,8 +41,8 @@ Job status follows the operator: conditions Created, Running, Restarting, Succee
 ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) and fails the job on 1..127;
 `OnFailure` restarts the container in place (restartCount, CrashLoopBackOff); `cleanPodPolicy` and
 `activeDeadlineSeconds` apply; a pod that admission refuses is a `FailedCreatePod` event on the job, which stays
-Created. Scheduling checks the pod's resources against one node's `capacity`: a pod that does not fit stays
-Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in ImagePullBackOff; a pod
+Created. Scheduling checks the pod's resources against one node's `capacity` less what the bound pods that have not
+ended request: a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees. Images in `unpullable_images` stay in ImagePullBackOff; a pod
 named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason given there
 (`OOMKilled`, or `Error` for a plain kill).
 That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
@@ -174,7 +174,7 @@ class K8sServer:
         namespace: the kubeconfig's default namespace.
         volumes: PVC claim name -> host dir of that volume.
         capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, extended
-            resources by name); pods that do not fit stay Unschedulable.
+            resources by name), shared by every pod bound to it; pods that do not fit stay Unschedulable.
         operator: run PyTorchJobs as local processes.
         pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
             None: the operator's default ``init-pytorch``.
@@ -190,6 +190,8 @@ class K8sServer:
         self.namespace = namespace
         self.volumes = {claim: Path(path) for claim, path in (volumes or {}).items()}
         self.capacity = {"cpu": float(os.cpu_count() or 2) * 8, "memory": 256 * 2**30, **(capacity or {})}
+        self.scheduling = threading.Lock()
+        """Held while a pod is checked against the node's room and bound to it."""
         self.operator = operator
         self.pytorch_init_container_template = pytorch_init_container_template
         self.runtime: Runtime = runtime or ProcessRuntime()

@@ -84,3 +84,35 @@ def test_env_values_and_the_command_are_expanded_with_the_containers_env(cluster
     wait_for("the pod to write its arguments", out.is_file)
     wait_for("the whole line", lambda: out.read_text().endswith(")"))
     assert out.read_text() == "kept-$(OWN) hello kept $(UNDEFINED)"
+
+
+@pytest.mark.parametrize("cluster", [{"capacity": {"cpu": 2.0}}], indirect=True)
+def test_a_pod_the_node_has_no_room_for_waits_unschedulable_until_room_frees(cluster):
+    """A node of 2 CPUs and two jobs of 1.5: the second one's pod is Unschedulable (FailedScheduling) while the
+    first one's runs, and is bound once that has ended."""
+    from kubernetes import client
+
+    release = cluster.shared / "release"
+    custom, core = client.CustomObjectsApi(cluster.api()), client.CoreV1Api(cluster.api())
+
+    def create(name: str, command: list[str]) -> None:
+        body = pytorchjob(name, command, workers=0)
+        body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"] = {
+            "requests": {"cpu": "1500m"}}
+        custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
+
+    def phase(pod: str) -> str:
+        return core.read_namespaced_pod(pod, "default").status.phase
+
+    create("first", [PYTHON, "-c", f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"])
+    wait_for("the first pod to run", lambda: phase("first-master-0") == "Running")
+    create("second", ["true"])
+    (event,) = wait_for("the second pod's FailedScheduling event", lambda: [
+        e for e in core.list_namespaced_event("default").items
+        if e.reason == "FailedScheduling" and e.involved_object.name == "second-master-0"])
+    assert event.message.startswith("0/1 nodes are available: 1 Insufficient cpu.")
+    second = core.read_namespaced_pod("second-master-0", "default")
+    assert second.status.phase == "Pending" and second.status.conditions[0].reason == "Unschedulable"
+    release.write_text("")
+    wait_for("the second pod to run once the first ended", lambda: phase("second-master-0") == "Succeeded")
+    assert phase("first-master-0") == "Succeeded"

@@ -349,6 +349,7 @@ class JobRun:
                  artifact: Path | None = None):
         """``artifact``: a file the job must have written (on the shared volume) for Succeeded to count."""
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        body = in_namespace(body, policy.kubeconfig)
         self.body, self.policy, self.log_path, self.timeout = body, policy, Path(log_path), timeout
         self.artifact = artifact
         self.namespace, self.name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -627,14 +628,16 @@ def _admission_hint(message: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ training
 
-def in_namespace(cluster: ClusterConfig, kubeconfig: str) -> ClusterConfig:
-    """``cluster`` with its job's namespace: ``cluster.namespace``, else this pod's own (or the kubeconfig's,
-    :func:`~training.launch.kube_client.own_namespace`).
+def in_namespace(body: dict[str, Any], kubeconfig: str) -> dict[str, Any]:
+    """The job ``body`` in its namespace: ``cluster.namespace`` as rendered, else this pod's own (or the
+    kubeconfig's, :func:`~training.launch.kube_client.own_namespace`).
 
     Raises:
         kubernetes.config.ConfigException: the namespace is empty and the kubeconfig cannot be read.
     """
-    return cluster if cluster.namespace else replace(cluster, namespace=own_namespace(kubeconfig))
+    if body["metadata"].get("namespace"):
+        return body
+    return {**body, "metadata": {**body["metadata"], "namespace": own_namespace(kubeconfig)}}
 
 
 def preflight(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, policy: LaunchPolicy, *,
@@ -691,7 +694,6 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
         ValueError: the cluster has no shared volume, or the job's shape and the cluster do not fit together.
     """
     started = time.monotonic()
-    cluster = in_namespace(cluster, policy.kubeconfig)
     name = job_name_for(pipeline_run_id)
     root = Path(job_dir(name, cluster))
     data_file = "data" + (Path(data).suffix or ".parquet")
