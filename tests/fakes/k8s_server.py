@@ -22,12 +22,17 @@ cluster admin, or of any user or service account):
   sidecar outlives the app container, so such a pod stays Running) and Pod Security admission of pods in namespaces
   labelled `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
 
+A PyTorchJob passes the Training Operator's validating webhook first (tests/fakes/pytorchjob_contract.py
+``validate``, refused with 403 and the webhook's message); its per-pod headless services the API server refuses
+(names over 63 characters) are FailedCreateService events, and those names do not resolve.
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object
 per replica, made as tests/fakes/pytorchjob_contract.py says the operator makes it (names, labels, the env on
 every container, the `init-pytorch` init container of workers), admitted like any pod, and one local process
 group per container that runs: the init containers in order, then the `pytorch` container (others are not run;
 an injected `istio-proxy` is reported running until the pod is deleted),
-each with its own `command` + `args`, its env (`secretKeyRef` resolved from Secrets in the store) and a minimal
+each with its own `command` + `args` (`$(VAR)` expanded), its env (`secretKeyRef` and `fieldRef` resolved; other
+env forms, `envFrom`, and volumes other than claims and emptyDirs are a CreateContainerConfigError naming the
+field) and a minimal
 image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image holds). Pod names
 resolve like a cluster's headless services do: each pod process runs in its own mount and UTS namespaces
 (`unshare`; hostname = pod name) with a private `/etc/hosts` mapping every pod of its job (`<job>-master-0`,

@@ -361,7 +361,8 @@ def _metadata(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     labels = dict(LABELS)
     if cluster.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
-    return {"name": spec.name, "namespace": cluster.namespace, "labels": labels}
+    # no namespace: the launcher's own (training.launch.kubernetes.in_namespace), as kubectl's context gives one
+    return {"name": spec.name, **({"namespace": cluster.namespace} if cluster.namespace else {}), "labels": labels}
 
 
 def _pod_metadata(cluster: ClusterConfig) -> dict[str, Any]:
