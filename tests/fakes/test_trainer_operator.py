@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fakes.kubernetes_cluster import CLAIM, status_of
 from fakes.trainer_operator import (JOB_NAME_TOO_LONG, JOBSET_NAME_LABEL, POD_NAME_TOO_LONG, jobset_problems,
-                                    strategic_merge)
+                                    runtime_patch_problems, strategic_merge)
 from polling import wait_for
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
@@ -142,7 +142,8 @@ def _rjob(replicas: int, completions: int | None = None) -> dict:
     return {"name": "rj", "replicas": replicas, "template": {"spec": spec}}
 
 
-# jobset_webhook_test.go (v0.12.0) TestValidateCreate's name cases: JobSet name, replicated jobs, JobSet's message
+# jobset_webhook_test.go (v0.12.0) TestValidateCreate's name cases (the third ours: names within the limits): JobSet
+# name, replicated jobs, JobSet's message
 @pytest.mark.parametrize("name, rjobs, message", [
     ("a" * 62, [_rjob(101)], JOB_NAME_TOO_LONG),
     ("a" * 56, [_rjob(1, 1)], POD_NAME_TOO_LONG),
@@ -168,3 +169,35 @@ def test_a_trainjob_whose_pod_names_would_pass_63_makes_no_pods(cluster):
         f'JobSet.jobset.x-k8s.io "{name}" is invalid: spec.replicatedJobs[0].name: Invalid value: "{name}-node-0": '
         "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters")
     assert core.list_namespaced_pod("default").items == []
+
+
+def _patch(pod: dict | None = None, job: str = "node") -> dict:
+    template = {"template": {"spec": {"template": {"spec": pod}}}} if pod is not None else {}
+    return {"manager": "test.example/patch",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": job, **template}]}}}}
+
+
+# TestValidate (pkg/runtime/framework/plugins/jobset/jobset_test.go, v2.3.0), its runtimePatches cases on create:
+# the runtime's node job has the init container custom-init and the container node.
+PATCH_VECTORS = {
+    "runtimePatches contain invalid replicated job": (
+        _patch(job="invalid"), "must not have replicated job that doesn't exist in the runtime job template"),
+    "runtimePatches contain invalid initContainer": (
+        _patch({"initContainers": [{"name": "invalid"}]}),
+        "must not have initContainer that doesn't exist in the runtime job node"),
+    "runtimePatches contain invalid container": (
+        _patch({"containers": [{"name": "invalid"}]}), "must not have container that doesn't exist in the runtime job node"),
+    "runtimePatches contain envs for reserved container": (
+        _patch({"containers": [{"name": "node", "env": [{"name": "ENV_NAME", "value": "v"}]}]}),
+        "must not have envs for the dataset-initializer, model-initializer, node containers"),
+    "allow runtimePatches when creating a new trainJob": (_patch({"containers": [{"name": "node"}]}), None),
+}
+
+
+@pytest.mark.parametrize("case", list(PATCH_VECTORS))
+def test_runtime_patches_pass_trainers_own_test_cases(case):
+    patch, message = PATCH_VECTORS[case]
+    runtime = {"spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+        "spec": {"initContainers": [{"name": "custom-init"}], "containers": [{"name": "node"}]}}}}}]}}}}
+    assert runtime_patch_problems([patch], runtime) == (
+        [f"spec.runtimePatches: Invalid value: {message}"] if message else [])

@@ -222,12 +222,12 @@ def admit(store: Store, namespace: str, trainjob: dict) -> None:
         if reserved and "torch" in (runtime["spec"].get("mlPolicy") or {}):  # torch.go Torch.Validate
             problems.append(f"spec.trainer.env: Invalid value: {_go_env(env)}: must not have reserved envs, invalid "
                             f"envs configured: [{' '.join(reserved)}]")
-        problems += _patch_problems(spec.get("runtimePatches") or [], runtime)
+        problems += runtime_patch_problems(spec.get("runtimePatches") or [], runtime)
     if problems:
         raise ApiError(403, "Forbidden", webhook_denied(TRAINJOB_WEBHOOK, aggregate(problems)))
 
 
-def _patch_problems(patches: list[dict], runtime: dict) -> list[str]:
+def runtime_patch_problems(patches: list[dict], runtime: dict) -> list[str]:
     """``JobSet.Validate`` (plugins/jobset/jobset.go) on ``runtimePatches``."""
     jobs = {job["name"]: {c["name"] for part in ("initContainers", "containers")
                           for c in job["template"]["spec"]["template"]["spec"].get(part) or []}
@@ -246,6 +246,10 @@ def _patch_problems(patches: list[dict], runtime: dict) -> list[str]:
                                 "exist in the runtime job template")
                 continue
             pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            for container in pod.get("initContainers") or []:
+                if container["name"] not in jobs[job["name"]]:
+                    problems.append("spec.runtimePatches: Invalid value: must not have initContainer that doesn't "
+                                    f"exist in the runtime job {job['name']}")
             for container in pod.get("containers") or []:
                 if container["name"] not in jobs[job["name"]]:
                     problems.append("spec.runtimePatches: Invalid value: must not have container that doesn't exist "
