@@ -433,7 +433,7 @@ def test_pytorchjobs_for_any_run_id_pass_the_training_operators_webhook_and_serv
     assert validate(body) == []
     assert pytorchjob_contract.validate(body) == ([], [])
     name = body["metadata"]["name"]
-    services = [pytorchjob_contract.replica_name(name, "Master", 0), pytorchjob_contract.replica_name(name, "Worker", 98)]
+    services = [pytorchjob_contract.replica_name(name, rtype, index) for rtype, index in (("Master", 0), ("Worker", 98))]
     assert [service_refusal(s) for s in services] == [None, None]
 
 

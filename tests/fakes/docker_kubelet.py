@@ -5,7 +5,8 @@ Taken from the kubelet (kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_contain
 ``pkg/kubelet/dockershim/helpers.go`` and ``naming.go`` of 1.23, the last with dockershim):
 
 - ``command`` replaces the image's ENTRYPOINT and ``args`` its CMD (an image's CMD never follows a given command),
-  both with ``$(VAR)`` of the container's env expanded; ``env`` with ``secretKeyRef`` and ``fieldRef`` resolved (``fakes.k8s_operator.container_env``); ``workingDir``.
+  both with ``$(VAR)`` of the container's env expanded; ``env`` with ``secretKeyRef`` and ``fieldRef`` resolved
+  (``fakes.k8s_operator.container_env``); ``workingDir``.
 - ``securityContext``, the container's over the pod's: ``runAsUser``/``runAsGroup`` as the container's user,
   ``readOnlyRootFilesystem``, ``capabilities`` add/drop, ``allowPrivilegeEscalation: false`` as
   ``no-new-privileges``; ``runAsNonRoot`` verified against the image's user (``verifyRunAsNonRoot``: a non-numeric

@@ -47,9 +47,9 @@ ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) a
 `OnFailure` restarts the container in place (restartCount, CrashLoopBackOff); `cleanPodPolicy` and
 `activeDeadlineSeconds` apply; a pod that admission refuses is a `FailedCreatePod` event on the job, which stays
 Created. Scheduling checks the pod's resources against one node's `capacity` less what the bound pods that have not
-ended request: a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees. Images in `unpullable_images` stay in ImagePullBackOff; a pod
-named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason given there
-(`OOMKilled`, or `Error` for a plain kill).
+ended request: a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees.
+Images in `unpullable_images` stay in ImagePullBackOff; a pod named in `killed_pods` is SIGKILLed (exit 137) each
+time it starts, reporting the reason given there (`OOMKilled`, or `Error` for a plain kill).
 That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
 (tests/fakes/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
 TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,

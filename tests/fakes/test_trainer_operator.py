@@ -186,7 +186,8 @@ PATCH_VECTORS = {
         _patch({"initContainers": [{"name": "invalid"}]}),
         "must not have initContainer that doesn't exist in the runtime job node"),
     "runtimePatches contain invalid container": (
-        _patch({"containers": [{"name": "invalid"}]}), "must not have container that doesn't exist in the runtime job node"),
+        _patch({"containers": [{"name": "invalid"}]}),
+        "must not have container that doesn't exist in the runtime job node"),
     "runtimePatches contain envs for reserved container": (
         _patch({"containers": [{"name": "node", "env": [{"name": "ENV_NAME", "value": "v"}]}]}),
         "must not have envs for the dataset-initializer, model-initializer, node containers"),
