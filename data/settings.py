@@ -27,6 +27,9 @@ training job it launches runs the same one; on a CI runner, the image ``kfloop c
 PULL_SECRETS_ENV = "KFLOOP_IMAGE_PULL_SECRETS"
 """Comma-separated image pull secrets of this step's pod (``kfloop compile --image-pull-secret``), passed on to the
 training job it launches."""
+JOB_NAMESPACE_ENV = "KFLOOP_JOB_NAMESPACE"
+"""Namespace of the training jobs this step launches, set on every compiled step by ``kfloop compile|upload
+--namespace``; the ``cluster.namespace`` setting wins over it, and without either a job goes in the step pod's own."""
 CONFIG_FILE = "kfloop.yaml"
 F = TypeVar("F", bound=Callable[..., Any])
 CODE_ROOT = Path(__file__).resolve().parents[1]
@@ -124,6 +127,11 @@ def own_image() -> tuple[str, tuple[str, ...]]:
     Unlike :func:`load_environment` it creates nothing."""
     secrets = tuple(s for s in os.environ.get(PULL_SECRETS_ENV, "").split(",") if s)
     return os.environ.get(IMAGE_ENV, ""), secrets
+
+
+def own_job_namespace() -> str:
+    """The training jobs' namespace the compiled step carries (``KFLOOP_JOB_NAMESPACE``); empty when unset."""
+    return os.environ.get(JOB_NAMESPACE_ENV, "")
 
 
 def activate(env: Environment) -> None:

@@ -123,11 +123,15 @@ def s3_bucket(s3_server, monkeypatch, request) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path, request):
+def cluster(tmp_path, request, monkeypatch):
     """A Kubernetes API test server in operator mode with one shared volume (tests/fakes/kubernetes_cluster.py);
-    parametrized indirectly with ``{"operator": False}``, a server that runs no job (a test plays the operator)."""
+    parametrized indirectly with ``{"operator": False}``, a server that runs no job (a test plays the operator).
+    This process is no pod of it: a job with no ``cluster.namespace`` goes in the kubeconfig's namespace."""
     from fakes.k8s_server import K8sServer
     from fakes.kubernetes_cluster import CLAIM, Cluster
+    from training.launch.kube_client import NAMESPACE_FILE_ENV
+
+    monkeypatch.setenv(NAMESPACE_FILE_ENV, str(tmp_path / "not-in-a-pod"))
 
     shared = tmp_path / "shared"
     shared.mkdir()

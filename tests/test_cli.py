@@ -20,8 +20,8 @@ SURFACE = {
     "": ["--debug", "--version", "--workdir"],
     "bench": ["--max-bytes", "--nproc", "--out"],
     "compile": ["--config", "--credentials-secret", "--enable-caching", "--gpu-node-selector", "--gpu-toleration",
-                "--gpus", "--image", "--image-pull-secret", "--json", "--out", "--set", "--shared-mount-path",
-                "--shared-volume-claim"],
+                "--gpus", "--image", "--image-pull-secret", "--json", "--namespace", "--out", "--set",
+                "--shared-mount-path", "--shared-volume-claim"],
     "demo": ["--json"],
     "drift": ["--config", "--current", "--engine", "--fail-on-drift", "--json", "--model", "--model-name",
               "--ray-address", "--reference", "--report", "--schema", "--set"],
@@ -375,3 +375,48 @@ def test_scripts_get_json_from_infer_schema_and_render_job(demo_files, capsys):
     assert main(["render-job", "--json", "--nnodes", "3"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["kind"] == "PyTorchJob" and manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+def _rendered_namespace(capsys, *overrides: str) -> str:
+    assert main(["render-job", "--json", *[a for o in overrides for a in ("--set", o)]]) == 0
+    return json.loads(capsys.readouterr().out)["metadata"]["namespace"]
+
+
+def test_an_empty_namespace_is_the_pods_own_else_the_kubeconfigs_else_default(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KFLOOP_JOB_NAMESPACE", raising=False)
+    own = tmp_path / "serviceaccount-namespace"
+    monkeypatch.setenv("KFLOOP_NAMESPACE_FILE", str(own))
+    assert _rendered_namespace(capsys) == "default"  # outside a pod, no kubeconfig
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "x", "cluster": {"server": "https://127.0.0.1:1"}}], "users": [{"name": "y", "user": {}}],
+        "contexts": [{"name": "c", "context": {"cluster": "x", "user": "y", "namespace": "from-context"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    assert _rendered_namespace(capsys) == "from-context"
+    own.write_text("kubeflow-user-example-com\n")  # in a pod: its service account's namespace
+    assert _rendered_namespace(capsys) == "kubeflow-user-example-com"
+    assert _rendered_namespace(capsys, "cluster.namespace=ml-training") == "ml-training"
+
+
+def test_compile_namespace_reaches_every_step_and_the_settings_namespace_wins(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from training.launch.kubernetes import KubernetesSettings
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", "--out", str(tmp_path / "out"), "--namespace", "team-a"]) == 0
+    spec = yaml.safe_load_all((tmp_path / "out" / "training.yaml").read_text()).__next__()
+    envs = [{e["name"]: e["value"] for e in executor["container"].get("env", [])}
+            for executor in spec["deploymentSpec"]["executors"].values()]
+    assert envs and all(env.get("KFLOOP_JOB_NAMESPACE") == "team-a" for env in envs)
+    monkeypatch.setenv("KFLOOP_JOB_NAMESPACE", "team-a")  # as in such a step
+    assert KubernetesSettings.from_dict({}).cluster.namespace == "team-a"
+    assert KubernetesSettings.from_dict({"namespace": "ml"}).cluster.namespace == "ml"
+    assert main(["compile", "--out", str(tmp_path / "bad"), "--namespace", "Not_A_Namespace"]) == 1
+    assert "job_namespace='Not_A_Namespace'" in capsys.readouterr().err

@@ -109,7 +109,8 @@ def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
     for group in (head, workers):
         pod = group["template"]
         assert pod["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-required-topology":
-                                                  "cloud.provider.com/topology-rack"}
+                                                  "cloud.provider.com/topology-rack",
+                                                  "sidecar.istio.io/inject": "false"}  # Istio's opt-out
         (container,) = pod["spec"]["containers"]
         env = {e["name"]: e for e in container["env"]}
         assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}

@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp = command("compile", "KFP IR YAML for every pipeline")
     comp.add_argument("--out", default="pipelines/compiled", help="folder of the YAML files (default: %(default)s)")
     options.add_json(comp, "the written files")
+    comp.add_argument("--namespace", help="namespace of the training jobs the steps launch (default: "
+                                           "cluster.namespace, else each step pod's own)")
     _add_compile_options(comp)
 
     upload = command("upload", "compile and upload every pipeline as the version of this git commit (idempotent)")
@@ -242,7 +244,8 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
 
 def _compile_options(args: argparse.Namespace):
     """The compile-time Kubernetes options: the flags, else the ``cluster:`` settings for the shared volume (the
-    claim is mounted only where the settings or a flag name one: a compiled default must not need a PVC)."""
+    claim is mounted only where the settings or a flag name one: a compiled default must not need a PVC);
+    ``--namespace`` (upload: the profile's) is the training jobs' namespace."""
     from pipelines.kubernetes_options import KubernetesOptions
 
     cluster = options.settings(args).get("cluster", {})
@@ -253,7 +256,8 @@ def _compile_options(args: argparse.Namespace):
                                         shared_mount_path=args.shared_mount_path or cluster.get("shared_mount_path"),
                                         enable_caching=args.enable_caching,
                                         image_pull_secrets=args.image_pull_secret
-                                        or cluster.get("image_pull_secrets") or ())
+                                        or cluster.get("image_pull_secrets") or (),
+                                        job_namespace=args.namespace)
 
 
 def _add_host(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, *, required: bool = True,
@@ -425,6 +429,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     failed = None
     settings = {**options.settings(args), **({"model_name": args.model} if args.model else {})}
+    if args.namespace:  # the profile's: the training job goes there too
+        settings["cluster"] = {**settings.get("cluster", {}), "namespace": args.namespace}
     with options.stdout_for_json(args):
         if args.host:
             try:
@@ -552,7 +558,7 @@ def cmd_render_job(args: argparse.Namespace) -> int:
 
     from pipelines.config import training_settings
     from training.config import TrainingSection
-    from training.launch.kubernetes import KubernetesSettings
+    from training.launch.kubernetes import KubernetesSettings, in_namespace
     from training.launch.manifests import job_manifest
 
     # the flags are overrides of the cluster section, checked with it (NCCL settings need the flag's GPUs)
@@ -561,11 +567,12 @@ def cmd_render_job(args: argparse.Namespace) -> int:
                       *([f"cluster.kind={args.kind}"] if args.kind is not None else [])]
     settings = options.settings(args)
     cluster_settings = dict(settings.get("cluster", {}))
-    cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
+    launch = KubernetesSettings.from_dict(cluster_settings)  # the cluster and the launcher's own settings
     training = training_settings({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
                                  nproc_per_node=args.nproc_per_node, backend="kubernetes")
     section = TrainingSection.from_dict(training)
-    body = job_manifest(section.config, section.shape, cluster, run_id=args.run_id)
+    body = in_namespace(job_manifest(section.config, section.shape, launch.cluster, run_id=args.run_id),
+                        launch.launcher.kubeconfig)
     options.print_json(body) if args.json else sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0
 

@@ -67,8 +67,10 @@ class ClusterConfig:
     maintenance), ``trainjob`` (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3 with JobSet) or ``rayjob``
     (``ray.io/v1``, KubeRay v1.7: Ray Train's TorchTrainer on a Ray cluster made for the job). Pick the operator
     your cluster runs; ``kfloop render-job --kind`` overrides it for a dry run."""
-    namespace: str = "default"
-    """Namespace of the job (and of the RBAC in deploy/rbac.yaml)."""
+    namespace: str = ""
+    """Namespace of the job (and of the RBAC in deploy/rbac.yaml). Empty: the launching step pod's own (in a
+    Kubeflow profile, the profile's namespace, where the run's service account may create jobs), outside a pod the
+    kubeconfig context's, else ``default``; ``kfloop compile|upload|run --namespace`` sets it."""
     image: str = DEFAULT_IMAGE
     """Image with kfloop and its pins installed (deploy/Dockerfile); pin a digest or a tag per release. Unset: the
     image of the pipeline step that launches the job (``KFLOOP_IMAGE``, the commit's), else the kfloop image."""
@@ -224,8 +226,9 @@ class ClusterConfig:
         self._check_env_and_volumes()
 
     def _check_names(self) -> None:
-        if len(self.namespace) > 63 or not _DNS1123_LABEL.fullmatch(self.namespace):
-            raise ValueError(f"namespace={self.namespace!r}: use a DNS-1123 label such as 'ml-training'")
+        if self.namespace and (len(self.namespace) > 63 or not _DNS1123_LABEL.fullmatch(self.namespace)):
+            raise ValueError(f"namespace={self.namespace!r}: use a DNS-1123 label such as 'ml-training', or leave it "
+                             "empty for the launching pod's own namespace")
         if not self.image or any(c.isspace() for c in self.image):
             raise ValueError(f"image={self.image!r}: give an image reference such as 'registry.example.com/kfloop:1.0'")
         if self.image_pull_policy not in ("IfNotPresent", "Always", "Never"):

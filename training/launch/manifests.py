@@ -42,6 +42,10 @@ RUNTIME_PATCH_MANAGER = "kfloop.dev/launcher"
 KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+ISTIO_INJECT = "sidecar.istio.io/inject"
+"""Istio's per-pod opt-out (``"false"``) of sidecar injection, which a Kubeflow profile's namespace has on
+(``istio-injection: enabled``): a classic sidecar outlives the training container, so the pod would stay Running
+and its job never complete, and NCCL traffic would go through Envoy."""
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 """The file in the job's folder holding the MLflow run the ranks log to (staged by the launcher)."""
 LABELS = {"app.kubernetes.io/name": "kfloop", "app.kubernetes.io/component": "training"}
@@ -50,7 +54,9 @@ _SHM, _TMP, _CKPT, _SHARED = "dshm", "tmp", "checkpoints", "shared"
 
 def job_name_for(run_id: str) -> str:
     """The job name of a pipeline run: the same run id always gives the same name, so a retried launch step finds
-    the job it created. A DNS-1035 label of at most 50 characters: ``kfloop-<readable part>-<8 hex of sha256>``.
+    the job it created. A DNS-1035 label of at most :data:`~training.launch.jobspec.MAX_NAME_LENGTH` characters
+    (within every kind's limit): ``kfloop-<readable part>-<8 hex of the whole run id's sha256>``, so two run ids
+    whose readable parts are cut alike still get distinct names.
 
     Raises:
         ValueError: ``run_id`` is empty.
@@ -355,17 +361,19 @@ def _metadata(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     labels = dict(LABELS)
     if cluster.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
-    return {"name": spec.name, "namespace": cluster.namespace, "labels": labels}
+    # no namespace: the launcher's own (training.launch.kubernetes.in_namespace), as kubectl's context gives one
+    return {"name": spec.name, **({"namespace": cluster.namespace} if cluster.namespace else {}), "labels": labels}
 
 
 def _pod_metadata(cluster: ClusterConfig) -> dict[str, Any]:
-    """Labels of every pod, and Kueue's Topology Aware Scheduling annotation when asked for."""
-    metadata: dict[str, Any] = {"labels": dict(LABELS)}
+    """Labels of every pod, Istio's opt-out of sidecar injection, and Kueue's Topology Aware Scheduling annotation
+    when asked for."""
+    annotations = {ISTIO_INJECT: "false"}
     for key, level in ((KUEUE_REQUIRED_TOPOLOGY, cluster.topology_required),
                        (KUEUE_PREFERRED_TOPOLOGY, cluster.topology_preferred)):
         if level:
-            metadata["annotations"] = {key: level}
-    return metadata
+            annotations[key] = level
+    return {"labels": dict(LABELS), "annotations": annotations}
 
 
 def _run_policy(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
