@@ -82,6 +82,7 @@ import yaml
 
 from fakes.k8s_operator import _JobController, quantity
 from fakes.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, Resource, now
+from fakes.kuberay_validation import Invalid, validate_raycluster_metadata, validate_raycluster_spec, validate_rayjob
 from fakes.server_process import free_port
 
 if TYPE_CHECKING:
@@ -196,6 +197,8 @@ class RayClusterController(_JobController):
     def __init__(self, api: K8sServer, namespace: str, cluster: dict):
         self._setup(api, namespace, cluster)
         self.run_policy: dict = {}  # the kubelet's in-place restarts: no backoffLimit on a Ray pod
+        self.refused = ""
+        """The validation message of the last Event about this RayCluster being invalid."""
         self.temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/var/tmp"))
         """Each Ray node's ``--temp-dir`` lives under this short path (Unix socket paths hold 107 bytes)."""
         ports: set[int] = set()
@@ -234,6 +237,20 @@ class RayClusterController(_JobController):
     # -- raycluster_controller.go
 
     def _reconcile(self, cluster: dict) -> None:
+        """``rayClusterReconcile``: an invalid RayCluster gets a Warning Event (once here, where the reconcile runs
+        every :data:`REQUEUE_SECONDS`) and nothing else (``ValidateRayClusterMetadata``, ``ValidateRayClusterSpec``)."""
+        for reason, what, check in (
+                ("InvalidRayClusterMetadata", "metadata", lambda: validate_raycluster_metadata(cluster["metadata"])),
+                ("InvalidRayClusterSpec", "spec",
+                 lambda: validate_raycluster_spec(cluster["spec"], cluster["metadata"].get("annotations")))):
+            try:
+                check()
+            except Invalid as exc:
+                message = f"The RayCluster {what} is invalid {self.namespace}/{self.name}: {exc}"
+                if message != self.refused:
+                    self._event(cluster, reason, message, "Warning")
+                    self.refused = message
+                return
         self._auth_secret(cluster)
         error = self._reconcile_pods(cluster)
         self._status(cluster, error)
@@ -650,26 +667,6 @@ def submitter_template(rayjob: dict, cluster: dict, dashboard_url: str) -> dict:
 
 # ------------------------------------------------------------------------------------------------ the RayJob
 
-def validate_rayjob(rayjob: dict) -> str:
-    """``ValidateRayJobSpec`` (utils/validation.go), the rules a RayJob of this server can break; "" when valid."""
-    spec = rayjob["spec"]
-    invalid = "The RayJob spec is invalid: "
-    if spec.get("suspend") and not spec.get("shutdownAfterJobFinishes"):
-        return invalid + "a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended"
-    if spec.get("ttlSecondsAfterFinished", 0) < 0:
-        return invalid + "TTLSecondsAfterFinished must be a non-negative integer"
-    if not spec.get("rayClusterSpec") and not spec.get("clusterSelector"):
-        return invalid + "one of RayClusterSpec or ClusterSelector must be set"
-    if ((spec.get("rayClusterSpec") or {}).get("authOptions") or {}).get("enableK8sTokenAuth"):
-        return invalid + "K8s token auth mode is currently not supported for RayJob"
-    for key in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
-        if spec.get(key) is not None and spec[key] <= 0:
-            return invalid + f"{key} must be a positive integer"
-    if spec.get("backoffLimit") is not None and spec["backoffLimit"] < 0:
-        return invalid + "backoffLimit must be a positive integer"
-    return ""
-
-
 class RayJobController:
     """KubeRay's RayJob reconcile for one RayJob (K8sJobMode with its own RayCluster): see the module docstring."""
 
@@ -717,9 +714,9 @@ class RayJobController:
         spec, deployment = rayjob["spec"], status.get("jobDeploymentStatus", "")
         if deployment == "ValidationFailed":
             return True
-        problem = validate_rayjob(rayjob)
+        reason, problem = validate_rayjob(rayjob)
         if problem:
-            self._event("InvalidRayJobSpec", f"{self.namespace}/{self.name}: {problem}", "Warning")
+            self._event(reason, f"{self.namespace}/{self.name}: {problem}", "Warning")
             status.update(jobDeploymentStatus="ValidationFailed", reason="ValidationFailed", message=problem)
             return True
         if deployment == "":  # initRayJobStatusIfNeed

@@ -23,7 +23,7 @@ def _pod(container: str) -> dict:
 
 
 def _cluster_spec(workers: int = 1) -> dict:
-    return {"authOptions": {"mode": "token"},
+    return {"authOptions": {"mode": "token"}, "rayVersion": "2.60.0",
             "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": _pod("ray-head")},
             "workerGroupSpecs": [{"groupName": "small", "replicas": workers, "minReplicas": workers,
                                   "maxReplicas": workers, "rayStartParams": {}, "template": _pod("ray-worker")}]}
@@ -68,6 +68,28 @@ def test_what_kuberay_refuses_ends_validation_failed_with_its_event(cluster):
     assert (status["reason"], status["message"]) == ("ValidationFailed", message)
     assert _events(cluster, "suspended-forever") == [
         ("Warning", "InvalidRayJobSpec", f"default/suspended-forever: {message}")]
+    assert _api(cluster).list_namespaced_custom_object("ray.io", "v1", "default", "rayclusters")["items"] == []
+
+
+def test_token_auth_without_ray_version_and_a_long_name_end_validation_failed(cluster):
+    """KubeRay v1.7.0 refuses token auth without ``rayVersion`` (validation.go:285) and a RayJob name over 47
+    characters (validation.go:534), before it makes anything."""
+    body = _rayjob("no-ray-version")
+    del body["spec"]["rayClusterSpec"]["rayVersion"]
+    _api(cluster).create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", body)
+    long_name = "r" * 48
+    _api(cluster).create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", _rayjob(long_name))
+    message = ("The RayJob spec is invalid: authOptions.mode is 'token' but RayVersion was not specified. Ray version "
+               "2.52.0 or later is required")
+    status = wait_for("ValidationFailed", lambda: (s := _status(cluster, "no-ray-version")).get(
+        "jobDeploymentStatus") == "ValidationFailed" and s)
+    assert (status["reason"], status["message"]) == ("ValidationFailed", message)
+    assert _events(cluster, "no-ray-version") == [("Warning", "InvalidRayJobSpec", f"default/no-ray-version: {message}")]
+    status = wait_for("ValidationFailed", lambda: (s := _status(cluster, long_name)).get(
+        "jobDeploymentStatus") == "ValidationFailed" and s)
+    message = "The RayJob metadata is invalid: RayJob name should be no more than 47 characters"
+    assert status["message"] == message
+    assert _events(cluster, long_name) == [("Warning", "InvalidRayJobMetadata", f"default/{long_name}: {message}")]
     assert _api(cluster).list_namespaced_custom_object("ray.io", "v1", "default", "rayclusters")["items"] == []
 
 
