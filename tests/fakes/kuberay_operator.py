@@ -40,7 +40,8 @@ Token authentication is Ray 2.60's own (read from its wheel): ``ray start`` turn
 ``authOptions.mode: token`` gets KubeRay's Secret and env, one without runs Ray without authentication.
 
 Not played: ``clusterSelector`` (an existing cluster), the HTTP, Interactive and Sidecar submission modes, the
-autoscaler, GCS fault tolerance, ``deletionStrategy``; a deleted RayJob goes at once (KubeRay's finalizer first stops
+autoscaler, GCS fault tolerance, ``deletionStrategy``'s legacy ``onSuccess``/``onFailure`` and its DeleteWorkers
+policy; a deleted RayJob goes at once (KubeRay's finalizer first stops
 the Ray job through the dashboard).
 
 Deliberate differences from a cluster, all forced by every pod sharing this host's network and disk:
@@ -854,13 +855,44 @@ class RayJobController:
             status["rayJobInfo"] = times
 
     def _finished(self, spec: dict, status: dict) -> bool:
-        """``handleShutdownAfterJobFinishes``: the RayCluster deleted ``ttlSecondsAfterFinished`` after the end (the
-        submitter Job stays, with the driver's logs); True once nothing is left to do."""
-        if spec.get("clusterSelector") or not spec.get("shutdownAfterJobFinishes"):
+        """The terminal case: nothing with ``clusterSelector``; else ``handleDeletionRules`` with
+        ``deletionStrategy.deletionRules``, else ``handleShutdownAfterJobFinishes`` (the RayCluster deleted
+        ``ttlSecondsAfterFinished`` after the end; the submitter Job stays, with the driver's logs). True once
+        nothing is left to do."""
+        if spec.get("clusterSelector"):
+            return True
+        if (spec.get("deletionStrategy") or {}).get("deletionRules") is not None:
+            return self._deletion_rules(spec["deletionStrategy"]["deletionRules"], status)
+        if not spec.get("shutdownAfterJobFinishes"):
             return True
         if time.monotonic() - self._ended < spec.get("ttlSecondsAfterFinished", 0):
             return False
         self._delete_cluster(status)
+        return True
+
+    def _deletion_rules(self, rules: list[dict], status: dict) -> bool:
+        """``handleDeletionRules``: of the rules that match the status (``isDeletionRuleMatched``) and whose
+        ``ttlSeconds`` since the end have passed, the most impactful not yet done (``selectMostImpactfulRule``:
+        DeleteSelf, DeleteCluster, DeleteWorkers, DeleteNone; ``isDeletionActionCompleted``) runs, one per pass
+        (``executeDeletionPolicy``). True once no matching rule is pending (DeleteWorkers is refused at creation:
+        :func:`unplayed`)."""
+        matched = [r for r in rules if r["condition"].get("jobStatus", status.get("jobStatus")) == status.get(
+            "jobStatus") and r["condition"].get("jobDeploymentStatus", status["jobDeploymentStatus"]) ==
+            status["jobDeploymentStatus"]]
+        age = time.monotonic() - self._ended
+        due = {r["policy"] for r in matched if age >= r["condition"].get("ttlSeconds", 0)}
+        if "DeleteSelf" in due:
+            self.api.delete(RAYJOBS, self.namespace, self.name)
+            return True
+        if "DeleteCluster" in due and self._cluster_exists(status):
+            self._delete_cluster(status)
+        return all(age >= r["condition"].get("ttlSeconds", 0) for r in matched)
+
+    def _cluster_exists(self, status: dict) -> bool:
+        try:
+            self.api.store.get(RAYCLUSTERS, self.namespace, status.get("rayClusterName", ""))
+        except ApiError:
+            return False
         return True
 
     def _delete_cluster(self, status: dict) -> None:
@@ -924,9 +956,30 @@ def job_info(cluster: RayClusterController, job_id: str) -> dict | None:
 
 # ------------------------------------------------------------------------------------------------ the server's hooks
 
+def unplayed(rayjob: dict) -> list[str]:
+    """What of a RayJob this emulation does not play (see the module docstring)."""
+    spec = rayjob.get("spec") or {}
+    strategy, cluster = spec.get("deletionStrategy") or {}, spec.get("rayClusterSpec") or {}
+    return [name for name, used in (
+        ("spec.clusterSelector", bool(spec.get("clusterSelector"))),
+        (f"spec.submissionMode: {spec.get('submissionMode')}", spec.get("submissionMode", "K8sJobMode") != "K8sJobMode"),
+        ("spec.deletionStrategy.onSuccess/onFailure", "onSuccess" in strategy or "onFailure" in strategy),
+        ("the DeleteWorkers deletion rule", any(r.get("policy") == "DeleteWorkers"
+                                                for r in strategy.get("deletionRules") or [])),
+        ("spec.rayClusterSpec.enableInTreeAutoscaling", bool(cluster.get("enableInTreeAutoscaling"))),
+        ("spec.rayClusterSpec.gcsFaultToleranceOptions", "gcsFaultToleranceOptions" in cluster)) if used]
+
+
 def create(server: K8sServer, resource: Resource, namespace: str, body: dict) -> dict:
     """Store a RayJob or a RayCluster (validated by the server against the CRD) and, in operator mode, reconcile
-    it: a RayCluster's pods run Ray."""
+    it: a RayCluster's pods run Ray. A RayJob KubeRay would accept but that uses what this emulation does not play
+    is refused (NotImplementedError naming it), never run as something else.
+
+    Raises:
+        NotImplementedError: see :func:`unplayed`.
+    """
+    if server.operator and resource is RAYJOBS and not validate_rayjob(body)[1] and (missing := unplayed(body)):
+        raise NotImplementedError(f"the KubeRay emulation does not play {', '.join(missing)}")
     obj = server.store.create(resource, namespace, body)
     if server.operator:
         controller = RayJobController if resource is RAYJOBS else RayClusterController
