@@ -59,8 +59,12 @@ Deliberate differences from a cluster, all forced by every pod sharing this host
 * Services are no objects here: ``<cluster>-head-svc`` and its FQDN resolve to 127.0.0.1 in the pods' hosts file,
   and the operator itself reaches the dashboard at 127.0.0.1.
 * The submitter's Kubernetes Job lives in the operator (the server serves no ``batch/v1`` Jobs); its pods are real.
-* No probes run: a pod is ready while its container runs (the submitter waits for the dashboard itself, as
-  ``BuildJobSubmitCommand`` does). Reconciles follow the store's changes, at least every :data:`REQUEUE_SECONDS`
+* Probes: the Ray containers get KubeRay's (``initLivenessAndReadinessProbe``, by ``rayVersion``), and a Ray pod counts as ready only
+  while its readiness probe passes, run by the operator (:meth:`RayClusterController._ready`): an HTTP probe asks the node's port on loopback, an exec probe runs on this host, except that ``wget``
+  exists only in the images :data:`IMAGES_WITH_WGET` names (the pods are local processes, so "the image" is this
+  capability, not a file system): a RayCluster of kfloop's image without ``rayVersion`` >= 2.53 never becomes
+  ready, as on a cluster. Liveness probes are written, not run (their 30 s delay and 120 failures take 10
+  minutes). Reconciles follow the store's changes, at least every :data:`REQUEUE_SECONDS`
   (KubeRay: 3 s), and the submitter's finish-timeout is KubeRay's 30 s.
 """
 from __future__ import annotations
@@ -71,6 +75,7 @@ import json
 import math
 import secrets
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -83,7 +88,8 @@ import yaml
 
 from fakes.k8s_operator import _JobController, quantity
 from fakes.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, Resource, now
-from fakes.kuberay_validation import Invalid, validate_raycluster_metadata, validate_raycluster_spec, validate_rayjob
+from fakes.kuberay_validation import (Invalid, parse_generic, validate_raycluster_metadata, validate_raycluster_spec,
+                                      validate_rayjob)
 from fakes.server_process import free_port
 
 if TYPE_CHECKING:
@@ -112,6 +118,17 @@ GCS_HEALTH_PATH = "api/gcs_healthz"
 PYTHON_HEALTH_COMMAND = ('python -c "import urllib.request; r=urllib.request.urlopen(\'{url}\', timeout={timeout}); '
                          "exit(0 if b'success' in r.read() else 1)\"")
 """``BasePythonHealthCommand`` (args: url, ``RayDashboardGCSHealthCheckTimeoutSeconds`` = 10)."""
+WGET_HEALTH_COMMAND = "wget --tries 1 -T {timeout} -q -O- http://localhost:{port}/{path} | grep success"
+"""``BaseWgetHealthCommand`` (args: timeout_sec, port, path)."""
+RAYLET_HEALTH_PATH, NODE_HEALTH_PATH = "api/local_raylet_healthz", "/api/healthz"
+"""``RayAgentRayletHealthPath`` (the exec probes'), ``RayNodeHealthPath`` (the HTTP probe of Ray >= 2.53)."""
+READINESS_PROBE = {"initialDelaySeconds": 10, "periodSeconds": 5, "successThreshold": 1, "failureThreshold": 10}
+LIVENESS_PROBE = {"initialDelaySeconds": 30, "periodSeconds": 5, "successThreshold": 1, "failureThreshold": 120}
+"""``DefaultReadinessProbe*`` / ``DefaultLivenessProbe*``; timeouts 2 s (``DefaultReadinessProbeTimeoutSeconds``),
+5 s on the head (``DefaultHeadReadinessProbeTimeoutSeconds``, ``DefaultHeadLivenessProbeTimeoutSeconds``)."""
+IMAGES_WITH_WGET = ("rayproject/ray:", "docker.io/rayproject/ray:")
+"""The image capability the exec probes need: KubeRay's own Ray images have ``wget``; every other image is taken
+to have none, as kfloop's (deploy/Dockerfile, from ``python:3.11-slim-bookworm``, installs no wget) has none."""
 CLUSTER_DOMAIN = "cluster.local"
 """``DefaultDomainName`` of ``GetClusterDomainName``."""
 KUBERAY_VERSION = "v1.7.0"
@@ -174,6 +191,49 @@ def label_pod(node_type: str, cluster: str, group: str, template_labels: dict[st
     return labels
 
 
+def init_probes(container: dict, node_type: str, params: dict[str, str], ray_version: str) -> None:
+    """``initLivenessAndReadinessProbe``: unless the container has its own, readiness and liveness probes that ask
+    the node's dashboard agent ``/api/healthz`` over HTTP when ``rayVersion`` >= 2.53 (``supportsUnifiedHealth
+    Check``), else exec probes running ``wget`` against the raylet's health (and on the head the GCS's: its timeout
+    is ``DefaultReadinessProbeFailureThreshold``, as upstream writes it)."""
+    agent, dashboard = params.get("dashboard-agent-listen-port", AGENT_PORT), params.get("dashboard-port",
+                                                                                          DASHBOARD_PORT)
+    try:
+        unified = parse_generic(ray_version) >= (2, 53)
+    except ValueError:
+        unified = False
+    commands = [WGET_HEALTH_COMMAND.format(timeout=2, port=agent, path=RAYLET_HEALTH_PATH)]
+    if node_type == "head":
+        commands.append(WGET_HEALTH_COMMAND.format(timeout=10, port=dashboard, path=GCS_HEALTH_PATH))
+    action = {"httpGet": {"path": NODE_HEALTH_PATH, "port": int(agent)}} if unified else \
+        {"exec": {"command": ["bash", "-c", " && ".join(commands)]}}
+    timeout = {"timeoutSeconds": 5 if node_type == "head" else 2}
+    container.setdefault("livenessProbe", {**LIVENESS_PROBE, **timeout, **action})
+    container.setdefault("readinessProbe", {**READINESS_PROBE, **timeout, **action})
+
+
+def probe_failure(probe: dict, image: str) -> str:
+    """The kubelet running ``probe`` in a container of ``image`` on this host: "" when it passes, else why not. An
+    exec probe calling ``wget`` in an image without it (:data:`IMAGES_WITH_WGET`) fails as bash does."""
+    if "httpGet" in probe:
+        url = f"http://127.0.0.1:{probe['httpGet']['port']}{probe['httpGet']['path']}"
+        try:
+            with urllib.request.urlopen(url, timeout=probe["timeoutSeconds"]):
+                return ""
+        except urllib.error.HTTPError as exc:
+            return f"HTTP probe failed with statuscode: {exc.code}"
+        except OSError as exc:
+            return f'Get "{url}": {exc}'
+    command = probe["exec"]["command"]
+    if "wget" in command[-1] and not image.startswith(IMAGES_WITH_WGET):
+        return "bash: line 1: wget: command not found"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=probe["timeoutSeconds"])
+    except subprocess.TimeoutExpired:
+        return f"command timed out after {probe['timeoutSeconds']}s"
+    return "" if done.returncode == 0 else (done.stdout + done.stderr).strip() or f"exit code {done.returncode}"
+
+
 def token_auth_env(cluster: dict) -> list[dict]:
     """``SetContainerTokenAuthEnvVars`` for a cluster with ``authOptions.mode: token`` (none otherwise): the mode
     and the token from the cluster's Secret (``authOptions.secretName``, else the cluster's ``CheckName``)."""
@@ -200,6 +260,8 @@ class RayClusterController(_JobController):
         self.run_policy: dict = {}  # the kubelet's in-place restarts: no backoffLimit on a Ray pod
         self.refused = ""
         """The validation message of the last Event about this RayCluster being invalid."""
+        self.probes: dict[str, tuple[float, str]] = {}
+        """Each Ray pod's last readiness probe: when (monotonic) and why it failed ("" when it passed)."""
         self.temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/var/tmp"))
         """Each Ray node's ``--temp-dir`` lives under this short path (Unix socket paths hold 107 bytes)."""
         ports: set[int] = set()
@@ -414,6 +476,7 @@ class RayClusterController(_JobController):
             limit = (container.get("resources") or {}).get("limits", {}).get("memory")
             spec.setdefault("volumes", []).append({"name": "shared-mem", "emptyDir": {
                 "medium": "Memory", **({"sizeLimit": limit} if limit else {})}})
+        init_probes(container, node_type, params, cluster["spec"].get("rayVersion", ""))
         start = ray_start_command(node_type, params, container.get("resources") or {})
         user = " ".join(f" {part} " for part in container.get("command", []) + container.get("args", []))
         generated = f"ulimit -n ${{RAY_START_ULIMIT_OPEN_FILES:-65536}}; {start}"
@@ -456,7 +519,7 @@ class RayClusterController(_JobController):
         ``HeadPodReady`` and ``RayClusterProvisioned`` conditions (``RayClusterStatusConditions`` is on by default)."""
         pods = self._pods()
         workers = [p for p in pods if p["metadata"]["labels"].get(NODE_TYPE_LABEL) == "worker"]
-        running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        running = [p for p in pods if p.get("status", {}).get("phase") == "Running" and self._ready(cluster, p)]
         groups = cluster["spec"].get("workerGroupSpecs") or []
         desired = sum(_desired(g) for g in groups)
         status = copy.deepcopy(cluster.get("status") or {})
@@ -494,6 +557,23 @@ class RayClusterController(_JobController):
             self.api.store.update(RAYCLUSTERS, self.namespace, self.name, lambda c: c.update(status=status))
         except ApiError:
             self.stop()
+
+    def _ready(self, cluster: dict, pod: dict) -> bool:
+        """The Ray container's readiness probe, run every ``periodSeconds`` once it passed, at every reconcile while
+        it fails (``initialDelaySeconds`` is not waited: readiness shows no later than on a cluster); its first
+        failure gets the kubelet's ``Unhealthy`` Event."""
+        name, container = pod["metadata"]["name"], pod["spec"]["containers"][0]
+        probe = container.get("readinessProbe")
+        if probe is None:
+            return True
+        at, failure = self.probes.get(name, (-math.inf, ""))
+        if failure or time.monotonic() - at >= probe["periodSeconds"]:
+            failure = probe_failure(probe, container.get("image", ""))
+            if failure and not self.probes.get(name, (0, ""))[1]:
+                self.api.record_event(self.namespace, pod, reason="Unhealthy", type_="Warning",
+                                      message=f"Readiness probe failed: {failure}")
+            self.probes[name] = (time.monotonic(), failure)
+        return not failure
 
     # -- the kubelet's hooks
 

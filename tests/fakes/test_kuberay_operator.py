@@ -11,7 +11,8 @@ from kubernetes import client
 
 from fakes.k8s_store import RAYCLUSTERS
 from fakes.kubernetes_cluster import status_of
-from fakes.kuberay_operator import CLUSTER_LABEL, RayClusterController, check_backoff_limit, submit_command
+from fakes.kuberay_operator import (CLUSTER_LABEL, RayClusterController, check_backoff_limit, probe_failure,
+                                    submit_command)
 from polling import wait_for
 
 ENTRYPOINT = "python -c 'print(42)'"
@@ -139,6 +140,59 @@ def test_the_ray_pods_and_the_submitter_are_what_pod_go_and_job_go_make(cluster)
         "http://svc.default.svc.cluster.local:8265 job-x2k9q >/dev/null 2>&1 ; then ray job submit --address "
         "http://svc.default.svc.cluster.local:8265 --no-wait --submission-id job-x2k9q -- python train.py ; fi ; "
         "ray job logs --address http://svc.default.svc.cluster.local:8265 --follow job-x2k9q")
+
+
+def test_the_probes_follow_ray_version_and_an_exec_probe_needs_wget_in_the_image(cluster):
+    """common/pod.go ``initLivenessAndReadinessProbe``: HTTP ``/api/healthz`` on the agent's port from Ray 2.53 on,
+    ``wget`` exec probes below it or without a rayVersion; kfloop's image has no wget."""
+    spec = _cluster_spec()
+    del spec["authOptions"], spec["rayVersion"]
+    body = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "probes", "uid": "u2"}, "spec": spec}
+    controller = RayClusterController(cluster.server, "default", body)
+    try:
+        head = controller.build_pod(body, "head", spec["headGroupSpec"], "headgroup")["spec"]["containers"][0]
+        worker = controller.build_pod(body, "worker", spec["workerGroupSpecs"][0], "small")["spec"]["containers"][0]
+        spec["rayVersion"] = "2.53.0"
+        unified = controller.build_pod(body, "worker", spec["workerGroupSpecs"][0], "small")["spec"]["containers"][0]
+    finally:
+        controller.cleanup()
+    agent = next(a for a in head["args"][0].split() if a.startswith("--dashboard-agent-listen-port=")).split("=")[1]
+    [command] = head["readinessProbe"]["exec"]["command"][2:]
+    assert command == (f"wget --tries 1 -T 2 -q -O- http://localhost:{agent}/api/local_raylet_healthz | grep success "
+                       f"&& wget --tries 1 -T 10 -q -O- http://localhost:{controller.dashboard_port}/api/gcs_healthz "
+                       "| grep success")
+    assert head["livenessProbe"]["exec"] == head["readinessProbe"]["exec"]
+    assert (head["readinessProbe"]["timeoutSeconds"], worker["readinessProbe"]["timeoutSeconds"]) == (5, 2)
+    assert worker["readinessProbe"]["exec"]["command"][2].count("wget") == 1
+    assert set(unified["readinessProbe"]["httpGet"]) == {"path", "port"}
+    assert unified["readinessProbe"]["httpGet"]["path"] == "/api/healthz"
+    assert (unified["livenessProbe"]["failureThreshold"], unified["readinessProbe"]["failureThreshold"]) == (120, 10)
+
+    wget = {"exec": {"command": ["bash", "-c", "wget --tries 1 -T 1 -q -O- http://localhost:9/x | grep success"]},
+            "timeoutSeconds": 2}
+    assert probe_failure(wget, "ghcr.io/kfloop/kfloop:0.1.0") == "bash: line 1: wget: command not found"
+    if shutil.which("wget"):  # KubeRay's own image has wget: the command really runs (nothing listens on port 9)
+        assert probe_failure(wget, "rayproject/ray:2.60.0") == "exit code 1"
+    assert "Connection refused" in probe_failure({"httpGet": {"path": "/api/healthz", "port": 9}, "timeoutSeconds": 2},
+                                                 "ghcr.io/kfloop/kfloop:0.1.0")
+
+
+def test_ray_pods_of_an_image_without_wget_never_get_ready_below_ray_2_53(cluster):
+    api = _api(cluster)
+    spec = _cluster_spec()
+    del spec["authOptions"], spec["rayVersion"]
+    for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
+        group["template"]["spec"]["containers"][0]["image"] = "ghcr.io/kfloop/kfloop:0.1.0"
+    api.create_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", {
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "no-wget"}, "spec": spec})
+    core = client.CoreV1Api(cluster.api())
+    unhealthy = wait_for("both pods' readiness probes to fail", lambda: len(events := [
+        e for e in core.list_namespaced_event("default").items if e.reason == "Unhealthy"]) == 2 and events)
+    assert {e.message for e in unhealthy} == {"Readiness probe failed: bash: line 1: wget: command not found"}
+    pods = core.list_namespaced_pod("default", label_selector=f"{CLUSTER_LABEL}=no-wget").items
+    assert {p.status.phase for p in pods} == {"Running"} and len(pods) == 2
+    status = api.get_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", "no-wget").get("status", {})
+    assert status.get("state") != "ready" and status.get("readyWorkerReplicas") == 0
 
 
 @pytest.mark.parametrize(("status", "limit", "after"), [
