@@ -35,7 +35,8 @@ COMBINATIONS = {
                       "--set", "cluster.service_account_name=trainer", "--set", "cluster.image_pull_secrets=[creds]",
                       "--set", "cluster.secret_env={HF_TOKEN: hf/token}", "--set", "cluster.nccl_socket_ifname=eth0",
                       "--set", "cluster.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
-                      "--set", "cluster.priority_class_name=training", "--set", "cluster.ttl_seconds_after_finished=null",
+                      "--set", "cluster.priority_class_name=training",
+                      "--set", "cluster.ttl_seconds_after_finished=null",
                       "--set", "cluster.ray.head={cpu: '2', memory: 6Gi}"],
 }
 KFP_RUN_ID = "3f9b2c1e-8a7d-4e6f-9b0a-1c2d3e4f5a6b"
@@ -113,7 +114,8 @@ def test_the_cluster_goes_at_the_end_and_the_rayjob_after_the_ttl(rendered):
               r["condition"]["ttlSeconds"]) for r in spec["deletionStrategy"]["deletionRules"]}
     ends = ("SUCCEEDED", "FAILED", "Failed")
     assert rules == {("DeleteCluster", end, 0) for end in ends} | {("DeleteSelf", end, 86400) for end in ends}
-    kept = render_cli(["--kind", "rayjob", "--set", "cluster.cpu=4", "--set", "cluster.ttl_seconds_after_finished=null"])
+    kept = render_cli(["--kind", "rayjob", "--set", "cluster.cpu=4",
+                       "--set", "cluster.ttl_seconds_after_finished=null"])
     assert {r["policy"] for r in kept["spec"]["deletionStrategy"]["deletionRules"]} == {"DeleteCluster"}
     queued = rendered["gpu-2x8-kueue"]["spec"]
     assert (queued["shutdownAfterJobFinishes"], queued["ttlSecondsAfterFinished"]) == (True, 0)
@@ -159,7 +161,8 @@ def test_the_head_has_its_own_resources_and_no_gpu_node_selector(rendered):
 
 
 def test_a_storage_path_uri_reaches_ray_train_unchanged():
-    body = render_cli(["--kind", "rayjob", "--set", "cluster.cpu=4", "--set", "cluster.ray.storage_path=s3://ckpt/runs"])
+    body = render_cli(["--kind", "rayjob", "--set", "cluster.cpu=4",
+                       "--set", "cluster.ray.storage_path=s3://ckpt/runs"])
     args = parse_args(shlex.split(body["spec"]["entrypoint"])[3:])
     assert args.storage_path == "s3://ckpt/runs"
     assert run_config(args, TrainingConfig()).storage_path == "s3://ckpt/runs"  # not Path(...).resolve()d

@@ -8,10 +8,11 @@ The driver joins the Ray cluster at ``--address`` (``ray://head:10001``, ``auto`
 local Ray started for this run) and runs ``N`` training workers: one GPU each when the config's ``device`` is
 ``cuda`` (or ``auto`` and the cluster has GPUs), else ``--cpus-per-worker`` CPUs each. ``TorchConfig`` forms the
 process group (NCCL on GPUs, gloo otherwise, the config's collective timeout); each worker then trains exactly as
-a torchrun rank does (features, the model plug-in, MLflow logging on rank 0, the model dir ``evaluate`` reads). After every epoch rank 0's checkpoint goes to
-Ray (``ray.train.report``), which keeps it under ``--storage-path`` (Ray Train's ``storage_path``: a URI such as
-``s3://bucket/prefix`` handed to Ray as is, pyarrow's filesystem taking credentials from the ``AWS_*`` env; or a
-path on shared storage on a multi-node cluster; default ``--checkpoint-dir``); after a worker fails, Ray restarts the group (``FailureConfig(max_failures)``) and every
+a torchrun rank does (features, the model plug-in, MLflow logging on rank 0, the model dir ``evaluate`` reads).
+After every epoch rank 0's checkpoint goes to Ray (``ray.train.report``), which keeps it under ``--storage-path``
+(Ray Train's ``storage_path``: a URI such as ``s3://bucket/prefix`` handed to Ray as is, pyarrow's filesystem taking
+credentials from the ``AWS_*`` env; or a path on shared storage on a multi-node cluster; default
+``--checkpoint-dir``); after a worker fails, Ray restarts the group (``FailureConfig(max_failures)``) and every
 worker resumes from the newest reported checkpoint. Exit 1 with the workers' error when training failed.
 """
 from __future__ import annotations

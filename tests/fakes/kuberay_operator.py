@@ -59,13 +59,14 @@ Deliberate differences from a cluster, all forced by every pod sharing this host
 * Services are no objects here: ``<cluster>-head-svc`` and its FQDN resolve to 127.0.0.1 in the pods' hosts file,
   and the operator itself reaches the dashboard at 127.0.0.1.
 * The submitter's Kubernetes Job lives in the operator (the server serves no ``batch/v1`` Jobs); its pods are real.
-* Probes: the Ray containers get KubeRay's (``initLivenessAndReadinessProbe``, by ``rayVersion``), and a Ray pod counts as ready only
-  while its readiness probe passes, run by the operator (:meth:`RayClusterController._ready`): an HTTP probe asks the node's port on loopback, an exec probe runs on this host, except that ``wget``
-  exists only in the images :data:`IMAGES_WITH_WGET` names (the pods are local processes, so "the image" is this
-  capability, not a file system): a RayCluster of kfloop's image without ``rayVersion`` >= 2.53 never becomes
-  ready, as on a cluster. Liveness probes are written, not run (their 30 s delay and 120 failures take 10
-  minutes). Reconciles follow the store's changes, at least every :data:`REQUEUE_SECONDS`
-  (KubeRay: 3 s), and the submitter's finish-timeout is KubeRay's 30 s.
+* Probes: the Ray containers get KubeRay's (``initLivenessAndReadinessProbe``, by ``rayVersion``), and a Ray pod
+  counts as ready only while its readiness probe passes, run by the operator (:meth:`RayClusterController._ready`):
+  an HTTP probe asks the node's port on loopback, an exec probe runs on this host, except that ``wget`` exists only
+  in the images :data:`IMAGES_WITH_WGET` names (the pods are local processes, so "the image" is this capability,
+  not a file system): a RayCluster of kfloop's image without ``rayVersion`` >= 2.53 never becomes ready, as on a
+  cluster. Liveness probes are written, not run (their 30 s delay and 120 failures take 10 minutes).
+* Reconciles follow the store's changes, at least every :data:`REQUEUE_SECONDS` (KubeRay: 3 s), and the
+  submitter's finish-timeout is KubeRay's 30 s.
 """
 from __future__ import annotations
 
@@ -1042,7 +1043,8 @@ def unplayed(rayjob: dict) -> list[str]:
     strategy, cluster = spec.get("deletionStrategy") or {}, spec.get("rayClusterSpec") or {}
     return [name for name, used in (
         ("spec.clusterSelector", bool(spec.get("clusterSelector"))),
-        (f"spec.submissionMode: {spec.get('submissionMode')}", spec.get("submissionMode", "K8sJobMode") != "K8sJobMode"),
+        (f"spec.submissionMode: {spec.get('submissionMode')}",
+         spec.get("submissionMode", "K8sJobMode") != "K8sJobMode"),
         ("spec.deletionStrategy.onSuccess/onFailure", "onSuccess" in strategy or "onFailure" in strategy),
         ("the DeleteWorkers deletion rule", any(r.get("policy") == "DeleteWorkers"
                                                 for r in strategy.get("deletionRules") or [])),

@@ -85,7 +85,8 @@ def test_token_auth_without_ray_version_and_a_long_name_end_validation_failed(cl
     status = wait_for("ValidationFailed", lambda: (s := _status(cluster, "no-ray-version")).get(
         "jobDeploymentStatus") == "ValidationFailed" and s)
     assert (status["reason"], status["message"]) == ("ValidationFailed", message)
-    assert _events(cluster, "no-ray-version") == [("Warning", "InvalidRayJobSpec", f"default/no-ray-version: {message}")]
+    assert _events(cluster, "no-ray-version") == [
+        ("Warning", "InvalidRayJobSpec", f"default/no-ray-version: {message}")]
     status = wait_for("ValidationFailed", lambda: (s := _status(cluster, long_name)).get(
         "jobDeploymentStatus") == "ValidationFailed" and s)
     message = "The RayJob metadata is invalid: RayJob name should be no more than 47 characters"

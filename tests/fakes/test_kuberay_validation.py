@@ -81,8 +81,8 @@ def test_validate_rayjob_metadata_2025():
     assert MAX_RAYJOB_NAME_LENGTH == 47
     check(lambda: validate_rayjob_metadata({"name": "j" * 48}), "RayJob name should be no more than 47 characters",
           contains=True)
-    check(lambda: validate_rayjob_metadata({"name": "1" * 47}), f"RayJob name should be a valid DNS1035 label: {DNS1035}",
-          contains=True)
+    check(lambda: validate_rayjob_metadata({"name": "1" * 47}),
+          f"RayJob name should be a valid DNS1035 label: {DNS1035}", contains=True)
     check(lambda: validate_rayjob_metadata({"name": "j" * 47}), None)
 
 

@@ -284,9 +284,9 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
                          f"over {MAX_RAYJOB_NAME_LENGTH} (its Ray cluster's name adds 6): use a shorter name")
     if cluster.kueue_queue and cluster.ttl_seconds_after_finished is not None:
         raise ValueError(f"ttl_seconds_after_finished={cluster.ttl_seconds_after_finished} with kueue_queue: a "
-                         "Kueue-queued RayJob needs shutdownAfterJobFinishes, which rules out KubeRay's deletion rules, "
-                         "so nothing would delete the RayJob after a TTL; set ttl_seconds_after_finished: null (the Ray "
-                         "cluster still goes when the job ends; the RayJob stays) or drop kueue_queue")
+                         "Kueue-queued RayJob needs shutdownAfterJobFinishes, which rules out KubeRay's deletion "
+                         "rules, so nothing would delete the RayJob after a TTL; set ttl_seconds_after_finished: null "
+                         "(the Ray cluster still goes when the job ends; the RayJob stays) or drop kueue_queue")
     defaults = ClusterConfig()
     unsupported = [name for name in _RAYJOB_UNSUPPORTED if getattr(cluster, name) != getattr(defaults, name)]
     if unsupported:
