@@ -98,8 +98,9 @@ def test_a_rayjob_of_two_workers_trains_to_a_registered_candidate_on_real_ray(cl
     log = core.read_namespaced_pod_log(submitter.metadata.name, "default")
     assert f"Job '{status['jobId']}' succeeded" in log and "Started training worker group of size 2" in log
 
-    [head_log] = _pod_logs(cluster, f"{ray_cluster}-head-*")
-    worker_logs = _pod_logs(cluster, f"{f'{ray_cluster}-workers'[:50]}-worker-*[0-9a-f]")  # PodName: 50 of the prefix
+    prefix = ray_cluster[:50]  # PodName keeps 50 characters of a pod's prefix (the cluster's name has 53)
+    [head_log] = _pod_logs(cluster, f"{prefix}-head-*")
+    worker_logs = _pod_logs(cluster, f"{prefix}-worker-*[0-9a-f]")
     assert "Ray runtime started" in head_log and len(worker_logs) == 2
     assert all("Ray runtime started" in log for log in worker_logs)
 
