@@ -1055,13 +1055,13 @@ def unplayed(rayjob: dict) -> list[str]:
 def create(server: K8sServer, resource: Resource, namespace: str, body: dict) -> dict:
     """Store a RayJob or a RayCluster (validated by the server against the CRD) and, in operator mode, reconcile
     it: a RayCluster's pods run Ray. A RayJob KubeRay would accept but that uses what this emulation does not play
-    is refused (NotImplementedError naming it), never run as something else.
+    is refused (501, naming it: no real server answers so), never run as something else.
 
     Raises:
-        NotImplementedError: see :func:`unplayed`.
+        ApiError: 501, see :func:`unplayed`.
     """
     if server.operator and resource is RAYJOBS and not validate_rayjob(body)[1] and (missing := unplayed(body)):
-        raise NotImplementedError(f"the KubeRay emulation does not play {', '.join(missing)}")
+        raise ApiError(501, "NotImplemented", f"the KubeRay emulation does not play {', '.join(missing)}")
     obj = server.store.create(resource, namespace, body)
     if server.operator:
         controller = RayJobController if resource is RAYJOBS else RayClusterController

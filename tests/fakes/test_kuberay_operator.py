@@ -95,6 +95,30 @@ def test_token_auth_without_ray_version_and_a_long_name_end_validation_failed(cl
     assert _api(cluster).list_namespaced_custom_object("ray.io", "v1", "default", "rayclusters")["items"] == []
 
 
+def test_deletion_rules_take_the_cluster_at_the_end_and_the_rayjob_after_its_ttl(cluster):
+    """rayjob_controller.go ``handleDeletionRules``: DeleteCluster at 0 s, DeleteSelf 2 s after the end."""
+    api = _api(cluster)
+    rules = [{"policy": policy, "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": ttl}}
+             for policy, ttl in (("DeleteCluster", 0), ("DeleteSelf", 2))]
+    api.create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", _rayjob(
+        "ruled", shutdownAfterJobFinishes=False, deletionStrategy={"deletionRules": rules}))
+    status = wait_for("the Ray job to succeed", lambda: (s := _status(cluster, "ruled")).get(
+        "jobDeploymentStatus") == "Complete" and s, timeout=180)
+    assert status["jobStatus"] == "SUCCEEDED"
+    wait_for("the RayJob to delete itself", lambda: api.list_namespaced_custom_object(
+        "ray.io", "v1", "default", "rayjobs")["items"] == [], timeout=60)
+    assert ("Normal", "DeletedRayCluster", f"Deleted cluster default/{status['rayClusterName']}") in _events(
+        cluster, "ruled")
+    assert api.list_namespaced_custom_object("ray.io", "v1", "default", "rayclusters")["items"] == []
+
+    legacy = _rayjob("legacy", deletionStrategy={"onSuccess": {"policy": "DeleteCluster"},
+                                                 "onFailure": {"policy": "DeleteCluster"}})
+    with pytest.raises(client.ApiException) as refused:
+        api.create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", legacy)
+    assert refused.value.status == 501 and "does not play spec.deletionStrategy.onSuccess/onFailure" in \
+        status_of(refused.value)["message"]
+
+
 def test_the_ray_pods_and_the_submitter_are_what_pod_go_and_job_go_make(cluster):
     body = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "raycluster-kuberay", "uid": "u1"},
             "spec": _cluster_spec()}
