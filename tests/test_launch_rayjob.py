@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import json
 import random
 import re
 import shlex
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -17,6 +20,7 @@ from fakes.crd_schema import validate
 from fakes.kuberay_validation import validate_rayjob
 from manifest_checks import render_cli, restricted_violations
 from polling import wait_for
+from test_training import write_training_files
 
 from training.config import JobShape, TrainingConfig
 from training.launch.cluster import KUEUE_QUEUE_LABEL, ClusterConfig
@@ -170,6 +174,26 @@ def test_a_storage_path_uri_reaches_ray_train_unchanged():
     assert run_config(args, TrainingConfig()).storage_path == "/shared/kfloop-train/checkpoints"
     with pytest.raises(ValueError, match="storage_path='ckpt': give a URI"):
         ClusterConfig(kind="rayjob", ray={"storage_path": "ckpt"})
+
+
+@pytest.mark.timeout(600)
+def test_ray_train_checkpoints_to_an_s3_storage_path(tmp_path, ray_head, s3_bucket):
+    """``--storage-path s3://...`` on a real Ray: Ray Train writes the checkpoints through pyarrow's S3 filesystem,
+    which finds the S3 server and the keys in the driver's ``AWS_*`` env (as a pod gets them from its Secret)."""
+    import boto3
+
+    files = write_training_files(tmp_path, 600, seed=4)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TrainingConfig(epochs=2, batch_size=64).to_dict()))
+    done = subprocess.run([sys.executable, "-m", "training.ray_train", "--data", str(files.data), "--schema",
+                           str(files.schema), "--model-dir", str(tmp_path / "model"), "--checkpoint-dir",
+                           str(tmp_path / "unused"), "--config", str(config), "--num-workers", "1", "--address",
+                           ray_head, "--name", "s3-run", "--storage-path", f"s3://{s3_bucket}/checkpoints"],
+                          capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert any(k.startswith("checkpoints/s3-run/checkpoint_") for k in keys), keys
+    assert not (tmp_path / "unused").exists()
 
 
 def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
