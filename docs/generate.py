@@ -93,7 +93,9 @@ def _default(field: dataclasses.Field) -> Any:
 
 
 def _value(value: Any) -> str:
-    """A default or an allowed value as YAML would read it (JSON is YAML)."""
+    """A default or an allowed value as YAML would read it (JSON is YAML); a nested config as its mapping."""
+    if dataclasses.is_dataclass(value):
+        value = dataclasses.asdict(value)
     return f"`{json.dumps(list(value) if isinstance(value, tuple) else value)}`"
 
 
