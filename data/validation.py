@@ -28,7 +28,7 @@ from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
 from data import storage
-from data.errors import KfloopError
+from data.errors import EXIT_FINDING, KfloopError
 from data.schema_rules import RuleSet
 from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, iter_table, local_copy
 
@@ -170,7 +170,9 @@ def _inert_cell(text: str) -> str:
 
 
 class ValidationError(KfloopError):
-    """Raised by callers that treat a failed :class:`ValidationReport` as an error."""
+    """Raised by callers that treat a failed :class:`ValidationReport` as an error: invalid data is a finding."""
+
+    exit_code = EXIT_FINDING
 
     def __init__(self, report: ValidationReport):
         self.report = report
