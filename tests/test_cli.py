@@ -186,10 +186,11 @@ def test_drift_without_reference_names_what_is_missing(isolated_env, demo_files)
     check = dict(current_uri=str(demo_files["batch_stable.parquet"]), reference_uri="", schema_uri="", policy={},
                  report_out="")
     with pytest.raises(ValueError, match=r"^no reference data: no --model \(model_name\) whose champion's "
-                                         r"training data to use; pass --reference FILE \(reference_uri\)$"):
+                                         r"training data to use; set reference_uri \(kfloop run drift: --set "
+                                         r"reference_uri=FILE; kfloop drift: --reference FILE\)$"):
         drift_step(**check, model_name="")
     with pytest.raises(ValueError, match=r"^no reference data: model 'ghost' has no champion to take the training "
-                                         r"data from; pass --reference FILE"):
+                                         r"data from; set reference_uri"):
         drift_step(**check, model_name="ghost")
 
 

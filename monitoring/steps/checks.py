@@ -141,8 +141,8 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     profile = champion_profile(model_name) if champion is not None and not reference_uri else None
     reference_uri = reference_uri or ((champion.record.data_uri or "") if champion else "")
     if not (reference_uri or profile):
-        raise ValueError(f"no reference data: {_no_champion_data(model_name, champion, 'training data')}; pass "
-                         "--reference FILE (reference_uri)")
+        raise ValueError(f"no reference data: {_no_champion_data(model_name, champion, 'training data')}; set "
+                         "reference_uri (kfloop run drift: --set reference_uri=FILE; kfloop drift: --reference FILE)")
     if rules.engine == "ray":
         return _drift_on_ray(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
                              model_name=model_name, rules=rules, report_out=report_out, target=target,

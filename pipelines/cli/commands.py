@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "%(default)s)")
     serve.add_argument("--bind", default="0.0.0.0", help="listen address (default: %(default)s)")
     _add_host(serve, required=False, default="the in-cluster service")
-    serve.add_argument("--kfp-host", dest="host", help=options.HIDDEN)
+    options.add_renamed(serve, "--kfp-host", "--host", dest="host")
     serve.add_argument("--local", action="store_true",
                        help="accepted alerts run the training pipeline under kfp.local on this machine (the default "
                             "when no --host is given outside a cluster)")

@@ -76,7 +76,7 @@ def add_model(parser: argparse.ArgumentParser, what: str = "registered model", *
     fallback = f", else {DEFAULT_MODEL_NAME}" if required_default else f"; {NO_MODEL}: no model"
     parser.add_argument("--model", help=f"{what} (default: model_name of the settings{fallback})")
     if legacy:
-        parser.add_argument(legacy, dest="model", help=HIDDEN)
+        add_renamed(parser, legacy, "--model", dest="model")
 
 
 def model_name(args: argparse.Namespace, *, required_default: bool = True) -> str:

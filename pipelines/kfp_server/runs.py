@@ -41,7 +41,7 @@ def version_name(explicit: str | None = None) -> str:
     commit = load_environment().git_commit
     if commit == "unknown" or commit.endswith(DIRTY):
         raise ValueError(f"the code's git commit is {commit!r}: commit your changes (the version is named by the "
-                         "commit) or pass --version NAME")
+                         "commit) or pass --pipeline-version NAME")
     return commit
 
 
