@@ -158,3 +158,24 @@ def test_key_columns_of_infer_schema_accumulate_under_either_spelling(capsys):
 def test_validate_engine_does_not_follow_drift_engine():
     args = build_parser().parse_args(["validate", "--data", "d", "--schema", "s"])
     assert args.engine == "local"
+
+
+def test_a_semicolon_csv_is_named_as_such_in_one_line(tmp_path, capsys):
+    data = tmp_path / "semi.csv"
+    data.write_text("age;plan\n34;basic\n51;pro\n")
+    assert main(["validate", "--data", str(data), "--schema", str(REPO / "data" / "schema.yaml")]) == EXIT_DATA_FILE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "one column named 'age;plan': the file looks separated by ';'" in err[0], err
+
+
+def test_a_type_mismatch_shows_the_values_that_broke_it(tmp_path, demo_files, capsys):
+    import pandas as pd
+
+    frame = pd.read_parquet(demo_files["train.parquet"]).head(200).astype({"age": object})
+    frame.loc[150, "age"] = "forty"
+    data = tmp_path / "typed.csv"
+    frame.to_csv(data, index=False)
+    assert main(["validate", "--json", "--data", str(data), "--schema", str(REPO / "data" / "schema.yaml")]) \
+        == EXIT_FINDING
+    (diff,) = json.loads(capsys.readouterr().out)["schema_diff"]
+    assert diff == "~ 'age': schema int64, data holds text values (e.g. ['forty'])"

@@ -13,7 +13,7 @@ from fakes.kfp_multiuser import MultiUser
 from fakes.kfp_server import KfpApiServer
 
 from components import kfp_client
-from data.errors import EXIT_DATA_FILE, EXIT_SERVICE, EXIT_SETTINGS
+from data.errors import EXIT_DATA_FILE, EXIT_FAILED, EXIT_SERVICE, EXIT_SETTINGS, EXIT_USAGE
 from pipelines.cli.commands import main
 
 TOKEN = "kfp-test-token-7c1e"
@@ -234,7 +234,7 @@ def test_run_wait_exits_non_zero_on_a_failed_run(kfp, capsys):
 
     code, out, err = cli(capsys, "run", "drift", *kfp.target, "--wait", "--json", *DRIFT_SETTINGS)
 
-    assert code == 1
+    assert code == EXIT_FAILED
     summary = json.loads(out)
     assert summary["state"] == "FAILED" and summary["pipeline"] == "drift"
     assert f"run {summary['run_id']} ended FAILED" in err
@@ -263,7 +263,7 @@ def test_runs_and_the_training_runs_they_trigger_use_the_service_account_given(k
     assert given["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop-batch"
 
     code, _, err = cli(capsys, "run", "training", "--local", "--service-account", "kfloop")
-    assert code == 1 and "use them with --host" in err  # a local run has no service account to use
+    assert code == EXIT_USAGE and "use them with --host" in err  # a local run has no service account to use
 
 
 def test_a_new_service_account_replaces_the_schedule(kfp, capsys):
@@ -398,7 +398,7 @@ def test_a_failing_step_fails_the_executed_run_with_its_error(executing_kfp, tmp
     code, out, err = cli(capsys, "run", "training", "--host", kfp.url, "--wait", "--json",
                          "--set", f"dataset_uri={missing}", "--set", "target=churned")
 
-    assert code == 1
+    assert code == EXIT_FAILED
     (run,) = kfp.store.runs.values()
     (failed,) = [t for t in run["run_details"]["task_details"] if t["state"] == "FAILED"]
     assert failed["display_name"] == "validate-data" and str(missing) in failed["error"]["message"]

@@ -361,7 +361,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_drift(args: argparse.Namespace) -> int:
     from monitoring.drift import ALL_NULL_METHOD
     from monitoring.drift_policy import score_direction
-    from monitoring.steps.checks import drift_step
+    from monitoring.steps.checks import NO_SCHEMA_SOURCE, drift_step
 
     settings = options.settings(args)
     model = options.model_name(args, required_default=False)
@@ -378,8 +378,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
         print(f"drifted: {drift.drifted} ({drift.reason})")
         print(f"schema: {result.schema_source}")
         if result.id_columns:
+            how = ("named id or *_id and unique, as kfloop infer-schema finds ids" if result.schema_source ==
+                   NO_SCHEMA_SOURCE else "the schema marks them as ids")
             print(f"not checked: id column(s) {', '.join(result.id_columns)} (identifiers are unique per row, so "
-                  "they always differ between batches; the schema marks them as ids)")
+                  f"they always differ between batches; {how})")
         print("scores: a p-value drifts when lower than its threshold, a distance when higher or equal")
         for name, col in drift.columns.items():
             outside = drift.schema_violations.get(name)

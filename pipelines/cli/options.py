@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import urllib3
+
 from data.errors import FileAccessError, KfloopError, NotFoundError, ServiceError, SettingsError
 from data.settings import (DEFAULT_MODEL_NAME, Environment, activate, load_config_file, load_environment, merge,
                            parse_overrides)
+from data.storage import redact
 from training.config import with_module_path
 
 HIDDEN = argparse.SUPPRESS
@@ -155,7 +158,6 @@ def as_kfloop_error(exc: BaseException) -> KfloopError | None:
     :class:`NotFoundError`; a refused connection or a refusal of the KFP API as :class:`ServiceError` naming the URL
     or the answer; a file that cannot be opened as :class:`FileAccessError`. None: an unexpected error (a bug), which
     exits ``EXIT_FAILED`` and suggests ``--debug``."""
-    import urllib3
     from kfp_server_api.exceptions import ApiException
 
     if isinstance(exc, KfloopError):
@@ -190,8 +192,6 @@ _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
 
 def _unreachable(exc: BaseException) -> ServiceError:
     """One line for a connection that failed: the URL (without credentials) and the OS's reason."""
-    from data.storage import redact
-
     pool = getattr(exc, "pool", None)
     conn = getattr(exc, "conn", None)
     where = (f"{pool.scheme}://{pool.host}:{pool.port}" if pool is not None else
