@@ -4,9 +4,10 @@ from __future__ import annotations
 
 EXIT_OK = 0
 """The command did its work; a check ran and found nothing it was asked to fail on."""
-EXIT_FAILED = 1
-"""The work failed: a pipeline run, a training launch or a registry operation; also an unexpected error (a bug: the
-error line suggests ``--debug``)."""
+EXIT_FINDING = 1
+"""The check ran and found what it was asked to fail on: invalid data (``validate``), drift under
+``--fail-on-drift``, degraded quality under ``--fail-on-degraded``, a retrained version that differs
+(``reproduce``). As with ``grep`` and ``diff``: 1 is a finding, 2 and above are errors."""
 EXIT_USAGE = 2
 """argparse's usage error: an unknown flag, a missing required one, a bad choice, flags that do not go together."""
 EXIT_DATA_FILE = 3
@@ -17,18 +18,18 @@ EXIT_SETTINGS = 4
 EXIT_SERVICE = 5
 """An external service did not answer or refused the request (e.g. 401, 403): the Kubeflow Pipelines API, the MLflow
 server, Kubernetes or Ray."""
-EXIT_FINDING = 6
-"""The check ran and found what it was asked to fail on: drift under ``--fail-on-drift``, degraded quality under
-``--fail-on-degraded``, invalid data (``validate``), a retrained version that differs (``reproduce``)."""
+EXIT_FAILED = 6
+"""The work failed: a pipeline run, a training launch or a registry operation; also an unexpected error (a bug: the
+error line suggests ``--debug``)."""
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
-    EXIT_FAILED: "failed",
+    EXIT_FINDING: "finding",
     EXIT_USAGE: "usage",
     EXIT_DATA_FILE: "data",
     EXIT_SETTINGS: "settings",
     EXIT_SERVICE: "service",
-    EXIT_FINDING: "finding",
+    EXIT_FAILED: "failed",
 }
 """Every exit code of ``kfloop`` and its one-word name (the meaning is each constant's docstring)."""
 
