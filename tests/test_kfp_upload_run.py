@@ -450,7 +450,7 @@ def test_without_a_namespace_multi_user_kfp_refuses_a_shared_upload_and_a_run(kf
         ("kubeflow", "create", "pipelines", False)]  # a shared pipeline is written in KFP's own namespace
     upload(kfp, capsys)
     code, _, err = cli(capsys, "run", "drift", *host, *DRIFT_SETTINGS)
-    assert code == 1 and not kfp.store.runs  # its pipelines are in the profile, which the run must name
+    assert code == EXIT_DATA_FILE and not kfp.store.runs  # its pipelines are in the profile, which the run must name
     code, _, err = cli(capsys, "run", "drift", *kfp.target, *DRIFT_SETTINGS)
     assert code == 0, err
     (run,) = kfp.store.runs.values()
