@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_model(quality)
     quality.add_argument("--data", required=True, help="rows with the schema's features and, unless --labels, target")
     quality.add_argument("--labels", help="the labels, arrived separately: the id column and the target")
-    quality.add_argument("--join-column", help="column joining --labels to --data (default: the schema's id column)")
+    quality.add_argument("--join-column", help="column joining --labels to --data (needed with --labels)")
     options.add_renamed(quality, "--id-column", "--join-column", dest="join_column")
     quality.add_argument("--evidently-report", help="also write Evidently's HTML report here")
     options.add_renamed(quality, "--report", "--evidently-report", dest="evidently_report")

@@ -102,9 +102,9 @@ def registry_environment(args: argparse.Namespace, model: str) -> Environment:
     env = load_environment(args.workdir, create=False)
     database = env.tracking_uri.removeprefix("sqlite:///")
     if database != env.tracking_uri and not Path(database).exists():
-        raise NotFoundError(f"model '{model}' is not registered in {env.tracking_uri}: no MLflow database "
-                                 "there yet; pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first "
-                                 "(kfloop demo)")
+        raise NotFoundError(f"model '{model}' is not registered in {env.tracking_uri}: no MLflow database there "
+                            "yet; pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first (kfloop "
+                            "demo)")
     activate(env)
     return env
 
