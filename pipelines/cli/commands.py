@@ -49,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_json(infer, "the schema (YAML text) and the column roles")
 
     val = command("validate", "validate one dataset against a schema")
-    val.add_argument("--data", required=True, help="Parquet or CSV file (path or URI) to check")
+    val.add_argument("--data", required=True, help="Parquet or CSV file to check (local path or s3://, gs://, az:// "
+                                                   "URI)")
     val.add_argument("--schema", required=True, help="pandera schema YAML (e.g. from kfloop infer-schema)")
     val.add_argument("--report-csv", help="also write the failures as CSV here (cells safe to open in a spreadsheet)")
     val.add_argument("--engine", choices=["local", "ray"], default="local",
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_settings(val)
 
     train = command("train", "train only (DDP with torchrun processes)")
-    train.add_argument("--data", required=True, help="training data: Parquet or CSV file (path or URI)")
+    train.add_argument("--data", required=True, help="training data: Parquet or CSV file (local path or s3://, "
+                                                     "gs://, az:// URI)")
     train.add_argument("--schema", required=True, help="pandera schema YAML the data must pass")
     train.add_argument("--nnodes", type=int, help="nodes: local torchrun agents or pods (default: the settings', "
                                                   "else 1)")
@@ -76,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     drift = command("drift", "one drift check of a current batch against reference data")
     drift.add_argument("--reference", required=True, help="data the batch is compared with, e.g. the training "
-                                                           "data (Parquet or CSV, path or URI)")
-    drift.add_argument("--current", required=True, help="the new batch to check (Parquet or CSV, path or URI)")
+                                                           "data (Parquet or CSV; local path or s3://, gs://, az:// "
+                                                           "URI)")
+    drift.add_argument("--current", required=True, help="the new batch to check (Parquet or CSV; local path or "
+                                                         "s3://, gs://, az:// URI)")
     drift.add_argument("--schema", help="pandera schema YAML naming the features (default: the champion's, else one "
                                         "inferred from the reference); id columns are never checked")
     options.add_model(drift, "also check the drift of this registered model's champion predictions, and record "
@@ -478,8 +482,9 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from pipelines.kfp_server.runs import upload_pipelines
 
     with options.stdout_for_json(args):
-        uploaded = upload_pipelines(args.host, version=args.pipeline_version, namespace=args.namespace, image=args.image,
-                                    options=_compile_options(args), require_image=args.require_image)
+        uploaded = upload_pipelines(args.host, version=args.pipeline_version, namespace=args.namespace,
+                                    image=args.image, options=_compile_options(args),
+                                    require_image=args.require_image)
     if args.json:
         options.print_json(uploaded)
     for item in [] if args.json else uploaded:
@@ -587,7 +592,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise FileNotFoundError(f"{script} is missing: kfloop bench runs from a source checkout of kfloop; in an "
                                 "image run `torchrun ... -m training.collectives` instead")
-    cmd = [sys.executable, str(script), "--nproc", str(args.nproc_per_node), "--max-bytes", args.max_bytes, "--out", args.out]
+    cmd = [sys.executable, str(script), "--nproc", str(args.nproc_per_node), "--max-bytes", args.max_bytes,
+           "--out", args.out]
     return subprocess.run(cmd, check=False).returncode
 
 
