@@ -14,6 +14,7 @@ from fakes.crd_schema import validate
 from fakes.k8s_validation import service_refusal
 from manifest_checks import pods, render_cli, restricted_violations
 
+from data.errors import EXIT_SETTINGS
 from pipelines.cli.commands import main
 from training.launch.cluster import ClusterConfig
 from training.config import JobShape, TrainingConfig
@@ -403,7 +404,7 @@ def test_training_job_needs_the_shared_volume():
 
 
 def test_cli_reports_an_invalid_combination(capsys):
-    assert main(["render-job", "--gpus-per-node", "8", "--set", "cluster.mig_profile=1g.18gb"]) == 1
+    assert main(["render-job", "--gpus-per-node", "8", "--set", "cluster.mig_profile=1g.18gb"]) == EXIT_SETTINGS
     err = capsys.readouterr().err
     assert "not a mix" in err and "apiVersion" not in err
 

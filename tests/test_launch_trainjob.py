@@ -126,7 +126,7 @@ def test_a_failed_trainjob_fails_the_launch_with_the_failing_pods_log(cluster, t
     message = str(failed.value)
     assert "TrainJob default/fails-once: FailedJobs: jobset failed due to one or more job failures" in message
     assert re.search(r"last log lines of fails-once-node-0-1-[a-z0-9]{5}:\n  \|   node 1 gives up", message)
-    assert (failed.value.node, failed.value.exit_code) == (1, 1)
+    assert (failed.value.node, failed.value.node_exit_code) == (1, 1)
     assert [j["metadata"]["name"] for j in _trainjobs(cluster)] == ["fails-once"]  # ended by itself: kept
     assert cluster.server.live_pids() == []  # the failed Job's running pod was stopped
 
@@ -141,7 +141,7 @@ def test_a_node_that_keeps_failing_is_stopped_at_the_launchers_cap(cluster, tmp_
                timeout=120).run()
     message = str(stopped.value)
     assert "TrainJob default/crash-loop: restarted 3 times, over the launcher's cap of 2 (the runtime's Job" in message
-    assert (stopped.value.node, stopped.value.exit_code) == (1, 3)
+    assert (stopped.value.node, stopped.value.node_exit_code) == (1, 3)
     assert _trainjobs(cluster) == [] and _pods(cluster, "crash-loop") == []
 
 
