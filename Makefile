@@ -8,7 +8,7 @@ export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo docs test e2e chaos audit bench bench-scale compile clean
+.PHONY: setup demo docs test test-docs test-suite e2e e2e-image chaos audit bench bench-scale compile clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -21,11 +21,18 @@ demo:
 	$(BIN)/kfloop demo
 
 # The docs site first (a broken link, anchor or page fails; not --quiet: it hides the warnings --strict counts),
-# built into a temp dir, then the suite.
-test:
+# built into a temp dir, then the suite on TEST_WORKERS pytest-xdist workers, a test file per worker at a time (its
+# module fixtures, such as a Ray head, start once): most tests wait on subprocesses and servers, so two workers
+# overlap well on two cores.
+TEST_WORKERS ?= 2
+test: test-docs test-suite
+
+test-docs:
 	site=$$(mktemp -d) && $(BIN)/mkdocs build --strict --site-dir "$$site"; rc=$$?; rm -rf "$$site"; \
 		test $$rc -eq 0
-	$(BIN)/pytest -q
+
+test-suite:
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 docs:
 	$(BIN)/python docs/generate.py
@@ -35,6 +42,10 @@ docs:
 # dockerd). The docker data root and the wheelhouse stay in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e).
 e2e:
 	E2E_PYTHON=$(abspath $(BIN))/python deploy/e2e.sh
+
+# Only the image of `make e2e` (daemon, base, wheelhouse, build): .ci/run builds it while the suite runs.
+e2e-image:
+	E2E_PYTHON=$(abspath $(BIN))/python deploy/e2e.sh image
 
 chaos:
 	PYTHONPATH=tests $(BIN)/pytest -q -m chaos -p chaos_report

@@ -23,7 +23,8 @@ from dvc.repo import Repo
 
 from data.errors import KfloopError
 from data.settings import section_from_dict
-from data.storage import download, holds_credentials, redact, redact_text, resolve
+from data.redaction import redact, redact_text
+from data.storage import download, holds_credentials, resolve
 
 DEFAULT_MAX_BYTES = 10 * 2**30
 DEFAULT_STORE_DIR = "dvc-store"

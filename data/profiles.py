@@ -19,7 +19,7 @@ import pandera.pandas as pa
 
 from data.fileio import atomic_write_text
 from data.sketches import ColumnSketch, SketchSettings, sketch_chunk, sketch_from_dict, merge_sketches
-from data.tables import sketching_chunks
+from data.tables import non_numbers, sketching_chunks
 from data.validation import schema_roles
 
 PROFILE_ARTIFACT = "reference_profile.json"
@@ -95,7 +95,7 @@ def normalised_columns(frame: pd.DataFrame, kinds: dict[str, str], label: str) -
                 values = series.to_numpy(dtype="float64", na_value=np.nan)
             except (TypeError, ValueError) as err:
                 raise ValueError(f"numeric column {name!r} in the {label} data holds non-numbers "
-                                 f"(e.g. {series.dropna().head(3).tolist()}): {err}") from err
+                                 f"(e.g. {non_numbers(series)}): {err}") from err
             out[name] = np.where(np.isfinite(values), values, np.nan)
         else:
             out[name] = series.astype(object).where(series.notna(), None).to_numpy()

@@ -15,6 +15,8 @@ from typing import Any, Callable, TypeVar
 
 import yaml
 
+from data.errors import ConfigFileError
+
 T = TypeVar("T")
 
 DEFAULT_MODEL_NAME = "kfloop-model"
@@ -27,6 +29,9 @@ training job it launches runs the same one; on a CI runner, the image ``kfloop c
 PULL_SECRETS_ENV = "KFLOOP_IMAGE_PULL_SECRETS"
 """Comma-separated image pull secrets of this step's pod (``kfloop compile --image-pull-secret``), passed on to the
 training job it launches."""
+JOB_NAMESPACE_ENV = "KFLOOP_JOB_NAMESPACE"
+"""Namespace of the training jobs this step launches, set on every compiled step by ``kfloop compile|upload
+--namespace``; the ``cluster.namespace`` setting wins over it, and without either a job goes in the step pod's own."""
 CONFIG_FILE = "kfloop.yaml"
 F = TypeVar("F", bound=Callable[..., Any])
 CODE_ROOT = Path(__file__).resolve().parents[1]
@@ -107,11 +112,12 @@ def _step_workdir() -> str:
     return workdir
 
 
-def load_environment(workdir: str | os.PathLike | None = None) -> Environment:
-    """Resolve the workdir, MLflow URI and git commit (see :class:`Environment`). The workdir is created; nothing
-    is written anywhere else."""
+def load_environment(workdir: str | os.PathLike | None = None, *, create: bool = True) -> Environment:
+    """Resolve the workdir, MLflow URI and git commit (see :class:`Environment`). The workdir is created unless
+    ``create`` is False (a read-only command); nothing is written anywhere else."""
     root = Path(workdir or os.environ.get("KFLOOP_HOME") or (_step_workdir() if _in_step() else ".kfloop")).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root / 'mlflow.db'}"
     commit = os.environ.get("KFLOOP_GIT_COMMIT") or git_commit()
     image, secrets = own_image()
@@ -124,6 +130,11 @@ def own_image() -> tuple[str, tuple[str, ...]]:
     Unlike :func:`load_environment` it creates nothing."""
     secrets = tuple(s for s in os.environ.get(PULL_SECRETS_ENV, "").split(",") if s)
     return os.environ.get(IMAGE_ENV, ""), secrets
+
+
+def own_job_namespace() -> str:
+    """The training jobs' namespace the compiled step carries (``KFLOOP_JOB_NAMESPACE``); empty when unset."""
+    return os.environ.get(JOB_NAMESPACE_ENV, "")
 
 
 MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "30", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
@@ -197,16 +208,25 @@ def load_config_file(path: str | os.PathLike | None = None) -> dict[str, Any]:
     """The optional ``kfloop.yaml`` (``path``, else ``./kfloop.yaml`` if present) as a dict.
 
     Raises:
-        ValueError: the file is not a YAML mapping.
+        ConfigFileError: ``path`` does not exist, the file is not YAML (the message names its line and column) or
+            not a mapping.
     """
     p = Path(path) if path else Path(CONFIG_FILE)
     if not p.exists():
         if path:
-            raise ValueError(f"{p}: config file not found")
+            raise ConfigFileError(f"{p}: config file not found; pass --config FILE of an existing kfloop.yaml, or "
+                                  "drop --config to read ./kfloop.yaml when present")
         return {}
-    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigFileError(f"{p}{where}: not valid YAML: {problem}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{p}: expected a YAML mapping of settings, got {type(data).__name__}")
+        raise ConfigFileError(f"{p}: expected a YAML mapping of settings (key: value lines), got "
+                              f"{type(data).__name__}")
     return data
 
 

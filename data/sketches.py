@@ -26,6 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasketches import frequent_items_error_type, frequent_strings_sketch, kll_doubles_sketch
 
+from data.tables import non_numbers
+
 SKETCH_FORMAT = 1
 """Version of the serialised layout; a reader refuses another."""
 Kind = Literal["numeric", "categorical"]
@@ -346,9 +348,9 @@ def numbers(column: pd.Series | pa.Array | pa.ChunkedArray, name: str, label: st
             return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
         return column.to_numpy(dtype="float64", na_value=np.nan)
     except (TypeError, ValueError, pa.ArrowException) as err:
-        shown = (column.drop_null() if isinstance(column, (pa.Array, pa.ChunkedArray)) else column.dropna())[:3]
+        values = column.to_pandas() if isinstance(column, (pa.Array, pa.ChunkedArray)) else column
         raise ValueError(f"numeric column {name!r} in the {label or 'given'} data holds non-numbers "
-                         f"(e.g. {list(shown.tolist())}): {err}") from err
+                         f"(e.g. {non_numbers(values)}): {err}") from err
 
 
 def as_text(values: np.ndarray | pd.Index) -> np.ndarray:

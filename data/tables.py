@@ -24,6 +24,9 @@ from data.errors import EXIT_DATA_FILE, KfloopError
 
 PARQUET_MAGIC = b"PAR1"
 PARQUET_SUFFIXES = (".parquet", ".pq", ".parq")
+OTHER_DELIMITERS = (";", "\t", "|")
+"""Separators of CSV files written with other conventions (a comma-decimal locale's ``;``, TSV): a one-column header
+holding one of them is refused, naming it, rather than read as one column."""
 
 
 class DataFileError(KfloopError):
@@ -225,6 +228,13 @@ def table_format(path: Path, limits: ReadLimits = DEFAULT_LIMITS) -> str:
     return "csv"
 
 
+def non_numbers(values: pd.Series, limit: int = 3) -> list:
+    """Up to ``limit`` distinct values of ``values`` that are not numbers (nulls aside): the examples of a column
+    that should be numeric, so an error shows what broke it rather than the first rows, which may be fine."""
+    present = values.dropna()
+    return present[pd.to_numeric(present, errors="coerce").isna()].drop_duplicates().head(limit).tolist()
+
+
 def _too_large(path: str | Path, size: int, limits: ReadLimits) -> DataFileError:
     return DataFileError(path, f"{size} bytes, over the limit of {limits.max_bytes}: split the data or raise "
                                "ReadLimits.max_bytes")
@@ -298,6 +308,11 @@ def _csv_chunks(path: Path, limits: ReadLimits, *, chunk_rows: int | None, colum
     except UnicodeDecodeError:
         raise DataFileError(path, not_utf8.format(_first_non_utf8_line(path))) from None
     names = next(csv.reader([header]), [])
+    other = [sep for sep in OTHER_DELIMITERS if len(names) == 1 and sep in names[0]]
+    if other:
+        raise DataFileError(path, f"one column named {names[0].strip()[:80]!r}: the file looks separated by "
+                                  f"{other[0]!r}, but kfloop reads comma-separated CSV; save it with commas (e.g. "
+                                  f"pandas.read_csv(path, sep={other[0]!r}).to_csv(path, index=False)) or as Parquet")
     duplicated = _duplicates([name for name in names if name])
     if duplicated:
         raise DataFileError(path, f"duplicate column names {duplicated} in the header: every column needs a unique "

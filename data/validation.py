@@ -28,9 +28,9 @@ from pandera.io import pandas_io
 from pandera.io._flat_checks import COMPONENT_RESERVED_KEYS
 
 from data import storage
-from data.errors import KfloopError
+from data.errors import EXIT_FINDING, KfloopError
 from data.schema_rules import RuleSet
-from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, iter_table, local_copy
+from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, iter_table, local_copy, non_numbers
 
 META_KEY = "kfloop"
 TASKS = ("classification", "regression")
@@ -170,7 +170,9 @@ def _inert_cell(text: str) -> str:
 
 
 class ValidationError(KfloopError):
-    """Raised by callers that treat a failed :class:`ValidationReport` as an error."""
+    """Raised by callers that treat a failed :class:`ValidationReport` as an error: invalid data is a finding."""
+
+    exit_code = EXIT_FINDING
 
     def __init__(self, report: ValidationReport):
         self.report = report
@@ -221,7 +223,9 @@ _DTYPES = {"bool": "bool", "int": "int64", "float": "float64", "str": "str"}
 _NULLABLE_DTYPES = {**_DTYPES, "bool": "boolean", "int": "Int64"}  # NumPy bool and int64 cannot hold nulls
 
 
-def _detect_ids(df: pd.DataFrame, target: str) -> list[str]:
+def detect_ids(df: pd.DataFrame, target: str = "") -> list[str]:
+    """The columns :func:`infer_schema` calls ids: named ``id`` or ``*_id``, int or text, no nulls, all unique
+    (``target`` never)."""
     ids = []
     for name in df.columns:
         lowered = str(name).lower()
@@ -270,7 +274,7 @@ def infer_schema(
     if nulls:
         raise ValueError(f"target column '{target}' has {nulls} null(s): drop those rows before inferring a schema")
     if id_columns is None:
-        id_columns = _detect_ids(df, target)
+        id_columns = detect_ids(df, target)
     for name in id_columns:
         if name not in df.columns or name == target:
             raise ValueError(f"id column '{name}' is not a non-target column of the data")
@@ -469,8 +473,8 @@ def schema_diff(schema: pa.DataFrameSchema, df: pd.DataFrame) -> list[str]:
         wanted = "text" if pd.api.types.is_string_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype) else "number"
         found = _family(df[name])
         if found is not None and found != wanted:
-            lines.append(f"~ '{name}': schema {column.dtype}, data holds {found} values "
-                         f"(e.g. {df[name].dropna().head(3).tolist()})")
+            examples = non_numbers(df[name]) if wanted == "number" else df[name].dropna().head(3).tolist()
+            lines.append(f"~ '{name}': schema {column.dtype}, data holds {found} values (e.g. {examples})")
     return lines
 
 

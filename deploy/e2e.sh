@@ -9,7 +9,10 @@
 # an alert through `kfloop serve`; it writes e2e-summary.json.
 #
 # The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
-# docker data root (base image, build layers), the wheelhouse (keyed by pyproject.toml and TORCH).
+# docker data root (base image, build layers), the wheelhouse (keyed by pyproject.toml and TORCH). On a cold cache
+# the base (debootstrap) and the wheelhouse (pip download, which pip's cache of `make setup` mostly answers) are made
+# side by side. `deploy/e2e.sh image` stops once the image is built (.ci/run builds it while the suite runs). Each
+# step's time is printed and, when KFLOOP_CI_TIMINGS names a file, appended to it as `e2e:STEP START SECONDS 0`.
 set -euo pipefail
 
 main() {
@@ -24,10 +27,17 @@ main() {
   EXEC_ROOT=/run/kfloop-e2e  # short: dockerd's containerd sockets live here
   export DOCKER_HOST=unix://$CACHE/docker.sock
 
+  MODE=${1:-all}
+  [ "$MODE" = all ] || [ "$MODE" = image ] || { echo "usage: deploy/e2e.sh [image]" >&2; exit 2; }
   say() { echo "e2e: $*" >&2; }
-  phase_start=0
-  begin() { phase_start=$SECONDS; say "$1"; }
-  took() { say "$1 took $((SECONDS - phase_start)) s"; }
+  # step NAME: note the start; took NAME [DETAIL]: print and log the step's time
+  declare -A started=()
+  step() { started[$1]=$EPOCHSECONDS; say "$*"; }
+  took() {
+    local seconds=$((EPOCHSECONDS - ${started[$1]}))
+    say "$1 took $seconds s${2:+ ($2)}"
+    [ -z "${KFLOOP_CI_TIMINGS:-}" ] || echo "e2e:$1 ${started[$1]} $seconds 0" >>"$KFLOOP_CI_TIMINGS"
+  }
 
   if [ "$(id -u)" != 0 ]; then
     say "needs root (apt-get, debootstrap, dockerd); run it as root or in CI's container"; exit 1
@@ -40,14 +50,14 @@ main() {
   command -v dockerd >/dev/null || missing+=(docker.io)
   command -v debootstrap >/dev/null || missing+=(debootstrap)
   if [ ${#missing[@]} -gt 0 ]; then
-    begin "apt-get install ${missing[*]}"
+    step apt-get "${missing[*]}"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     took apt-get
   fi
 
   # The daemon: no bridge, no iptables (containers use the host's loopback), its own socket, roots and pid file.
-  begin "dockerd (data root $CACHE/docker)"
+  step dockerd "data root $CACHE/docker"
   mkdir -p "$CACHE/docker" "$EXEC_ROOT"
   dockerd --host "$DOCKER_HOST" --data-root "$CACHE/docker" --exec-root "$EXEC_ROOT" \
     --pidfile "$CACHE/dockerd.pid" --bridge=none --iptables=false >"$CACHE/dockerd.log" 2>&1 &
@@ -60,26 +70,33 @@ main() {
     sleep 0.5
   done
   docker version >/dev/null || { tail -20 "$CACHE/dockerd.log" >&2; say "dockerd did not answer"; exit 1; }
-  took "dockerd ($(docker info --format '{{.Driver}}') storage)"
+  took dockerd "$(docker info --format '{{.Driver}}') storage"
 
-  # The base: Debian 12 minbase with python3 (3.11) and venv, from the mirror apt is configured with.
+  # The base: Debian 12 minbase with python3 (3.11) and venv, from the mirror apt is configured with; made in the
+  # background while the wheelhouse downloads.
+  base_pid=""
   if ! docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     mirror=$(sed -n 's/^URIs: *\([^ ]*\/debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
     [ -n "$mirror" ] || mirror=$(sed -n 's/^deb \(\[[^]]*\] \)\?\([^ ]*\/debian\) .*/\2/p' /etc/apt/sources.list 2>/dev/null | head -1)
     [ -n "$mirror" ] || { say "no Debian mirror found in apt's sources"; exit 1; }
-    begin "debootstrap bookworm from $mirror"
-    rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
-    debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log"
-    tar -C "$rootfs" -c . | docker import - "$BASE_IMAGE" >/dev/null
-    rm -rf "$rootfs"
-    took debootstrap+import
+    step base "debootstrap bookworm from $mirror"
+    make_base() {
+      local rootfs
+      rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+      debootstrap --variant=minbase --include=python3,python3-venv bookworm "$rootfs" "$mirror" >"$CACHE/debootstrap.log"
+      tar -C "$rootfs" -c . | docker import - "$BASE_IMAGE" >/dev/null
+      rm -rf "$rootfs"
+      took base "debootstrap and import"
+    }
+    make_base &
+    base_pid=$!
   fi
 
   # The wheelhouse: every wheel the image needs, downloaded here (pip's mirrors and find-links), installed offline.
   key=$(cat pyproject.toml <(echo "$TORCH ray") | sha256sum | cut -c1-16)
   wheelhouse=$CACHE/wheelhouse-$key
   if [ ! -e "$wheelhouse/.complete" ]; then
-    begin "wheelhouse ($TORCH and pyproject.toml's dependencies with the ray extra)"
+    step wheelhouse "$TORCH and pyproject.toml's dependencies with the ray extra"
     mkdir -p "$wheelhouse"
     for previous in "$CACHE"/wheelhouse-*/; do  # wheels kept from the last pins: pip downloads only what changed
       [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
@@ -93,27 +110,36 @@ main() {
       "$PYTHON" -m pip wheel -qq --no-deps -w "$wheelhouse" "$sdist" && rm "$sdist"
     done
     touch "$wheelhouse/.complete"
-    took "wheelhouse ($(du -sh "$wheelhouse" | cut -f1))"
+    took wheelhouse "$(du -sh "$wheelhouse" | cut -f1)"
+  fi
+  if [ -n "$base_pid" ]; then
+    wait "$base_pid" || { tail -20 "$CACHE/debootstrap.log" >&2; say "the base image failed"; exit 1; }
   fi
 
   # The build context: the working tree's files (tracked and untracked, not ignored) plus the wheelhouse.
-  begin "docker build $IMAGE"
+  step build "$IMAGE"
   context=$(mktemp -d)
   git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C "$context"
   cp -al "$wheelhouse"/*.whl "$context/deploy/wheelhouse/"
   docker build --quiet -f deploy/Dockerfile -t "$IMAGE" --build-arg PYTHON_IMAGE="$BASE_IMAGE" \
     --build-arg GIT_COMMIT="$COMMIT" "$context" >/dev/null
   rm -rf "$context"
-  took "build ($(docker image inspect "$IMAGE" --format '{{.Size}}' | numfmt --to=iec))"
+  took build "$(docker image inspect "$IMAGE" --format '{{.Size}}' | numfmt --to=iec)"
   # images of older commits go; dangling build-cache layers only when a day old, so rebuilds stay incremental
   docker images --format '{{.Repository}}:{{.Tag}}' kfloop | { grep -vxF "$IMAGE" || true; } | xargs -r docker rmi >/dev/null
   docker image prune --force --filter "until=24h" >/dev/null
 
+  [ "$MODE" = all ] || return 0
+
+  step chain "tests/e2e_chain.py"
   PYTHONPATH=$ROOT "$PYTHON" tests/e2e_chain.py --image "$IMAGE"
+  took chain
   # the KFP test server's Docker engine and the Kubernetes test cluster's Docker kubelet on this image: each task
   # and each training pod a container, as its user, read-only root
+  step docker-tests "tests/test_kfp_executor_docker.py tests/test_docker_kubelet.py"
   KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kfp_executor_docker.py \
     tests/test_docker_kubelet.py
+  took docker-tests
 }
 
 main "$@"

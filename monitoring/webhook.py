@@ -1,38 +1,50 @@
 """The alert webhook: Prometheus Alertmanager (webhook payload version 4) or a plain ``{"model", "reason"}``
 POSTed to ``/alerts`` starts retraining through the same trigger decision as the drift pipeline (dedupe,
 cooldown, one run in flight), for registered models on data under the allowed prefixes only (403 otherwise).
-Bearer token or HMAC-SHA256 auth for ``/alerts``, a read-only token of its own for ``/metrics`` (Prometheus text:
-the records, see :mod:`monitoring.metrics`), a body size bound, 4xx with a reason, ``/healthz``, one JSON log line
-per event (never a credential). Knows nothing about KFP: the caller passes ``start``.
+Bearer token or timestamped HMAC-SHA256 auth for ``/alerts``, checked before the body is read; a read-only token of
+its own for ``/metrics`` (Prometheus text: the records, see :mod:`monitoring.metrics`); 4xx with a reason for any
+bad request, a generic 500 with an error id that the log line carries; ``/healthz``; one JSON log line per event
+(never a credential). An ASGI app on uvicorn (:mod:`monitoring.http_server`) with body and per-request deadlines.
+Knows nothing about KFP: the caller passes ``start``.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
 import json
+import re
 import sys
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Mapping, TextIO
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from data.errors import KfloopError
-from data.storage import StorageError, data_folder, redact, under_prefix
+from data.redaction import redact, redact_text
+from data.storage import StorageError, data_folder, under_prefix
+from monitoring.http_server import HttpServer, ServerLimits
 from monitoring.metrics import exposition
-from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
+from monitoring.trigger import DATA_HASH, MAX_MODEL_CHARS, TriggerPolicy, TriggerStore, maybe_trigger
 from training.registry.versions import get_champion, registered_model
 
 TOKEN_ENV = "KFLOOP_WEBHOOK_TOKEN"
 HMAC_ENV = "KFLOOP_WEBHOOK_HMAC_SECRET"
 METRICS_TOKEN_ENV = "KFLOOP_METRICS_TOKEN"
 SIGNATURE_HEADER = "X-Kfloop-Signature"
-"""``sha256=<hex HMAC-SHA256 of the raw body>`` when HMAC auth is configured."""
+"""``sha256=<hex HMAC-SHA256 of "<timestamp>." followed by the raw body>`` when HMAC auth is configured."""
+TIMESTAMP_HEADER = "X-Kfloop-Timestamp"
+"""The Unix time in seconds at which a signed request was signed (an integer), covered by the signature."""
 MODEL_LABELS = ("model", "model_name")
+Answer = tuple[HTTPStatus, dict[str, Any] | bytes]
+"""A status and a JSON body (bytes: the Prometheus text of ``/metrics``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,6 +56,9 @@ class WebhookAuth:
     """Bearer token of ``/alerts`` (``Authorization: Bearer <token>``), from ``KFLOOP_WEBHOOK_TOKEN``."""
     hmac_secret: str = field(default="", repr=False)
     """HMAC-SHA256 key of the ``X-Kfloop-Signature`` header, from ``KFLOOP_WEBHOOK_HMAC_SECRET``."""
+    replay_window_seconds: int = 300
+    """A signed request is refused when its ``X-Kfloop-Timestamp`` is further than this from the server's clock
+    (a replay inside the window repeats an alert the trigger has already decided: a duplicate, nothing starts)."""
     metrics_token: str = field(default="", repr=False)
     """Bearer token of ``/metrics`` (Prometheus: ``authorization: {credentials_file: ...}``), from
     ``KFLOOP_METRICS_TOKEN``; read-only: it starts nothing."""
@@ -54,6 +69,9 @@ class WebhookAuth:
         if not self.token and not self.hmac_secret:
             raise ValueError(f"the webhook needs auth: set {TOKEN_ENV} (bearer token) or {HMAC_ENV} (HMAC-SHA256 "
                              "key), e.g. from a Kubernetes Secret")
+        if self.replay_window_seconds < 1:
+            raise ValueError(f"replay_window_seconds={self.replay_window_seconds}: use a positive number of seconds, "
+                             "e.g. 300")
         if self.metrics_token and self.metrics_token in (self.token, self.hmac_secret):
             raise ValueError(f"{METRICS_TOKEN_ENV} equals the webhook's token or HMAC key: give /metrics its own "
                              "token, so whoever scrapes metrics cannot start training")
@@ -68,19 +86,36 @@ class WebhookAuth:
         return cls(token=environ.get(TOKEN_ENV, ""), hmac_secret=environ.get(HMAC_ENV, ""),
                    metrics_token=environ.get(METRICS_TOKEN_ENV, ""), open_metrics=open_metrics)
 
-    def check(self, headers: Mapping[str, str], body: bytes) -> str | None:
-        """None when the request may post alerts, else the reason."""
+    def check(self, headers: Mapping[str, str], now: float) -> str | None:
+        """Before the body is read (``headers`` named in lower case): None when the request carries the webhook
+        token, or a signature dated within the replay window (:meth:`verify` then checks it against the body);
+        else the reason."""
         if _bearer(headers, self.token):
             return None
-        if self.hmac_secret:
-            expected = "sha256=" + hmac.new(self.hmac_secret.encode(), body, hashlib.sha256).hexdigest()
-            if hmac.compare_digest(headers.get(SIGNATURE_HEADER, "").encode(), expected.encode()):
-                return None
+        if self.hmac_secret and headers.get(SIGNATURE_HEADER.lower()):
+            signed_at = headers.get(TIMESTAMP_HEADER.lower(), "")
+            if not re.fullmatch(r"[0-9]{1,12}", signed_at):
+                return f"{SIGNATURE_HEADER} needs {TIMESTAMP_HEADER}: the Unix time in seconds it was signed at"
+            if abs(now - int(signed_at)) > self.replay_window_seconds:
+                return (f"{TIMESTAMP_HEADER} is {abs(now - int(signed_at)):.0f} s from the server's clock, outside "
+                        f"the replay window of {self.replay_window_seconds} s: sign each request as it is sent")
+            return None
         if _bearer(headers, self.metrics_token):
             return f"the metrics token ({METRICS_TOKEN_ENV}) only reads /metrics: post alerts with {TOKEN_ENV}"
         return "missing or invalid " + " / ".join(
             name for name, on in (("bearer token", self.token), (f"{SIGNATURE_HEADER} signature",
                                                                   self.hmac_secret)) if on)
+
+    def verify(self, headers: Mapping[str, str], body: bytes) -> str | None:
+        """After :meth:`check` passed and the body is read: None when the request carries the webhook token or its
+        signature matches ``"<timestamp>." + body``, else the reason."""
+        if _bearer(headers, self.token):
+            return None
+        signed = headers[TIMESTAMP_HEADER.lower()].encode() + b"." + body
+        expected = "sha256=" + hmac.new(self.hmac_secret.encode(), signed, hashlib.sha256).hexdigest()
+        if hmac.compare_digest(headers.get(SIGNATURE_HEADER.lower(), "").encode(), expected.encode()):
+            return None
+        return f"invalid {SIGNATURE_HEADER} signature (HMAC-SHA256 of \"<{TIMESTAMP_HEADER}>.<body>\")"
 
     def check_metrics(self, headers: Mapping[str, str]) -> str | None:
         """None when the request may read ``/metrics``, else the reason."""
@@ -96,7 +131,7 @@ class WebhookAuth:
 
 def _bearer(headers: Mapping[str, str], token: str) -> bool:
     """The request carries ``token`` (a configured one) as its bearer token."""
-    return bool(token) and hmac.compare_digest(headers.get("Authorization", "").encode(), f"Bearer {token}".encode())
+    return bool(token) and hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {token}".encode())
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -110,9 +145,31 @@ class Alert:
     dataset_uri: str = ""
     """Data to retrain on, when the alert names it (annotation or field ``dataset_uri``)."""
 
+    def __post_init__(self) -> None:
+        if not 0 < len(self.model) <= MAX_MODEL_CHARS:
+            raise BadPayload(f"model: use the registered model name (1 to {MAX_MODEL_CHARS} characters)")
+        if not DATA_HASH.fullmatch(self.data_key):
+            raise BadPayload("data_md5: use the dataset's content hash, lowercase hex of at most 64 characters (e.g. "
+                             "its DVC md5)")
+
 
 class BadPayload(KfloopError, ValueError):
     """The body is not an alert payload; the message says what is wrong."""
+
+
+def parse_body(body: bytes) -> list[Alert]:
+    """The alerts of a request body (JSON, see :func:`parse_alerts`).
+
+    Raises:
+        BadPayload: not JSON (or nested too deeply to parse), or not an alert payload.
+    """
+    try:
+        payload = json.loads(body)
+    except RecursionError:
+        raise BadPayload("the JSON is nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
+        raise BadPayload(f"not JSON: {err}") from None
+    return parse_alerts(payload)
 
 
 def parse_alerts(payload: Any) -> list[Alert]:
@@ -120,7 +177,7 @@ def parse_alerts(payload: Any) -> list[Alert]:
     ``{"model", "reason"[, "data_md5", "dataset_uri"]}`` request.
 
     Raises:
-        BadPayload: neither form, or an alert without a model label.
+        BadPayload: neither form, a field of the wrong type, or an alert without a model label.
     """
     if not isinstance(payload, dict):
         raise BadPayload("expected a JSON object")
@@ -129,20 +186,23 @@ def parse_alerts(payload: Any) -> list[Alert]:
             raise BadPayload('Alertmanager payloads must have "version": "4" and an "alerts" list')
         out = []
         for i, alert in enumerate(payload["alerts"]):
-            if not isinstance(alert, dict) or not isinstance(alert.get("labels"), dict):
-                raise BadPayload(f"alerts[{i}]: expected an object with a labels object")
+            if not isinstance(alert, dict):
+                raise BadPayload(f"alerts[{i}]: expected an object")
+            labels = _strings(alert.get("labels"), f"alerts[{i}].labels")
+            notes = _strings(alert.get("annotations") or {}, f"alerts[{i}].annotations")
+            if not isinstance(alert.get("fingerprint", ""), str):
+                raise BadPayload(f"alerts[{i}].fingerprint: expected a string")
             if alert.get("status", payload.get("status")) != "firing":
                 continue
-            labels, notes = alert["labels"], alert.get("annotations") or {}
             model = next((labels[k] for k in MODEL_LABELS if labels.get(k)), "")
-            if not isinstance(model, str) or not model:
+            if not model:
                 raise BadPayload(f"alerts[{i}]: no model label: add label 'model' (the registered model name) to "
                                  "the alerting rule")
             identity = alert.get("fingerprint") or json.dumps(labels, sort_keys=True)
-            data_key = notes.get("data_md5") or "alert-" + hashlib.sha256(str(identity).encode()).hexdigest()[:16]
+            data_key = notes.get("data_md5") or "alert-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
             reason = notes.get("summary") or notes.get("description") or labels.get("alertname", "alert")
-            out.append(Alert(model=model, reason=str(reason), data_key=str(data_key),
-                             dataset_uri=str(notes.get("dataset_uri", ""))))
+            out.append(Alert(model=model, reason=reason, data_key=data_key,
+                             dataset_uri=notes.get("dataset_uri", "")))
         return out
     model, reason = payload.get("model"), payload.get("reason")
     if not isinstance(model, str) or not model or not isinstance(reason, str) or not reason:
@@ -150,8 +210,16 @@ def parse_alerts(payload: Any) -> list[Alert]:
     unknown = sorted(set(payload) - {"model", "reason", "data_md5", "dataset_uri"})
     if unknown:
         raise BadPayload(f"unknown field(s) {unknown}; allowed: model, reason, data_md5, dataset_uri")
-    data_key = payload.get("data_md5") or "alert-" + hashlib.sha256(f"{model}\n{reason}".encode()).hexdigest()[:16]
-    return [Alert(model=model, reason=reason, data_key=str(data_key), dataset_uri=str(payload.get("dataset_uri", "")))]
+    extra = _strings({k: payload[k] for k in ("data_md5", "dataset_uri") if k in payload}, "data_md5 / dataset_uri")
+    data_key = extra.get("data_md5") or "alert-" + hashlib.sha256(f"{model}\n{reason}".encode()).hexdigest()[:16]
+    return [Alert(model=model, reason=reason, data_key=data_key, dataset_uri=extra.get("dataset_uri", ""))]
+
+
+def _strings(value: Any, where: str) -> dict[str, str]:
+    """``value`` when it is an object of strings (as Alertmanager's labels and annotations are)."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise BadPayload(f"{where}: expected an object of strings")
+    return value
 
 
 class AlertRefused(KfloopError, PermissionError):
@@ -206,10 +274,11 @@ class AlertScope:
 
 
 class AlertWebhook:
-    """The HTTP server. ``start(alert)`` starts a training run and returns its id (raising
+    """What the server answers. ``start(alert)`` starts a training run and returns its id (raising
     :class:`monitoring.trigger.RunInFlight` when one is running); ``store_for(model)`` is the trigger state;
     ``metrics`` (e.g. a :class:`monitoring.metrics.RecordsCollector`) answers ``/metrics`` (None: no ``/metrics``);
-    ``scope`` decides which alerts may start anything at all."""
+    ``scope`` decides which alerts may start anything at all; ``clock`` is the time of trigger decisions and of
+    signature timestamps."""
 
     def __init__(self, *, auth: WebhookAuth, scope: AlertScope, policy: TriggerPolicy, start: Callable[[Alert], str],
                  store_for: Callable[[str], TriggerStore], metrics: Collector | None = None,
@@ -219,47 +288,52 @@ class AlertWebhook:
         self.auth, self.scope, self.policy, self.start = auth, scope, policy, start
         self.store_for, self.metrics = store_for, metrics
         self.max_body_bytes, self.clock, self.log = max_body_bytes, clock, log
+        self._log_lock = threading.Lock()
 
     def emit(self, event: str, **fields: Any) -> None:
         """One structured log line."""
-        self.log.write(json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str) + "\n")
-        self.log.flush()
+        line = json.dumps({"ts": round(time.time(), 3), "event": event, **fields}, default=str) + "\n"
+        with self._log_lock:
+            self.log.write(line)
+            self.log.flush()
 
-    def handle(self, method: str, path: str, headers: Mapping[str, str], read_body: Callable[[int], bytes]
-               ) -> tuple[HTTPStatus, dict[str, Any] | bytes]:
-        """Answer one request: status and JSON body (bytes: the Prometheus text of ``/metrics``)."""
-        if method == "GET" and path == "/healthz":
-            return HTTPStatus.OK, {"status": "ok"}
-        if path == "/metrics" and self.metrics is not None:
-            if method != "GET":
-                return HTTPStatus.METHOD_NOT_ALLOWED, {"error": "GET /metrics"}
-            problem = self.auth.check_metrics(headers)
-            if problem:
-                return HTTPStatus.UNAUTHORIZED, {"error": problem}
-            return HTTPStatus.OK, exposition(self.metrics)
-        if path != "/alerts":
-            return HTTPStatus.NOT_FOUND, {"error": f"no such path {path}; POST alerts to /alerts"}
-        if method != "POST":
-            return HTTPStatus.METHOD_NOT_ALLOWED, {"error": "POST alerts to /alerts"}
-        length = headers.get("Content-Length")
-        if length is None or not length.isdigit():
+    def screen(self, headers: Mapping[str, str]) -> Answer | None:
+        """What a ``POST /alerts`` is answered before its body is read (auth, then its declared size), or None:
+        read the body (at most ``max_body_bytes``) and call :meth:`alerts`."""
+        problem = self.auth.check(headers, self.clock())
+        if problem:
+            return HTTPStatus.UNAUTHORIZED, {"error": problem}
+        length = headers.get("content-length")
+        if length is None:
             return HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length is required"}
-        if int(length) > self.max_body_bytes:
+        digits = length.lstrip("0") or "0"  # h11 has refused any Content-Length but ASCII digits
+        if len(digits) > len(str(self.max_body_bytes)) or int(digits) > self.max_body_bytes:
             return HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {
                 "error": f"body of {length} bytes exceeds the limit of {self.max_body_bytes}"}
-        body = read_body(int(length))
-        problem = self.auth.check(headers, body)
+        return None
+
+    def alerts(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Answer a screened ``POST /alerts`` with its body: the decision on each alert (blocking: MLflow, KFP)."""
+        problem = self.auth.verify(headers, body)
         if problem:
             return HTTPStatus.UNAUTHORIZED, {"error": problem}
         try:
-            alerts = parse_alerts(json.loads(body))
-        except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError and BadPayload are ValueErrors
+            alerts = parse_body(body)
+        except BadPayload as err:
             return HTTPStatus.BAD_REQUEST, {"error": f"bad payload: {err}"}
         try:  # every alert of the payload, before any starts: a refused one starts nothing
             alerts = [self.scope.admit(alert) for alert in alerts]
         except AlertRefused as err:
             return HTTPStatus.FORBIDDEN, {"error": str(err)}
         return HTTPStatus.OK, {"decisions": [self.decide(alert) for alert in alerts]}
+
+    def metrics_page(self, headers: Mapping[str, str]) -> Answer:
+        """Answer ``GET /metrics`` (blocking: the records are read from MLflow)."""
+        problem = self.auth.check_metrics(headers)
+        if problem:
+            return HTTPStatus.UNAUTHORIZED, {"error": problem}
+        assert self.metrics is not None
+        return HTTPStatus.OK, exposition(self.metrics)
 
     def decide(self, alert: Alert) -> dict[str, Any]:
         """Apply the trigger decision to one alert and start the run when it fires."""
@@ -269,34 +343,128 @@ class AlertWebhook:
         self.emit("trigger", alert_reason=alert.reason, **out)
         return out
 
-    def server(self, port: int, bind: str = "0.0.0.0") -> ThreadingHTTPServer:
-        """A threaded HTTP server on ``bind:port`` (port 0: any free port); call ``serve_forever()``."""
-        webhook = self
+    def server(self, port: int, bind: str = "0.0.0.0", limits: ServerLimits = ServerLimits()) -> HttpServer:
+        """The HTTP server on ``bind:port`` (port 0: any free port), listening; call ``serve_forever()``."""
+        return HttpServer(WebhookApp(self, limits), port=port, bind=bind, limits=limits, log=self.emit)
 
-        class Handler(BaseHTTPRequestHandler):
-            def _serve(self) -> None:
-                path = self.path.split("?", 1)[0]
-                try:
-                    status, payload = webhook.handle(self.command, path, self.headers, self.rfile.read)
-                except Exception as err:  # a failed start or an unusable state: 500 with the reason, logged
-                    webhook.emit("error", path=path, error=f"{type(err).__name__}: {err}")
-                    status, payload = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(err).__name__}: {err}"}
-                if status >= 400:
-                    webhook.emit("rejected", path=path, status=int(status), error=payload.get("error"),
-                                 remote=self.client_address[0])
-                text = isinstance(payload, bytes)
-                data = payload if text else json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST if text else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                if status >= 400:
-                    self.send_header("Connection", "close")
-                self.end_headers()
-                self.wfile.write(data)
 
-            do_GET = do_POST = do_PUT = do_DELETE = _serve
+class WebhookApp:
+    """The ASGI app of ``webhook``: routes, reads a body within ``limits.body_timeout_seconds`` (408), does the
+    blocking work on ``limits.workers`` threads within ``limits.request_timeout_seconds`` (504); ``/healthz``
+    answers 503 while every worker is stuck past that deadline (the server cannot decide an alert)."""
 
-            def log_message(self, *args: Any) -> None:  # the structured lines above replace the access log
-                pass
+    def __init__(self, webhook: AlertWebhook, limits: ServerLimits):
+        self.webhook, self.limits = webhook, limits
+        self.pool: ThreadPoolExecutor | None = None
+        self._started: dict[int, float] = {}  # by worker thread: when its work in progress started (monotonic)
+        self._lock = threading.Lock()
 
-        return ThreadingHTTPServer((bind, port), Handler)
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
+            return
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+        path = scope["path"]
+        try:
+            answer = await self.answer(scope["method"], path, headers, receive)
+        except Exception as err:  # a failed start, an unusable state, MLflow down: the details in the log only
+            error_id = uuid.uuid4().hex[:12]
+            self.webhook.emit("error", error_id=error_id, path=path, error=redact_text(f"{type(err).__name__}: {err}"))
+            answer = HTTPStatus.INTERNAL_SERVER_ERROR, {
+                "error": f"internal error {error_id}: the server's log line with this error_id has the details",
+                "error_id": error_id}
+        if answer is None:  # the client left while sending its body
+            return
+        status, payload = answer
+        if status >= 400:
+            assert isinstance(payload, dict)
+            self.webhook.emit("rejected", path=path, status=int(status), error=payload["error"],
+                              remote=scope["client"][0] if scope.get("client") else "")
+        text = isinstance(payload, bytes)
+        data = payload if text else json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": int(status), "headers": [
+            (b"content-type", (CONTENT_TYPE_LATEST if text else "application/json").encode()),
+            (b"content-length", str(len(data)).encode()), *([(b"connection", b"close")] if status >= 400 else [])]})
+        await send({"type": "http.response.body", "body": data})
+
+    async def lifespan(self, receive: Callable, send: Callable) -> None:
+        """The worker threads live as long as the server."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.pool = ThreadPoolExecutor(self.limits.workers, thread_name_prefix="kfloop-serve")
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                assert self.pool is not None
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def answer(self, method: str, path: str, headers: Mapping[str, str], receive: Callable) -> Answer | None:
+        """The answer to one request; None when the client left before its body was read."""
+        if method == "GET" and path == "/healthz":
+            return self.health()
+        if path == "/metrics" and self.webhook.metrics is not None:
+            if method != "GET":
+                return HTTPStatus.METHOD_NOT_ALLOWED, {"error": "GET /metrics"}
+            return await self.blocking(lambda: self.webhook.metrics_page(headers))
+        if path != "/alerts":
+            return HTTPStatus.NOT_FOUND, {"error": f"no such path {path}; POST alerts to /alerts"}
+        if method != "POST":
+            return HTTPStatus.METHOD_NOT_ALLOWED, {"error": "POST alerts to /alerts"}
+        early = self.webhook.screen(headers)
+        if early is not None:
+            return early
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_seconds):
+                body = await _read_body(receive)
+        except TimeoutError:
+            return HTTPStatus.REQUEST_TIMEOUT, {
+                "error": f"the body did not arrive within {self.limits.body_timeout_seconds:g} s"}
+        if body is None:
+            return None
+        return await self.blocking(lambda: self.webhook.alerts(headers, body))
+
+    async def blocking(self, work: Callable[[], Answer]) -> Answer:
+        """``work()`` on a worker thread, within the request deadline."""
+        assert self.pool is not None
+        try:
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(self.pool, self._timed, work),
+                                          self.limits.request_timeout_seconds)
+        except TimeoutError:
+            return HTTPStatus.GATEWAY_TIMEOUT, {
+                "error": f"no answer within {self.limits.request_timeout_seconds:g} s (MLflow or the KFP API is slow); "
+                         "the decision may still be made: see the log event 'trigger' before sending it again"}
+
+    def _timed(self, work: Callable[[], Answer]) -> Answer:
+        with self._lock:
+            self._started[threading.get_ident()] = time.monotonic()
+        try:
+            return work()
+        finally:
+            with self._lock:
+                del self._started[threading.get_ident()]
+
+    def health(self) -> Answer:
+        """200 while a worker can take an alert; 503 when every one is stuck past the request deadline."""
+        now = time.monotonic()
+        with self._lock:
+            stuck = sum(now - started > self.limits.request_timeout_seconds for started in self._started.values())
+        if stuck >= self.limits.workers:
+            return HTTPStatus.SERVICE_UNAVAILABLE, {
+                "error": f"all {stuck} workers have been busy for more than {self.limits.request_timeout_seconds:g} s "
+                         "(MLflow or the KFP API does not answer): no alert can be decided"}
+        return HTTPStatus.OK, {"status": "ok"}
+
+
+async def _read_body(receive: Callable) -> bytes | None:
+    """The request body (its size is bounded by the checked Content-Length, which h11 enforces); None when the
+    client disconnected."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)

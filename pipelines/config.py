@@ -29,13 +29,40 @@ SECTIONS: dict[str, type] = {
 }
 """Config section -> the typed config that validates it (its pipeline parameter, if any: ``SECTION_PARAMETERS``)."""
 
-SHARED_KEYS = {"dataset_uri", "current_uri", "reference_uri", "schema_uri", "target", "task", "model_name",
-               "labelled_uri", "labels_uri", "id_column", "retrain_uri",
-               *SHAPE_PARAMETERS, "holdout_fraction", "seed"}
-"""Parameters of some pipeline; one kfloop.yaml serves them all, so each pipeline ignores the others'."""
+SHARED_KEYS: dict[str, str] = {
+    "dataset_uri": "The training data: a Parquet or CSV file, local or in object storage (s3://, gs://, az://).",
+    "current_uri": "The batch a drift check compares with the reference: Parquet or CSV, path or URI.",
+    "reference_uri": "The data the batch is compared with; empty: the champion's training data.",
+    "schema_uri": "The pandera schema YAML the data must pass (`kfloop infer-schema` writes one); empty: the "
+                  "champion's schema, else one inferred from the data.",
+    "target": "The column the model predicts; empty: the schema's target.",
+    "task": "`classification` or `regression`; empty: the schema's.",
+    "model_name": "The registered model in MLflow that the pipeline trains, checks or retrains.",
+    "labelled_uri": "Rows whose labels arrived (features and target), for the quality check.",
+    "labels_uri": "Labels that arrived separately (the join column and the target); empty: `labelled_uri` holds "
+                  "them.",
+    "id_column": "The column joining `labels_uri` to `labelled_uri` (`kfloop quality --join-column`).",
+    "retrain_uri": "The data a retraining triggered by degraded quality trains on; empty: the labelled rows.",
+    "nnodes": "Nodes of the training job: local torchrun agents or pods.",
+    "nproc_per_node": "Training processes per node (one per GPU on GPU nodes).",
+    "backend": "Where training runs: `local` (torchrun here), `kubernetes` (PyTorchJob, TrainJob or RayJob) or "
+               "`ray` (Ray Train on a Ray cluster).",
+    "holdout_fraction": "Share of the data kept out of training (seeded split) to compare candidate and champion on.",
+    "seed": "Seed of the holdout split.",
+}
+"""Parameters of some pipeline, each with its description; one kfloop.yaml serves them all, so each pipeline
+ignores the others'."""
 
-SETTINGS_KEYS = {*SECTIONS, *SHARED_KEYS, "training_pipeline_version"}
-"""Every top-level key of kfloop.yaml / ``--set`` (``training_pipeline_version``: pinned by ``run --host``)."""
+PINNED_KEYS: dict[str, str] = {
+    "training_pipeline_version": "The training pipeline version (pipeline and version ids, host, namespace, "
+                                 "service account) a drift or quality run on the KFP server starts when it "
+                                 "retrains: `kfloop run --host` and `kfloop schedule` fill it in with the version "
+                                 "of the same name; empty under kfp.local, whose retraining runs on this machine.",
+}
+"""Top-level keys the CLI fills in, settable by hand."""
+
+SETTINGS_KEYS = {*SECTIONS, *SHARED_KEYS, *PINNED_KEYS}
+"""Every top-level key of kfloop.yaml / ``--set``."""
 
 TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", "drift", *SHAPE_PARAMETERS,
                  "holdout_fraction", "seed"}

@@ -19,7 +19,7 @@ from kfp import kubernetes as kfp_k8s  # aliased: ``kubernetes`` is the Kubernet
 from kfp.dsl import PipelineTask
 from kfp.dsl.pipeline_context import Pipeline
 
-from data.settings import PULL_SECRETS_ENV
+from data.settings import JOB_NAMESPACE_ENV, PULL_SECRETS_ENV
 from training.launch.cluster import CREDENTIAL_KEYS
 
 DEFAULT_SECRET = "kfloop-mlflow"
@@ -33,6 +33,7 @@ service-account token with audience ``pipelines.kubeflow.org`` at ``/var/run/sec
 which :func:`components.kfp_client.connect` presents to the KFP API (the trigger step starts runs with it)."""
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -66,6 +67,9 @@ class KubernetesOptions:
     """docker-registry Secrets every step's pod pulls its image with (a private registry, e.g. a new GHCR package).
     The steps also pass them on (``KFLOOP_IMAGE_PULL_SECRETS``) to the training job they launch, which runs their
     image: ``kfloop compile`` takes them from ``cluster.image_pull_secrets`` when no flag names one."""
+    job_namespace: str = ""
+    """Namespace of the training jobs the steps launch (``KFLOOP_JOB_NAMESPACE`` on every step, which a run's
+    ``cluster.namespace`` overrides). Empty: each step pod's own."""
 
     def __post_init__(self) -> None:
         if not _DNS1123_SUBDOMAIN.fullmatch(self.credentials_secret):
@@ -86,12 +90,16 @@ class KubernetesOptions:
                                  "digits, '-' and '.'), e.g. ghcr-pull")
         if not self.shared_mount_path.startswith("/"):
             raise ValueError(f"shared_mount_path={self.shared_mount_path!r}: use an absolute path, e.g. /shared")
+        if self.job_namespace and not _DNS1123_LABEL.fullmatch(self.job_namespace):
+            raise ValueError(f"job_namespace={self.job_namespace!r}: use a namespace name (a DNS-1123 label of at "
+                             "most 63 characters), e.g. kubeflow-user-example-com")
 
     @classmethod
     def from_flags(cls, *, credentials_secret: str | None = None, gpus: int | None = None,
                    node_selector: Sequence[str] = (), tolerations: Sequence[str] = (),
                    shared_volume_claim: str | None = None, shared_mount_path: str | None = None,
-                   enable_caching: bool = False, image_pull_secrets: Sequence[str] = ()) -> KubernetesOptions:
+                   enable_caching: bool = False, image_pull_secrets: Sequence[str] = (),
+                   job_namespace: str | None = None) -> KubernetesOptions:
         """Options from ``kfloop compile`` flags: ``KEY=VALUE`` selectors, ``KEY[=VALUE]:EFFECT`` tolerations.
 
         Raises:
@@ -115,7 +123,7 @@ class KubernetesOptions:
         return cls(credentials_secret=credentials_secret or DEFAULT_SECRET, gpus=gpus or 0, gpu_node_selector=selector,
                    gpu_tolerations=tuple(tols), shared_volume_claim=shared_volume_claim or "",
                    shared_mount_path=shared_mount_path or "/shared", enable_caching=enable_caching,
-                   image_pull_secrets=tuple(dict.fromkeys(image_pull_secrets)))
+                   image_pull_secrets=tuple(dict.fromkeys(image_pull_secrets)), job_namespace=job_namespace or "")
 
 
 _ACTIVE: contextvars.ContextVar[KubernetesOptions] = contextvars.ContextVar("kfloop_k8s",
@@ -135,7 +143,8 @@ def using(options: KubernetesOptions) -> Iterator[None]:
 def apply(*, gpu_step: PipelineTask | None = None) -> None:
     """Give every step of the pipeline being built the credentials Secret as env, the KFP API access label, the
     caching choice, the shared volume and the image pull secrets (as ``imagePullSecrets`` and, for the training job
-    it may launch, as ``KFLOOP_IMAGE_PULL_SECRETS``), and ``gpu_step`` its GPUs, node selector and tolerations.
+    it may launch, as ``KFLOOP_IMAGE_PULL_SECRETS``), the training jobs' namespace (``KFLOOP_JOB_NAMESPACE``), and
+    ``gpu_step`` its GPUs, node selector and tolerations.
     Call it last in a ``@dsl.pipeline`` body."""
     options = _ACTIVE.get()
     for task in Pipeline.get_default_pipeline().tasks.values():
@@ -148,6 +157,8 @@ def apply(*, gpu_step: PipelineTask | None = None) -> None:
         if options.image_pull_secrets:
             kfp_k8s.set_image_pull_secrets(task, list(options.image_pull_secrets))
             task.set_env_variable(PULL_SECRETS_ENV, ",".join(options.image_pull_secrets))
+        if options.job_namespace:
+            task.set_env_variable(JOB_NAMESPACE_ENV, options.job_namespace)
     if gpu_step is not None:
         if options.gpus:
             gpu_step.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(options.gpus)

@@ -1,11 +1,13 @@
 """Shared fixtures: demo data files and an isolated kfloop workdir (MLflow on SQLite inside it)."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,25 @@ os.environ["RAY_AUTH_TOKEN"] = RAY_AUTH_TOKEN = secrets.token_hex(16)
 authentication settings when it is imported, so in-process drivers (Ray Data's drift engine) hold it too."""
 
 REPO = Path(__file__).resolve().parents[1]
+
+TIMINGS_ENV = "KFLOOP_TEST_TIMINGS"
+"""A file to write the session's 30 slowest tests to (JSON; set by .ci/run for ci-timings.json)."""
+_durations: dict[str, float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's time: setup, call and teardown (under xdist the controller sees every worker's reports)."""
+    _durations[report.nodeid] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write the slowest tests where :data:`TIMINGS_ENV` says, once, from the controller (not from xdist workers)."""
+    target = os.environ.get(TIMINGS_ENV)
+    if not target or hasattr(session.config, "workerinput"):
+        return
+    slowest = sorted(_durations.items(), key=lambda item: item[1], reverse=True)[:30]
+    Path(target).write_text(json.dumps([{"nodeid": node, "seconds": round(seconds, 2)} for node, seconds in slowest],
+                                       indent=2) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -102,11 +123,15 @@ def s3_bucket(s3_server, monkeypatch, request) -> str:
 
 
 @pytest.fixture
-def cluster(tmp_path, request):
+def cluster(tmp_path, request, monkeypatch):
     """A Kubernetes API test server in operator mode with one shared volume (tests/fakes/kubernetes_cluster.py);
-    parametrized indirectly with ``{"operator": False}``, a server that runs no job (a test plays the operator)."""
+    parametrized indirectly with ``{"operator": False}``, a server that runs no job (a test plays the operator).
+    This process is no pod of it: a job with no ``cluster.namespace`` goes in the kubeconfig's namespace."""
     from fakes.k8s_server import K8sServer
     from fakes.kubernetes_cluster import CLAIM, Cluster
+    from training.launch.kube_client import NAMESPACE_FILE_ENV
+
+    monkeypatch.setenv(NAMESPACE_FILE_ENV, str(tmp_path / "not-in-a-pod"))
 
     shared = tmp_path / "shared"
     shared.mkdir()

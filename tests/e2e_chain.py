@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cluster": {"image": args.image, "namespace": NAMESPACE, "cpu": "1", "memory": "2Gi",
                             "shm_size": "64Mi", "shared_volume_claim": CLAIM, "shared_mount_path": str(shared),
                             "credentials_secret": SECRET, "launcher": {"poll_seconds": 1}}}))
-            target = ["--host", server.url, "--config", str(settings), "--version", commit]  # the image's code
+            target = ["--host", server.url, "--config", str(settings), "--pipeline-version", commit]  # the image's code
             cli("upload", *target, "--image", args.image)
             say(f"uploaded {len(server.store.pipelines)} pipelines, version {commit[:12]}")
 

@@ -30,6 +30,8 @@ OPERATOR_RULE = DEPLOY / "kfloop-prometheusrule.yaml"
 ROUTE = DEPLOY / "alertmanager.yaml"
 SCRAPE = DEPLOY / "prometheus-scrape.yaml"
 ALERTS = ("KfloopDriftDetected", "KfloopQualityDegraded")
+"""The alerts that start retraining; KfloopDriftCheckStale goes to people."""
+STALE = "KfloopDriftCheckStale"
 MODEL = "churn-alerts"
 HOOK_TOKEN = "alert-loop-token-3b9e"
 METRICS_TOKEN = "alert-loop-metrics-token-7d21"
@@ -42,10 +44,32 @@ def test_the_rule_files_pass_promtool_and_say_the_same(tmp_path):
     for path in (RULES, operator_groups):
         checked = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
                                  timeout=120)
-        assert checked.returncode == 0 and "SUCCESS: 2 rules found" in checked.stdout, checked.stdout + checked.stderr
+        assert checked.returncode == 0 and "SUCCESS: 3 rules found" in checked.stdout, checked.stdout + checked.stderr
     rules = yaml.safe_load(RULES.read_text())
     assert yaml.safe_load(operator_groups.read_text()) == rules
-    assert [rule["alert"] for group in rules["groups"] for rule in group["rules"]] == list(ALERTS)
+    assert [rule["alert"] for group in rules["groups"] for rule in group["rules"]] == [*ALERTS, STALE]
+
+
+def test_the_stale_check_alert_fires_two_days_after_the_last_drift_check(tmp_path):
+    promtool = require_binary("promtool", package="prometheus")
+    day = 86400
+    # promtool's clock starts at 0; a scrape a minute for three days: one model checked daily, one whose checks stop
+    (tmp_path / "stale.yaml").write_text(yaml.safe_dump({
+        "rule_files": [str(RULES)], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": [
+            {"series": 'kfloop_drift_check_timestamp_seconds{model="daily"}',
+             "values": " ".join(f"{day * d}x1439" for d in range(3))},
+            {"series": 'kfloop_drift_check_timestamp_seconds{model="stopped"}', "values": "0x4319"}],
+            "alert_rule_test": [
+                {"eval_time": "47h", "alertname": STALE, "exp_alerts": []},
+                {"eval_time": "48h10m", "alertname": STALE, "exp_alerts": []},  # stale, but not yet for 15m
+                {"eval_time": "48h20m", "alertname": STALE, "exp_alerts": [{
+                    "exp_labels": {"model": "stopped", "severity": "warning"},
+                    "exp_annotations": {"summary": "stopped: no drift check for 2d 0h 20m 0s: is the drift schedule "
+                                                   "running? (kfloop schedule drift)"}}]}]}]}))
+    checked = subprocess.run([promtool, "test", "rules", str(tmp_path / "stale.yaml")], capture_output=True,
+                             text=True, timeout=120)
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
 
 
 def test_the_scrape_job_passes_promtool_and_reads_the_metrics_token_from_a_secret(tmp_path):
@@ -68,8 +92,9 @@ def test_the_route_sends_kfloops_alerts_to_the_webhook_and_nothing_else():
     assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
     receivers = {alert: subprocess.run([amtool, "config", "routes", "test", f"--config.file={ROUTE}",
                                         f"alertname={alert}", f"model={MODEL}"], capture_output=True, text=True,
-                                       timeout=120).stdout.strip() for alert in (*ALERTS, "NodeDown")}
-    assert receivers == {ALERTS[0]: "kfloop-retrain", ALERTS[1]: "kfloop-retrain", "NodeDown": "default"}
+                                       timeout=120).stdout.strip() for alert in (*ALERTS, STALE, "NodeDown")}
+    assert receivers == {ALERTS[0]: "kfloop-retrain", ALERTS[1]: "kfloop-retrain", STALE: "default",
+                         "NodeDown": "default"}
     (hook,) = next(r for r in yaml.safe_load(ROUTE.read_text())["receivers"] if r["name"] == "kfloop-retrain"
                    )["webhook_configs"]
     assert urllib.parse.urlsplit(hook["url"]).path == "/alerts" and "credentials_file" in hook["http_config"][

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from data.errors import EXIT_FAILED
+from data.errors import EXIT_FINDING
 from data.generate import generate
 from data.tables import DEFAULT_LIMITS, DataFileError, ReadLimits, read_table, sketching_chunks
 from data.validation import load_schema, schema_diff, validate
@@ -152,7 +152,7 @@ def test_failure_report_csv_neutralises_formula_cells(tmp_path, evil):
     df.to_parquet(data, index=False)
     out = tmp_path / "report.csv"
     assert main(["validate", "--data", str(data), "--schema", str(DEMO_SCHEMA), "--report-csv", str(out)]) \
-        == EXIT_FAILED
+        == EXIT_FINDING
     rows = list(csv.DictReader(io.StringIO(out.read_bytes().decode(), newline="")))
     [plan] = [r for r in rows if r["column"] == "plan"]
     assert plan["examples"] == "'" + evil and plan["data_rows_from_0"] == "4", plan
@@ -186,7 +186,7 @@ def test_schema_skew_fails_with_a_diff_of_missing_extra_and_retyped_columns(tmp_
     ]
     assert report.format_diff().splitlines() == [f"{path}: schema diff: {line}" for line in report.schema_diff]
     capsys.readouterr()
-    assert main(["validate", "--data", str(path), "--schema", str(DEMO_SCHEMA)]) == EXIT_FAILED
+    assert main(["validate", "--data", str(path), "--schema", str(DEMO_SCHEMA)]) == EXIT_FINDING
     err = capsys.readouterr().err.splitlines()
     assert err[:3] == report.format_diff().splitlines() and err[3:] == report.format().splitlines()
 

@@ -57,3 +57,26 @@ def test_field_docstrings_come_from_the_source():
         """third"""
 
     assert generate.field_docstrings(Probe) == {"a": "first", "c": "third"}
+
+
+def test_settings_page_renders_cleanly():
+    """No escaped pipe (a type union is "or"), no raw Sphinx role, every top-level key described."""
+    page = generate.settings_page()
+    assert "\\|" not in page
+    assert re.findall(r":\w+:`", page) == []
+    assert "``" not in page  # reST double backticks became Markdown code
+    assert "| `primary_metric` | `str` or `None` |" in page
+    top = page.split("## Top-level keys")[1].split("\n## ")[0]
+    rows = [line.split(" | ") for line in top.splitlines() if line.startswith("| `")]
+    assert {row[0].strip("| `") for row in rows} >= {"dataset_uri", "model_name", "training_pipeline_version"}
+    assert all(row[-1].strip(" |") for row in rows)  # a description in every row
+    # a :data: role naming a constant lists what it holds
+    assert "`METRICS` (`accuracy`, `f1_macro`, `roc_auc`, `log_loss`)" in page
+    assert "relative to the folder of the `kfloop.yaml` that names it" in page
+
+
+def test_exit_codes_page_is_the_table_and_troubleshooting_shows_it():
+    page = generate.exit_codes_page()
+    for code, kind in generate.EXIT_CODES.items():
+        assert f"| `{code}` | {kind} |" in page
+    assert '--8<-- "reference/exit-codes.md"' in (REPO / "docs" / "troubleshooting.md").read_text()

@@ -13,6 +13,7 @@ from fakes.kfp_multiuser import MultiUser
 from fakes.kfp_server import KfpApiServer
 
 from components import kfp_client
+from data.errors import EXIT_DATA_FILE, EXIT_FAILED, EXIT_SERVICE, EXIT_SETTINGS, EXIT_USAGE
 from pipelines.cli.commands import main
 
 TOKEN = "kfp-test-token-7c1e"
@@ -114,7 +115,7 @@ def test_upload_sends_code_source_url_and_the_bearer_token(kfp, tmp_path):
 def test_a_wrong_token_is_refused_and_never_printed(kfp, capsys, monkeypatch):
     monkeypatch.setenv(kfp_client.TOKEN_ENV, "wrong-token-91ab")
     code, out, err = cli(capsys, "upload", *kfp.target)
-    assert code == 1 and "401" in err
+    assert code == EXIT_SERVICE and "401" in err
     assert "wrong-token-91ab" not in out + err and kfp.client_token not in out + err
     assert not kfp.store.pipelines
 
@@ -122,7 +123,7 @@ def test_a_wrong_token_is_refused_and_never_printed(kfp, capsys, monkeypatch):
 def test_a_dirty_checkout_needs_an_explicit_version(kfp, capsys, monkeypatch):
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", COMMIT + "-dirty")
     code, _, err = cli(capsys, "upload", *kfp.target)
-    assert code == 1 and "commit your changes" in err and "--version" in err
+    assert code == EXIT_SETTINGS and "commit your changes" in err and "--pipeline-version" in err
     assert not kfp.store.pipelines
     code, out, err = cli(capsys, "upload", *kfp.target, "--version", "rc-1")
     assert code == 0, err
@@ -139,7 +140,7 @@ def test_a_commits_version_never_runs_the_image_of_another_commit(kfp, capsys, m
     other = "9" * 40
     monkeypatch.setenv("KFLOOP_IMAGE", f"ghcr.io/team/kfloop:{other}")
     code, _, err = cli(capsys, "upload", *kfp.target)
-    assert code == 1 and f"tagged for commit {other}" in err and f"named by commit {COMMIT}" in err
+    assert code == EXIT_SETTINGS and f"tagged for commit {other}" in err and f"named by commit {COMMIT}" in err
     assert "--image" in err and not kfp.store.pipelines  # nothing uploaded
 
     monkeypatch.setenv("KFLOOP_IMAGE", f"registry.example:5000/team/kfloop:{COMMIT[:12]}")  # a short SHA tag fits
@@ -177,7 +178,7 @@ def test_image_tag(image, tag):
 
 def test_run_needs_the_version_uploaded_first(kfp, capsys):
     code, _, err = cli(capsys, "run", "training", *kfp.target, "--set", "dataset_uri=s3://b/train.parquet")
-    assert code == 1 and "kfloop upload --host" in err
+    assert code == EXIT_DATA_FILE and "kfloop upload --host" in err
     assert not kfp.store.runs
 
 
@@ -233,7 +234,7 @@ def test_run_wait_exits_non_zero_on_a_failed_run(kfp, capsys):
 
     code, out, err = cli(capsys, "run", "drift", *kfp.target, "--wait", "--json", *DRIFT_SETTINGS)
 
-    assert code == 1
+    assert code == EXIT_FAILED
     summary = json.loads(out)
     assert summary["state"] == "FAILED" and summary["pipeline"] == "drift"
     assert f"run {summary['run_id']} ended FAILED" in err
@@ -262,7 +263,7 @@ def test_runs_and_the_training_runs_they_trigger_use_the_service_account_given(k
     assert given["runtime_config"]["parameters"]["training_pipeline_version"]["service_account"] == "kfloop-batch"
 
     code, _, err = cli(capsys, "run", "training", "--local", "--service-account", "kfloop")
-    assert code == 1 and "use them with --host" in err  # a local run has no service account to use
+    assert code == EXIT_USAGE and "use them with --host" in err  # a local run has no service account to use
 
 
 def test_a_new_service_account_replaces_the_schedule(kfp, capsys):
@@ -321,7 +322,7 @@ def test_schedule_twice_gives_one_recurring_run_and_a_change_replaces_it(kfp, ca
     code, _, _ = cli(capsys, "schedule", "drift", *kfp.target, "--delete")
     assert code == 0 and not kfp.store.recurring_runs
     code, _, err = cli(capsys, "schedule", "drift", *kfp.target, "--delete")
-    assert code == 1 and "no recurring run named 'kfloop-drift-check-kfloop-model'" in err
+    assert code == EXIT_DATA_FILE and "no recurring run named 'kfloop-drift-check-kfloop-model'" in err
 
 
 def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, capsys):
@@ -349,7 +350,7 @@ def test_quality_schedules_beside_drift_with_the_training_version_pinned(kfp, ca
 def test_a_cron_without_six_fields_is_rejected_with_the_fix(kfp, capsys, cron, fix):
     upload(kfp, capsys)
     code, _, err = schedule(kfp, capsys, "--cron", cron)
-    assert code == 1 and fix in err and "6" in err
+    assert code == EXIT_SETTINGS and fix in err and "6" in err
     assert not kfp.store.recurring_runs
     assert not any(r.path.endswith("/recurringruns") and r.method == "POST" for r in kfp.requests)
 
@@ -397,7 +398,7 @@ def test_a_failing_step_fails_the_executed_run_with_its_error(executing_kfp, tmp
     code, out, err = cli(capsys, "run", "training", "--host", kfp.url, "--wait", "--json",
                          "--set", f"dataset_uri={missing}", "--set", "target=churned")
 
-    assert code == 1
+    assert code == EXIT_FAILED
     (run,) = kfp.store.runs.values()
     (failed,) = [t for t in run["run_details"]["task_details"] if t["state"] == "FAILED"]
     assert failed["display_name"] == "validate-data" and str(missing) in failed["error"]["message"]
@@ -409,7 +410,7 @@ def test_a_dirty_image_is_refused_unless_named_with_image(kfp, capsys, monkeypat
     dirty = f"ghcr.io/team/kfloop:{COMMIT[:12]}-dirty"  # deploy/image-commit.sh's tag of an uncommitted tree
     monkeypatch.setenv("KFLOOP_IMAGE", dirty)
     code, _, err = cli(capsys, "upload", *kfp.target)
-    assert code == 1 and "uncommitted changes" in err and "--image" in err
+    assert code == EXIT_SETTINGS and "uncommitted changes" in err and "--image" in err
     assert not kfp.store.pipelines
 
     code, _, err = cli(capsys, "upload", *kfp.target, "--version", "wip", "--image", dirty)
@@ -427,9 +428,9 @@ def test_upload_in_ci_or_with_require_image_refuses_an_empty_or_default_image(kf
         monkeypatch.setenv("CI", "true")
     monkeypatch.setenv("KFLOOP_IMAGE", "")
     code, _, err = cli(capsys, "upload", *kfp.target, "--version", "masked", *extra)
-    assert code == 1 and "KFLOOP_IMAGE is empty or unset" in err and "image job" in err and "--image" in err
+    assert code == EXIT_SETTINGS and "KFLOOP_IMAGE is empty or unset" in err and "image job" in err and "--image" in err
     code, _, err = cli(capsys, "upload", *kfp.target, "--version", "masked", "--image", DEFAULT_IMAGE, *extra)
-    assert code == 1 and "--image is the default image" in err
+    assert code == EXIT_SETTINGS and "--image is the default image" in err
     assert not versions_named(kfp, "masked")
     monkeypatch.setenv("KFLOOP_IMAGE", "ghcr.io/acme/kfloop:" + COMMIT)
     code, _, err = cli(capsys, "upload", *kfp.target, "--version", "masked", *extra)
@@ -444,12 +445,12 @@ def test_without_a_namespace_multi_user_kfp_refuses_a_shared_upload_and_a_run(kf
     if kfp.namespace is None:
         assert code == 0, err
         return
-    assert code == 1 and "403" in err and not kfp.store.pipelines
+    assert code == EXIT_SERVICE and "403" in err and not kfp.store.pipelines
     assert [(r.namespace, r.verb, r.resource, r.allowed) for r in kfp.multi_user.reviews] == [
         ("kubeflow", "create", "pipelines", False)]  # a shared pipeline is written in KFP's own namespace
     upload(kfp, capsys)
     code, _, err = cli(capsys, "run", "drift", *host, *DRIFT_SETTINGS)
-    assert code == 1 and not kfp.store.runs  # its pipelines are in the profile, which the run must name
+    assert code == EXIT_DATA_FILE and not kfp.store.runs  # its pipelines are in the profile, which the run must name
     code, _, err = cli(capsys, "run", "drift", *kfp.target, *DRIFT_SETTINGS)
     assert code == 0, err
     (run,) = kfp.store.runs.values()

@@ -153,7 +153,7 @@ def test_a_failing_rank_fails_the_launch_with_its_error_and_stops_every_process(
     with pytest.raises(LaunchError) as caught:
         launch_local(spec, log_dir=tmp_path / "logs")
     err = caught.value
-    assert (err.rank, err.node, err.exit_code) == (3, 1, 1)
+    assert (err.rank, err.node, err.node_exit_code) == (3, 1, 1)
     assert "RuntimeError: rank 3 refuses: shard 3 is unreadable" in str(err)
     assert 'raise RuntimeError("rank 3 refuses' in str(err), "the traceback's last lines are quoted"
     assert str(tmp_path / "logs" / "node-1.log") in str(err)

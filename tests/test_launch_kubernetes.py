@@ -309,7 +309,7 @@ def test_a_pod_that_exits_137_forever_is_stopped_at_the_launchers_cap(restart_po
     message = str(stopped.value)
     assert "restarted 3 times, over the launcher's cap of 2" in message
     assert f"last log lines of {name}-worker-0" in message
-    assert (stopped.value.node, stopped.value.exit_code) == (1, 137)
+    assert (stopped.value.node, stopped.value.node_exit_code) == (1, 137)
     assert cluster.jobs() == []  # the launcher deleted the job: the operator would have retried forever
 
 

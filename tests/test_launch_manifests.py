@@ -8,15 +8,20 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+from fakes import pytorchjob_contract, trainer_operator
 from fakes.crd_schema import validate
+from fakes.k8s_validation import service_refusal
 from manifest_checks import pods, render_cli, restricted_violations
 
+from data.errors import EXIT_SETTINGS
 from pipelines.cli.commands import main
 from training.launch.cluster import ClusterConfig
 from training.config import JobShape, TrainingConfig
 from training.launch.jobspec import OPERATOR_ENV, JobSpec
 from training.launch.manifests import job_name_for, render_pytorchjob, render_trainjob, training_job_spec
 
+ISTIO_OPT_OUT = {"sidecar.istio.io/inject": "false"}
 TOLERATION = "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
 # name -> `kfloop render-job` arguments; each a combination a user would run.
 COMBINATIONS = {
@@ -273,7 +278,7 @@ def test_trainjob_topology_and_pod_settings(rendered):
     body = rendered["trainjob-topology"]
     template = trainer_pod(body)
     assert template["metadata"]["annotations"] == {
-        "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack"}
+        "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack", **ISTIO_OPT_OUT}
     assert body["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["metadata"] == {
         "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"}}
     spec = template["spec"]
@@ -282,11 +287,12 @@ def test_trainjob_topology_and_pod_settings(rendered):
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {v["name"] for v in spec["volumes"]} == {"dshm", "tmp", "shared"}
     assert trainer_pod(rendered["trainjob-preferred"])["metadata"]["annotations"] == {
-        "kueue.x-k8s.io/podset-preferred-topology": "cloud.provider.com/topology-block"}
-    assert "annotations" not in rendered["kueue"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]
+        "kueue.x-k8s.io/podset-preferred-topology": "cloud.provider.com/topology-block", **ISTIO_OPT_OUT}
+    assert rendered["kueue"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["annotations"] == \
+        ISTIO_OPT_OUT
     for replica in rendered["kueue-topology"]["spec"]["pytorchReplicaSpecs"].values():  # Kueue TAS for PyTorchJobs
         assert replica["template"]["metadata"]["annotations"] == {
-            "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack"}
+            "kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack", **ISTIO_OPT_OUT}
 
 
 def test_config_file_and_set_overrides(tmp_path):
@@ -398,7 +404,7 @@ def test_training_job_needs_the_shared_volume():
 
 
 def test_cli_reports_an_invalid_combination(capsys):
-    assert main(["render-job", "--gpus-per-node", "8", "--set", "cluster.mig_profile=1g.18gb"]) == 1
+    assert main(["render-job", "--gpus-per-node", "8", "--set", "cluster.mig_profile=1g.18gb"]) == EXIT_SETTINGS
     err = capsys.readouterr().err
     assert "not a mix" in err and "apiVersion" not in err
 
@@ -411,11 +417,48 @@ def test_job_name_for_is_deterministic_valid_and_distinct():
     assert names == [job_name_for(i) for i in ids]
     assert len(set(names)) == len(names)
     for name in names:
-        assert len(name) <= 50 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+        assert len(name) <= 45 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
         JobSpec(name=name)  # the spec accepts it
     assert job_name_for("3f2a8b9c-1234").startswith("kfloop-3f2a8b9c-1234-")
     with pytest.raises(ValueError, match="run id"):
         job_name_for("")
+
+
+KFP_RUN_IDS = ["3f9b2c1e-8a7d-4e6f-9b0a-1c2d3e4f5a6b", "Z" * 200, "run-" + "9" * 100]
+"""A KFP run id (a UUID, 36 characters) and ids far longer than any kind's name budget."""
+
+
+@pytest.mark.parametrize("run_id", KFP_RUN_IDS)
+def test_pytorchjobs_for_any_run_id_pass_the_training_operators_webhook_and_service_names(run_id):
+    body = render_cli(["--run-id", run_id, "--nnodes", "100"])
+    assert validate(body) == []
+    assert pytorchjob_contract.validate(body) == ([], [])
+    name = body["metadata"]["name"]
+    services = [pytorchjob_contract.replica_name(name, rtype, index) for rtype, index in (("Master", 0), ("Worker", 98))]
+    assert [service_refusal(s) for s in services] == [None, None]
+
+
+@pytest.mark.parametrize("run_id", KFP_RUN_IDS)
+def test_trainjobs_for_any_run_id_pass_the_crd_and_jobsets_name_checks(run_id):
+    body = render_cli(["--kind", "trainjob", "--run-id", run_id, "--nnodes", "1000"])
+    assert validate(body) == []
+    trainer_operator.check_name(body)  # raises on a refusal
+    runtime = yaml.safe_load((trainer_operator.SPECS / trainer_operator.DEFAULT_RUNTIMES[0]).read_text())
+    _, jobset, _, _ = trainer_operator.trainer_job(body, runtime, trainer_operator.TRAINER_PORT)
+    assert trainer_operator.jobset_problems(body["metadata"]["name"], jobset["replicatedJobs"]) == []
+
+
+@pytest.mark.parametrize("argv", [["--nnodes", "3"], ["--kind", "trainjob", "--nnodes", "3"]])
+def test_every_training_pod_template_opts_out_of_istio_injection(argv):
+    body = render_cli(argv)
+    if body["kind"] == "PyTorchJob":
+        templates = [r["template"] for r in body["spec"]["pytorchReplicaSpecs"].values()]
+    else:
+        (patch,) = body["spec"]["runtimePatches"]
+        templates = [j["template"]["spec"]["template"]
+                     for j in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]]
+    assert len(templates) == (2 if body["kind"] == "PyTorchJob" else 1)
+    assert all(t["metadata"]["annotations"].items() >= ISTIO_OPT_OUT.items() for t in templates)
 
 
 def test_render_job_names_the_job_and_its_folder_after_the_run_id():

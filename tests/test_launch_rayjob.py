@@ -4,21 +4,31 @@ arguments it accepts, keeps the restricted pod settings on every pod, and what a
 from __future__ import annotations
 
 import copy
+import importlib.metadata
+import json
+import random
+import re
 import shlex
+import subprocess
+import sys
 import threading
+import uuid
 
 import pytest
 
 from fakes.crd_schema import validate
+from fakes.kuberay_validation import MAX_RAYJOB_NAME_LENGTH, validate_rayjob
 from manifest_checks import render_cli, restricted_violations
 from polling import wait_for
+from test_training import write_training_files
 
 from training.config import JobShape, TrainingConfig
 from training.launch.cluster import KUEUE_QUEUE_LABEL, ClusterConfig
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy
 from training.launch.local import LaunchError
-from training.launch.manifests import render, training_job_spec
-from training.ray_train import parse_args
+from training.launch.jobspec import MAX_NAME_LENGTH
+from training.launch.manifests import job_name_for, render, training_job_spec
+from training.ray_train import parse_args, run_config
 
 TOLERATION = "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
 COMBINATIONS = {
@@ -30,8 +40,11 @@ COMBINATIONS = {
                       "--set", "cluster.service_account_name=trainer", "--set", "cluster.image_pull_secrets=[creds]",
                       "--set", "cluster.secret_env={HF_TOKEN: hf/token}", "--set", "cluster.nccl_socket_ifname=eth0",
                       "--set", "cluster.node_selector={nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}",
-                      "--set", "cluster.priority_class_name=training"],
+                      "--set", "cluster.priority_class_name=training",
+                      "--set", "cluster.ttl_seconds_after_finished=null",
+                      "--set", "cluster.ray.head={cpu: '2', memory: 6Gi}"],
 }
+KFP_RUN_ID = "3f9b2c1e-8a7d-4e6f-9b0a-1c2d3e4f5a6b"
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +105,97 @@ def test_rayjob_is_sized_from_the_shape_and_runs_ray_train(rendered):
         assert workers["rayStartParams"] == {"num-cpus": "16" if gpus else "4"}
         assert args.cpus_per_worker == (1 if gpus else 4 // per_pod)
         spec = body["spec"]
-        assert (spec["submissionMode"], spec["shutdownAfterJobFinishes"], spec["backoffLimit"],
-                spec["ttlSecondsAfterFinished"]) == ("K8sJobMode", True, 3, 0)  # the cluster goes when the job ends
+        assert (spec["submissionMode"], spec["backoffLimit"]) == ("K8sJobMode", 3)
         assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+        assert spec["rayClusterSpec"]["rayVersion"] == importlib.metadata.version("ray")  # the pin the image installs
+
+
+def test_the_cluster_goes_at_the_end_and_the_rayjob_after_the_ttl(rendered):
+    """``cluster.ttl_seconds_after_finished`` is KubeRay's DeleteSelf rule; the Ray cluster goes at the end either
+    way; a Kueue-queued RayJob (suspended, so shutdownAfterJobFinishes) keeps only the cluster rule."""
+    spec = rendered["cpu-2"]["spec"]
+    assert spec["shutdownAfterJobFinishes"] is False and "ttlSecondsAfterFinished" not in spec
+    rules = {(r["policy"], r["condition"].get("jobStatus") or r["condition"]["jobDeploymentStatus"],
+              r["condition"]["ttlSeconds"]) for r in spec["deletionStrategy"]["deletionRules"]}
+    ends = ("SUCCEEDED", "FAILED", "Failed")
+    assert rules == {("DeleteCluster", end, 0) for end in ends} | {("DeleteSelf", end, 86400) for end in ends}
+    kept = render_cli(["--kind", "rayjob", "--set", "cluster.cpu=4",
+                       "--set", "cluster.ttl_seconds_after_finished=null"])
+    assert {r["policy"] for r in kept["spec"]["deletionStrategy"]["deletionRules"]} == {"DeleteCluster"}
+    queued = rendered["gpu-2x8-kueue"]["spec"]
+    assert (queued["shutdownAfterJobFinishes"], queued["ttlSecondsAfterFinished"]) == (True, 0)
+    assert "deletionStrategy" not in queued
+    cluster = ClusterConfig(kind="rayjob", cpu="4", kueue_queue="team-a", ttl_seconds_after_finished=600)
+    spec = training_job_spec(TrainingConfig(), JobShape(nnodes=2, nproc_per_node=2), cluster, name="kfloop-train")
+    with pytest.raises(ValueError, match="ttl_seconds_after_finished=600 with kueue_queue: .* set "
+                                         "ttl_seconds_after_finished: null"):
+        render(spec, cluster)
+
+
+def test_every_kfp_run_id_gives_a_rayjob_kuberay_accepts():
+    """Names of KFP run ids (uuids) fit KubeRay's 47 characters, stay distinct, and the whole RayJob passes the
+    ported KubeRay v1.7.0 validation (tests/fakes/kuberay_validation.py)."""
+    rng = random.Random(7)
+    ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(2000)]
+    names = [job_name_for(i) for i in ids]
+    assert len(set(names)) == len(ids)
+    for name in names:
+        assert len(name) <= MAX_RAYJOB_NAME_LENGTH and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+    body = render_cli(["--kind", "rayjob", "--run-id", KFP_RUN_ID, "--set", "cluster.cpu=4"])
+    assert body["metadata"]["name"] == job_name_for(KFP_RUN_ID) and len(body["metadata"]["name"]) <= 47
+    assert validate(body) == [] and validate_rayjob(body) == ("", "")
+    assert MAX_NAME_LENGTH <= MAX_RAYJOB_NAME_LENGTH  # no job name kfloop accepts is one KubeRay refuses
+    cluster = ClusterConfig(kind="rayjob", cpu="4")
+    with pytest.raises(ValueError, match=f"at most {MAX_NAME_LENGTH} characters"):
+        training_job_spec(TrainingConfig(), JobShape(nnodes=1, nproc_per_node=1), cluster,
+                          name="k" * (MAX_NAME_LENGTH + 1))
+
+
+def test_the_head_has_its_own_resources_and_no_gpu_node_selector(rendered):
+    body = rendered["gpu-2x8-kueue"]
+    head, workers = _cluster_spec(body)
+    head_pod, worker_pod = head["template"]["spec"], workers["template"]["spec"]
+    assert head_pod["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "6Gi"},
+                                                      "limits": {"memory": "6Gi"}}
+    assert "nodeSelector" not in head_pod and "nodeSelector" not in body["spec"]["submitterPodTemplate"]["spec"]
+    assert worker_pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert worker_pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    with pytest.raises(ValueError, match="ray.head.memory='1Gi'"):
+        ClusterConfig(kind="rayjob", shm_size="2Gi", ray={"head": {"memory": "1Gi"}})
+    with pytest.raises(ValueError, match="cluster.ray.head.*unknown|valid keys"):
+        ClusterConfig(kind="rayjob", ray={"head": {"gpus": 1}})
+
+
+def test_a_storage_path_uri_reaches_ray_train_unchanged():
+    body = render_cli(["--kind", "rayjob", "--set", "cluster.cpu=4",
+                       "--set", "cluster.ray.storage_path=s3://ckpt/runs"])
+    args = parse_args(shlex.split(body["spec"]["entrypoint"])[3:])
+    assert args.storage_path == "s3://ckpt/runs"
+    assert run_config(args, TrainingConfig()).storage_path == "s3://ckpt/runs"  # not Path(...).resolve()d
+    args = parse_args(shlex.split(render_cli(["--kind", "rayjob", "--set", "cluster.cpu=4"])["spec"]["entrypoint"])[3:])
+    assert run_config(args, TrainingConfig()).storage_path == "/shared/kfloop-train/checkpoints"
+    with pytest.raises(ValueError, match="storage_path='ckpt': give a URI"):
+        ClusterConfig(kind="rayjob", ray={"storage_path": "ckpt"})
+
+
+@pytest.mark.timeout(600)
+def test_ray_train_checkpoints_to_an_s3_storage_path(tmp_path, ray_head, s3_bucket):
+    """``--storage-path s3://...`` on a real Ray: Ray Train writes the checkpoints through pyarrow's S3 filesystem,
+    which finds the S3 server and the keys in the driver's ``AWS_*`` env (as a pod gets them from its Secret)."""
+    import boto3
+
+    files = write_training_files(tmp_path, 600, seed=4)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TrainingConfig(epochs=2, batch_size=64).to_dict()))
+    done = subprocess.run([sys.executable, "-m", "training.ray_train", "--data", str(files.data), "--schema",
+                           str(files.schema), "--model-dir", str(tmp_path / "model"), "--checkpoint-dir",
+                           str(tmp_path / "unused"), "--config", str(config), "--num-workers", "1", "--address",
+                           ray_head, "--name", "s3-run", "--storage-path", f"s3://{s3_bucket}/checkpoints"],
+                          capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    assert any(k.startswith("checkpoints/s3-run/checkpoint_") for k in keys), keys
+    assert not (tmp_path / "unused").exists()
 
 
 def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
@@ -106,10 +207,12 @@ def test_rayjob_carries_the_cluster_pod_settings_on_every_pod(rendered):
         assert pod["serviceAccountName"] == "trainer" and pod["imagePullSecrets"] == [{"name": "creds"}]
         assert pod["tolerations"][0]["key"] == "nvidia.com/gpu" and pod["priorityClassName"] == "training"
     head, workers = _cluster_spec(body)
+    assert body["spec"]["submitterPodTemplate"]["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
     for group in (head, workers):
         pod = group["template"]
         assert pod["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-required-topology":
-                                                  "cloud.provider.com/topology-rack"}
+                                                  "cloud.provider.com/topology-rack",
+                                                  "sidecar.istio.io/inject": "false"}  # Istio's opt-out
         (container,) = pod["spec"]["containers"]
         env = {e["name"]: e for e in container["env"]}
         assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
@@ -220,7 +323,7 @@ def test_rayjob_retries_count_against_the_restart_cap_and_the_job_is_deleted(clu
 
 @KUBERAY_OFF
 def test_a_suspended_rayjob_waits_for_kueue_then_succeeds(cluster, tmp_path, capsys):
-    body = _rayjob(cluster, "ray-queued", kueue_queue="team-a")
+    body = _rayjob(cluster, "ray-queued", kueue_queue="team-a", ttl_seconds_after_finished=None)
     assert body["spec"]["suspend"] is True
     artifact = tmp_path / "model.json"
     thread, result = _launch(cluster, body, tmp_path, artifact=artifact)

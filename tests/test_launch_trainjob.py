@@ -126,7 +126,7 @@ def test_a_failed_trainjob_fails_the_launch_with_the_failing_pods_log(cluster, t
     message = str(failed.value)
     assert "TrainJob default/fails-once: FailedJobs: jobset failed due to one or more job failures" in message
     assert re.search(r"last log lines of fails-once-node-0-1-[a-z0-9]{5}:\n  \|   node 1 gives up", message)
-    assert (failed.value.node, failed.value.exit_code) == (1, 1)
+    assert (failed.value.node, failed.value.node_exit_code) == (1, 1)
     assert [j["metadata"]["name"] for j in _trainjobs(cluster)] == ["fails-once"]  # ended by itself: kept
     assert cluster.server.live_pids() == []  # the failed Job's running pod was stopped
 
@@ -141,7 +141,7 @@ def test_a_node_that_keeps_failing_is_stopped_at_the_launchers_cap(cluster, tmp_
                timeout=120).run()
     message = str(stopped.value)
     assert "TrainJob default/crash-loop: restarted 3 times, over the launcher's cap of 2 (the runtime's Job" in message
-    assert (stopped.value.node, stopped.value.exit_code) == (1, 3)
+    assert (stopped.value.node, stopped.value.node_exit_code) == (1, 3)
     assert _trainjobs(cluster) == [] and _pods(cluster, "crash-loop") == []
 
 
@@ -218,3 +218,30 @@ def test_a_restricted_namespace_admits_kfloops_trainjob_pods_and_the_launcher_na
     assert "the operator cannot create its pods: Error creating: pods" in message
     assert 'violates PodSecurity "restricted:latest"' in message and '"IPC_LOCK"' in message
     assert "pod-security.kubernetes.io/enforce=privileged" in message and _trainjobs(cluster) == []
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_kfloops_jobs_complete_in_a_profile_namespace_with_istio_injection_and_pod_security(kind, cluster, tmp_path):
+    """A Kubeflow profile's namespace (``istio-injection: enabled``, Pod Security ``restricted``): kfloop's pods opt
+    out of the sidecar, so none is injected and the job completes (tests/fakes/test_istio_injection.py shows a job
+    without the opt-out never completing); the job goes in the launcher's namespace (cluster.namespace empty)."""
+    from kubernetes import client
+
+    from fakes.istio_injection import NAMESPACE_LABEL
+    from fakes.pod_security import ENFORCE_LABEL
+
+    client.CoreV1Api(cluster.api()).patch_namespace("default", {"metadata": {"labels": {
+        ENFORCE_LABEL: "restricted", NAMESPACE_LABEL: "enabled"}}})
+    name = f"profile-{kind}"
+    if kind == "trainjob":
+        body = _body(cluster, name, ["true"])
+    else:  # one node: the operator's init-pytorch of Worker pods needs deploy/operator-restricted-init.yaml
+        settings = KubernetesSettings.from_dict({**cluster.settings(), "kind": kind}).cluster
+        body = render(training_job_spec(TrainingConfig(), JobShape(nnodes=1), settings, name=name), settings)
+        body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"] = ["true"]
+    assert "namespace" not in body["metadata"]
+    job = JobRun(cluster.api(), body, policy=_policy(cluster), log_path=tmp_path / "m.log", timeout=120).run()
+    assert job["metadata"]["namespace"] == "default"
+    pods = client.CoreV1Api(cluster.api()).list_namespaced_pod("default").items
+    assert pods and all(p.status.phase == "Succeeded" and [c.name for c in p.spec.containers] in (["node"], ["pytorch"])
+                        for p in pods)

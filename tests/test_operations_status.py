@@ -11,7 +11,7 @@ import mlflow
 import pytest
 from cli_run import cli
 
-from data.errors import EXIT_FAILED
+from data.errors import EXIT_FAILED, EXIT_SETTINGS
 from data.fileio import file_digest
 from data.settings import CODE_ROOT as REPO_ROOT
 from pipelines.cli.commands import main
@@ -117,8 +117,8 @@ def test_rollback_is_one_command_and_recorded(demo, capsys):
         assert (champion["version"], champion["how"]) == ("1", "rollback")
         assert champion["reason"] == "v2 misroutes premium customers"
         code, _, err = cli(capsys, "rollback", "--model", MODEL, "--to", "1", "--reason", "again")
-        assert code == EXIT_FAILED and "v1 is already the champion" in err.splitlines()[0]
-        assert err.splitlines()[1].startswith("hint:")
+        assert code == EXIT_SETTINGS and "v1 is already the champion; pass another --to VERSION" in err
+        assert len(err.strip().splitlines()) == 1  # a user error: the fix is in the message, no --debug hint
     finally:
         assert main(["rollback", "--model", MODEL, "--to", "2", "--reason", "restore for the other tests"]) == 0
 
@@ -151,8 +151,8 @@ def test_reproduce_demo_version_gives_identical_metrics_and_weights(demo, capsys
 def test_reproduce_refuses_code_that_is_not_the_recorded_commit(demo, capsys, monkeypatch):
     monkeypatch.setenv("KFLOOP_GIT_COMMIT", "0" * 40)
     code, _, err = cli(capsys, "reproduce", MODEL, "1")
-    error, hint = err.strip().splitlines()[-2:]
-    assert code == EXIT_FAILED and error.startswith("kfloop reproduce: error:") and hint.startswith("hint:")
+    error = err.strip().splitlines()[-1]
+    assert code == EXIT_FAILED and error.startswith("kfloop reproduce: error:") and "--debug" not in err
     assert f"trained by commit {demo['head']}" in error and "git worktree add" in error
 
 

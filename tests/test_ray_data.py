@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from data.engine import DataEngine
+from data.errors import EXIT_FINDING
 from data.generate import write_demo
 from data.profiles import build_profile, profile_table
 from data.ray_blocks import map_chunks, profile_dataset, profile_table_on_ray, read_dataset, validate_on_ray
@@ -253,8 +254,8 @@ def test_validation_on_ray_reports_what_the_single_process_reports(demo, ray_hea
 
 def test_kfloop_validate_engine_ray_from_the_command_line(demo, ray_head, tmp_path, capsys):
     args = ["validate", "--data", str(_bad_table(demo, tmp_path)["csv"]), "--schema", SCHEMA, "--json"]
-    assert main(args) == 1
+    assert main(args) == EXIT_FINDING
     local = json.loads(capsys.readouterr().out)
-    assert main([*args, "--set", "drift.engine=ray", "--ray-address", ray_head]) == 1
+    assert main([*args, "--engine", "ray", "--ray-address", ray_head]) == EXIT_FINDING
     on_ray = json.loads(capsys.readouterr().out)
     assert on_ray["failures"] == local["failures"] and on_ray["rows"] == local["rows"] == 3000

@@ -1,6 +1,7 @@
 """``cluster.kind: rayjob`` end to end: kfloop's launcher creates a RayJob on the Kubernetes test server with the
 real `kubernetes` client, the server plays KubeRay v1.7.0 (tests/fakes/kuberay_operator.py) and its pods really run
-Ray (``ray start`` on the head and two workers, ``ray job submit`` in the submitter): the job trains the model, a
+Ray (``ray start`` on the head and two workers, ``ray job submit`` in the submitter): the job of a KFP run id passes
+KubeRay's validation, its pods pass their readiness probes, and it trains the model; a
 deleted worker pod is replaced and Ray Train resumes from its checkpoint, and a failing entrypoint ends Failed with
 KubeRay's reason in kfloop's error."""
 from __future__ import annotations
@@ -23,11 +24,14 @@ from test_training import write_training_files
 from training.config import JobShape, TrainingConfig
 from training.launch.kubernetes import KubernetesSettings, train_kubernetes
 from training.launch.local import LaunchError
+from training.launch.jobspec import MAX_NAME_LENGTH
 from training.launch.manifests import job_name_for
 
 TINY = TrainingConfig(epochs=3, batch_size=64, model={"params": {"hidden": [16], "dropout": 0.1}})
 SHAPE = JobShape(nnodes=2, nproc_per_node=1, backend="kubernetes")
 DEADLINE_S = 400
+KFP_RUN_ID = "3f9b2c1e-8a7d-4e6f-9b0a-1c2d3e4f5a6b"
+"""A KFP run id (a uuid): the job's name is 47 characters, KubeRay's most."""
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +66,12 @@ def _pod_logs(cluster, pattern: str) -> list[str]:
 @pytest.mark.timeout(DEADLINE_S)
 def test_a_rayjob_of_two_workers_trains_to_a_registered_candidate_on_real_ray(cluster, isolated_env, demo_files,
                                                                               tmp_path):
-    name = job_name_for("run-rayjob")
-    prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "ray-model", "run-rayjob",
+    name = job_name_for(KFP_RUN_ID)
+    assert len(name) == MAX_NAME_LENGTH  # a KFP run id is long: the name is at the limit every kind takes
+    prepared, model_dir, result = train_2x2(cluster, isolated_env, demo_files, tmp_path, "ray-model", KFP_RUN_ID,
                                             {**cluster.settings(), "kind": "rayjob"}, nproc_per_node=1)
     assert json.loads((model_dir / "model.json").read_text())["world_size"] == 2
-    version = register_candidate(tmp_path, prepared, model_dir, result.run_id, "ray-model", "run-rayjob")
+    version = register_candidate(tmp_path, prepared, model_dir, result.run_id, "ray-model", KFP_RUN_ID)
     assert mlflow.MlflowClient().get_model_version("ray-model", version).run_id == result.run_id
 
     status = _rayjob(cluster, name)["status"]
@@ -74,9 +79,10 @@ def test_a_rayjob_of_two_workers_trains_to_a_registered_candidate_on_real_ray(cl
     ray_cluster = status["rayClusterName"]
     assert ray_cluster.startswith(f"{name}-") and status["jobId"].startswith(f"{name}-")
     events = _events(cluster, "RayJob")
+    assert not [e for e in events if e[0].startswith("Invalid")], events  # KubeRay's validation passed
     assert ("CreatedRayCluster", f"Created RayCluster default/{ray_cluster}") in events
     assert ("CreatedRayJobSubmitter", f"Created Kubernetes Job default/{name}") in events
-    wait_for("KubeRay to delete the finished job's RayCluster (ttlSecondsAfterFinished: 0)", lambda: (
+    wait_for("KubeRay to delete the finished job's RayCluster (its DeleteCluster rule)", lambda: (
         "DeletedRayCluster", f"Deleted cluster default/{ray_cluster}") in _events(cluster, "RayJob"), timeout=60)
     created = sorted(reason for reason, _ in _events(cluster, "RayCluster"))
     assert created == ["CreatedHeadPod", "CreatedWorkerPod", "CreatedWorkerPod"]
@@ -93,8 +99,9 @@ def test_a_rayjob_of_two_workers_trains_to_a_registered_candidate_on_real_ray(cl
     log = core.read_namespaced_pod_log(submitter.metadata.name, "default")
     assert f"Job '{status['jobId']}' succeeded" in log and "Started training worker group of size 2" in log
 
-    [head_log] = _pod_logs(cluster, f"{ray_cluster}-head-*")
-    worker_logs = _pod_logs(cluster, f"{ray_cluster}-workers-worker-*[0-9a-f]")
+    prefix = ray_cluster[:50]  # PodName keeps 50 characters of a pod's prefix (the cluster's name has 53)
+    [head_log] = _pod_logs(cluster, f"{prefix}-head-*")
+    worker_logs = _pod_logs(cluster, f"{prefix}-worker-*[0-9a-f]")
     assert "Ray runtime started" in head_log and len(worker_logs) == 2
     assert all("Ray runtime started" in log for log in worker_logs)
 

@@ -12,6 +12,7 @@ import pytest
 from fakes.kfp_server import KfpApiServer
 
 from components import kfp_client
+from data.errors import EXIT_SERVICE
 from pipelines.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ def test_kfp_requests_and_cli_output_hold_no_secret(planted, monkeypatch, capsys
             out = capsys.readouterr()
             outputs.append(out.out + out.err)
         monkeypatch.setenv("KFP_TOKEN", "wrong")  # a refused request's error output and debug trace
-        assert main(["--debug", "upload", "--host", kfp.url, "--version", "x"]) == 1
+        assert main(["--debug", "upload", "--host", kfp.url, "--pipeline-version", "x"]) == EXIT_SERVICE
         out = capsys.readouterr()
         outputs.append(out.out + out.err)
     assert kfp.store.runs and kfp.store.recurring_runs  # the commands did reach the server

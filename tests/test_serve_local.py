@@ -109,8 +109,9 @@ def test_serve_without_a_kfp_host_trains_locally_once_per_alert(isolated_env, de
 
 
 def test_local_and_a_kfp_host_exclude_each_other(isolated_env, monkeypatch, capsys):
+    from data.errors import EXIT_USAGE
     from pipelines.cli.commands import main
 
     monkeypatch.setenv("KFLOOP_WEBHOOK_TOKEN", HOOK_TOKEN)
-    assert main(["serve", "--local", "--kfp-host", "http://127.0.0.1:1", "--port", "0"]) == 1
+    assert main(["serve", "--local", "--host", "http://127.0.0.1:1", "--port", "0"]) == EXIT_USAGE
     assert "drop them with --local" in capsys.readouterr().err

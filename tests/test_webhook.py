@@ -12,10 +12,11 @@ import threading
 import pytest
 from fakes.kfp_server import KfpApiServer
 
+from data.errors import EXIT_SETTINGS
 from monitoring.metrics import RecordsCollector, registered_models
 from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
-from monitoring.webhook import SIGNATURE_HEADER, AlertScope, AlertWebhook, WebhookAuth
+from monitoring.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, AlertScope, AlertWebhook, WebhookAuth
 from training.registry.versions import ensure_registered_model
 from components import kfp_client
 from pipelines.kfp_server.runs import alert_starter
@@ -169,13 +170,30 @@ def test_resolved_alerts_start_nothing(kfp, hook):
     assert status == 200 and body == {"decisions": []} and not training_runs(kfp)
 
 
-def test_hmac_signed_alerts_are_accepted(kfp, hook):
+def signed(body: bytes, at: float, key: str = HMAC_KEY) -> dict[str, str]:
+    """The headers of ``body`` signed at Unix time ``at`` (no bearer token)."""
+    stamp = str(int(at))
+    mac = hmac.new(key.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    return {"Authorization": "", SIGNATURE_HEADER: f"sha256={mac}", TIMESTAMP_HEADER: stamp}
+
+
+def test_hmac_signed_alerts_are_accepted_within_the_replay_window_only(kfp, hook, clock):
     body = json.dumps({"model": "churn", "reason": "drift"}).encode()
-    signature = "sha256=" + hmac.new(HMAC_KEY.encode(), body, hashlib.sha256).hexdigest()
-    status, answer = hook.request(body, headers={"Authorization": "", SIGNATURE_HEADER: signature})
+    status, answer = hook.request(body, headers=signed(body, T0 - 299))
     assert status == 200 and answer["decisions"][0]["fire"] is True
-    status, _ = hook.request(body + b" ", headers={"Authorization": "", SIGNATURE_HEADER: signature})
-    assert status == 401
+
+    refused = {
+        "tampered body": hook.request(body + b" ", headers=signed(body, T0)),
+        "other key": hook.request(body, headers=signed(body, T0, key="not-the-key")),
+        "replayed after the window": hook.request(body, headers=signed(body, T0 - 301)),
+        "dated in the future": hook.request(body, headers=signed(body, T0 + 301)),
+        "no timestamp": hook.request(body, headers={**signed(body, T0), TIMESTAMP_HEADER: ""}),
+        "timestamp not signed": hook.request(body, headers={**signed(body, T0), TIMESTAMP_HEADER: str(int(T0) + 1)}),
+    }
+    assert {case: status for case, (status, _) in refused.items()} == dict.fromkeys(refused, 401)
+    assert "outside the replay window of 300 s" in refused["replayed after the window"][1]["error"]
+    assert "needs X-Kfloop-Timestamp" in refused["no timestamp"][1]["error"]
+    assert len(training_runs(kfp)) == 1
 
 
 @pytest.mark.parametrize("case, status, reason", [
@@ -367,7 +385,7 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
 
     docs = {d["kind"]: d for d in yaml.safe_load_all((Path(__file__).parents[1] / "deploy" / "webhook.yaml")
                                                      .read_text())}
-    assert set(docs) == {"ServiceAccount", "RoleBinding", "Deployment", "Service"}
+    assert set(docs) == {"ServiceAccount", "RoleBinding", "Deployment", "Service", "NetworkPolicy"}
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     args = build_parser().parse_args(container["args"])
@@ -379,7 +397,15 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
     env = {e["name"]: e for e in container["env"]}
     assert env["KFLOOP_WEBHOOK_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "kfloop-webhook"
     assert all("value" not in e for name, e in env.items() if name != "KFLOOP_HOME")
-    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == container["livenessProbe"]["httpGet"]["path"] == \
+        "/healthz"  # 503 while no alert can be decided: the pod is restarted
+    policy = docs["NetworkPolicy"]["spec"]
+    assert policy["podSelector"] == docs["Deployment"]["spec"]["selector"] and policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert [(peer["namespaceSelector"]["matchLabels"], peer["podSelector"]["matchLabels"]) for peer in rule["from"]] == [
+        ({"kubernetes.io/metadata.name": "monitoring"}, {"app.kubernetes.io/name": "alertmanager"}),
+        ({"kubernetes.io/metadata.name": "monitoring"}, {"app.kubernetes.io/name": "prometheus"})]
     assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
     token_dir = next(m for m in container["volumeMounts"] if m["name"] == "kfp-token")["mountPath"]
     assert f"{token_dir}/token" == kfp_client.SA_TOKEN_PATH
@@ -451,5 +477,5 @@ def test_kfloop_serve_refuses_to_start_without_auth(monkeypatch, capsys, isolate
 
     monkeypatch.delenv("KFLOOP_WEBHOOK_TOKEN", raising=False)
     monkeypatch.delenv("KFLOOP_WEBHOOK_HMAC_SECRET", raising=False)
-    assert main(["serve", "--port", "0"]) == 1
+    assert main(["serve", "--port", "0"]) == EXIT_SETTINGS
     assert "KFLOOP_WEBHOOK_TOKEN" in capsys.readouterr().err

@@ -33,8 +33,8 @@ class ModelSpec:
     ``loss(outputs, targets) -> Tensor`` in the same module replaces kfloop's loss."""
 
     module: str = BUILTIN_MODEL
-    """A Python file (``path/to/model.py``; relative to the directory kfloop runs in) or an importable dotted
-    module (``my_team.models.tabular``). One self-contained file: it is copied into every version it trains and
+    """A Python file (``path/to/model.py``: relative to the folder of the ``kfloop.yaml`` that names it; given with
+    ``--set``, to the directory kfloop runs in) or an importable dotted module (``my_team.models.tabular``). One self-contained file: it is copied into every version it trains and
     imported from that copy, after its sha256 is checked, wherever the version is loaded."""
     builder: str = "build"
     """Name of the builder function in the module."""

@@ -2,15 +2,17 @@
 
     python -m training.ray_train --data FILE --schema FILE --model-dir DIR --checkpoint-dir DIR --config FILE.json \
         --num-workers N [--cpus-per-worker C] [--max-failures F] [--address ADDR] [--name NAME] \
-        [--mlflow-run-id ID]
+        [--storage-path URI] [--mlflow-run-id ID]
 
 The driver joins the Ray cluster at ``--address`` (``ray://head:10001``, ``auto`` inside a KubeRay pod; none: a
 local Ray started for this run) and runs ``N`` training workers: one GPU each when the config's ``device`` is
 ``cuda`` (or ``auto`` and the cluster has GPUs), else ``--cpus-per-worker`` CPUs each. ``TorchConfig`` forms the
 process group (NCCL on GPUs, gloo otherwise, the config's collective timeout); each worker then trains exactly as
-a torchrun rank does (features, the model plug-in, MLflow logging on rank 0, the model dir ``evaluate`` reads). After every epoch rank 0's checkpoint goes to
-Ray (``ray.train.report``), which keeps it under ``--checkpoint-dir`` (the run's ``storage_path``: shared storage
-on a multi-node cluster); after a worker fails, Ray restarts the group (``FailureConfig(max_failures)``) and every
+a torchrun rank does (features, the model plug-in, MLflow logging on rank 0, the model dir ``evaluate`` reads).
+After every epoch rank 0's checkpoint goes to Ray (``ray.train.report``), which keeps it under ``--storage-path``
+(Ray Train's ``storage_path``: a URI such as ``s3://bucket/prefix`` handed to Ray as is, pyarrow's filesystem taking
+credentials from the ``AWS_*`` env; or a path on shared storage on a multi-node cluster; default
+``--checkpoint-dir``); after a worker fails, Ray restarts the group (``FailureConfig(max_failures)``) and every
 worker resumes from the newest reported checkpoint. Exit 1 with the workers' error when training failed.
 """
 from __future__ import annotations
@@ -49,7 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="worker-group restarts after a failure, each resuming from the newest checkpoint")
     parser.add_argument("--address", default="",
                         help="the Ray cluster to join (ray://HOST:10001, auto); empty: start a local Ray for this run")
-    parser.add_argument("--name", default="kfloop-train", help="the run's name under --checkpoint-dir")
+    parser.add_argument("--name", default="kfloop-train", help="the run's name under --storage-path")
+    parser.add_argument("--storage-path", default="",
+                        help="Ray Train's storage_path: a URI (s3://bucket/prefix) or a shared path; "
+                             "default --checkpoint-dir")
     args = parser.parse_args(argv)
     if args.num_workers < 1 or args.cpus_per_worker < 1 or args.max_failures < 0:
         parser.error("use --num-workers >= 1, --cpus-per-worker >= 1 and --max-failures >= 0")
@@ -72,6 +77,14 @@ def train_loop(config: dict[str, Any]) -> None:
         train_in_process_group(args, ray.train.torch.get_device(), report)
 
 
+def run_config(args: argparse.Namespace, cfg: TrainingConfig) -> RunConfig:
+    """The run's ``RunConfig``: its name; ``storage_path`` from ``--storage-path`` unchanged (a URI stays a URI), else
+    ``--checkpoint-dir`` made absolute; restarts and the checkpoints kept."""
+    return RunConfig(name=args.name, storage_path=args.storage_path or str(Path(args.checkpoint_dir).resolve()),
+                     failure_config=FailureConfig(max_failures=args.max_failures),
+                     checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint_keep))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the TorchTrainer; 0 when it trained, 1 with the error when it failed."""
     args = parse_args(argv)
@@ -81,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
              runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(cfg.threads_per_rank)}})
     use_gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)
     loop_config = {k: v for k, v in vars(args).items()
-                   if k not in ("num_workers", "cpus_per_worker", "max_failures", "address", "name")}
+                   if k not in ("num_workers", "cpus_per_worker", "max_failures", "address", "name", "storage_path")}
     trainer = TorchTrainer(
         train_loop, train_loop_config=loop_config,
         scaling_config=ScalingConfig(num_workers=args.num_workers, use_gpu=use_gpu,
@@ -89,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                                            **({"GPU": 1} if use_gpu else {})}),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo",
                                  timeout_s=cfg.collective_timeout_seconds),
-        run_config=RunConfig(name=args.name, storage_path=str(Path(args.checkpoint_dir).resolve()),
-                             failure_config=FailureConfig(max_failures=args.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint_keep)))
+        run_config=run_config(args, cfg))
     try:
         trainer.fit()
     except ray.train.TrainingFailedError as exc:

@@ -15,9 +15,10 @@ import pandas as pd
 
 from data.profiles import prediction_kind
 from data.settings import step_function
-from data.storage import redact, resolve
+from data.redaction import redact
+from data.storage import resolve
 from data.tables import DataFileError, read_table, read_table_source, sketching_chunks
-from data.validation import infer_schema, load_schema, schema_roles, validate
+from data.validation import detect_ids, infer_schema, load_schema, schema_roles, validate
 from monitoring.drift_policy import DriftPolicy
 from monitoring.quality_policy import QualityPolicy
 from monitoring.records import record_drift_check, record_quality_check
@@ -92,8 +93,9 @@ def _drift_schema(schema_uri: str, *, model_name: str, champion: Any, target: st
     target = target or (unlabelled[0] if len(unlabelled) == 1 else "")
     if not target:
         progress(f"drift: no schema ({_no_champion_data(model_name, champion, 'schema')}) and no target: comparing "
-                 "every column the reference and the current data share, types from the reference; pass --schema "
-                 "FILE or --set target=COLUMN to check features only and apply the schema's rules")
+                 "every column the reference and the current data share but the ids (as kfloop infer-schema finds "
+                 "them), types from the reference; pass --schema FILE or --set target=COLUMN to check features only "
+                 "and apply the schema's rules")
         return None, NO_SCHEMA_SOURCE
     if target not in reference.columns:
         raise ValueError(f"target '{target}' is not a column of the reference {redact(reference_uri)}; columns: "
@@ -104,17 +106,22 @@ def _drift_schema(schema_uri: str, *, model_name: str, champion: Any, target: st
     return infer_schema(reference, target=target, task=task), source
 
 
-NO_SCHEMA_SOURCE = "none: every column the reference and the current data share (types from the reference, no target)"
+NO_SCHEMA_SOURCE = ("none: every column the reference and the current data share but the ids (types from the "
+                    "reference, no target)")
 """``schema_source`` of a drift check run without a schema, a champion or a target."""
 
 
-def shared_columns(reference: pd.DataFrame, current_columns: list[str]) -> tuple[list[str], list[str]]:
+def shared_columns(reference: pd.DataFrame,
+                   current_columns: list[str]) -> tuple[list[str], list[str], list[str]]:
     """The numeric and the categorical columns of ``reference`` that the current data has too (numbers and bools
-    numeric, anything else categorical), in the reference's order."""
-    shared = [c for c in reference.columns if c in current_columns]
+    numeric, anything else categorical), in the reference's order, and the shared columns left out as ids (those
+    :func:`data.validation.detect_ids` finds, as ``kfloop infer-schema`` would: unique per row, they always
+    differ between batches)."""
+    ids = detect_ids(reference[[c for c in reference.columns if c in current_columns]])
+    shared = [c for c in reference.columns if c in current_columns and c not in ids]
     numeric = [c for c in shared if pd.api.types.is_numeric_dtype(reference[c]) or
                pd.api.types.is_bool_dtype(reference[c])]
-    return numeric, [c for c in shared if c not in numeric]
+    return numeric, [c for c in shared if c not in numeric], ids
 
 
 @step_function
@@ -141,8 +148,8 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     profile = champion_profile(model_name) if champion is not None and not reference_uri else None
     reference_uri = reference_uri or ((champion.record.data_uri or "") if champion else "")
     if not (reference_uri or profile):
-        raise ValueError(f"no reference data: {_no_champion_data(model_name, champion, 'training data')}; pass "
-                         "--reference FILE (reference_uri)")
+        raise ValueError(f"no reference data: {_no_champion_data(model_name, champion, 'training data')}; set "
+                         "reference_uri (kfloop run drift: --set reference_uri=FILE; kfloop drift: --reference FILE)")
     if rules.engine == "ray":
         return _drift_on_ray(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
                              model_name=model_name, rules=rules, report_out=report_out, target=target,
@@ -159,7 +166,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         roles = schema_roles(schema)
         numeric, categorical, kind, ids = roles.numeric, roles.categorical, prediction_kind(roles.task), roles.ids
     else:
-        (numeric, categorical), kind, ids = shared_columns(read_reference(), columns), "categorical", []
+        (numeric, categorical, ids), kind = shared_columns(read_reference(), columns), "categorical"
     predictor = (load_version_predictor(model_name, champion.version)
                  if champion is not None and rules.include_predictions else None)
     report_path = report_out or None
@@ -199,7 +206,7 @@ def _drift_on_ray(*, current_uri: str, reference_uri: str, schema_uri: str, mode
             numeric, categorical, ids = roles.numeric, roles.categorical, roles.ids
             kind = prediction_kind(roles.task)
         else:
-            (numeric, categorical), kind, ids = shared_columns(read_reference(), columns), "categorical", []
+            (numeric, categorical, ids), kind = shared_columns(read_reference(), columns), "categorical"
         predictor = (load_version_predictor(model_name, champion.version)
                      if champion is not None and rules.include_predictions else None)
         predict = predictor.predict if predictor is not None else None

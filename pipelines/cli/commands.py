@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
-from data.errors import EXIT_FAILED, KfloopError
+from data.errors import EXIT_FAILED, EXIT_FINDING, EXIT_OK, UsageError
 from data.settings import end_without_final_collection
-from data.storage import redact
+from data.redaction import redact
 from training.launch.cluster import JOB_KINDS as CLUSTER_KINDS
 
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
@@ -42,23 +42,28 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument("--target", required=True, help="the column the model predicts")
     infer.add_argument("--task", choices=["classification", "regression"], default="classification",
                        help="what the target holds: classes or a number (default: %(default)s)")
-    infer.add_argument("--id-column", action="append", dest="id_columns", help="unique key column (repeatable)")
+    infer.add_argument("--key-column", action="append", dest="key_columns",
+                       help="a unique key column: an id, never a feature (repeatable; default: the columns that look "
+                            "like ids)")
+    options.add_renamed(infer, "--id-column", "--key-column", dest="key_columns", append=True)
     options.add_json(infer, "the schema (YAML text) and the column roles")
 
     val = command("validate", "validate one dataset against a schema")
-    val.add_argument("--data", required=True, help="Parquet or CSV file (path or URI) to check")
+    val.add_argument("--data", required=True, help="Parquet or CSV file to check (local path or s3://, gs://, az:// "
+                                                   "URI)")
     val.add_argument("--schema", required=True, help="pandera schema YAML (e.g. from kfloop infer-schema)")
     val.add_argument("--report-csv", help="also write the failures as CSV here (cells safe to open in a spreadsheet)")
-    val.add_argument("--engine", choices=["local", "ray"],
-                     help="who reads and checks the data: this process or Ray Data on a Ray cluster (default: the "
-                          "settings' drift.engine, else local)")
+    val.add_argument("--engine", choices=["local", "ray"], default="local",
+                     help="who reads and checks the data: this process or Ray Data on a Ray cluster (default: "
+                          "%(default)s)")
     val.add_argument("--ray-address", help="the Ray cluster of --engine ray, e.g. ray://head:10001 (default: the "
                                            "settings' drift.ray_address, else a local Ray started for the check)")
     options.add_json(val, "the verdict and every failure")
     options.add_settings(val)
 
     train = command("train", "train only (DDP with torchrun processes)")
-    train.add_argument("--data", required=True, help="training data: Parquet or CSV file (path or URI)")
+    train.add_argument("--data", required=True, help="training data: Parquet or CSV file (local path or s3://, "
+                                                     "gs://, az:// URI)")
     train.add_argument("--schema", required=True, help="pandera schema YAML the data must pass")
     train.add_argument("--nnodes", type=int, help="nodes: local torchrun agents or pods (default: the settings', "
                                                   "else 1)")
@@ -73,8 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     drift = command("drift", "one drift check of a current batch against reference data")
     drift.add_argument("--reference", required=True, help="data the batch is compared with, e.g. the training "
-                                                           "data (Parquet or CSV, path or URI)")
-    drift.add_argument("--current", required=True, help="the new batch to check (Parquet or CSV, path or URI)")
+                                                           "data (Parquet or CSV; local path or s3://, gs://, az:// "
+                                                           "URI)")
+    drift.add_argument("--current", required=True, help="the new batch to check (Parquet or CSV; local path or "
+                                                         "s3://, gs://, az:// URI)")
     drift.add_argument("--schema", help="pandera schema YAML naming the features (default: the champion's, else one "
                                         "inferred from the reference); id columns are never checked")
     options.add_model(drift, "also check the drift of this registered model's champion predictions, and record "
@@ -83,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "sides' summaries) by default; Evidently's own report with --set "
                                         "drift.report=evidently_sample or evidently_full")
     drift.add_argument("--fail-on-drift", action="store_true",
-                       help="exit 1 when the batch drifted (default: exit 0 whenever the check ran)")
+                       help=f"exit {EXIT_FINDING} when the batch drifted (default: exit 0 whenever the check ran)")
     drift.add_argument("--engine", choices=["local", "ray"],
                        help="who reads and sketches the data: this process, or Ray Data on a Ray cluster (default: "
                             "the settings' drift.engine, else local)")
@@ -96,8 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     options.add_model(quality)
     quality.add_argument("--data", required=True, help="rows with the schema's features and, unless --labels, target")
     quality.add_argument("--labels", help="the labels, arrived separately: the id column and the target")
-    quality.add_argument("--id-column", help="column joining --labels to --data")
-    quality.add_argument("--report", help="also write Evidently's HTML report here")
+    quality.add_argument("--join-column", help="column joining --labels to --data (needed with --labels)")
+    options.add_renamed(quality, "--id-column", "--join-column", dest="join_column")
+    quality.add_argument("--evidently-report", help="also write Evidently's HTML report here")
+    options.add_renamed(quality, "--report", "--evidently-report", dest="evidently_report")
+    quality.add_argument("--fail-on-degraded", action="store_true",
+                         help=f"exit {EXIT_FINDING} when the quality degraded (default: exit 0 whenever the check ran)")
     options.add_json(quality, "the verdict")
     options.add_settings(quality)
 
@@ -117,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp = command("compile", "KFP IR YAML for every pipeline")
     comp.add_argument("--out", default="pipelines/compiled", help="folder of the YAML files (default: %(default)s)")
     options.add_json(comp, "the written files")
+    comp.add_argument("--namespace", help="namespace of the training jobs the steps launch (default: "
+                                           "cluster.namespace, else each step pod's own)")
     _add_compile_options(comp)
 
     upload = command("upload", "compile and upload every pipeline as the version of this git commit (idempotent)")
@@ -149,11 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "%(default)s)")
     serve.add_argument("--bind", default="0.0.0.0", help="listen address (default: %(default)s)")
     _add_host(serve, required=False, default="the in-cluster service")
-    serve.add_argument("--kfp-host", dest="host", help=options.HIDDEN)
+    options.add_renamed(serve, "--kfp-host", "--host", dest="host")
     serve.add_argument("--local", action="store_true",
                        help="accepted alerts run the training pipeline under kfp.local on this machine (the default "
                             "when no --host is given outside a cluster)")
-    serve.add_argument("--version", help="training pipeline version to start (default: this git commit)")
+    serve.add_argument("--pipeline-version", help="training pipeline version to start (default: this git commit)")
+    options.add_renamed(serve, "--version", "--pipeline-version", dest="pipeline_version")
     serve.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
     serve.add_argument("--max-body-bytes", type=int, default=65536,
                        help="largest alert body accepted; larger ones get 413 (default: %(default)s)")
@@ -176,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = command("bench", "benchmarks from a source checkout (benchmarks/<name>.py)")
     bench.add_argument("name", choices=["collectives"], help="collectives: nccl-tests-style table, ceilings, gRPC")
-    bench.add_argument("--nproc", type=int, default=2, help="local ranks (default: %(default)s)")
+    bench.add_argument("--nproc-per-node", type=int, default=2, help="local ranks (default: %(default)s)")
+    options.add_renamed(bench, "--nproc", "--nproc-per-node", dest="nproc_per_node", type=int)
     bench.add_argument("--max-bytes", default="256M", help="largest size, e.g. 256M (default: %(default)s)")
     bench.add_argument("--out", default="benchmarks/results/collectives.json",
                        help="JSON results file (default: %(default)s)")
@@ -242,7 +257,8 @@ def _add_compile_options(parser: argparse.ArgumentParser) -> None:
 
 def _compile_options(args: argparse.Namespace):
     """The compile-time Kubernetes options: the flags, else the ``cluster:`` settings for the shared volume (the
-    claim is mounted only where the settings or a flag name one: a compiled default must not need a PVC)."""
+    claim is mounted only where the settings or a flag name one: a compiled default must not need a PVC);
+    ``--namespace`` (upload: the profile's) is the training jobs' namespace."""
     from pipelines.kubernetes_options import KubernetesOptions
 
     cluster = options.settings(args).get("cluster", {})
@@ -253,7 +269,8 @@ def _compile_options(args: argparse.Namespace):
                                         shared_mount_path=args.shared_mount_path or cluster.get("shared_mount_path"),
                                         enable_caching=args.enable_caching,
                                         image_pull_secrets=args.image_pull_secret
-                                        or cluster.get("image_pull_secrets") or ())
+                                        or cluster.get("image_pull_secrets") or (),
+                                        job_namespace=args.namespace)
 
 
 def _add_host(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup, *, required: bool = True,
@@ -264,7 +281,8 @@ def _add_host(parser: argparse.ArgumentParser | argparse._MutuallyExclusiveGroup
 
 
 def _add_kfp_target(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--version", help="pipeline version name (default: this git commit)")
+    parser.add_argument("--pipeline-version", help="pipeline version name (default: this git commit)")
+    options.add_renamed(parser, "--version", "--pipeline-version", dest="pipeline_version")
     parser.add_argument("--namespace", help="Kubeflow profile namespace (multi-user)")
 
 
@@ -288,7 +306,7 @@ def cmd_infer_schema(args: argparse.Namespace) -> int:
     from data.tables import read_table
     from data.validation import infer_schema, schema_roles, schema_to_yaml
 
-    schema = infer_schema(read_table(args.data), target=args.target, task=args.task, id_columns=args.id_columns)
+    schema = infer_schema(read_table(args.data), target=args.target, task=args.task, id_columns=args.key_columns)
     if args.json:
         roles = schema_roles(schema)
         options.print_json({"schema": schema_to_yaml(schema), "data": redact(args.data), "target": roles.target,
@@ -303,7 +321,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from data.engine import DataEngine
     from data.validation import ROW_NUMBERS, load_schema, validate
 
-    engine = DataEngine.of_policy(_drift_policy(args, options.settings(args)))
+    engine = DataEngine.of_policy(_drift_policy(args, options.settings(args)))  # --engine: local unless given
     if engine.engine == "ray":
         from data.ray_blocks import validate_on_ray
         from data.ray_cluster import ray_session
@@ -321,12 +339,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
                             "rows": report.n_rows, "row_numbers": ROW_NUMBERS, "schema_diff": report.schema_diff,
                             "failures": [{"column": f.column, "rule": f.rule, "count": f.count,
                                           "examples": f.examples, "rows": f.rows} for f in report.failures]})
-        return 0 if report.ok else EXIT_FAILED
+        return EXIT_OK if report.ok else EXIT_FINDING
     if report.ok:
         print(f"{redact(args.data)}: valid against {redact(args.schema)}")
-        return 0
+        return EXIT_OK
     print("\n".join(filter(None, [report.format_diff(), report.format()])), file=sys.stderr)
-    return EXIT_FAILED
+    return EXIT_FINDING
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -351,7 +369,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_drift(args: argparse.Namespace) -> int:
     from monitoring.drift import ALL_NULL_METHOD
     from monitoring.drift_policy import score_direction
-    from monitoring.steps.checks import drift_step
+    from monitoring.steps.checks import NO_SCHEMA_SOURCE, drift_step
 
     settings = options.settings(args)
     model = options.model_name(args, required_default=False)
@@ -368,8 +386,10 @@ def cmd_drift(args: argparse.Namespace) -> int:
         print(f"drifted: {drift.drifted} ({drift.reason})")
         print(f"schema: {result.schema_source}")
         if result.id_columns:
+            how = ("named id or *_id and unique, as kfloop infer-schema finds ids" if result.schema_source ==
+                   NO_SCHEMA_SOURCE else "the schema marks them as ids")
             print(f"not checked: id column(s) {', '.join(result.id_columns)} (identifiers are unique per row, so "
-                  "they always differ between batches; the schema marks them as ids)")
+                  f"they always differ between batches; {how})")
         print("scores: a p-value drifts when lower than its threshold, a distance when higher or equal")
         for name, col in drift.columns.items():
             outside = drift.schema_violations.get(name)
@@ -381,7 +401,7 @@ def cmd_drift(args: argparse.Namespace) -> int:
                   + ("" if outside is None else f"  outside schema {outside['share']:.2%}"))
         if drift.report_path is not None:
             print(f"report: {drift.report_path}")
-    return EXIT_FAILED if args.fail_on_drift and drift.drifted else 0
+    return EXIT_FINDING if args.fail_on_drift and drift.drifted else EXIT_OK
 
 
 def _drift_policy(args: argparse.Namespace, settings: dict) -> dict:
@@ -394,18 +414,19 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from data.settings import activate, load_environment
     from monitoring.steps.checks import quality_step
 
-    if args.id_column and not args.labels:
-        raise ValueError("--id-column joins --labels to --data: pass --labels FILE too, or drop --id-column")
-    activate(load_environment(args.workdir))
+    if args.join_column and not args.labels:
+        raise UsageError("--join-column joins --labels to --data: pass --labels FILE too, or drop --join-column")
+    model = options.model_name(args)
+    policy = options.settings(args).get("quality", {})
+    options.registry_environment(args, model)
     with options.stdout_for_json(args):
-        checked = quality_step(labelled_uri=args.data, labels_uri=args.labels or "", id_column=args.id_column or "",
-                               model_name=options.model_name(args),
-                               policy=options.settings(args).get("quality", {}),
-                               report_out=args.report or "")
+        checked = quality_step(labelled_uri=args.data, labels_uri=args.labels or "", id_column=args.join_column or "",
+                               model_name=model, policy=policy, report_out=args.evidently_report or "")
+    q = checked.quality
+    code = EXIT_FINDING if args.fail_on_degraded and q.degraded else EXIT_OK
     if args.json:
         options.print_json(checked.to_dict())
-        return 0
-    q = checked.quality
+        return code
     interval = ("none" if q.ci_low is None and q.ci_high is None else
                 "[" + ", ".join("unbounded" if v is None else f"{v:.4f}" for v in (q.ci_low, q.ci_high)) + "]")
     print(f"verdict: {q.verdict}, degraded: {q.degraded} ({q.reason})")
@@ -416,7 +437,7 @@ def cmd_quality(args: argparse.Namespace) -> int:
     for s in q.slices:
         score = s["skipped"] or f"{s['score']:.4f}" + ("" if s["baseline"] is None else f" vs {s['baseline']:.4f}")
         print(f"  slice {s['column']}={s['value']}: {s['rows']} rows, {score}")
-    return 0
+    return code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -425,17 +446,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     failed = None
     settings = {**options.settings(args), **({"model_name": args.model} if args.model else {})}
+    if args.namespace:  # the profile's: the training job goes there too
+        settings["cluster"] = {**settings.get("cluster", {}), "namespace": args.namespace}
     with options.stdout_for_json(args):
         if args.host:
             try:
-                summary = run_remote(args.pipeline, settings, args.host, version=args.version,
+                summary = run_remote(args.pipeline, settings, args.host, version=args.pipeline_version,
                                      namespace=args.namespace, service_account=args.service_account, wait=args.wait)
             except RunFailed as exc:  # the run's fields are printed, then the error
                 failed, summary = exc, exc.summary
         else:
-            if args.version or args.namespace or args.service_account:
-                raise ValueError("--version, --namespace and --service-account are for a run on the KFP server: use "
-                                 "them with --host")
+            if args.pipeline_version or args.namespace or args.service_account:
+                raise UsageError("--pipeline-version, --namespace and --service-account are for a run on the KFP "
+                                 "server: use them with --host")
             summary = run_pipeline(args.pipeline, settings, workdir=args.workdir)
     if args.json:
         options.print_json(summary)
@@ -443,9 +466,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for key, value in summary.items():
             print(f"{key}: {value}")
     if failed is not None:  # the summary on stdout is the run's record (JSON or not): the error goes to stderr only
-        code = failed.exit_code if isinstance(failed, KfloopError) else EXIT_FAILED
-        options.print_error("run", str(failed), hints=[], exit_code=code, as_json=False)
-        return code
+        options.print_error("run", str(failed), hints=[], exit_code=failed.exit_code, as_json=False)
+        return failed.exit_code
     return 0
 
 
@@ -466,8 +488,9 @@ def cmd_upload(args: argparse.Namespace) -> int:
     from pipelines.kfp_server.runs import upload_pipelines
 
     with options.stdout_for_json(args):
-        uploaded = upload_pipelines(args.host, version=args.version, namespace=args.namespace, image=args.image,
-                                    options=_compile_options(args), require_image=args.require_image)
+        uploaded = upload_pipelines(args.host, version=args.pipeline_version, namespace=args.namespace,
+                                    image=args.image, options=_compile_options(args),
+                                    require_image=args.require_image)
     if args.json:
         options.print_json(uploaded)
     for item in [] if args.json else uploaded:
@@ -483,7 +506,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     with contextlib.redirect_stdout(sys.stderr):
         settings = {**options.settings(args), **({"model_name": args.model} if args.model else {})}
         result = schedule_check(args.pipeline, settings, args.host, cron=args.cron, name=args.name,
-                                action=action, version=args.version, namespace=args.namespace,
+                                action=action, version=args.pipeline_version, namespace=args.namespace,
                                 service_account=args.service_account)
     options.print_json(result)
     return 0
@@ -499,9 +522,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipelines.kfp_server.runs import alert_starter
     from training.launch.backends import backend_named
 
-    if args.local and (args.host or args.version or args.namespace or args.service_account):
-        raise ValueError("--host, --version, --namespace and --service-account are for runs on the KFP server: "
-                         "drop them with --local")
+    if args.local and (args.host or args.pipeline_version or args.namespace or args.service_account):
+        raise UsageError("--host, --pipeline-version, --namespace and --service-account are for runs on the KFP "
+                         "server: drop them with --local")
     in_cluster = bool(os.environ.get(IN_CLUSTER_ENV))
     local = args.local or not (args.host or in_cluster)
     settings = options.settings(args)
@@ -522,7 +545,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mode = ("local: accepted alerts run the training pipeline under kfp.local on this machine"
                 + ("" if args.local else " (no --host and not in a cluster)"))
     else:
-        start = alert_starter(settings, host=args.host, version=args.version, namespace=args.namespace,
+        start = alert_starter(settings, host=args.host, version=args.pipeline_version, namespace=args.namespace,
                               service_account=args.service_account)
         mode = f"kfp: accepted alerts start training runs on {args.host or 'the in-cluster KFP service'}"
     policy = TriggerPolicy.from_dict(settings.get("trigger", {}))
@@ -552,7 +575,7 @@ def cmd_render_job(args: argparse.Namespace) -> int:
 
     from pipelines.config import training_settings
     from training.config import TrainingSection
-    from training.launch.kubernetes import KubernetesSettings
+    from training.launch.kubernetes import KubernetesSettings, in_namespace
     from training.launch.manifests import job_manifest
 
     # the flags are overrides of the cluster section, checked with it (NCCL settings need the flag's GPUs)
@@ -561,11 +584,12 @@ def cmd_render_job(args: argparse.Namespace) -> int:
                       *([f"cluster.kind={args.kind}"] if args.kind is not None else [])]
     settings = options.settings(args)
     cluster_settings = dict(settings.get("cluster", {}))
-    cluster = KubernetesSettings.from_dict(cluster_settings).cluster  # the launcher's own settings aside
+    launch = KubernetesSettings.from_dict(cluster_settings)  # the cluster and the launcher's own settings
     training = training_settings({**settings, "cluster": cluster_settings}, nnodes=args.nnodes,
                                  nproc_per_node=args.nproc_per_node, backend="kubernetes")
     section = TrainingSection.from_dict(training)
-    body = job_manifest(section.config, section.shape, cluster, run_id=args.run_id)
+    body = in_namespace(job_manifest(section.config, section.shape, launch.cluster, run_id=args.run_id),
+                        launch.launcher.kubeconfig)
     options.print_json(body) if args.json else sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
     return 0
 
@@ -575,7 +599,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not script.is_file():
         raise FileNotFoundError(f"{script} is missing: kfloop bench runs from a source checkout of kfloop; in an "
                                 "image run `torchrun ... -m training.collectives` instead")
-    cmd = [sys.executable, str(script), "--nproc", str(args.nproc), "--max-bytes", args.max_bytes, "--out", args.out]
+    cmd = [sys.executable, str(script), "--nproc", str(args.nproc_per_node), "--max-bytes", args.max_bytes,
+           "--out", args.out]
     return subprocess.run(cmd, check=False).returncode
 
 
@@ -592,6 +617,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     end_without_final_collection()
     parser = build_parser()
+    if not argv:  # `kfloop` alone: what it can do
+        parser.print_help()
+        return EXIT_OK
     for each in _parsers(parser):
         each.json_errors = "--json" in argv
     args = parser.parse_args(argv)
@@ -607,14 +635,18 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.debug:
             traceback.print_exc()
-        code = exc.exit_code if isinstance(exc, KfloopError) else EXIT_FAILED
+        error = options.as_kfloop_error(exc)
+        if error is None:  # not a user error: a bug, whose trace --debug shows
+            hints = [] if args.debug else ["an unexpected error: rerun with --debug for the full traceback"]
+            options.print_error(args.command, f"{type(exc).__name__}: {exc}", hints=hints, exit_code=EXIT_FAILED,
+                                as_json=as_json)
+            return EXIT_FAILED
         if isinstance(exc, ValidationError) and not as_json:
             print(exc.report.format(), file=sys.stderr)
-            return code
-        hints = [exc.hint] if isinstance(exc, KfloopError) and exc.hint else []
-        hints += [] if args.debug else ["rerun with --debug for the full traceback"]
-        options.print_error(args.command, str(exc), hints=hints, exit_code=code, as_json=as_json)
-        return code
+            return error.exit_code
+        options.print_error(args.command, str(error), hints=[error.hint] if error.hint else [],
+                            exit_code=error.exit_code, as_json=as_json)
+        return error.exit_code
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Callable
 
 import pipelines.cli.options as options
+from data.errors import EXIT_FINDING, EXIT_OK
 from data.settings import CODE_ROOT
 from training.progress import activity
 
@@ -106,7 +107,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             print(f"  {name:<22} recorded {m['recorded']:.6f}  rebuilt {m['reproduced']:.6f}")
         if result.differing_tensors:
             print(f"  differing tensors: {', '.join(result.differing_tensors)}")
-    return 0 if result.identical else 1
+    return EXIT_OK if result.identical else EXIT_FINDING
 
 
 def cmd_report(args: argparse.Namespace) -> int:

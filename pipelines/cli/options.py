@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import urllib3
+
+from data.errors import FileAccessError, KfloopError, NotFoundError, ServiceError, SettingsError
 from data.redaction import redact, redact_text
 from data.settings import (DEFAULT_MODEL_NAME, Environment, activate, load_config_file, load_environment, merge,
                            parse_overrides)
@@ -39,15 +43,21 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     an unknown key is refused with ``did you mean``); parsed once per command.
 
     Raises:
-        ValueError: the file is not a YAML mapping, an override is not ``key=value``, or a key or value the
-            settings check refuses.
+        ConfigFileError: the settings file is missing, not YAML or not a mapping.
+        SettingsError: an override is not ``key=value``, or a key or value the settings check refuses.
     """
     if getattr(args, "_settings", None) is None:
         from pipelines.config import check_settings
 
         config_dir = Path(args.config).resolve().parent if args.config else Path.cwd()
-        args._settings = check_settings(merge(with_module_path(load_config_file(args.config), config_dir),
-                                              with_module_path(parse_overrides(args.overrides), Path.cwd())))
+        from_file = with_module_path(load_config_file(args.config), config_dir)
+        try:
+            args._settings = check_settings(merge(from_file, with_module_path(parse_overrides(args.overrides),
+                                                                              Path.cwd())))
+        except KfloopError:
+            raise
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from exc
     return args._settings
 
 
@@ -58,39 +68,43 @@ def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
                         help=f"print {what} as JSON on stdout (errors too: {{error, hint, exit_code}})")
 
 
+NO_MODEL = "none"
+"""``--model none``: no model, where the model is optional (``kfloop drift``)."""
+
+
 def add_model(parser: argparse.ArgumentParser, what: str = "registered model", *, required_default: bool = True,
               legacy: str | None = None) -> None:
     """``--model NAME``, the registered model, defaulting to ``model_name`` of the settings (then
     ``kfloop-model``, unless ``required_default`` is False: no model); ``legacy`` is an old spelling kept hidden."""
-    fallback = f", else {DEFAULT_MODEL_NAME}" if required_default else "; none: no model"
+    fallback = f", else {DEFAULT_MODEL_NAME}" if required_default else f"; {NO_MODEL}: no model"
     parser.add_argument("--model", help=f"{what} (default: model_name of the settings{fallback})")
     if legacy:
-        parser.add_argument(legacy, dest="model", help=HIDDEN)
+        add_renamed(parser, legacy, "--model", dest="model")
 
 
 def model_name(args: argparse.Namespace, *, required_default: bool = True) -> str:
     """The model a command works on: ``--model``, else ``model_name`` from kfloop.yaml / ``--set``, else the
-    default model (``required_default``) or none (empty)."""
+    default model (``required_default``) or none (empty); where the model is optional, ``--model none`` is none."""
     if args.model is not None:
-        return args.model
+        return "" if not required_default and args.model == NO_MODEL else args.model
     configured = settings(args).get("model_name") if hasattr(args, "overrides") else None
     return configured or (DEFAULT_MODEL_NAME if required_default else "")
 
 
 def registry_environment(args: argparse.Namespace, model: str) -> Environment:
-    """The environment of a command that reads ``model``'s registry, activated. A local MLflow database that does
-    not exist is refused before MLflow is touched: MLflow would create and migrate one, printing its INFO lines,
-    only to answer that the model is not there.
+    """The environment of a command that reads ``model``'s registry, activated; the workdir is not created. A local
+    MLflow database that does not exist is refused before MLflow is touched: MLflow would create and migrate one,
+    printing its INFO lines, only to answer that the model is not there.
 
     Raises:
-        ValueError: the tracking URI is a SQLite file that does not exist.
+        NotFoundError: the tracking URI is a SQLite file that does not exist.
     """
-    env = load_environment(args.workdir)
+    env = load_environment(args.workdir, create=False)
     database = env.tracking_uri.removeprefix("sqlite:///")
     if database != env.tracking_uri and not Path(database).exists():
-        raise ValueError(f"model '{model}' is not registered in {redact(env.tracking_uri)}: no MLflow database "
-                         "there yet; pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first "
-                         "(kfloop demo)")
+        raise NotFoundError(f"model '{model}' is not registered in {redact(env.tracking_uri)}: no MLflow database "
+                            "there yet; pass --workdir DIR (or set MLFLOW_TRACKING_URI), or train a model first "
+                            "(kfloop demo)")
     activate(env)
     return env
 
@@ -115,6 +129,81 @@ def print_error(where: str, message: str, *, hints: list[str], exit_code: int, a
     print(f"kfloop {where}: error: {message}", file=sys.stderr)
     for hint in hints:
         print(f"hint: {hint}", file=sys.stderr)
+
+
+def add_renamed(parser: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
+    """``old``, an earlier spelling of ``new`` (same ``dest``), kept hidden for one release: it still works, with a
+    deprecation warning on stderr naming ``new``."""
+    parser.add_argument(old, action=_Renamed, new=new, help=HIDDEN, **kwargs)
+
+
+class _Renamed(argparse.Action):
+    """Stores like ``store`` (or ``append``, with ``append=True``), after warning that the flag was renamed."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, new: str, append: bool = False, **kwargs: Any):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new, self.append = new, append
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"kfloop: warning: {option_string} is deprecated and will be removed in the next release: use "
+              f"{self.new}", file=sys.stderr)
+        if self.append:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
+        setattr(namespace, self.dest, values)
+
+
+def as_kfloop_error(exc: BaseException) -> KfloopError | None:
+    """``exc`` as the user error it is, with its exit code: a :class:`KfloopError` as it is; a ``ValueError`` (a
+    value kfloop refuses) as a settings error; a ``LookupError`` other than a bug's ``KeyError``/``IndexError`` as
+    :class:`NotFoundError`; a refused connection or a refusal of the KFP API as :class:`ServiceError` naming the URL
+    or the answer; a file that cannot be opened as :class:`FileAccessError`. None: an unexpected error (a bug), which
+    exits ``EXIT_FAILED`` and suggests ``--debug``."""
+    from kfp_server_api.exceptions import ApiException
+
+    if isinstance(exc, KfloopError):
+        return exc
+    if isinstance(exc, (urllib3.exceptions.MaxRetryError, urllib3.exceptions.NewConnectionError, ConnectionError)):
+        return _unreachable(exc)
+    if isinstance(exc, ApiException):
+        return ServiceError(f"the Kubeflow Pipelines API refused the request: {exc.status} {exc.reason}"
+                            + (f": {_answer(exc.body)}" if exc.body else ""))
+    if isinstance(exc, ValueError):
+        return SettingsError(str(exc))
+    if isinstance(exc, LookupError) and not isinstance(exc, (KeyError, IndexError)):
+        return NotFoundError(str(exc))
+    if isinstance(exc, OSError):
+        return FileAccessError(str(exc))
+    return None
+
+
+def _answer(body: str | bytes) -> str:
+    """The ``message`` of a KFP API error body (JSON), else the body's first line."""
+    text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = None
+    return str(answer.get("message") or text) if isinstance(answer, dict) else text.strip().splitlines()[0]
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
+"""The OS's words inside urllib3's text, e.g. ``[Errno 111] Connection refused``."""
+
+
+def _unreachable(exc: BaseException) -> ServiceError:
+    """One line for a connection that failed: the URL (without credentials) and the OS's reason."""
+    pool = getattr(exc, "pool", None)
+    conn = getattr(exc, "conn", None)
+    where = (f"{pool.scheme}://{pool.host}:{pool.port}" if pool is not None else
+             f"{conn.host}:{conn.port}" if conn is not None else "the service")
+    reason = _ERRNO.search(str(exc))
+    why = reason.group(1).strip() if reason else type(getattr(exc, "reason", exc)).__name__
+    error = ServiceError(f"cannot reach {redact(where)} ({why})")
+    error.hint = ("check the URL (--host is the Kubeflow Pipelines API, e.g. http://localhost:8080 through `kubectl "
+                  "port-forward -n kubeflow svc/ml-pipeline-ui 8080:80`), that the service is up, and that this "
+                  "machine reaches it (VPN, proxy, port-forward)")
+    return error
 
 
 class Parser(argparse.ArgumentParser):

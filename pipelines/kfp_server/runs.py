@@ -41,7 +41,7 @@ def version_name(explicit: str | None = None) -> str:
     commit = load_environment().git_commit
     if commit == "unknown" or commit.endswith(DIRTY):
         raise ValueError(f"the code's git commit is {commit!r}: commit your changes (the version is named by the "
-                         "commit) or pass --version NAME")
+                         "commit) or pass --pipeline-version NAME")
     return commit
 
 
@@ -194,14 +194,15 @@ def schedule_check(pipeline: str, settings: dict[str, Any], host: str, *, cron: 
         LookupError: the version is not uploaded, or no recurring run ``name`` to disable/delete.
     """
     name = name or f"{DEFAULT_SCHEDULES[pipeline]}-{settings.get('model_name') or DEFAULT_MODEL_NAME}"
+    if action == "schedule":  # a bad cron is refused before the server is asked anything
+        if not cron:
+            raise ValueError("--cron is required to schedule, e.g. --cron '0 0 * * * *' (hourly; 6 fields)")
+        kfp_client.check_cron(cron)
     client = kfp_client.connect(host)
     if action != "schedule":
         ids = kfp_client.set_schedule_enabled(client, name, enabled=False if action == "disable" else None,
                                               namespace=namespace)
         return {"name": name, "recurring_run_ids": ids, "action": action}
-    if not cron:
-        raise ValueError("--cron is required to schedule, e.g. --cron '0 0 * * * *' (hourly; 6 fields)")
-    kfp_client.check_cron(cron)
     name_ = version_name(version)
     ref = kfp_client.find_version(client, PIPELINE_NAMES[pipeline], name_, namespace)
     params = remote_params(pipeline, settings, client, version=name_, namespace=namespace,

@@ -58,8 +58,9 @@ class _ProgressFilter(io.TextIOBase):
         return len(s)
 
     def _line(self, line: str) -> None:
-        if m := _ERROR_LINE.match(line.strip()):
-            self.last_error, self.last_error_type = f"{m.group(1)}: {m.group(2)}", m.group(1)
+        if m := _ERROR_LINE.match(line.strip()):  # a ValueError is a refused value whose message says the fix
+            self.last_error = m.group(2) if m.group(1) == "ValueError" else f"{m.group(1)}: {m.group(2)}"
+            self.last_error_type = m.group(1)
         if PROGRESS_PREFIX in line:
             self._echo(line[line.index(PROGRESS_PREFIX):])
         elif m := _TASK_START.search(line):

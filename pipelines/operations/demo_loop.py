@@ -67,7 +67,7 @@ def next_commands(workdir: Path, tracking_uri: str) -> list[str]:
           if tracking_uri.startswith("sqlite:") else f"open {redact(tracking_uri)} (the MLflow server the demo used)")
     return [f"{kfloop} status --model {MODEL_NAME}", f"{kfloop} history --model {MODEL_NAME}",
             f"{kfloop} report --model {MODEL_NAME} --out {shlex.quote(str(workdir / 'report.html'))}",
-            f"{kfloop} reproduce {MODEL_NAME} 1", ui]
+            f"{kfloop} reproduce 1 --model {MODEL_NAME}", ui]
 
 
 def _predict_with_champion(path) -> dict[str, Any]:

@@ -4,8 +4,9 @@ container of its image on the Docker daemon ``DOCKER_HOST`` names, as the kubele
 Taken from the kubelet (kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_container.go``, ``security_context.go``,
 ``pkg/kubelet/dockershim/helpers.go`` and ``naming.go`` of 1.23, the last with dockershim):
 
-- ``command`` replaces the image's ENTRYPOINT and ``args`` its CMD (an image's CMD never follows a given command);
-  ``env`` with ``secretKeyRef`` and ``fieldRef`` resolved (``fakes.k8s_operator.container_env``); ``workingDir``.
+- ``command`` replaces the image's ENTRYPOINT and ``args`` its CMD (an image's CMD never follows a given command),
+  both with ``$(VAR)`` of the container's env expanded; ``env`` with ``secretKeyRef`` and ``fieldRef`` resolved
+  (``fakes.k8s_operator.container_env``); ``workingDir``.
 - ``securityContext``, the container's over the pod's: ``runAsUser``/``runAsGroup`` as the container's user,
   ``readOnlyRootFilesystem``, ``capabilities`` add/drop, ``allowPrivilegeEscalation: false`` as
   ``no-new-privileges``; ``runAsNonRoot`` verified against the image's user (``verifyRunAsNonRoot``: a non-numeric
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import docker
 from docker.types import Mount
 
-from fakes.k8s_operator import STOP_GRACE_SECONDS, Container, container_env, quantity
+from fakes.k8s_operator import STOP_GRACE_SECONDS, Container, container_env, container_volumes, expand, quantity
 
 if TYPE_CHECKING:
     from fakes.k8s_operator import _JobController
@@ -117,14 +118,16 @@ class DockerRuntime:
         mounts, shm_size = self._mounts(job, pod, container)
         limits = (container.get("resources") or {}).get("limits", {})
         capabilities = context.get("capabilities") or {}
-        command, args = container.get("command"), container.get("args")
+        environment = container_env(job.api, job.namespace, pod, container)
+        command, args = ([expand(a, environment) for a in part] if part else part
+                         for part in (container.get("command"), container.get("args")))
         hosts = [name for line in job.hosts.read_text().splitlines()[1:] for name in line.split()[1:]]
         created = self.client.containers.run(
             container["image"], detach=True, network_mode="host",
             name=f"k8s_{container['name']}_{meta['name']}_{job.namespace}_{meta['uid']}_{attempt}",
             entrypoint=command[:1] if command else None,
             command=(command[1:] + (args or [])) if command else args,
-            environment=container_env(job.api, job.namespace, pod, container),
+            environment=environment,
             working_dir=container.get("workingDir") or None, user=user,
             read_only=bool(context.get("readOnlyRootFilesystem")),
             cap_drop=capabilities.get("drop") or None, cap_add=capabilities.get("add") or None,
@@ -163,12 +166,10 @@ class DockerRuntime:
         """The container's mounts, and its shm size (a memory emptyDir at ``/dev/shm``).
 
         Raises:
-            ValueError: a claim with no host folder.
+            ValueError: a claim with no host folder, or a volume kind the test cluster does not emulate.
         """
-        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
         mounts, shm_size = [], None
-        for mount in container.get("volumeMounts", []):
-            volume = volumes.get(mount["name"], {})
+        for mount, volume in container_volumes(pod, container):
             target, read_only = mount["mountPath"], bool(mount.get("readOnly"))
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]["claimName"]
@@ -176,7 +177,7 @@ class DockerRuntime:
                     raise ValueError(f'persistentvolumeclaim "{claim}" not found')
                 source = job.api.volumes[claim] / mount.get("subPath", "")
                 mounts.append(Mount(target, str(source), type="bind", read_only=read_only))
-            elif "emptyDir" in volume:
+            else:
                 empty = volume["emptyDir"] or {}
                 size = int(quantity(empty["sizeLimit"])) if "sizeLimit" in empty else None
                 if empty.get("medium") == "Memory" and target == "/dev/shm":
@@ -186,7 +187,7 @@ class DockerRuntime:
                 else:
                     folder = job.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
                     folder.mkdir(parents=True, exist_ok=True)
-                    folder.chmod(0o777)  # an emptyDir is writable by the pod's user
+                    folder.chmod(0o777)  # the kubelet makes emptyDirs 0777 (pkg/volume/emptydir/empty_dir.go perm)
                     mounts.append(Mount(target, str(folder / mount.get("subPath", "")), type="bind",
                                         read_only=read_only))
         return mounts, shm_size

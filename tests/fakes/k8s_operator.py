@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 
+from fakes import istio_injection
 from fakes import pytorchjob_contract as operator
 from fakes.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
+from fakes.k8s_validation import service_refusal
 from fakes.server_process import free_port
 
 if TYPE_CHECKING:
@@ -109,6 +111,23 @@ def field_value(pod: dict, path: str) -> str:
     return str(value)
 
 
+def pod_requests(pod: dict) -> dict[str, float]:
+    """What the scheduler counts for a pod: requests, or limits where no request is set; the larger of the
+    containers' sum and each init container's (they run one at a time, before the others)."""
+    def requests(container: dict) -> dict[str, float]:
+        resources = container.get("resources", {})
+        return {k: quantity(v) for k, v in {**resources.get("limits", {}), **resources.get("requests", {})}.items()}
+
+    wanted: dict[str, float] = {}
+    for container in pod["spec"].get("containers", []):
+        for key, value in requests(container).items():
+            wanted[key] = wanted.get(key, 0.0) + value
+    for init in pod["spec"].get("initContainers", []):
+        for key, value in requests(init).items():
+            wanted[key] = max(wanted.get(key, 0.0), value)
+    return wanted
+
+
 def _terminate(run: _PodRun) -> None:
     """Stop the pod's container (SIGTERM, SIGKILL after STOP_GRACE_SECONDS); none starts after this."""
     with run.lock:
@@ -118,21 +137,80 @@ def _terminate(run: _PodRun) -> None:
         container.stop()
 
 
-def container_env(api: K8sServer, namespace: str, pod: dict, container: dict,
-                  local: Callable[[str], str] = str) -> dict[str, str]:
-    """The container's ``env`` as the kubelet resolves it: values (through ``local``, the process runtime's mount
-    mapping), ``fieldRef`` (:func:`field_value`) and ``secretKeyRef`` from the Secrets in the store.
+def expand(text: str, env: dict[str, str]) -> str:
+    """The kubelet's ``$(VAR)`` expansion (kubernetes ``third_party/forked/golang/expansion/expand.go``,
+    ``Expand``): ``$(VAR)`` becomes ``env``'s value, or stays as written when ``VAR`` is undefined; ``$$`` is an
+    escaped ``$``; any other ``$`` (an unclosed ``$(`` too) stays."""
+    out, at = [], 0
+    while at < len(text):
+        if text[at] == "$" and at + 1 < len(text):
+            if text[at + 1] == "$":
+                out.append("$")
+                at += 2
+                continue
+            end = text.find(")", at + 2) if text[at + 1] == "(" else -1
+            if end != -1:
+                name = text[at + 2:end]
+                out.append(env.get(name, text[at:end + 1]))
+                at = end + 1
+                continue
+        out.append(text[at])
+        at += 1
+    return "".join(out)
+
+
+SUPPORTED_VOLUMES = ("persistentVolumeClaim", "emptyDir")
+"""Volume kinds the test cluster's kubelets mount; a pod with any other is refused, never run without it."""
+
+
+def container_volumes(pod: dict, container: dict) -> list[tuple[dict, dict]]:
+    """(volume mount, volume) of each of the container's ``volumeMounts``.
 
     Raises:
-        ValueError: a referenced Secret or key is missing (and not ``optional``).
+        ValueError: a mount names no volume of the pod (the API server's ``Not found``), or a volume is of a kind
+            the test cluster does not emulate (its field named).
     """
-    env = {}
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = local(str(item["value"]))
-        elif "fieldRef" in item.get("valueFrom", {}):
+    volumes = {v["name"]: (i, v) for i, v in enumerate(pod["spec"].get("volumes", []))}
+    found = []
+    for index, mount in enumerate(container.get("volumeMounts", [])):
+        if mount["name"] not in volumes:
+            raise ValueError(f"spec.containers[{container['name']}].volumeMounts[{index}].name: Not found: "
+                             f"\"{mount['name']}\"")
+        at, volume = volumes[mount["name"]]
+        kinds = [key for key in volume if key != "name"]
+        if not kinds or any(kind not in SUPPORTED_VOLUMES for kind in kinds):
+            raise ValueError(f"spec.volumes[{at}] ({mount['name']!r}): {', '.join(kinds) or 'no source'} is not "
+                             f"emulated by the test cluster's kubelet (only {', '.join(SUPPORTED_VOLUMES)})")
+        found.append((mount, volume))
+    return found
+
+
+def container_env(api: K8sServer, namespace: str, pod: dict, container: dict,
+                  local: Callable[[str], str] = str) -> dict[str, str]:
+    """The container's ``env`` as the kubelet resolves it: values with ``$(VAR)`` of the variables before them
+    expanded (:func:`expand`; then through ``local``, the process runtime's mount mapping), ``fieldRef``
+    (:func:`field_value`) and ``secretKeyRef`` from the Secrets in the store.
+
+    Raises:
+        ValueError: a referenced Secret or key is missing (and not ``optional``), or the container uses an env form
+            the test cluster does not emulate (``envFrom``, ``configMapKeyRef``, ``resourceFieldRef``: named).
+    """
+    if container.get("envFrom"):
+        raise ValueError(f"spec.containers[{container['name']}].envFrom is not emulated by the test cluster's "
+                         "kubelet: list the variables under env")
+    env: dict[str, str] = {}
+    for index, item in enumerate(container.get("env", [])):
+        source = item.get("valueFrom") or {}
+        unknown = sorted(set(source) - {"fieldRef", "secretKeyRef"})
+        if unknown:
+            raise ValueError(f"spec.containers[{container['name']}].env[{index}].valueFrom.{unknown[0]} "
+                             f"({item['name']}) is not emulated by the test cluster's kubelet (only fieldRef and "
+                             "secretKeyRef)")
+        if not source:
+            env[item["name"]] = local(expand(str(item.get("value", "")), env))
+        elif "fieldRef" in source:
             env[item["name"]] = field_value(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
-        elif "secretKeyRef" in item.get("valueFrom", {}):
+        else:
             ref = item["valueFrom"]["secretKeyRef"]
             try:
                 secret = api.store.get(SECRETS, namespace, ref["name"])
@@ -212,8 +290,11 @@ class _JobController:
         spec = self.defaulted["spec"]
         self.replicas = spec["pytorchReplicaSpecs"]
         self.run_policy = spec["runPolicy"]
-        self._write_pod_files([self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
-                               for i in range(rspec.get("replicas", 1))])
+        names = [self.pod_name(rtype, i) for rtype, rspec in self.replicas.items()
+                 for i in range(rspec.get("replicas", 1))]
+        self.refused_services = {name: refusal for name in names if (refusal := service_refusal(name))}
+        """Headless services (one per pod, named as it) the API server refuses: their names do not resolve."""
+        self._write_pod_files([name for name in names if name not in self.refused_services])
 
     def _setup(self, api: K8sServer, namespace: str, job: dict, dir_prefix: str = "") -> None:
         """The state every controller of pods shares with its kubelet: the API, the owning object, the stop flag,
@@ -255,6 +336,9 @@ class _JobController:
 
     def start(self) -> None:
         self.set_condition("Created", "PyTorchJobCreated", f"PyTorchJob {self.name} is created.")
+        for refusal in self.refused_services.values():
+            self.api.record_event(self.namespace, self.job, reason=operator.FAILED_CREATE_SERVICE, type_="Warning",
+                                  message=f"Error creating: {refusal}")
         for rtype, rspec in self.replicas.items():
             for index in range(rspec.get("replicas", 1)):
                 self.start_pod(rtype, index)
@@ -355,18 +439,8 @@ class _JobController:
         name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         container = next((c for c in pod["spec"]["containers"] if c.get("name") == "pytorch"),
                          pod["spec"]["containers"][0])
-        unfit = self._unfit(pod)
-        if unfit:
-            message = f"0/1 nodes are available: 1 Insufficient {unfit}. preemption: 0/1 nodes are available: " \
-                      "1 No preemption victims found for incoming pod."
-            self._update_pod(name, lambda p: p["status"].update(conditions=[
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                 "lastTransitionTime": now()}]))
-            self.api.record_event(self.namespace, pod, reason="FailedScheduling", message=message, type_="Warning")
+        if not self._schedule(pod):
             return
-        self._update_pod(name, lambda p: p["status"].update(
-            conditions=[{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
-            hostIP="127.0.0.1", podIP="127.0.0.1"))
         self.api.record_event(self.namespace, pod, reason="Scheduled",
                               message=f"Successfully assigned {self.namespace}/{name} to kfloop-test-node")
         image = container.get("image", "")
@@ -377,6 +451,10 @@ class _JobController:
             return
         run = _PodRun(log=self.dir / f"{name}-{uid[:8]}.log")
         self.api._runs[(self.namespace, name)] = run
+        # Istio's classic sidecar: running from the pod's start until the pod is deleted
+        sidecar = [{"name": istio_injection.PROXY, "image": istio_injection.PROXY_IMAGE, "imageID": "", "ready": True,
+                    "started": True, "restartCount": 0, "state": {"running": {"startedAt": now()}}}
+                   ] if istio_injection.injected(pod) else []
         for init in pod["spec"].get("initContainers", []):
             code = self._run_init(pod, init, run)
             if code is None:
@@ -402,7 +480,8 @@ class _JobController:
                     "name": container["name"], "image": image, "imageID": "", "ready": True, "started": True,
                     "restartCount": restarts, "state": {"running": {"startedAt": started}},
                     "containerID": run.container.id,
-                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
+                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})},
+                    *sidecar]))
             if self._master_running():
                 self.set_condition("Running", "PyTorchJobRunning", f"PyTorchJob {self.name} is running.")
             if name in self.api.killed_pods:
@@ -417,12 +496,16 @@ class _JobController:
             in_place = pod["spec"]["restartPolicy"] == "Always" or (
                 pod["spec"]["restartPolicy"] == "OnFailure" and exit_code != 0)
             if not in_place:
-                phase = "Succeeded" if exit_code == 0 else "Failed"
+                # a running sidecar keeps the pod Running (the kubelet's getPhase): the operator sees no end
+                phase = "Running" if sidecar else "Succeeded" if exit_code == 0 else "Failed"
                 self._update_pod(name, lambda p: p["status"].update(phase=phase, containerStatuses=[{
                     "name": container["name"], "image": image, "imageID": "", "ready": False, "started": False,
                     "restartCount": restarts, "state": {"terminated": terminated},
-                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})}]))
-                return self._pod_finished(rtype, index, name, exit_code)
+                    **({"lastState": p["status"]["containerStatuses"][0]["lastState"]} if restarts else {})},
+                    *sidecar]))
+                if not sidecar:
+                    self._pod_finished(rtype, index, name, exit_code)
+                return
             restarts += 1
             backoff = min(8.0, CRASH_BACKOFF_SECONDS * 2 ** (restarts - 1))
             self._update_pod(name, lambda p: p["status"].update(containerStatuses=[{
@@ -498,22 +581,54 @@ class _JobController:
         self.finish("Failed", "PyTorchJobFailed", f"PyTorchJob {self.name} is failed because 1 {rtype} replica(s) "
                                                   "failed.")
 
-    def _unfit(self, pod: dict) -> str | None:
-        """The first resource the node lacks for this pod (requests, or limits where no request is set; the larger
-        of the containers' sum and each init container's, as the scheduler counts)."""
-        def requests(container: dict) -> dict[str, float]:
-            resources = container.get("resources", {})
-            return {k: quantity(v) for k, v in {**resources.get("limits", {}), **resources.get("requests", {})}.items()}
+    def _schedule(self, pod: dict) -> bool:
+        """The scheduler: bind the pod once the node's ``capacity``, less what its bound and unfinished pods request,
+        fits it (checked and bound under one lock, as the scheduler's cache assumes a pod); until then the pod is
+        Unschedulable with a FailedScheduling event, and retried at each change of the cluster. False when the pod
+        or its job went away first."""
+        name = pod["metadata"]["name"]
+        store, revision, reported = self.api.store, -1, False
+        while not self.stopping.is_set():
+            with self.api.scheduling:
+                unfit = self._unfit(pod)
+                if not unfit:
+                    return self._update_pod(name, lambda p: p["status"].update(
+                        conditions=[{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
+                        hostIP="127.0.0.1", podIP="127.0.0.1")) is not None
+            if not reported:
+                message = f"0/1 nodes are available: 1 Insufficient {unfit}. preemption: 0/1 nodes are available: " \
+                          "1 No preemption victims found for incoming pod."
+                if self._update_pod(name, lambda p: p["status"].update(conditions=[
+                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                         "lastTransitionTime": now()}])) is None:
+                    return False
+                self.api.record_event(self.namespace, pod, reason="FailedScheduling", message=message,
+                                      type_="Warning")
+                reported = True
+            with store.lock:
+                while store.revision == revision and not store.closed and not self.stopping.is_set():
+                    store.lock.wait(0.5)
+                if store.closed:
+                    return False
+                revision = store.revision
+            try:
+                store.get(PODS, self.namespace, name)
+            except ApiError:
+                return False  # deleted while it waited
+        return False
 
-        wanted: dict[str, float] = {}
-        for container in pod["spec"].get("containers", []):
-            for key, value in requests(container).items():
-                wanted[key] = wanted.get(key, 0.0) + value
-        for init in pod["spec"].get("initContainers", []):  # init containers run one at a time, before the others
-            for key, value in requests(init).items():
-                wanted[key] = max(wanted.get(key, 0.0), value)
-        for key, value in wanted.items():
-            if value > self.api.capacity.get(key, 0.0):
+    def _unfit(self, pod: dict) -> str | None:
+        """The first resource the node lacks for this pod, next to the pods bound to it that have not ended."""
+        allocated: dict[str, float] = {}
+        for other in self.api.store.list(PODS, None)[0]:
+            status = other.get("status") or {}
+            bound = any(c["type"] == "PodScheduled" and c["status"] == "True" for c in status.get("conditions", []))
+            if bound and status.get("phase") not in ("Succeeded", "Failed") and \
+                    other["metadata"]["uid"] != pod["metadata"]["uid"]:
+                for key, value in pod_requests(other).items():
+                    allocated[key] = allocated.get(key, 0.0) + value
+        for key, value in pod_requests(pod).items():
+            if value + allocated.get(key, 0.0) > self.api.capacity.get(key, 0.0):
                 return key
         return None
 
@@ -539,10 +654,12 @@ class ProcessRuntime:
 
 
 def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str], dict[str, str], str]:
-    """argv, env and working dir of the container, with volume mount paths mapped to host dirs.
+    """argv (``$(VAR)`` of the container's env expanded, as the kubelet does), env and working dir of the
+    container, with volume mount paths mapped to host dirs.
 
     Raises:
-        ValueError: a referenced Secret or key is missing, or a PVC claim has no host dir.
+        ValueError: a referenced Secret or key is missing, a PVC claim has no host dir, or the container uses a
+            volume or env form the test cluster does not emulate.
     """
     mounts = _mounts(job, pod, container)
 
@@ -558,8 +675,9 @@ def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str]
     env = {"PATH": f"{job.bin}:{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
            "HOME": str(job.dir), "HOSTNAME": pod["metadata"]["name"],
            "PYTHONPATH": str(CODE_ROOT)}  # the image holds the code under test (not whatever the venv has)
-    env.update(container_env(job.api, job.namespace, pod, container, local))
-    argv = [local(a) for a in container.get("command", []) + container.get("args", [])]
+    own = container_env(job.api, job.namespace, pod, container, local)
+    env.update(own)
+    argv = [local(expand(a, own)) for a in container.get("command", []) + container.get("args", [])]
     if not argv:
         raise ValueError("the container has no command (the test server runs no image entrypoints)")
     script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
@@ -571,19 +689,15 @@ def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str]
 
 def _mounts(job: _JobController, pod: dict, container: dict) -> list[tuple[str, Path]]:
     """(mount path, host dir), longest path first."""
-    volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
     mounts = []
-    for mount in container.get("volumeMounts", []):
-        volume = volumes.get(mount["name"], {})
+    for mount, volume in container_volumes(pod, container):
         if "persistentVolumeClaim" in volume:
             claim = volume["persistentVolumeClaim"]["claimName"]
             if claim not in job.api.volumes:
                 raise ValueError(f'persistentvolumeclaim "{claim}" not found')
             host = job.api.volumes[claim]
-        elif "emptyDir" in volume:
+        else:
             host = job.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
             host.mkdir(parents=True, exist_ok=True)
-        else:
-            continue
         mounts.append((mount["mountPath"], host / mount.get("subPath", "")))
     return sorted(mounts, key=lambda m: -len(m[0]))

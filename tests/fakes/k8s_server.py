@@ -17,14 +17,22 @@ cluster admin, or of any user or service account):
   event with code 410 Expired when N is older than the retained history, as the API server sends it).
 * authentication and RBAC authorisation of every request by the roles and bindings it holds
   (tests/fakes/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
-  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Pod Security admission of pods in namespaces labelled
-  `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
+  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Istio's sidecar
+  injection into pods of namespaces labelled `istio-injection: enabled` (tests/fakes/istio_injection.py: the
+  sidecar outlives the app container, so such a pod stays Running) and Pod Security admission of pods in namespaces
+  labelled `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
 
+A PyTorchJob passes the Training Operator's validating webhook first (tests/fakes/pytorchjob_contract.py
+``validate``, refused with 403 and the webhook's message); its per-pod headless services the API server refuses
+(names over 63 characters) are FailedCreateService events, and those names do not resolve.
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object
 per replica, made as tests/fakes/pytorchjob_contract.py says the operator makes it (names, labels, the env on
 every container, the `init-pytorch` init container of workers), admitted like any pod, and one local process
-group per container that runs: the init containers in order, then the `pytorch` container (others are not run),
-each with its own `command` + `args`, its env (`secretKeyRef` resolved from Secrets in the store) and a minimal
+group per container that runs: the init containers in order, then the `pytorch` container (others are not run;
+an injected `istio-proxy` is reported running until the pod is deleted),
+each with its own `command` + `args` (`$(VAR)` expanded), its env (`secretKeyRef` and `fieldRef` resolved; other
+env forms, `envFrom`, and volumes other than claims and emptyDirs are a CreateContainerConfigError naming the
+field) and a minimal
 image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image holds). Pod names
 resolve like a cluster's headless services do: each pod process runs in its own mount and UTS namespaces
 (`unshare`; hostname = pod name) with a private `/etc/hosts` mapping every pod of its job (`<job>-master-0`,
@@ -38,10 +46,10 @@ Job status follows the operator: conditions Created, Running, Restarting, Succee
 ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) and fails the job on 1..127;
 `OnFailure` restarts the container in place (restartCount, CrashLoopBackOff); `cleanPodPolicy` and
 `activeDeadlineSeconds` apply; a pod that admission refuses is a `FailedCreatePod` event on the job, which stays
-Created. Scheduling checks the pod's resources against one node's `capacity`: a pod that does not fit stays
-Pending/Unschedulable with a FailedScheduling event. Images in `unpullable_images` stay in ImagePullBackOff; a pod
-named in `killed_pods` is SIGKILLed (exit 137) each time it starts, reporting the reason given there
-(`OOMKilled`, or `Error` for a plain kill).
+Created. Scheduling checks the pod's resources against one node's `capacity` less what the bound pods that have not
+ended request: a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees.
+Images in `unpullable_images` stay in ImagePullBackOff; a pod named in `killed_pods` is SIGKILLed (exit 137) each
+time it starts, reporting the reason given there (`OOMKilled`, or `Error` for a plain kill).
 That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
 (tests/fakes/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
 TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
@@ -69,11 +77,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from fakes import kuberay_operator, pod_security, tls, trainer_operator
+from fakes import istio_injection, kuberay_operator, pod_security, pytorchjob_contract, tls, trainer_operator
 from fakes.crd_schema import printer_columns, validate as validate_crd
 from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
 from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
+from fakes.k8s_validation import aggregate, webhook_denied
 from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES,
                              SECRETS, TRAINJOBS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
@@ -170,7 +179,7 @@ class K8sServer:
         namespace: the kubeconfig's default namespace.
         volumes: PVC claim name -> host dir of that volume.
         capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, extended
-            resources by name); pods that do not fit stay Unschedulable.
+            resources by name), shared by every pod bound to it; pods that do not fit stay Unschedulable.
         operator: run PyTorchJobs as local processes.
         pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
             None: the operator's default ``init-pytorch``.
@@ -186,6 +195,8 @@ class K8sServer:
         self.namespace = namespace
         self.volumes = {claim: Path(path) for claim, path in (volumes or {}).items()}
         self.capacity = {"cpu": float(os.cpu_count() or 2) * 8, "memory": 256 * 2**30, **(capacity or {})}
+        self.scheduling = threading.Lock()
+        """Held while a pod is checked against the node's room and bound to it."""
         self.operator = operator
         self.pytorch_init_container_template = pytorch_init_container_template
         self.runtime: Runtime = runtime or ProcessRuntime()
@@ -452,6 +463,8 @@ class K8sServer:
         _check_micro_times(resource, body)
         if resource is SECRETS:
             _encode_string_data(body)
+        if resource is PYTORCHJOBS:
+            _admit_pytorchjob(body)
         if resource is TRAINJOBS:
             return trainer_operator.create(self, namespace, body)
         if resource in (RAYJOBS, RAYCLUSTERS):
@@ -475,8 +488,9 @@ class K8sServer:
         return controller
 
     def create_pod(self, namespace: str, pod: dict) -> dict:
-        """Admit (Pod Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as
-        the API server does for the operator's pod creations.
+        """Admit (Istio's sidecar injection where the namespace has it, tests/fakes/istio_injection.py; then Pod
+        Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as the API server
+        does for the operator's pod creations.
 
         Raises:
             ApiError: 403 Forbidden when the namespace's Pod Security level refuses the pod.
@@ -485,6 +499,8 @@ class K8sServer:
             labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}
         except ApiError:
             labels = {}
+        if istio_injection.injection_required(namespace, labels, pod):  # mutating admission, before validating
+            istio_injection.inject(pod)
         refusal = pod_security.admit(labels, pod)
         if refusal:
             raise ApiError(403, "Forbidden", refusal, {"name": pod["metadata"]["name"], "kind": "pods"})
@@ -527,6 +543,8 @@ class K8sServer:
                 candidate["metadata"] = {k: v for k, v in updated["metadata"].items()
                                          if k in ("name", "namespace", "labels", "annotations")}
                 self._validate(resource, candidate)
+                if resource is PYTORCHJOBS:
+                    _admit_pytorchjob(candidate, current)
             return updated
 
         _check_micro_times(resource, body)
@@ -573,6 +591,17 @@ class K8sServer:
                                "uid": meta["uid"], "apiVersion": involved["apiVersion"]},
             "reason": reason, "message": message, "type": type_, "count": 1, "firstTimestamp": now(),
             "lastTimestamp": now(), "source": {"component": "kfloop-test-server"}})
+
+
+def _admit_pytorchjob(job: dict, old: dict | None = None) -> None:
+    """The Training Operator's validating webhook (tests/fakes/pytorchjob_contract.py ``validate``).
+
+    Raises:
+        ApiError: 403 with the webhook's denial, as the API server answers it.
+    """
+    _, errors = pytorchjob_contract.validate(job, old)
+    if errors:
+        raise ApiError(403, "Forbidden", webhook_denied(pytorchjob_contract.WEBHOOK, aggregate(errors)))
 
 
 def qos_class(pod_spec: dict) -> str:

@@ -40,7 +40,8 @@ Token authentication is Ray 2.60's own (read from its wheel): ``ray start`` turn
 ``authOptions.mode: token`` gets KubeRay's Secret and env, one without runs Ray without authentication.
 
 Not played: ``clusterSelector`` (an existing cluster), the HTTP, Interactive and Sidecar submission modes, the
-autoscaler, GCS fault tolerance, ``deletionStrategy``; a deleted RayJob goes at once (KubeRay's finalizer first stops
+autoscaler, GCS fault tolerance, ``deletionStrategy``'s legacy ``onSuccess``/``onFailure`` and its DeleteWorkers
+policy; a deleted RayJob goes at once (KubeRay's finalizer first stops
 the Ray job through the dashboard).
 
 Deliberate differences from a cluster, all forced by every pod sharing this host's network and disk:
@@ -58,9 +59,14 @@ Deliberate differences from a cluster, all forced by every pod sharing this host
 * Services are no objects here: ``<cluster>-head-svc`` and its FQDN resolve to 127.0.0.1 in the pods' hosts file,
   and the operator itself reaches the dashboard at 127.0.0.1.
 * The submitter's Kubernetes Job lives in the operator (the server serves no ``batch/v1`` Jobs); its pods are real.
-* No probes run: a pod is ready while its container runs (the submitter waits for the dashboard itself, as
-  ``BuildJobSubmitCommand`` does). Reconciles follow the store's changes, at least every :data:`REQUEUE_SECONDS`
-  (KubeRay: 3 s), and the submitter's finish-timeout is KubeRay's 30 s.
+* Probes: the Ray containers get KubeRay's (``initLivenessAndReadinessProbe``, by ``rayVersion``), and a Ray pod
+  counts as ready only while its readiness probe passes, run by the operator (:meth:`RayClusterController._ready`):
+  an HTTP probe asks the node's port on loopback, an exec probe runs on this host, except that ``wget`` exists only
+  in the images :data:`IMAGES_WITH_WGET` names (the pods are local processes, so "the image" is this capability,
+  not a file system): a RayCluster of kfloop's image without ``rayVersion`` >= 2.53 never becomes ready, as on a
+  cluster. Liveness probes are written, not run (their 30 s delay and 120 failures take 10 minutes).
+* Reconciles follow the store's changes, at least every :data:`REQUEUE_SECONDS` (KubeRay: 3 s), and the
+  submitter's finish-timeout is KubeRay's 30 s.
 """
 from __future__ import annotations
 
@@ -70,6 +76,7 @@ import json
 import math
 import secrets
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -82,6 +89,8 @@ import yaml
 
 from fakes.k8s_operator import _JobController, quantity
 from fakes.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, Resource, now
+from fakes.kuberay_validation import (Invalid, parse_generic, validate_raycluster_metadata, validate_raycluster_spec,
+                                      validate_rayjob)
 from fakes.server_process import free_port
 
 if TYPE_CHECKING:
@@ -110,6 +119,17 @@ GCS_HEALTH_PATH = "api/gcs_healthz"
 PYTHON_HEALTH_COMMAND = ('python -c "import urllib.request; r=urllib.request.urlopen(\'{url}\', timeout={timeout}); '
                          "exit(0 if b'success' in r.read() else 1)\"")
 """``BasePythonHealthCommand`` (args: url, ``RayDashboardGCSHealthCheckTimeoutSeconds`` = 10)."""
+WGET_HEALTH_COMMAND = "wget --tries 1 -T {timeout} -q -O- http://localhost:{port}/{path} | grep success"
+"""``BaseWgetHealthCommand`` (args: timeout_sec, port, path)."""
+RAYLET_HEALTH_PATH, NODE_HEALTH_PATH = "api/local_raylet_healthz", "/api/healthz"
+"""``RayAgentRayletHealthPath`` (the exec probes'), ``RayNodeHealthPath`` (the HTTP probe of Ray >= 2.53)."""
+READINESS_PROBE = {"initialDelaySeconds": 10, "periodSeconds": 5, "successThreshold": 1, "failureThreshold": 10}
+LIVENESS_PROBE = {"initialDelaySeconds": 30, "periodSeconds": 5, "successThreshold": 1, "failureThreshold": 120}
+"""``DefaultReadinessProbe*`` / ``DefaultLivenessProbe*``; timeouts 2 s (``DefaultReadinessProbeTimeoutSeconds``),
+5 s on the head (``DefaultHeadReadinessProbeTimeoutSeconds``, ``DefaultHeadLivenessProbeTimeoutSeconds``)."""
+IMAGES_WITH_WGET = ("rayproject/ray:", "docker.io/rayproject/ray:")
+"""The image capability the exec probes need: KubeRay's own Ray images have ``wget``; every other image is taken
+to have none, as kfloop's (deploy/Dockerfile, from ``python:3.11-slim-bookworm``, installs no wget) has none."""
 CLUSTER_DOMAIN = "cluster.local"
 """``DefaultDomainName`` of ``GetClusterDomainName``."""
 KUBERAY_VERSION = "v1.7.0"
@@ -172,6 +192,49 @@ def label_pod(node_type: str, cluster: str, group: str, template_labels: dict[st
     return labels
 
 
+def init_probes(container: dict, node_type: str, params: dict[str, str], ray_version: str) -> None:
+    """``initLivenessAndReadinessProbe``: unless the container has its own, readiness and liveness probes that ask
+    the node's dashboard agent ``/api/healthz`` over HTTP when ``rayVersion`` >= 2.53 (``supportsUnifiedHealth
+    Check``), else exec probes running ``wget`` against the raylet's health (and on the head the GCS's: its timeout
+    is ``DefaultReadinessProbeFailureThreshold``, as upstream writes it)."""
+    agent, dashboard = params.get("dashboard-agent-listen-port", AGENT_PORT), params.get("dashboard-port",
+                                                                                          DASHBOARD_PORT)
+    try:
+        unified = parse_generic(ray_version) >= (2, 53)
+    except ValueError:
+        unified = False
+    commands = [WGET_HEALTH_COMMAND.format(timeout=2, port=agent, path=RAYLET_HEALTH_PATH)]
+    if node_type == "head":
+        commands.append(WGET_HEALTH_COMMAND.format(timeout=10, port=dashboard, path=GCS_HEALTH_PATH))
+    action = {"httpGet": {"path": NODE_HEALTH_PATH, "port": int(agent)}} if unified else \
+        {"exec": {"command": ["bash", "-c", " && ".join(commands)]}}
+    timeout = {"timeoutSeconds": 5 if node_type == "head" else 2}
+    container.setdefault("livenessProbe", {**LIVENESS_PROBE, **timeout, **action})
+    container.setdefault("readinessProbe", {**READINESS_PROBE, **timeout, **action})
+
+
+def probe_failure(probe: dict, image: str) -> str:
+    """The kubelet running ``probe`` in a container of ``image`` on this host: "" when it passes, else why not. An
+    exec probe calling ``wget`` in an image without it (:data:`IMAGES_WITH_WGET`) fails as bash does."""
+    if "httpGet" in probe:
+        url = f"http://127.0.0.1:{probe['httpGet']['port']}{probe['httpGet']['path']}"
+        try:
+            with urllib.request.urlopen(url, timeout=probe["timeoutSeconds"]):
+                return ""
+        except urllib.error.HTTPError as exc:
+            return f"HTTP probe failed with statuscode: {exc.code}"
+        except OSError as exc:
+            return f'Get "{url}": {exc}'
+    command = probe["exec"]["command"]
+    if "wget" in command[-1] and not image.startswith(IMAGES_WITH_WGET):
+        return "bash: line 1: wget: command not found"
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=probe["timeoutSeconds"])
+    except subprocess.TimeoutExpired:
+        return f"command timed out after {probe['timeoutSeconds']}s"
+    return "" if done.returncode == 0 else (done.stdout + done.stderr).strip() or f"exit code {done.returncode}"
+
+
 def token_auth_env(cluster: dict) -> list[dict]:
     """``SetContainerTokenAuthEnvVars`` for a cluster with ``authOptions.mode: token`` (none otherwise): the mode
     and the token from the cluster's Secret (``authOptions.secretName``, else the cluster's ``CheckName``)."""
@@ -196,6 +259,10 @@ class RayClusterController(_JobController):
     def __init__(self, api: K8sServer, namespace: str, cluster: dict):
         self._setup(api, namespace, cluster)
         self.run_policy: dict = {}  # the kubelet's in-place restarts: no backoffLimit on a Ray pod
+        self.refused = ""
+        """The validation message of the last Event about this RayCluster being invalid."""
+        self.probes: dict[str, tuple[float, str]] = {}
+        """Each Ray pod's last readiness probe: when (monotonic) and why it failed ("" when it passed)."""
         self.temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/var/tmp"))
         """Each Ray node's ``--temp-dir`` lives under this short path (Unix socket paths hold 107 bytes)."""
         ports: set[int] = set()
@@ -234,6 +301,20 @@ class RayClusterController(_JobController):
     # -- raycluster_controller.go
 
     def _reconcile(self, cluster: dict) -> None:
+        """``rayClusterReconcile``: an invalid RayCluster gets a Warning Event (once here, where the reconcile runs
+        every :data:`REQUEUE_SECONDS`) and nothing else (``ValidateRayClusterMetadata``, ``ValidateRayClusterSpec``)."""
+        for reason, what, check in (
+                ("InvalidRayClusterMetadata", "metadata", lambda: validate_raycluster_metadata(cluster["metadata"])),
+                ("InvalidRayClusterSpec", "spec",
+                 lambda: validate_raycluster_spec(cluster["spec"], cluster["metadata"].get("annotations")))):
+            try:
+                check()
+            except Invalid as exc:
+                message = f"The RayCluster {what} is invalid {self.namespace}/{self.name}: {exc}"
+                if message != self.refused:
+                    self._event(cluster, reason, message, "Warning")
+                    self.refused = message
+                return
         self._auth_secret(cluster)
         error = self._reconcile_pods(cluster)
         self._status(cluster, error)
@@ -396,6 +477,7 @@ class RayClusterController(_JobController):
             limit = (container.get("resources") or {}).get("limits", {}).get("memory")
             spec.setdefault("volumes", []).append({"name": "shared-mem", "emptyDir": {
                 "medium": "Memory", **({"sizeLimit": limit} if limit else {})}})
+        init_probes(container, node_type, params, cluster["spec"].get("rayVersion", ""))
         start = ray_start_command(node_type, params, container.get("resources") or {})
         user = " ".join(f" {part} " for part in container.get("command", []) + container.get("args", []))
         generated = f"ulimit -n ${{RAY_START_ULIMIT_OPEN_FILES:-65536}}; {start}"
@@ -438,7 +520,7 @@ class RayClusterController(_JobController):
         ``HeadPodReady`` and ``RayClusterProvisioned`` conditions (``RayClusterStatusConditions`` is on by default)."""
         pods = self._pods()
         workers = [p for p in pods if p["metadata"]["labels"].get(NODE_TYPE_LABEL) == "worker"]
-        running = [p for p in pods if p.get("status", {}).get("phase") == "Running"]
+        running = [p for p in pods if p.get("status", {}).get("phase") == "Running" and self._ready(cluster, p)]
         groups = cluster["spec"].get("workerGroupSpecs") or []
         desired = sum(_desired(g) for g in groups)
         status = copy.deepcopy(cluster.get("status") or {})
@@ -476,6 +558,23 @@ class RayClusterController(_JobController):
             self.api.store.update(RAYCLUSTERS, self.namespace, self.name, lambda c: c.update(status=status))
         except ApiError:
             self.stop()
+
+    def _ready(self, cluster: dict, pod: dict) -> bool:
+        """The Ray container's readiness probe, run every ``periodSeconds`` once it passed, at every reconcile while
+        it fails (``initialDelaySeconds`` is not waited: readiness shows no later than on a cluster); its first
+        failure gets the kubelet's ``Unhealthy`` Event."""
+        name, container = pod["metadata"]["name"], pod["spec"]["containers"][0]
+        probe = container.get("readinessProbe")
+        if probe is None:
+            return True
+        at, failure = self.probes.get(name, (-math.inf, ""))
+        if failure or time.monotonic() - at >= probe["periodSeconds"]:
+            failure = probe_failure(probe, container.get("image", ""))
+            if failure and not self.probes.get(name, (0, ""))[1]:
+                self.api.record_event(self.namespace, pod, reason="Unhealthy", type_="Warning",
+                                      message=f"Readiness probe failed: {failure}")
+            self.probes[name] = (time.monotonic(), failure)
+        return not failure
 
     # -- the kubelet's hooks
 
@@ -650,26 +749,6 @@ def submitter_template(rayjob: dict, cluster: dict, dashboard_url: str) -> dict:
 
 # ------------------------------------------------------------------------------------------------ the RayJob
 
-def validate_rayjob(rayjob: dict) -> str:
-    """``ValidateRayJobSpec`` (utils/validation.go), the rules a RayJob of this server can break; "" when valid."""
-    spec = rayjob["spec"]
-    invalid = "The RayJob spec is invalid: "
-    if spec.get("suspend") and not spec.get("shutdownAfterJobFinishes"):
-        return invalid + "a RayJob with shutdownAfterJobFinishes set to false is not allowed to be suspended"
-    if spec.get("ttlSecondsAfterFinished", 0) < 0:
-        return invalid + "TTLSecondsAfterFinished must be a non-negative integer"
-    if not spec.get("rayClusterSpec") and not spec.get("clusterSelector"):
-        return invalid + "one of RayClusterSpec or ClusterSelector must be set"
-    if ((spec.get("rayClusterSpec") or {}).get("authOptions") or {}).get("enableK8sTokenAuth"):
-        return invalid + "K8s token auth mode is currently not supported for RayJob"
-    for key in ("activeDeadlineSeconds", "preRunningDeadlineSeconds"):
-        if spec.get(key) is not None and spec[key] <= 0:
-            return invalid + f"{key} must be a positive integer"
-    if spec.get("backoffLimit") is not None and spec["backoffLimit"] < 0:
-        return invalid + "backoffLimit must be a positive integer"
-    return ""
-
-
 class RayJobController:
     """KubeRay's RayJob reconcile for one RayJob (K8sJobMode with its own RayCluster): see the module docstring."""
 
@@ -717,9 +796,9 @@ class RayJobController:
         spec, deployment = rayjob["spec"], status.get("jobDeploymentStatus", "")
         if deployment == "ValidationFailed":
             return True
-        problem = validate_rayjob(rayjob)
+        reason, problem = validate_rayjob(rayjob)
         if problem:
-            self._event("InvalidRayJobSpec", f"{self.namespace}/{self.name}: {problem}", "Warning")
+            self._event(reason, f"{self.namespace}/{self.name}: {problem}", "Warning")
             status.update(jobDeploymentStatus="ValidationFailed", reason="ValidationFailed", message=problem)
             return True
         if deployment == "":  # initRayJobStatusIfNeed
@@ -857,13 +936,44 @@ class RayJobController:
             status["rayJobInfo"] = times
 
     def _finished(self, spec: dict, status: dict) -> bool:
-        """``handleShutdownAfterJobFinishes``: the RayCluster deleted ``ttlSecondsAfterFinished`` after the end (the
-        submitter Job stays, with the driver's logs); True once nothing is left to do."""
-        if spec.get("clusterSelector") or not spec.get("shutdownAfterJobFinishes"):
+        """The terminal case: nothing with ``clusterSelector``; else ``handleDeletionRules`` with
+        ``deletionStrategy.deletionRules``, else ``handleShutdownAfterJobFinishes`` (the RayCluster deleted
+        ``ttlSecondsAfterFinished`` after the end; the submitter Job stays, with the driver's logs). True once
+        nothing is left to do."""
+        if spec.get("clusterSelector"):
+            return True
+        if (spec.get("deletionStrategy") or {}).get("deletionRules") is not None:
+            return self._deletion_rules(spec["deletionStrategy"]["deletionRules"], status)
+        if not spec.get("shutdownAfterJobFinishes"):
             return True
         if time.monotonic() - self._ended < spec.get("ttlSecondsAfterFinished", 0):
             return False
         self._delete_cluster(status)
+        return True
+
+    def _deletion_rules(self, rules: list[dict], status: dict) -> bool:
+        """``handleDeletionRules``: of the rules that match the status (``isDeletionRuleMatched``) and whose
+        ``ttlSeconds`` since the end have passed, the most impactful not yet done (``selectMostImpactfulRule``:
+        DeleteSelf, DeleteCluster, DeleteWorkers, DeleteNone; ``isDeletionActionCompleted``) runs, one per pass
+        (``executeDeletionPolicy``). True once no matching rule is pending (DeleteWorkers is refused at creation:
+        :func:`unplayed`)."""
+        matched = [r for r in rules if r["condition"].get("jobStatus", status.get("jobStatus")) == status.get(
+            "jobStatus") and r["condition"].get("jobDeploymentStatus", status["jobDeploymentStatus"]) ==
+            status["jobDeploymentStatus"]]
+        age = time.monotonic() - self._ended
+        due = {r["policy"] for r in matched if age >= r["condition"].get("ttlSeconds", 0)}
+        if "DeleteSelf" in due:
+            self.api.delete(RAYJOBS, self.namespace, self.name)
+            return True
+        if "DeleteCluster" in due and self._cluster_exists(status):
+            self._delete_cluster(status)
+        return all(age >= r["condition"].get("ttlSeconds", 0) for r in matched)
+
+    def _cluster_exists(self, status: dict) -> bool:
+        try:
+            self.api.store.get(RAYCLUSTERS, self.namespace, status.get("rayClusterName", ""))
+        except ApiError:
+            return False
         return True
 
     def _delete_cluster(self, status: dict) -> None:
@@ -927,9 +1037,31 @@ def job_info(cluster: RayClusterController, job_id: str) -> dict | None:
 
 # ------------------------------------------------------------------------------------------------ the server's hooks
 
+def unplayed(rayjob: dict) -> list[str]:
+    """What of a RayJob this emulation does not play (see the module docstring)."""
+    spec = rayjob.get("spec") or {}
+    strategy, cluster = spec.get("deletionStrategy") or {}, spec.get("rayClusterSpec") or {}
+    return [name for name, used in (
+        ("spec.clusterSelector", bool(spec.get("clusterSelector"))),
+        (f"spec.submissionMode: {spec.get('submissionMode')}",
+         spec.get("submissionMode", "K8sJobMode") != "K8sJobMode"),
+        ("spec.deletionStrategy.onSuccess/onFailure", "onSuccess" in strategy or "onFailure" in strategy),
+        ("the DeleteWorkers deletion rule", any(r.get("policy") == "DeleteWorkers"
+                                                for r in strategy.get("deletionRules") or [])),
+        ("spec.rayClusterSpec.enableInTreeAutoscaling", bool(cluster.get("enableInTreeAutoscaling"))),
+        ("spec.rayClusterSpec.gcsFaultToleranceOptions", "gcsFaultToleranceOptions" in cluster)) if used]
+
+
 def create(server: K8sServer, resource: Resource, namespace: str, body: dict) -> dict:
     """Store a RayJob or a RayCluster (validated by the server against the CRD) and, in operator mode, reconcile
-    it: a RayCluster's pods run Ray."""
+    it: a RayCluster's pods run Ray. A RayJob KubeRay would accept but that uses what this emulation does not play
+    is refused (501, naming it: no real server answers so), never run as something else.
+
+    Raises:
+        ApiError: 501, see :func:`unplayed`.
+    """
+    if server.operator and resource is RAYJOBS and not validate_rayjob(body)[1] and (missing := unplayed(body)):
+        raise ApiError(501, "NotImplemented", f"the KubeRay emulation does not play {', '.join(missing)}")
     obj = server.store.create(resource, namespace, body)
     if server.operator:
         controller = RayJobController if resource is RAYJOBS else RayClusterController

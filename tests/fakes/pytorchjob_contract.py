@@ -32,7 +32,11 @@ Cited files (paths in that repository):
   ``training.kubeflow.org/job-role=master``; ``pkg/core/pod.go`` (``SetRestartPolicy``): ``ExitCode`` becomes
   the pod's ``Never``.
 * ``pkg/controller.v1/control/pod_control.go``: a refused pod creation is the job's Warning event
-  ``FailedCreatePod`` with message ``Error creating: <the API error>``.
+  ``FailedCreatePod`` with message ``Error creating: <the API error>``; ``service_control.go`` likewise
+  ``FailedCreateService`` for a refused headless service (named as the pod).
+* ``pkg/webhooks/pytorch/pytorchjob_webhook.go`` (``validatePyTorchJob``, its test cases ported in
+  tests/fakes/test_pytorchjob_contract.py) and ``pkg/common/util/webhooks.go`` (``ValidateRunPolicy``,
+  ``ValidateRunPolicyUpdate``): the validating webhook ``validator.pytorchjob.training-operator.kubeflow.org``.
 """
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ import copy
 from typing import Any
 
 import yaml
+
+from fakes.k8s_validation import dns1035_label_errors, forbidden, invalid, not_supported, required
 
 CONTAINER = "pytorch"
 """``PyTorchJobDefaultContainerName``."""
@@ -54,6 +60,13 @@ INIT_CONTAINER_IMAGE = "alpine:3.10"
 INIT_CONTAINER_MAX_TRIES = 100
 OPERATOR_NAME = "pytorchjob-controller"
 FAILED_CREATE_POD = "FailedCreatePod"
+FAILED_CREATE_SERVICE = "FailedCreateService"
+WEBHOOK = "validator.pytorchjob.training-operator.kubeflow.org"
+"""The validating webhook's name (kubebuilder marker in pytorchjob_webhook.go)."""
+REPLICA_TYPES = ("Master", "Worker")
+"""``validRoleTypes``."""
+JOB_CONTROLLERS = ("kueue.x-k8s.io/multikueue", "kubeflow.org/training-operator")
+"""``supportedJobControllers`` (``MultiKueueController``, ``KubeflowJobsController``), in ``UnsortedList`` order."""
 
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
@@ -198,3 +211,52 @@ def pod_template(job: dict, rtype: str, index: int, init_template: str | None = 
                          "labels": {**(meta.get("labels") or {}), **pod_labels(job, rtype, index)},
                          "annotations": dict(meta.get("annotations") or {})},
             "spec": spec}
+
+
+def validate(job: dict, old: dict | None = None) -> tuple[list[str], list[str]]:
+    """``validatePyTorchJob``: (warnings, errors) of the webhook on create (``old`` None) or update."""
+    errors: list[str] = []
+    warnings: list[str] = []
+    name = job["metadata"].get("name", "")
+    problems = dns1035_label_errors(name)
+    if problems:
+        errors.append(invalid("metadata.name", name, f"should match: {','.join(problems)}"))
+    spec = job.get("spec") or {}
+    manager = (spec.get("runPolicy") or {}).get("managedBy")
+    if old is not None:  # ValidateImmutableField
+        before = ((old.get("spec") or {}).get("runPolicy") or {}).get("managedBy")
+        if manager != before:
+            errors.append(invalid("spec.runPolicy.managedBy", manager, "field is immutable"))
+    if manager is not None and manager not in JOB_CONTROLLERS:
+        errors.append(not_supported("spec.runPolicy.managedBy", manager, list(JOB_CONTROLLERS)))
+    replicas = spec.get("pytorchReplicaSpecs")
+    elastic = spec.get("elasticPolicy")
+    if elastic is not None:
+        if "Worker" not in (replicas or {}):
+            errors.append(required("spec.pytorchReplicaSpecs[Worker]", "must be configured if elastic policy is used"))
+        if elastic.get("nProcPerNode") is not None:
+            warnings.append("spec.elasticPolicy.nProcPerNode is deprecated, use spec.nprocPerNode instead")
+            if spec.get("nprocPerNode") is not None:
+                errors.append(forbidden("spec.elasticPolicy.nProcPerNode", "must not be used with spec.nprocPerNode"))
+    if replicas is None:
+        errors.append(required("spec.pytorchReplicaSpecs", "must be required"))
+    for rtype, rspec in (replicas or {}).items():
+        role = f"spec.pytorchReplicaSpecs[{rtype}]"
+        containers_path = f"{role}.template.spec.containers"
+        if rtype not in REPLICA_TYPES:
+            errors.append(not_supported(role, rtype, list(REPLICA_TYPES)))
+        containers = ((((rspec or {}).get("template") or {}).get("spec") or {}).get("containers")) or []
+        if not containers:
+            errors.append(required(containers_path, "must be specified"))
+        for index, container in enumerate(containers):
+            if not container.get("image"):
+                errors.append(required(f"{containers_path}[{index}].image", "must be required"))
+        if not any(container.get("name") == CONTAINER for container in containers):
+            errors.append(required(containers_path, f"must have at least one container with name {CONTAINER}"))
+        count = (rspec or {}).get("replicas")
+        if rtype == "Master":
+            if count is None or int(count) != 1:
+                errors.append(forbidden(f"{role}.replicas", "must be 1"))
+        elif count is not None and int(count) < 1:
+            errors.append(forbidden(f"{role}.replicas", "must be at least 1"))
+    return warnings, errors

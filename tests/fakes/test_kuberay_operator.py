@@ -11,7 +11,8 @@ from kubernetes import client
 
 from fakes.k8s_store import RAYCLUSTERS
 from fakes.kubernetes_cluster import status_of
-from fakes.kuberay_operator import CLUSTER_LABEL, RayClusterController, check_backoff_limit, submit_command
+from fakes.kuberay_operator import (CLUSTER_LABEL, RayClusterController, check_backoff_limit, probe_failure,
+                                    submit_command)
 from polling import wait_for
 
 ENTRYPOINT = "python -c 'print(42)'"
@@ -23,7 +24,7 @@ def _pod(container: str) -> dict:
 
 
 def _cluster_spec(workers: int = 1) -> dict:
-    return {"authOptions": {"mode": "token"},
+    return {"authOptions": {"mode": "token"}, "rayVersion": "2.60.0",
             "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": _pod("ray-head")},
             "workerGroupSpecs": [{"groupName": "small", "replicas": workers, "minReplicas": workers,
                                   "maxReplicas": workers, "rayStartParams": {}, "template": _pod("ray-worker")}]}
@@ -69,6 +70,53 @@ def test_what_kuberay_refuses_ends_validation_failed_with_its_event(cluster):
     assert _events(cluster, "suspended-forever") == [
         ("Warning", "InvalidRayJobSpec", f"default/suspended-forever: {message}")]
     assert _api(cluster).list_namespaced_custom_object("ray.io", "v1", "default", "rayclusters")["items"] == []
+
+
+def test_token_auth_without_ray_version_and_a_long_name_end_validation_failed(cluster):
+    """KubeRay v1.7.0 refuses token auth without ``rayVersion`` (validation.go:285) and a RayJob name over 47
+    characters (validation.go:534), before it makes anything."""
+    body = _rayjob("no-ray-version")
+    del body["spec"]["rayClusterSpec"]["rayVersion"]
+    _api(cluster).create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", body)
+    long_name = "r" * 48
+    _api(cluster).create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", _rayjob(long_name))
+    message = ("The RayJob spec is invalid: authOptions.mode is 'token' but RayVersion was not specified. Ray version "
+               "2.52.0 or later is required")
+    status = wait_for("ValidationFailed", lambda: (s := _status(cluster, "no-ray-version")).get(
+        "jobDeploymentStatus") == "ValidationFailed" and s)
+    assert (status["reason"], status["message"]) == ("ValidationFailed", message)
+    assert _events(cluster, "no-ray-version") == [
+        ("Warning", "InvalidRayJobSpec", f"default/no-ray-version: {message}")]
+    status = wait_for("ValidationFailed", lambda: (s := _status(cluster, long_name)).get(
+        "jobDeploymentStatus") == "ValidationFailed" and s)
+    message = "The RayJob metadata is invalid: RayJob name should be no more than 47 characters"
+    assert status["message"] == message
+    assert _events(cluster, long_name) == [("Warning", "InvalidRayJobMetadata", f"default/{long_name}: {message}")]
+    assert _api(cluster).list_namespaced_custom_object("ray.io", "v1", "default", "rayclusters")["items"] == []
+
+
+def test_deletion_rules_take_the_cluster_at_the_end_and_the_rayjob_after_its_ttl(cluster):
+    """rayjob_controller.go ``handleDeletionRules``: DeleteCluster at 0 s, DeleteSelf 2 s after the end."""
+    api = _api(cluster)
+    rules = [{"policy": policy, "condition": {"jobStatus": "SUCCEEDED", "ttlSeconds": ttl}}
+             for policy, ttl in (("DeleteCluster", 0), ("DeleteSelf", 2))]
+    api.create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", _rayjob(
+        "ruled", shutdownAfterJobFinishes=False, deletionStrategy={"deletionRules": rules}))
+    status = wait_for("the Ray job to succeed", lambda: (s := _status(cluster, "ruled")).get(
+        "jobDeploymentStatus") == "Complete" and s, timeout=180)
+    assert status["jobStatus"] == "SUCCEEDED"
+    wait_for("the RayJob to delete itself", lambda: api.list_namespaced_custom_object(
+        "ray.io", "v1", "default", "rayjobs")["items"] == [], timeout=60)
+    assert ("Normal", "DeletedRayCluster", f"Deleted cluster default/{status['rayClusterName']}") in _events(
+        cluster, "ruled")
+    assert api.list_namespaced_custom_object("ray.io", "v1", "default", "rayclusters")["items"] == []
+
+    legacy = _rayjob("legacy", deletionStrategy={"onSuccess": {"policy": "DeleteCluster"},
+                                                 "onFailure": {"policy": "DeleteCluster"}})
+    with pytest.raises(client.ApiException) as refused:
+        api.create_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", legacy)
+    assert refused.value.status == 501 and "does not play spec.deletionStrategy.onSuccess/onFailure" in \
+        status_of(refused.value)["message"]
 
 
 def test_the_ray_pods_and_the_submitter_are_what_pod_go_and_job_go_make(cluster):
@@ -117,6 +165,59 @@ def test_the_ray_pods_and_the_submitter_are_what_pod_go_and_job_go_make(cluster)
         "http://svc.default.svc.cluster.local:8265 job-x2k9q >/dev/null 2>&1 ; then ray job submit --address "
         "http://svc.default.svc.cluster.local:8265 --no-wait --submission-id job-x2k9q -- python train.py ; fi ; "
         "ray job logs --address http://svc.default.svc.cluster.local:8265 --follow job-x2k9q")
+
+
+def test_the_probes_follow_ray_version_and_an_exec_probe_needs_wget_in_the_image(cluster):
+    """common/pod.go ``initLivenessAndReadinessProbe``: HTTP ``/api/healthz`` on the agent's port from Ray 2.53 on,
+    ``wget`` exec probes below it or without a rayVersion; kfloop's image has no wget."""
+    spec = _cluster_spec()
+    del spec["authOptions"], spec["rayVersion"]
+    body = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "probes", "uid": "u2"}, "spec": spec}
+    controller = RayClusterController(cluster.server, "default", body)
+    try:
+        head = controller.build_pod(body, "head", spec["headGroupSpec"], "headgroup")["spec"]["containers"][0]
+        worker = controller.build_pod(body, "worker", spec["workerGroupSpecs"][0], "small")["spec"]["containers"][0]
+        spec["rayVersion"] = "2.53.0"
+        unified = controller.build_pod(body, "worker", spec["workerGroupSpecs"][0], "small")["spec"]["containers"][0]
+    finally:
+        controller.cleanup()
+    agent = next(a for a in head["args"][0].split() if a.startswith("--dashboard-agent-listen-port=")).split("=")[1]
+    [command] = head["readinessProbe"]["exec"]["command"][2:]
+    assert command == (f"wget --tries 1 -T 2 -q -O- http://localhost:{agent}/api/local_raylet_healthz | grep success "
+                       f"&& wget --tries 1 -T 10 -q -O- http://localhost:{controller.dashboard_port}/api/gcs_healthz "
+                       "| grep success")
+    assert head["livenessProbe"]["exec"] == head["readinessProbe"]["exec"]
+    assert (head["readinessProbe"]["timeoutSeconds"], worker["readinessProbe"]["timeoutSeconds"]) == (5, 2)
+    assert worker["readinessProbe"]["exec"]["command"][2].count("wget") == 1
+    assert set(unified["readinessProbe"]["httpGet"]) == {"path", "port"}
+    assert unified["readinessProbe"]["httpGet"]["path"] == "/api/healthz"
+    assert (unified["livenessProbe"]["failureThreshold"], unified["readinessProbe"]["failureThreshold"]) == (120, 10)
+
+    wget = {"exec": {"command": ["bash", "-c", "wget --tries 1 -T 1 -q -O- http://localhost:9/x | grep success"]},
+            "timeoutSeconds": 2}
+    assert probe_failure(wget, "ghcr.io/kfloop/kfloop:0.1.0") == "bash: line 1: wget: command not found"
+    if shutil.which("wget"):  # KubeRay's own image has wget: the command really runs (nothing listens on port 9)
+        assert probe_failure(wget, "rayproject/ray:2.60.0") == "exit code 1"
+    assert "Connection refused" in probe_failure({"httpGet": {"path": "/api/healthz", "port": 9}, "timeoutSeconds": 2},
+                                                 "ghcr.io/kfloop/kfloop:0.1.0")
+
+
+def test_ray_pods_of_an_image_without_wget_never_get_ready_below_ray_2_53(cluster):
+    api = _api(cluster)
+    spec = _cluster_spec()
+    del spec["authOptions"], spec["rayVersion"]
+    for group in (spec["headGroupSpec"], *spec["workerGroupSpecs"]):
+        group["template"]["spec"]["containers"][0]["image"] = "ghcr.io/kfloop/kfloop:0.1.0"
+    api.create_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", {
+        "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "no-wget"}, "spec": spec})
+    core = client.CoreV1Api(cluster.api())
+    unhealthy = wait_for("both pods' readiness probes to fail", lambda: len(events := [
+        e for e in core.list_namespaced_event("default").items if e.reason == "Unhealthy"]) == 2 and events)
+    assert {e.message for e in unhealthy} == {"Readiness probe failed: bash: line 1: wget: command not found"}
+    pods = core.list_namespaced_pod("default", label_selector=f"{CLUSTER_LABEL}=no-wget").items
+    assert {p.status.phase for p in pods} == {"Running"} and len(pods) == 2
+    status = api.get_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", "no-wget").get("status", {})
+    assert status.get("state") != "ready" and status.get("readyWorkerReplicas") == 0
 
 
 @pytest.mark.parametrize(("status", "limit", "after"), [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from fakes import pytorchjob_contract as operator
-from fakes.kubernetes_cluster import PYTHON, pytorchjob
+from fakes.kubernetes_cluster import PYTHON, pytorchjob, status_of
 from polling import wait_for
 
 FAKES = Path(__file__).resolve().parent
@@ -133,3 +133,100 @@ def test_the_operators_default_port_becomes_a_free_host_port(cluster, declared):
     env = {e.name: e.value for e in pod.spec.containers[0].env}
     (port,) = [p.container_port for p in pod.spec.containers[0].ports if p.name == "pytorchjob-port"]
     assert env["MASTER_PORT"] == str(port) != str(operator.DEFAULT_PORT)
+
+
+# ------------------------------------------------------------------------------------------------ the webhook
+
+def _replica(replicas: int | None = 1, containers: list[dict] | None = None) -> dict:
+    """A replica spec of pytorchjob_webhook_test.go (``replicas`` None: unset)."""
+    spec = {"restartPolicy": "OnFailure", "template": {"spec": {"containers": containers if containers is not None
+                                                                 else [{"name": "pytorch", "image": "img:1"}]}}}
+    return spec if replicas is None else {"replicas": replicas, **spec}
+
+
+_VALID = {"Master": _replica(), "Worker": _replica()}
+_MASTER = "spec.pytorchReplicaSpecs[Master]"
+_WORKER = "spec.pytorchReplicaSpecs[Worker]"
+
+# TestValidateV1PyTorchJob (pkg/webhooks/pytorch/pytorchjob_webhook_test.go, v1.9.0): name, spec, old spec, the
+# errors as "<field>: <type>" (upstream compares field and type, ignoring detail and value), the warnings.
+WEBHOOK_VECTORS = {
+    "valid PyTorchJob": ("test", {"runPolicy": {"managedBy": "kubeflow.org/training-operator"},
+                                  "elasticPolicy": {"rdzvBackend": "c10d"}, "pytorchReplicaSpecs": _VALID},
+                         None, [], []),
+    "pytorchJob name does not meet DNS1035": ("0-test", {"pytorchReplicaSpecs": _VALID}, None,
+                                              ["metadata.name: Invalid value"], []),
+    "no containers": ("test", {"pytorchReplicaSpecs": {"Worker": _replica(None, [])}}, None,
+                      [f"{_WORKER}.template.spec.containers: Required value"] * 2, []),
+    "image is empty": ("test", {"pytorchReplicaSpecs": {"Worker": _replica(None, [{"name": "pytorch", "image": ""}])}},
+                       None, [f"{_WORKER}.template.spec.containers[0].image: Required value"], []),
+    "pytorchJob default container name doesn't present": (
+        "test", {"pytorchReplicaSpecs": {"Worker": _replica(None, [{"name": "", "image": "img:1"}])}}, None,
+        [f"{_WORKER}.template.spec.containers: Required value"], []),
+    "the number of replicas in masterReplica is other than 1": (
+        "test", {"pytorchReplicaSpecs": {"Master": _replica(2)}}, None, [f"{_MASTER}.replicas: Forbidden"], []),
+    "Spec.ElasticPolicy.NProcPerNode are set": (
+        "test", {"elasticPolicy": {"nProcPerNode": 1}, "pytorchReplicaSpecs": _VALID}, None, [],
+        ["spec.elasticPolicy.nProcPerNode is deprecated, use spec.nprocPerNode instead"]),
+    "Spec.NprocPerNode and Spec.ElasticPolicy.NProcPerNode are set": (
+        "test", {"nprocPerNode": "1", "elasticPolicy": {"nProcPerNode": 1}, "pytorchReplicaSpecs": _VALID}, None,
+        ["spec.elasticPolicy.nProcPerNode: Forbidden"],
+        ["spec.elasticPolicy.nProcPerNode is deprecated, use spec.nprocPerNode instead"]),
+    "attempt to set unsupported managedBy controller name gets rejected": (
+        "test", {"runPolicy": {"managedBy": "other-job-controller"}, "pytorchReplicaSpecs": _VALID}, None,
+        ["spec.runPolicy.managedBy: Unsupported value"], []),
+    "attempt to update the managedBy field gets rejected": (
+        "test", {"runPolicy": {"managedBy": "kueue.x-k8s.io/multikueue"}, "pytorchReplicaSpecs": _VALID},
+        {"runPolicy": {"managedBy": "kubeflow.org/training-operator"}, "pytorchReplicaSpecs": _VALID},
+        ["spec.runPolicy.managedBy: Invalid value"], []),
+    "attempt to configure elasticPolicy when no worker is configured": (
+        "test", {"elasticPolicy": {}, "pytorchReplicaSpecs": {"Master": _replica()}}, None,
+        [f"{_WORKER}: Required value"], []),
+    "attempt to configure worker with 0 replicas": (
+        "test", {"elasticPolicy": {}, "pytorchReplicaSpecs": {"Worker": _replica(0)}}, None,
+        [f"{_WORKER}.replicas: Forbidden"], []),
+}
+
+
+@pytest.mark.parametrize("case", list(WEBHOOK_VECTORS))
+def test_the_webhook_passes_the_operators_own_test_cases(case):
+    name, spec, old_spec, want_errors, want_warnings = WEBHOOK_VECTORS[case]
+    old = None if old_spec is None else {"metadata": {"name": name}, "spec": old_spec}
+    warnings, errors = operator.validate({"metadata": {"name": name}, "spec": spec}, old)
+    assert [": ".join(e.split(": ")[:2]) for e in errors] == want_errors
+    assert warnings == want_warnings
+
+
+def test_the_cluster_refuses_what_the_webhook_refuses_in_upstreams_words(cluster):
+    from kubernetes import client
+
+    body = pytorchjob("0-test", ["true"], workers=1)
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
+    with pytest.raises(client.ApiException) as refused:
+        client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
+            "kubeflow.org", "v1", "default", "pytorchjobs", body)
+    assert refused.value.status == 403
+    assert status_of(refused.value)["message"] == (
+        'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied the request: ['
+        'metadata.name: Invalid value: "0-test": should match: a DNS-1035 label must consist of lower case '
+        "alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character "
+        "(e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?'), "
+        "spec.pytorchReplicaSpecs[Master].replicas: Forbidden: must be 1]")
+    assert cluster.jobs() == []
+
+
+def test_a_pod_name_too_long_for_its_service_is_a_failed_create_service_event(cluster):
+    """A 60-character job name passes the webhook, but the API server refuses the services ``<job>-master-0`` and
+    ``<job>-worker-0``: the operator's FailedCreateService events."""
+    from kubernetes import client
+
+    name = "j" * 60
+    client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
+        "kubeflow.org", "v1", "default", "pytorchjobs", pytorchjob(name, ["true"], workers=1))
+    core = client.CoreV1Api(cluster.api())
+    events = wait_for("both FailedCreateService events", lambda: (found := [
+        e.message for e in core.list_namespaced_event("default").items if e.reason == "FailedCreateService"]) and
+        len(found) == 2 and found)
+    assert sorted(events) == [f'Error creating: Service "{service}" is invalid: metadata.name: Invalid value: '
+                              f'"{service}": must be no more than 63 characters'
+                              for service in (f"{name}-master-0", f"{name}-worker-0")]

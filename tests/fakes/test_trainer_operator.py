@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from fakes.kubernetes_cluster import CLAIM, status_of
-from fakes.trainer_operator import JOBSET_NAME_LABEL, strategic_merge
+from fakes.trainer_operator import (JOB_NAME_TOO_LONG, JOBSET_NAME_LABEL, POD_NAME_TOO_LONG, jobset_problems,
+                                    runtime_patch_problems, strategic_merge)
 from polling import wait_for
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
@@ -120,3 +121,84 @@ def test_the_trainer_emulation_reads_nothing_of_kfloop():
     modules |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
     assert not {m for m in modules if m.split(".")[0] in ("training", "pipelines", "components", "monitoring",
                                                           "data")}
+
+
+@pytest.mark.parametrize("name, message", [
+    ("a" * 64, "metadata.name must be no more than 63 characters"),
+    ("0-test", "metadata.name must match RFC 1035 DNS label format"),
+])
+def test_the_crd_refuses_names_its_cel_rules_refuse(cluster, name, message):
+    from kubernetes import client
+
+    with pytest.raises(client.ApiException) as refused:
+        _create(cluster, _trainjob(name))
+    assert refused.value.status == 422
+    assert status_of(refused.value)["message"] == (
+        f'TrainJob.trainer.kubeflow.org "{name}" is invalid: <nil>: Invalid value: "object": {message}')
+
+
+def _rjob(replicas: int, completions: int | None = None) -> dict:
+    spec = {} if completions is None else {"completionMode": "Indexed", "completions": completions}
+    return {"name": "rj", "replicas": replicas, "template": {"spec": spec}}
+
+
+# jobset_webhook_test.go (v0.12.0) TestValidateCreate's name cases (the third ours: names within the limits): JobSet
+# name, replicated jobs, JobSet's message
+@pytest.mark.parametrize("name, rjobs, message", [
+    ("a" * 62, [_rjob(101)], JOB_NAME_TOO_LONG),
+    ("a" * 56, [_rjob(1, 1)], POD_NAME_TOO_LONG),
+    ("a" * 10, [_rjob(101, 1000)], None),
+])
+def test_jobsets_name_checks_pass_jobsets_own_test_cases(name, rjobs, message):
+    problems = jobset_problems(name, rjobs)
+    assert [p.rsplit(": ", 1)[1] for p in problems] == ([message] if message else [])
+
+
+def test_a_trainjob_whose_pod_names_would_pass_63_makes_no_pods(cluster):
+    """50 characters pass the CRD and Trainer's webhook, but ``<name>-node-0-0-<5>`` is 65: JobSet's webhook refuses
+    the JobSet, Trainer reports it as an event, and no pod is made."""
+    from kubernetes import client
+
+    name = "t" * 50
+    _create(cluster, _trainjob(name, trainer={"command": ["true"]}))
+    core = client.CoreV1Api(cluster.api())
+    (event,) = wait_for("Trainer's event", lambda: [e for e in core.list_namespaced_event("default").items
+                                                    if e.reason == "TrainJobResourcesCreationFailed"])
+    assert event.type == "Warning" and event.message == (
+        'TrainJob resources reconciliation failed: admission webhook "vjobset.kb.io" denied the request: '
+        f'JobSet.jobset.x-k8s.io "{name}" is invalid: spec.replicatedJobs[0].name: Invalid value: "{name}-node-0": '
+        "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters")
+    assert core.list_namespaced_pod("default").items == []
+
+
+def _patch(pod: dict | None = None, job: str = "node") -> dict:
+    template = {"template": {"spec": {"template": {"spec": pod}}}} if pod is not None else {}
+    return {"manager": "test.example/patch",
+            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": job, **template}]}}}}
+
+
+# TestValidate (pkg/runtime/framework/plugins/jobset/jobset_test.go, v2.3.0), its runtimePatches cases on create:
+# the runtime's node job has the init container custom-init and the container node.
+PATCH_VECTORS = {
+    "runtimePatches contain invalid replicated job": (
+        _patch(job="invalid"), "must not have replicated job that doesn't exist in the runtime job template"),
+    "runtimePatches contain invalid initContainer": (
+        _patch({"initContainers": [{"name": "invalid"}]}),
+        "must not have initContainer that doesn't exist in the runtime job node"),
+    "runtimePatches contain invalid container": (
+        _patch({"containers": [{"name": "invalid"}]}),
+        "must not have container that doesn't exist in the runtime job node"),
+    "runtimePatches contain envs for reserved container": (
+        _patch({"containers": [{"name": "node", "env": [{"name": "ENV_NAME", "value": "v"}]}]}),
+        "must not have envs for the dataset-initializer, model-initializer, node containers"),
+    "allow runtimePatches when creating a new trainJob": (_patch({"containers": [{"name": "node"}]}), None),
+}
+
+
+@pytest.mark.parametrize("case", list(PATCH_VECTORS))
+def test_runtime_patches_pass_trainers_own_test_cases(case):
+    patch, message = PATCH_VECTORS[case]
+    runtime = {"spec": {"template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+        "spec": {"initContainers": [{"name": "custom-init"}], "containers": [{"name": "node"}]}}}}}]}}}}
+    assert runtime_patch_problems([patch], runtime) == (
+        [f"spec.runtimePatches: Invalid value: {message}"] if message else [])

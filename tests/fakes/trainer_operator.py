@@ -7,12 +7,15 @@ code: the tables below are what a test checks a TrainJob's pods against.
 
 What it plays, in order:
 
+* The CRD's CEL rules on the name (RFC 1035 label, at most 63 characters; ``trainjob_types.go``), refused with 422.
 * Trainer's admission webhooks (``pkg/webhooks/trainjob_webhook.go``): the runtime of ``runtimeRef`` must exist, the
   torch plugin rejects ``trainer.env`` setting a torchrun name, the JobSet plugin checks ``runtimePatches``; a
   rejection is a 403 ``admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: ...``.
 * Trainer's controller (``pkg/controller/trainjob_controller.go``): resolves the runtime, applies ``runtimePatches``
   as strategic merge patches, then the torch plugin's env and the JobSet builder's trainer values; a suspended
   TrainJob makes no pods until ``spec.suspend`` is cleared (Kueue's admission); ``activeDeadlineSeconds`` fails it.
+* JobSet's webhook (v0.12.0 ``pkg/webhooks/jobset_webhook.go``) on the names the JobSet generates: a refusal is
+  the TrainJob's ``TrainJobResourcesCreationFailed`` event, and no pods.
 * JobSet and the Job controller: Job ``<trainjob>-node-0`` (Indexed, ``numNodes`` completions, backoffLimit 6, pods
   ``restartPolicy: OnFailure`` by JobSet's default), pods ``<trainjob>-node-0-<index>-<suffix>`` with hostname
   ``<trainjob>-node-0-<index>`` in subdomain ``<trainjob>`` and their labels and annotations; all indexes succeeded
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import secrets
 import socket
 import threading
@@ -37,6 +41,8 @@ import yaml
 
 from fakes.k8s_operator import _JobController, quantity
 from fakes.k8s_store import CLUSTER_TRAINING_RUNTIMES, PODS, TRAINING_RUNTIMES, TRAINJOBS, ApiError, Store, now
+from fakes.k8s_validation import (DNS1035_LABEL_MAX_LENGTH, aggregate, dns1035_label_errors, invalid, invalid_object,
+                                  max_len_error, webhook_denied)
 
 if TYPE_CHECKING:
     from fakes.k8s_server import K8sServer
@@ -81,6 +87,13 @@ EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 """``jobset.ExclusiveKey``: a JobSet annotation ``labelAndAnnotateObject`` copies to each pod."""
 JOB_BACKOFF_LIMIT = 6
 """``batch/v1`` JobSpec.backoffLimit default (the runtime's Job template sets none)."""
+JOBSET_WEBHOOK = "vjobset.kb.io"
+"""JobSet's validating webhook (kubebuilder marker in ``pkg/webhooks/jobset_webhook.go``)."""
+JOB_NAME_TOO_LONG = "JobSet name is too long, job names generated for this JobSet will exceed 63 characters"
+POD_NAME_TOO_LONG = "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters"
+"""``jobNameTooLongErrorMsg`` / ``podNameTooLongErrorMsg`` (jobset_webhook.go)."""
+RESOURCES_FAILED = "TrainJobResourcesCreationFailed"
+"""The TrainJob's Warning event when its JobSet cannot be made (trainjob_controller.go ``Reconcile``)."""
 MERGE_KEYS = {"replicatedJobs": "name", "containers": "name", "initContainers": "name", "volumes": "name",
               "imagePullSecrets": "name", "env": "name", "volumeMounts": "mountPath", "ports": "containerPort"}
 """Lists a strategic merge patch merges by key (``patchMergeKey`` in jobset_types.go and k8s.io/api core/v1
@@ -173,6 +186,26 @@ def _runtime(store: Store, namespace: str, trainjob: dict) -> tuple[dict | None,
                       "before the TrainJob is created")
 
 
+NAME_RULES = ((lambda name: bool(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name)),
+               "metadata.name must match RFC 1035 DNS label format"),
+              (lambda name: len(name) <= DNS1035_LABEL_MAX_LENGTH, "metadata.name must be no more than 63 characters"))
+"""The TrainJob CRD's CEL rules on its name (``trainjob_types.go``, ``+kubebuilder:validation:XValidation``)."""
+
+
+def check_name(trainjob: dict) -> None:
+    """The API server's CEL validation of :data:`NAME_RULES` (a failed root rule is reported at ``<nil>`` with the
+    value ``"object"``, apiextensions-apiserver ``schema/cel/validation.go``).
+
+    Raises:
+        ApiError: 422 Invalid with the failed rules' messages.
+    """
+    name = trainjob["metadata"].get("name", "")
+    failed = [invalid("<nil>", "object", message) for rule, message in NAME_RULES if not rule(name)]
+    if failed:
+        raise ApiError(422, "Invalid", invalid_object("TrainJob.trainer.kubeflow.org", name, failed),
+                       {"name": name, "group": "trainer.kubeflow.org", "kind": "TrainJob"})
+
+
 def admit(store: Store, namespace: str, trainjob: dict) -> None:
     """Trainer's validating webhook on create (``TrainJobValidator.ValidateCreate``; the torch and JobSet plugins'
     ``Validate``), answered as the API server answers a webhook's denial.
@@ -189,13 +222,12 @@ def admit(store: Store, namespace: str, trainjob: dict) -> None:
         if reserved and "torch" in (runtime["spec"].get("mlPolicy") or {}):  # torch.go Torch.Validate
             problems.append(f"spec.trainer.env: Invalid value: {_go_env(env)}: must not have reserved envs, invalid "
                             f"envs configured: [{' '.join(reserved)}]")
-        problems += _patch_problems(spec.get("runtimePatches") or [], runtime)
+        problems += runtime_patch_problems(spec.get("runtimePatches") or [], runtime)
     if problems:
-        message = problems[0] if len(problems) == 1 else f"[{', '.join(problems)}]"  # ErrorList.ToAggregate
-        raise ApiError(403, "Forbidden", f'admission webhook "{TRAINJOB_WEBHOOK}" denied the request: {message}')
+        raise ApiError(403, "Forbidden", webhook_denied(TRAINJOB_WEBHOOK, aggregate(problems)))
 
 
-def _patch_problems(patches: list[dict], runtime: dict) -> list[str]:
+def runtime_patch_problems(patches: list[dict], runtime: dict) -> list[str]:
     """``JobSet.Validate`` (plugins/jobset/jobset.go) on ``runtimePatches``."""
     jobs = {job["name"]: {c["name"] for part in ("initContainers", "containers")
                           for c in job["template"]["spec"]["template"]["spec"].get(part) or []}
@@ -214,6 +246,10 @@ def _patch_problems(patches: list[dict], runtime: dict) -> list[str]:
                                 "exist in the runtime job template")
                 continue
             pod = (((job.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            for container in pod.get("initContainers") or []:
+                if container["name"] not in jobs[job["name"]]:
+                    problems.append("spec.runtimePatches: Invalid value: must not have initContainer that doesn't "
+                                    f"exist in the runtime job {job['name']}")
             for container in pod.get("containers") or []:
                 if container["name"] not in jobs[job["name"]]:
                     problems.append("spec.runtimePatches: Invalid value: must not have container that doesn't exist "
@@ -224,13 +260,33 @@ def _patch_problems(patches: list[dict], runtime: dict) -> list[str]:
     return problems
 
 
+def jobset_problems(name: str, replicated_jobs: list[dict]) -> list[str]:
+    """JobSet's webhook (``jobSetWebhook.ValidateCreate``) on the names a JobSet ``name`` generates: each replicated
+    job's last Job ``<jobset>-<replicated job>-<replicas - 1>`` and, when Indexed (JobSet's defaulting makes it so)
+    with completions, its last pod ``<job>-<completions - 1>-abcde`` (5 characters for the random suffix) must be
+    DNS-1035 labels; a name over 63 characters reads as JobSet's own message."""
+    problems = []
+    too_long = max_len_error(DNS1035_LABEL_MAX_LENGTH)
+    for at, rjob in enumerate(replicated_jobs):
+        path = f"spec.replicatedJobs[{at}].name"
+        longest_job = f"{name}-{rjob['name']}-{rjob.get('replicas', 1) - 1}"
+        problems += [invalid(path, longest_job, JOB_NAME_TOO_LONG if too_long in error else error)
+                     for error in dns1035_label_errors(longest_job)]
+        spec = rjob["template"]["spec"]
+        if spec.get("completionMode", "Indexed") == "Indexed" and spec.get("completions") is not None:
+            longest_pod = f"{longest_job}-{spec['completions'] - 1}-abcde"
+            problems += [invalid(path, longest_job, POD_NAME_TOO_LONG if too_long in error else error)
+                         for error in dns1035_label_errors(longest_pod)]
+    return problems
+
+
 # ------------------------------------------------------------------------------------------------ controller
 
-def trainer_job(trainjob: dict, runtime: dict, port: int) -> tuple[dict, dict, int]:
-    """(JobSet metadata, the trainer Job's template, numNodes) of ``trainjob`` on ``runtime``: the runtime's JobSet
-    template with ``runtimePatches`` merged (``newRuntimeInfo``, ``mergeRuntimePatches``), then the trainer's
-    image, command, args, env, resources (``jobset/builder.go`` ``Trainer``, ``trainingruntime.go``) and the torch
-    plugin's env and port (torch.go)."""
+def trainer_job(trainjob: dict, runtime: dict, port: int) -> tuple[dict, dict, dict, int]:
+    """(JobSet metadata, JobSet spec, the trainer Job's template in it, numNodes) of ``trainjob`` on ``runtime``: the
+    runtime's JobSet template with ``runtimePatches`` merged (``newRuntimeInfo``, ``mergeRuntimePatches``), then the
+    trainer's image, command, args, env, resources (``jobset/builder.go`` ``Trainer``, ``trainingruntime.go``), its
+    parallelism and completions = numNodes (jobset.go ``Build``) and the torch plugin's env and port (torch.go)."""
     template = runtime["spec"]["template"]
     metadata = copy.deepcopy(template.get("metadata") or {})
     jobset = copy.deepcopy(template["spec"])
@@ -244,6 +300,7 @@ def trainer_job(trainjob: dict, runtime: dict, port: int) -> tuple[dict, dict, i
                if j["template"].get("metadata", {}).get("labels", {}).get(ANCESTOR_LABEL) == ANCESTOR_TRAINER)
     trainer = trainjob["spec"].get("trainer") or {}
     num_nodes = trainer.get("numNodes") or (runtime["spec"].get("mlPolicy") or {}).get("numNodes") or 1
+    job["template"]["spec"].update(parallelism=num_nodes, completions=num_nodes)
     pod = job["template"]["spec"]["template"]
     container = next(c for c in pod["spec"]["containers"] if c["name"] == NODE)
     for key in ("image", "command", "args"):
@@ -265,7 +322,7 @@ def trainer_job(trainjob: dict, runtime: dict, port: int) -> tuple[dict, dict, i
         for extra in target_pod.get("initContainers", []) + target_pod.get("containers", []):
             if extra["name"] in target.get("containerNames", []):
                 extra["env"] = upsert(extra.get("env") or [], pet)
-    return metadata, job, num_nodes
+    return metadata, jobset, job, num_nodes
 
 
 def _free_port() -> int:
@@ -281,7 +338,9 @@ class TrainJobController(_JobController):
     def __init__(self, api: K8sServer, namespace: str, trainjob: dict, runtime: dict):
         self._setup(api, namespace, trainjob)
         self.port = _free_port()
-        self.jobset_metadata, self.trainer, self.num_nodes = trainer_job(trainjob, runtime, self.port)
+        self.jobset_metadata, jobset, self.trainer, self.num_nodes = trainer_job(trainjob, runtime, self.port)
+        self.jobset_refusal = jobset_problems(self.name, jobset["replicatedJobs"])
+        """What JobSet's webhook says against the JobSet; non-empty: no JobSet, no pods."""
         job_spec = self.trainer["template"]["spec"]
         self.backoff_limit = job_spec.get("backoffLimit", JOB_BACKOFF_LIMIT)
         self.run_policy = {"backoffLimit": self.backoff_limit}  # read by the kubelet for in-place restarts
@@ -321,6 +380,13 @@ class TrainJobController(_JobController):
             return
         if suspended:
             self._set_condition("resumed")
+        if self.jobset_refusal:  # the JobSet's apply fails: an event each reconcile, no JobSet, no pods
+            refusal = webhook_denied(JOBSET_WEBHOOK, invalid_object("JobSet.jobset.x-k8s.io", self.name,
+                                                                    self.jobset_refusal))
+            message = f"TrainJob resources reconciliation failed: {refusal[:950]}" + (
+                " ..." if len(refusal) > 950 else "")
+            return self.api.record_event(self.namespace, self.job, reason=RESOURCES_FAILED, message=message,
+                                         type_="Warning")
         deadline = self.job["spec"].get("activeDeadlineSeconds")
         if deadline:
             threading.Thread(target=self._deadline, args=(float(deadline),), daemon=True).start()
@@ -439,7 +505,8 @@ class TrainJobController(_JobController):
 
 
 def create(server: K8sServer, namespace: str, body: dict) -> dict:
-    """Admit (Trainer's webhook), store, and run a TrainJob in operator mode."""
+    """Admit (the CRD's name rules, then Trainer's webhook), store, and run a TrainJob in operator mode."""
+    check_name(body)
     admit(server.store, namespace, body)
     obj = server.store.create(TRAINJOBS, namespace, body)
     if server.operator:

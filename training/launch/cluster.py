@@ -43,6 +43,7 @@ _UNITS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15
           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+_URI = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
@@ -59,6 +60,61 @@ def quantity(value: str, what: str) -> float:
 
 
 @dataclass(kw_only=True, slots=True)
+class RayHead:
+    """The head pod of a RayJob's Ray cluster: the GCS, the dashboard and the job's driver (``ray job submit`` runs
+    the entrypoint there); no training worker (``num-cpus: 0``), so no GPUs and no GPU node selector."""
+
+    cpu: str = "1"
+    """CPU request of the head pod (a quantity)."""
+    memory: str = "4Gi"
+    """Memory request and limit of the head pod; larger than ``cluster.shm_size`` (its /dev/shm counts against it)."""
+
+    def __post_init__(self) -> None:
+        self.cpu, self.memory = str(self.cpu), str(self.memory)
+        if quantity(self.cpu, "cluster.ray.head.cpu") <= 0 or quantity(self.memory, "cluster.ray.head.memory") <= 0:
+            raise ValueError(f"cluster.ray.head cpu={self.cpu!r}, memory={self.memory!r}: both must be positive "
+                             "(e.g. cpu: '1', memory: 4Gi)")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "RayHead":
+        """Build from ``cluster.ray.head``.
+
+        Raises:
+            ValueError: an unknown key or an invalid value.
+        """
+        return section_from_dict(cls, d, "cluster.ray.head")
+
+
+@dataclass(kw_only=True, slots=True)
+class RaySettings:
+    """``kind: rayjob`` only: the Ray cluster KubeRay makes for the job, and where Ray Train keeps checkpoints."""
+
+    head: RayHead = field(default_factory=RayHead)
+    """The head pod's own resources (``cpu``, ``memory``): never the workers' CPUs, memory, GPUs or node selector."""
+    storage_path: str = ""
+    """Ray Train's ``storage_path`` (checkpoints under ``<storage_path>/<job name>``): a URI such as
+    ``s3://bucket/checkpoints``, handed to Ray as is (pyarrow's S3 filesystem, credentials and endpoint from the
+    pods' ``AWS_*`` env: ``credentials_secret`` or ``secret_env``), or an absolute path every pod mounts. Empty: the
+    job's checkpoint dir on the shared volume (``checkpoint_dir``)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.head, dict):
+            self.head = RayHead.from_dict(self.head)
+        if self.storage_path and not (_URI.fullmatch(self.storage_path) or self.storage_path.startswith("/")):
+            raise ValueError(f"cluster.ray.storage_path={self.storage_path!r}: give a URI such as "
+                             "'s3://bucket/checkpoints' or an absolute path on a volume every pod mounts")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "RaySettings":
+        """Build from ``cluster.ray``.
+
+        Raises:
+            ValueError: an unknown key or an invalid value.
+        """
+        return section_from_dict(cls, d, "cluster.ray")
+
+
+@dataclass(kw_only=True, slots=True)
 class ClusterConfig:
     """Kubernetes settings of the training job; the job's size and command come from its JobSpec."""
 
@@ -67,8 +123,10 @@ class ClusterConfig:
     maintenance), ``trainjob`` (``trainer.kubeflow.org/v1alpha1``, Kubeflow Trainer v2.3 with JobSet) or ``rayjob``
     (``ray.io/v1``, KubeRay v1.7: Ray Train's TorchTrainer on a Ray cluster made for the job). Pick the operator
     your cluster runs; ``kfloop render-job --kind`` overrides it for a dry run."""
-    namespace: str = "default"
-    """Namespace of the job (and of the RBAC in deploy/rbac.yaml)."""
+    namespace: str = ""
+    """Namespace of the job (and of the RBAC in deploy/rbac.yaml). Empty: the launching step pod's own (in a
+    Kubeflow profile, the profile's namespace, where the run's service account may create jobs), outside a pod the
+    kubeconfig context's, else ``default``; ``kfloop compile|upload|run --namespace`` sets it."""
     image: str = DEFAULT_IMAGE
     """Image with kfloop and its pins installed (deploy/Dockerfile); pin a digest or a tag per release. Unset: the
     image of the pipeline step that launches the job (``KFLOOP_IMAGE``, the commit's), else the kfloop image."""
@@ -152,8 +210,9 @@ class ClusterConfig:
     """``runPolicy.cleanPodPolicy``: which pods the operator deletes when the job ends (``None`` keeps them for
     their logs, ``Running``, ``All``)."""
     ttl_seconds_after_finished: int | None = 86400
-    """``runPolicy.ttlSecondsAfterFinished``: delete the finished job after this long; None keeps it. Not for a
-    RayJob: its Ray cluster is deleted as soon as it ends (``ttlSecondsAfterFinished: 0``), the RayJob stays."""
+    """``runPolicy.ttlSecondsAfterFinished``: delete the finished job after this long; None keeps it. A RayJob's Ray
+    cluster goes as soon as it ends, and the RayJob itself (with its submitter's Job, the driver's log) after this
+    long (KubeRay's ``deletionStrategy.deletionRules``); a RayJob queued in Kueue (``kueue_queue``) cannot have it."""
     active_deadline_seconds: int | None = None
     """``runPolicy.activeDeadlineSeconds``: fail the job after this long, restarts included. The operator does not
     apply ``backoff_limit`` to exit codes >= 128 (OOM kills, signals), so this is the cap that always holds."""
@@ -214,8 +273,13 @@ class ClusterConfig:
     carries what a TrainJob cannot set: image pull policy, priority, scheduler and gang policy, backoff and TTL."""
     trainjob_runtime_kind: str = "ClusterTrainingRuntime"
     """``ClusterTrainingRuntime`` (cluster-wide) or ``TrainingRuntime`` (one in :attr:`namespace`)."""
+    ray: RaySettings = field(default_factory=RaySettings)
+    """``kind: rayjob`` only: the Ray head's resources (``ray.head.cpu``, ``ray.head.memory``) and Ray Train's
+    ``ray.storage_path``."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.ray, dict):
+            self.ray = RaySettings.from_dict(self.ray)
         self.cpu, self.memory, self.shm_size = str(self.cpu), str(self.memory), str(self.shm_size)
         self._check_names()
         self._check_resources()
@@ -224,8 +288,9 @@ class ClusterConfig:
         self._check_env_and_volumes()
 
     def _check_names(self) -> None:
-        if len(self.namespace) > 63 or not _DNS1123_LABEL.fullmatch(self.namespace):
-            raise ValueError(f"namespace={self.namespace!r}: use a DNS-1123 label such as 'ml-training'")
+        if self.namespace and (len(self.namespace) > 63 or not _DNS1123_LABEL.fullmatch(self.namespace)):
+            raise ValueError(f"namespace={self.namespace!r}: use a DNS-1123 label such as 'ml-training', or leave it "
+                             "empty for the launching pod's own namespace")
         if not self.image or any(c.isspace() for c in self.image):
             raise ValueError(f"image={self.image!r}: give an image reference such as 'registry.example.com/kfloop:1.0'")
         if self.image_pull_policy not in ("IfNotPresent", "Always", "Never"):
@@ -252,6 +317,9 @@ class ClusterConfig:
         if quantity(self.shm_size, "shm_size") >= memory:
             raise ValueError(f"shm_size={self.shm_size!r} counts against memory={self.memory!r} and must be smaller; "
                              "raise memory or lower shm_size")
+        if self.kind == "rayjob" and quantity(self.shm_size, "shm_size") >= quantity(self.ray.head.memory, "memory"):
+            raise ValueError(f"shm_size={self.shm_size!r} counts against the Ray head's ray.head.memory="
+                             f"{self.ray.head.memory!r} and must be smaller; raise ray.head.memory or lower shm_size")
         if self.numa_aligned and not cpu.is_integer():
             raise ValueError(f"numa_aligned needs whole CPUs for Guaranteed QoS and CPU pinning; cpu={self.cpu!r}: "
                              "use an integer such as cpu: '8'")

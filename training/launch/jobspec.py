@@ -19,7 +19,11 @@ OPERATOR_ENV = ("PYTHONUNBUFFERED", "MASTER_ADDR", "PET_MASTER_ADDR", "MASTER_PO
                 "WORLD_SIZE", "RANK", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_NNODES", "PET_MAX_RESTARTS")
 """Variables the operator sets in every pod; a job's own ``env`` must not set them."""
 
-MAX_NAME_LENGTH = 50
+MAX_NAME_LENGTH = 45
+"""The longest job name every kind takes with room for node indexes of 4 digits: a TrainJob's pods
+``<name>-node-0-<index>-<5 random>`` are DNS-1035 labels of at most 63 characters (JobSet v0.12.0
+``pkg/webhooks/jobset_webhook.go``, ``podNameTooLongErrorMsg``), a PyTorchJob's services ``<name>-worker-<index>``
+too (the API server's Service name rule), and a RayJob name at most 47 (KubeRay ``MaxRayJobNameLength``)."""
 DEFAULT_JOB_NAME = "kfloop-train"
 """The job's name when no pipeline run names it."""
 _DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -31,8 +35,8 @@ class JobSpec:
     """What to run on how many nodes; independent of where it runs."""
 
     name: str = DEFAULT_JOB_NAME
-    """Job name: a DNS-1035 label (lowercase letters, digits, '-'), at most 50 characters so pod and service
-    names such as ``<name>-worker-3`` stay valid."""
+    """Job name: a DNS-1035 label (lowercase letters, digits, '-'), at most :data:`MAX_NAME_LENGTH` characters so
+    the pod and service names each kind derives from it stay valid."""
     nnodes: int = 1
     """Nodes: PyTorchJob replicas (1 master + ``nnodes - 1`` workers), or local torchrun agents."""
     nproc_per_node: int = 1

@@ -1,10 +1,23 @@
-"""The `kubernetes` API client every Kubernetes caller shares (the launcher, the promotion lock's Lease)."""
+"""The `kubernetes` API client every Kubernetes caller shares (the launcher, the promotion lock's Lease), and the
+namespace they work in."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 from kubernetes import client, config
+
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+"""The pod's own namespace, as its service account's mount gives it."""
+NAMESPACE_FILE_ENV = "KFLOOP_NAMESPACE_FILE"
+"""Another path of that file (tests; as ``KF_PIPELINES_SA_TOKEN_PATH`` moves the token's)."""
+
+
+def _kubeconfig_path(kubeconfig: str) -> str:
+    """``kubeconfig``, else the first of ``$KUBECONFIG``, else ``~/.kube/config`` when present; "" for none."""
+    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
+    default = Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser()
+    return path or (str(default) if default.is_file() else "")
 
 
 def api_client(kubeconfig: str = "") -> client.ApiClient:
@@ -14,11 +27,26 @@ def api_client(kubeconfig: str = "") -> client.ApiClient:
     Raises:
         kubernetes.config.ConfigException: no usable configuration.
     """
-    path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]
-    if not path and Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser().is_file():
-        path = str(Path(config.KUBE_CONFIG_DEFAULT_LOCATION).expanduser())
+    path = _kubeconfig_path(kubeconfig)
     if path:
         return config.new_client_from_config(config_file=path)
     configuration = client.Configuration()
     config.load_incluster_config(client_configuration=configuration)
     return client.ApiClient(configuration)
+
+
+def own_namespace(kubeconfig: str = "") -> str:
+    """The namespace this process works in: in a pod its own (the service account's namespace file), else the
+    namespace of the kubeconfig's current context (``kubeconfig`` as :func:`api_client` finds it), else ``default``.
+
+    Raises:
+        kubernetes.config.ConfigException: the kubeconfig cannot be read.
+    """
+    path = Path(os.environ.get(NAMESPACE_FILE_ENV) or NAMESPACE_FILE)
+    if path.is_file():
+        return path.read_text().strip()
+    kubeconfig = _kubeconfig_path(kubeconfig)
+    if not kubeconfig:
+        return "default"
+    _, current = config.list_kube_config_contexts(config_file=kubeconfig)
+    return current["context"].get("namespace") or "default"

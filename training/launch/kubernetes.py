@@ -46,12 +46,12 @@ from urllib3.exceptions import HTTPError
 
 from data import storage
 from data.fileio import atomic_copy, atomic_write_json, atomic_write_text
-from data.settings import own_image, section_from_dict, section_mapping
+from data.settings import own_image, own_job_namespace, section_from_dict, section_mapping
 from data.tables import DEFAULT_LIMITS, DataFileError
 from training.config import JobShape, TrainingConfig
 from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
-from training.launch.kube_client import api_client
+from training.launch.kube_client import api_client, own_namespace
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import (MLFLOW_RUN_ID_FILE, RAY_JOB_LABEL, RAY_SUBMITTER, job_dir, job_manifest,
                                        job_name_for, render)
@@ -201,6 +201,8 @@ class KubernetesSettings:
         image, secrets = own_image()  # the launching step's: the job runs the commit's image the step runs
         if image and "image" not in settings:
             settings["image"] = image
+        if own_job_namespace() and not settings.get("namespace"):  # kfloop compile --namespace
+            settings["namespace"] = own_job_namespace()
         if secrets:
             settings["image_pull_secrets"] = list(dict.fromkeys([*settings.get("image_pull_secrets", []), *secrets]))
         return cls(cluster=ClusterConfig.from_dict(settings),
@@ -347,6 +349,7 @@ class JobRun:
                  artifact: Path | None = None):
         """``artifact``: a file the job must have written (on the shared volume) for Succeeded to count."""
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        body = in_namespace(body, policy.kubeconfig)
         self.body, self.policy, self.log_path, self.timeout = body, policy, Path(log_path), timeout
         self.artifact = artifact
         self.namespace, self.name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -624,6 +627,18 @@ def _admission_hint(message: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ training
+
+def in_namespace(body: dict[str, Any], kubeconfig: str) -> dict[str, Any]:
+    """The job ``body`` in its namespace: ``cluster.namespace`` as rendered, else this pod's own (or the
+    kubeconfig's, :func:`~training.launch.kube_client.own_namespace`).
+
+    Raises:
+        kubernetes.config.ConfigException: the namespace is empty and the kubeconfig cannot be read.
+    """
+    if body["metadata"].get("namespace"):
+        return body
+    return {**body, "metadata": {**body["metadata"], "namespace": own_namespace(kubeconfig)}}
+
 
 def preflight(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, policy: LaunchPolicy, *,
               pipeline_run_id: str, log_dir: Path, api=None) -> None:

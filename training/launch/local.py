@@ -69,12 +69,13 @@ class TrainResult:
 
 
 class LaunchError(KfloopError, RuntimeError):
-    """A node failed; the message names the node, the rank (when known), its error and the node's log."""
+    """A node failed; the message names the node, the rank (when known), its error and the node's log;
+    ``node_exit_code`` is the node's own exit code (kfloop's is :attr:`exit_code`, the class's)."""
 
     def __init__(self, *, node: int, rank: int | None, exit_code: int, error: str, log: Path):
         self.node = node
         self.rank = rank
-        self.exit_code = exit_code
+        self.node_exit_code = exit_code
         self.error = error
         self.log = log
         who = f"rank {rank} (node {node})" if rank is not None else f"node {node}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.metadata
 import math
 import re
 import shlex
@@ -35,6 +36,8 @@ RAY_JOB_LABEL = "ray.io/originated-from-cr-name"
 the submitter's pods; the rendering sets it on the Ray cluster's pod templates too, so one selector finds them all."""
 RAY_SUBMITTER = "ray-job-submitter"
 """The submitter's container name (KubeRay v1.7.0 ``utils/constant.go`` ``SubmitterContainerName``)."""
+RAY_PACKAGE = "ray"
+"""The distribution whose pin in kfloop's ``ray`` extra is the Ray of the image (deploy/Dockerfile ``EXTRAS=ray``)."""
 TRAINER_NODE = "node"
 """Name of the trainer's replicated job and container in Trainer's torch runtimes (``constants.Node``)."""
 RUNTIME_PATCH_MANAGER = "kfloop.dev/launcher"
@@ -42,15 +45,22 @@ RUNTIME_PATCH_MANAGER = "kfloop.dev/launcher"
 KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+ISTIO_INJECT = "sidecar.istio.io/inject"
+"""Istio's per-pod opt-out (``"false"``) of sidecar injection, which a Kubeflow profile's namespace has on
+(``istio-injection: enabled``): a classic sidecar outlives the training container, so the pod would stay Running
+and its job never complete, and NCCL (or Ray's GCS) traffic would go through Envoy."""
 MLFLOW_RUN_ID_FILE = "mlflow_run_id"
 """The file in the job's folder holding the MLflow run the ranks log to (staged by the launcher)."""
 LABELS = {"app.kubernetes.io/name": "kfloop", "app.kubernetes.io/component": "training"}
+_RAY_PIN = re.compile(rf"{RAY_PACKAGE}(?:\[[^\]]*\])?\s*==\s*([0-9][^;,\s]*)")
 _SHM, _TMP, _CKPT, _SHARED = "dshm", "tmp", "checkpoints", "shared"
 
 
 def job_name_for(run_id: str) -> str:
     """The job name of a pipeline run: the same run id always gives the same name, so a retried launch step finds
-    the job it created. A DNS-1035 label of at most 50 characters: ``kfloop-<readable part>-<8 hex of sha256>``.
+    the job it created. A DNS-1035 label of at most :data:`~training.launch.jobspec.MAX_NAME_LENGTH` characters
+    (within every kind's limit): ``kfloop-<readable part>-<8 hex of the whole run id's sha256>``, so two run ids
+    whose readable parts are cut alike still get distinct names.
 
     Raises:
         ValueError: ``run_id`` is empty.
@@ -61,6 +71,25 @@ def job_name_for(run_id: str) -> str:
     room = MAX_NAME_LENGTH - len("kfloop--") - len(digest)
     slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower())[:room].strip("-")
     return f"kfloop-{slug}-{digest}" if slug else f"kfloop-{digest}"
+
+
+def image_ray_version() -> str:
+    """The Ray the image runs, for a RayJob's ``rayVersion``: the version kfloop's ``ray`` extra pins (read from
+    kfloop's package metadata, without importing Ray), which the image installs.
+
+    Raises:
+        ValueError: kfloop is not installed, or its ``ray`` extra does not pin one version.
+    """
+    try:
+        requirements = importlib.metadata.requires("kfloop") or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError("a RayJob's rayVersion comes from kfloop's pin of Ray, but kfloop is not installed: "
+                         "pip install -e '.[ray]' (the image installs it)") from None
+    pins = [m.group(1) for r in requirements if (m := _RAY_PIN.match(r))]
+    if len(pins) != 1:
+        raise ValueError(f"kfloop's requirements {requirements} pin {RAY_PACKAGE} {len(pins)} times; a RayJob's "
+                         "rayVersion needs exactly one pin such as 'ray[default,train]==2.60.0' in the ray extra")
+    return pins[0]
 
 
 def job_dir(name: str, cluster: ClusterConfig) -> PurePosixPath:
@@ -227,12 +256,18 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     ``submissionMode: K8sJobMode``: KubeRay runs ``ray job submit`` in a Kubernetes Job named after the RayJob
     (rayjob_controller.go ``createNewK8sJob``), from :data:`RAY_SUBMITTER` in ``submitterPodTemplate`` (the
     restricted security context; KubeRay fills in its command, common/job.go ``BuildJobSubmitCommand``).
-    ``shutdownAfterJobFinishes`` with ``ttlSecondsAfterFinished: 0`` deletes the Ray cluster as soon as the job ends
-    (KubeRay's TTL counts before the *cluster* is deleted, rayjob_controller.go ``handleShutdownAfterJobFinishes``: a
-    TTL would keep the idle cluster's GPUs; the RayJob and the submitter's Job, with the driver's log, stay);
-    ``authOptions.mode: token``: KubeRay makes a Secret with a random token and gives it to every Ray container and
-    the submitter (``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``), so only they can reach the dashboard's job API and the GCS
-    (Ray 2.60 has token auth on by default for clusters it starts itself, not for ``ray start``); ``backoffLimit``
+    KubeRay's ``deletionStrategy.deletionRules`` (rayjob_controller.go ``handleDeletionRules``) delete the Ray cluster
+    as soon as the job ends (Ray job SUCCEEDED or FAILED, or the deployment Failed), so no idle cluster keeps its
+    GPUs, and the RayJob itself (with the submitter's Job and the driver's log) ``cluster.ttl_seconds_after_finished``
+    later (never, with None). A Kueue-queued RayJob is created suspended, which KubeRay allows only with
+    ``shutdownAfterJobFinishes`` (validation.go ``ValidateRayJobSpec``), and that excludes deletion rules: its cluster
+    goes at the end (``ttlSecondsAfterFinished: 0``) and the RayJob stays, so ``ttl_seconds_after_finished`` must be
+    None there. ``authOptions.mode: token``: KubeRay makes a Secret with a random token and gives it to every Ray
+    container and the submitter (``RAY_AUTH_MODE``/``RAY_AUTH_TOKEN``), so only they can reach the dashboard's job API
+    and the GCS (Ray 2.60 has token auth on by default for clusters it starts itself, not for ``ray start``); KubeRay
+    accepts token auth only with ``rayVersion`` >= 2.52 (:func:`image_ray_version`), which also gives probes that need
+    no ``wget`` (common/pod.go, Ray >= 2.53). The head has its own ``cluster.ray.head`` resources, no accelerators
+    and no node selector; every pod template opts out of Istio's sidecar (:data:`ISTIO_INJECT`). ``backoffLimit``
     is the number of times KubeRay retries the whole RayJob on a new cluster (status ``Retrying``), while
     ``spec.max_restarts`` worker-group restarts within one run are Ray Train's ``FailureConfig(max_failures)``. With
     ``cluster.kueue_queue`` the job is created suspended for Kueue to admit.
@@ -242,6 +277,11 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
             express (the message says why and what to use instead).
     """
     _check_fit(spec, cluster)
+    if cluster.kueue_queue and cluster.ttl_seconds_after_finished is not None:
+        raise ValueError(f"ttl_seconds_after_finished={cluster.ttl_seconds_after_finished} with kueue_queue: a "
+                         "Kueue-queued RayJob needs shutdownAfterJobFinishes, which rules out KubeRay's deletion "
+                         "rules, so nothing would delete the RayJob after a TTL; set ttl_seconds_after_finished: null "
+                         "(the Ray cluster still goes when the job ends; the RayJob stays) or drop kueue_queue")
     defaults = ClusterConfig()
     unsupported = [name for name in _RAYJOB_UNSUPPORTED if getattr(cluster, name) != getattr(defaults, name)]
     if unsupported:
@@ -259,13 +299,17 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     entrypoint = ["python", "-m", RAY_TRAIN_MODULE, *spec.args, "--num-workers", str(spec.world_size),
                   "--cpus-per-worker", str(cpus_per_worker), "--max-failures", str(spec.max_restarts),
                   "--address", "auto", "--name", spec.name]
+    if cluster.ray.storage_path:
+        entrypoint += ["--storage-path", cluster.ray.storage_path]
     pod = _pod_spec(spec, cluster)
     (container,) = pod["containers"]
     del container["command"]  # KubeRay's pod.go writes the `ray start` command of each group
     container["env"] = [e for e in container["env"] if e["name"] != "PET_MAX_RESTARTS"]  # torchrun's, not Ray's
-    head_resources = _resources(cluster, devices=False)
+    head = cluster.ray.head
+    head_resources = {"requests": {"cpu": head.cpu, "memory": head.memory}, "limits": {"memory": head.memory}}
+    head_pod = {key: value for key, value in pod.items() if key != "nodeSelector"}
 
-    def template(name: str, resources: dict[str, Any]) -> dict[str, Any]:
+    def template(name: str, pod: dict[str, Any], resources: dict[str, Any]) -> dict[str, Any]:
         """A pod template of its own (no YAML anchors shared between the groups)."""
         metadata = _pod_metadata(cluster)
         metadata["labels"][RAY_JOB_LABEL] = spec.name
@@ -278,7 +322,7 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
                  "volumeMounts": [{"name": _TMP, "mountPath": "/tmp"}], "env": [{"name": "HOME", "value": "/tmp"}]}
     submitter_pod = {key: copy.deepcopy(pod[key]) for key in ("automountServiceAccountToken", "enableServiceLinks",
                                                "securityContext", "serviceAccountName", "imagePullSecrets",
-                                               "priorityClassName", "nodeSelector", "tolerations") if key in pod}
+                                               "priorityClassName", "tolerations") if key in pod}
     body: dict[str, Any] = {
         "apiVersion": RAYJOB_API,
         "kind": "RayJob",
@@ -286,24 +330,25 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
         "spec": {
             "entrypoint": shlex.join(entrypoint),
             "submissionMode": "K8sJobMode",
-            "shutdownAfterJobFinishes": True,
-            "ttlSecondsAfterFinished": 0,
+            **_rayjob_deletion(cluster),
             "rayClusterSpec": {
+                "rayVersion": image_ray_version(),
                 "authOptions": {"mode": "token"},
                 "headGroupSpec": {
                     "rayStartParams": {"num-cpus": "0"},
-                    "template": template("ray-head", head_resources),
+                    "template": template("ray-head", head_pod, head_resources),
                 },
                 "workerGroupSpecs": [{
                     "groupName": RAY_WORKER_GROUP,
                     "replicas": spec.nnodes, "minReplicas": spec.nnodes, "maxReplicas": spec.nnodes,
                     "rayStartParams": {"num-cpus": str(cpus)},
-                    "template": template("ray-worker", container["resources"]),
+                    "template": template("ray-worker", pod, container["resources"]),
                 }],
             },
-            "submitterPodTemplate": {"metadata": {"labels": dict(LABELS)}, "spec": {
-                **submitter_pod, "restartPolicy": "Never", "containers": [submitter],
-                "volumes": [{"name": _TMP, "emptyDir": {}}]}},
+            "submitterPodTemplate": {
+                "metadata": {"labels": dict(LABELS), "annotations": {ISTIO_INJECT: "false"}},
+                "spec": {**submitter_pod, "restartPolicy": "Never", "containers": [submitter],
+                         "volumes": [{"name": _TMP, "emptyDir": {}}]}},
         },
     }
     for key, value in (("activeDeadlineSeconds", cluster.active_deadline_seconds),
@@ -313,6 +358,19 @@ def render_rayjob(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     if cluster.kueue_queue:
         body["spec"]["suspend"] = True
     return body
+
+
+def _rayjob_deletion(cluster: ClusterConfig) -> dict[str, Any]:
+    """When KubeRay deletes what a finished RayJob leaves (see :func:`render_rayjob`): the Ray cluster at the end,
+    the RayJob ``ttl_seconds_after_finished`` later; a Kueue-queued (suspended) one only its cluster."""
+    if cluster.kueue_queue:
+        return {"shutdownAfterJobFinishes": True, "ttlSecondsAfterFinished": 0}
+    ends = ({"jobStatus": "SUCCEEDED"}, {"jobStatus": "FAILED"}, {"jobDeploymentStatus": "Failed"})
+    rules = [{"policy": "DeleteCluster", "condition": {**end, "ttlSeconds": 0}} for end in ends]
+    if cluster.ttl_seconds_after_finished is not None:
+        rules += [{"policy": "DeleteSelf", "condition": {**end, "ttlSeconds": cluster.ttl_seconds_after_finished}}
+                  for end in ends]
+    return {"shutdownAfterJobFinishes": False, "deletionStrategy": {"deletionRules": rules}}
 
 
 _RAYJOB_UNSUPPORTED = ("clean_pod_policy", "elastic_min_nodes", "gang_scheduler")
@@ -355,17 +413,19 @@ def _metadata(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:
     labels = dict(LABELS)
     if cluster.kueue_queue:
         labels[KUEUE_QUEUE_LABEL] = cluster.kueue_queue
-    return {"name": spec.name, "namespace": cluster.namespace, "labels": labels}
+    # no namespace: the launcher's own (training.launch.kubernetes.in_namespace), as kubectl's context gives one
+    return {"name": spec.name, **({"namespace": cluster.namespace} if cluster.namespace else {}), "labels": labels}
 
 
 def _pod_metadata(cluster: ClusterConfig) -> dict[str, Any]:
-    """Labels of every pod, and Kueue's Topology Aware Scheduling annotation when asked for."""
-    metadata: dict[str, Any] = {"labels": dict(LABELS)}
+    """Labels of every pod, Istio's opt-out of sidecar injection, and Kueue's Topology Aware Scheduling annotation
+    when asked for."""
+    annotations = {ISTIO_INJECT: "false"}
     for key, level in ((KUEUE_REQUIRED_TOPOLOGY, cluster.topology_required),
                        (KUEUE_PREFERRED_TOPOLOGY, cluster.topology_preferred)):
         if level:
-            metadata["annotations"] = {key: level}
-    return metadata
+            annotations[key] = level
+    return {"labels": dict(LABELS), "annotations": annotations}
 
 
 def _run_policy(spec: JobSpec, cluster: ClusterConfig) -> dict[str, Any]:

@@ -29,14 +29,13 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from data.errors import KfloopError
-from training.launch.kube_client import api_client
+from training.launch.kube_client import api_client, own_namespace
 from training.progress import progress
 
 _UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
 """What the client raises when the API server cannot be reached (after urllib3's own retries)."""
 NAMESPACE_ENV = "KFLOOP_LEASE_NAMESPACE"
-"""Namespace of the Lease; unset: the pod's own namespace (or ``default`` outside a pod)."""
-POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+"""Namespace of the Lease; unset: the pod's own namespace (outside a pod the kubeconfig's, else ``default``)."""
 
 
 class LockTimeout(KfloopError, TimeoutError):
@@ -58,7 +57,7 @@ def promotion_lock(model_name: str, workdir: Path, *, kind: str, timeout_s: floa
         return FileLock(str(path), timeout=timeout_s)
     if kind != "lease":
         raise ValueError(f"promotion lock kind={kind!r}: use 'file' or 'lease'")
-    return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(), api=api_client(kubeconfig),
+    return LeaseLock(name=lease_name(model_name), namespace=lease_namespace(kubeconfig), api=api_client(kubeconfig),
                      timeout_s=timeout_s)
 
 
@@ -69,11 +68,9 @@ def lease_name(model_name: str) -> str:
     return f"kfloop-promote-{slug}-{digest}" if slug else f"kfloop-promote-{digest}"
 
 
-def lease_namespace() -> str:
-    """``KFLOOP_LEASE_NAMESPACE``, else the pod's namespace, else ``default``."""
-    if os.environ.get(NAMESPACE_ENV):
-        return os.environ[NAMESPACE_ENV]
-    return POD_NAMESPACE_FILE.read_text().strip() if POD_NAMESPACE_FILE.is_file() else "default"
+def lease_namespace(kubeconfig: str = "") -> str:
+    """``KFLOOP_LEASE_NAMESPACE``, else the pod's namespace, else the kubeconfig's (:func:`own_namespace`)."""
+    return os.environ.get(NAMESPACE_ENV) or own_namespace(kubeconfig)
 
 
 def _micro_time(at: datetime | str | None = None) -> str | None:

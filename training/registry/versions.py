@@ -26,7 +26,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
 
-from data.errors import KfloopError
+from data.errors import EXIT_SERVICE, KfloopError
 from data.fileio import file_digest, utc_iso
 from data.redaction import redact, redact_text
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
@@ -585,6 +585,8 @@ def champion_at(history: list[ChampionMove], at: str) -> str | None:
 
 class RegistryUnavailableError(KfloopError, RuntimeError):
     """MLflow did not answer after its bounded retries; says what state the registry was left in."""
+
+    exit_code = EXIT_SERVICE
 
 
 def _move_champion(client: "mlflow.MlflowClient", model_name: str, version: str, *, previous: str | None,

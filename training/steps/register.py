@@ -11,7 +11,8 @@ from data.dvc_store import DataStoreConfig, keep
 from data.engine import DataEngine
 from data.profiles import ReferenceProfile, profile_table
 from data.settings import CODE_ROOT, load_environment, step_function
-from data.storage import record_uri, redact
+from data.redaction import redact
+from data.storage import record_uri
 from data.validation import load_schema
 from training.config import TrainingConfig
 from training.model import Predictor

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from data.fileio import atomic_write_text
 from data.settings import step_function
-from data.storage import redact
+from data.redaction import redact
 from data.tables import local_copy, read_table
 from data.validation import ValidationError, infer_schema, load_schema, schema_roles, schema_to_yaml, validate
 from training.progress import progress

@@ -1,0 +1,84 @@
+"""Kubernetes apimachinery's validation helpers and error texts, as the webhooks and the API server of the test
+cluster word their refusals (k8s.io/apimachinery v0.31: ``pkg/util/validation/validation.go``,
+``pkg/util/validation/field/errors.go``, ``pkg/api/errors/errors.go``)."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+DNS1035_LABEL_MAX_LENGTH = 63
+"""``DNS1035LabelMaxLength``."""
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1035_LABEL_ERROR = ("a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an "
+                       "alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', "
+                       "regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')")
+"""``dns1035LabelErrMsg`` through ``RegexError`` with its examples (the double space is upstream's)."""
+
+
+def max_len_error(length: int) -> str:
+    """``MaxLenError``."""
+    return f"must be no more than {length} characters"
+
+
+def dns1035_label_errors(value: str) -> list[str]:
+    """``IsDNS1035Label``: the length error first, then the format error (each when it applies)."""
+    errors = []
+    if len(value) > DNS1035_LABEL_MAX_LENGTH:
+        errors.append(max_len_error(DNS1035_LABEL_MAX_LENGTH))
+    if not _DNS1035_LABEL.fullmatch(value):
+        errors.append(DNS1035_LABEL_ERROR)
+    return errors
+
+
+def go_value(value: Any) -> str:
+    """A bad value as ``field.Error.ErrorBody`` prints it: strings quoted (``%q``), numbers and bools plain."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def invalid(path: str, value: Any, detail: str) -> str:
+    """``field.Invalid(path, value, detail).Error()``."""
+    return f"{path}: Invalid value: {go_value(value)}: {detail}"
+
+
+def required(path: str, detail: str = "") -> str:
+    """``field.Required(path, detail).Error()``."""
+    return f"{path}: Required value" + (f": {detail}" if detail else "")
+
+
+def forbidden(path: str, detail: str = "") -> str:
+    """``field.Forbidden(path, detail).Error()``."""
+    return f"{path}: Forbidden" + (f": {detail}" if detail else "")
+
+
+def not_supported(path: str, value: Any, supported: list[str]) -> str:
+    """``field.NotSupported(path, value, supported).Error()``."""
+    return f"{path}: Unsupported value: {go_value(value)}: supported values: " + ", ".join(
+        json.dumps(s) for s in supported)
+
+
+def aggregate(errors: list[str]) -> str:
+    """``ErrorList.ToAggregate().Error()``: duplicates dropped, one message as it is, more in brackets."""
+    unique = list(dict.fromkeys(errors))
+    return unique[0] if len(unique) == 1 else f"[{', '.join(unique)}]"
+
+
+def invalid_object(qualified_kind: str, name: str, errors: list[str]) -> str:
+    """``apierrors.NewInvalid(kind, name, errs)``'s message."""
+    return f"{qualified_kind} {json.dumps(name)} is invalid: {aggregate(errors)}"
+
+
+def webhook_denied(webhook: str, message: str) -> str:
+    """The API server's message for a validating webhook's denial (``webhookerrors.ToStatusErr``)."""
+    return f"admission webhook {json.dumps(webhook)} denied the request: {message}"
+
+
+def service_refusal(name: str) -> str | None:
+    """The API server's refusal of a Service named ``name`` (``ValidateServiceName`` = ``NameIsDNS1035Label``,
+    kubernetes ``pkg/apis/core/validation/validation.go``), None when it is a valid name."""
+    problems = dns1035_label_errors(name)
+    return invalid_object("Service", name, [invalid("metadata.name", name, p) for p in problems]) if problems else None

@@ -1,0 +1,118 @@
+"""The test cluster's kubelet: ``$(VAR)`` expansion as the kubelet does it, and the volume and env forms it does not
+emulate refused by name (CreateContainerConfigError), never dropped."""
+from __future__ import annotations
+
+import pytest
+from fakes.k8s_operator import expand
+from fakes.kubernetes_cluster import PYTHON, pytorchjob
+from polling import wait_for
+
+_ENV = {"VAR_A": "A", "VAR_B": "B", "VAR_C": "C", "VAR_REF": "$(VAR_A)", "VAR_EMPTY": ""}
+
+# kubernetes third_party/forked/golang/expansion/expand_test.go, doExpansionTest's cases: input, output
+EXPAND_VECTORS = [
+    ("$(VAR_A)", "A"), ("$(VAR_A)-$(VAR_A)", "A-A"), ("$(VAR_A)-1", "A-1"), ("___$(VAR_B)___", "___B___"),
+    ("___$(VAR_C)", "___C"), ("$(VAR_A)_$(VAR_B)_$(VAR_C)", "A_B_C"), ("$$(VAR_B)_$(VAR_A)", "$(VAR_B)_A"),
+    ("$$(VAR_A)_$$(VAR_B)", "$(VAR_A)_$(VAR_B)"), ("f000-$$VAR_A", "f000-$VAR_A"), ("foo\\$(VAR_C)bar", "foo\\Cbar"),
+    ("foo\\\\$(VAR_C)bar", "foo\\\\Cbar"), ("foo\\\\\\\\$(VAR_A)bar", "foo\\\\\\\\Abar"),
+    ("$(VAR_A$(VAR_B))", "$(VAR_A$(VAR_B))"), ("$(VAR_A$(VAR_B)", "$(VAR_A$(VAR_B)"), ("$(VAR_REF)", "$(VAR_A)"),
+    ("%%$(VAR_REF)--$(VAR_REF)%%", "%%$(VAR_A)--$(VAR_A)%%"), ("foo$(VAR_EMPTY)bar", "foobar"),
+    ("foo$(VAR_Awhoops!", "foo$(VAR_Awhoops!"), ("f00__(VAR_A)__", "f00__(VAR_A)__"), ("$?_boo_$!", "$?_boo_$!"),
+    ("$VAR_A", "$VAR_A"), ("$(VAR_DNE)", "$(VAR_DNE)"), ("$$$$$$(BIG_MONEY)", "$$$(BIG_MONEY)"),
+    ("$$$$$$(VAR_A)", "$$$(VAR_A)"), ("$$$$$$$(GOOD_ODDS)", "$$$$(GOOD_ODDS)"), ("$$$$$$$(VAR_A)", "$$$A"),
+    ("$VAR_A)", "$VAR_A)"), ("${VAR_A}", "${VAR_A}"), ("$(VAR_B)_______$(A", "B_______$(A"),
+    ("$(VAR_C)_______$(", "C_______$("), ("$(VAR_A)foobarzab$", "Afoobarzab$"), ("foo-\\$(VAR_A", "foo-\\$(VAR_A"),
+    ("--$($($($($--", "--$($($($($--"), ("$($($($($--foo$(", "$($($($($--foo$("), ("foo0--$($($($(", "foo0--$($($($("),
+    ("$(foo$$var)", "$(foo$$var)"), ("\n", "\n"), ("$£FOO", "$£FOO"), ("prefix-$€-suffix", "prefix-$€-suffix"),
+    ("$中文", "$中文"),
+]
+
+
+@pytest.mark.parametrize("text, want", EXPAND_VECTORS)
+def test_expansion_follows_the_kubelets_own_cases(text, want):
+    assert expand(text, _ENV) == want
+
+
+def _waiting_message(cluster, pod: str) -> str:
+    from kubernetes import client
+
+    core = client.CoreV1Api(cluster.api())
+
+    def waiting():
+        statuses = core.read_namespaced_pod(pod, "default").status.container_statuses or []
+        state = statuses[0].state.waiting if statuses else None
+        return state if state and state.reason == "CreateContainerConfigError" else None
+
+    return wait_for(f"{pod} to be refused by the kubelet", waiting).message
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda pod: pod.update(volumes=[{"name": "token", "secret": {"secretName": "s"}}]) or pod["containers"][0].update(
+        volumeMounts=[{"name": "token", "mountPath": "/token"}]),
+     "spec.volumes[0] ('token'): secret is not emulated by the test cluster's kubelet (only persistentVolumeClaim, "
+     "emptyDir)"),
+    (lambda pod: pod["containers"][0].update(envFrom=[{"configMapRef": {"name": "c"}}]),
+     "spec.containers[pytorch].envFrom is not emulated by the test cluster's kubelet: list the variables under env"),
+    (lambda pod: pod["containers"][0]["env"].append(
+        {"name": "X", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
+     "spec.containers[pytorch].env[1].valueFrom.configMapKeyRef (X) is not emulated by the test cluster's kubelet "
+     "(only fieldRef and secretKeyRef)"),
+    (lambda pod: pod["containers"][0].update(volumeMounts=[{"name": "nowhere", "mountPath": "/x"}]),
+     'spec.containers[pytorch].volumeMounts[0].name: Not found: "nowhere"'),
+], ids=["secret-volume", "envFrom", "configMapKeyRef", "missing-volume"])
+def test_what_the_kubelet_does_not_emulate_is_refused_by_name(cluster, change, message):
+    from kubernetes import client
+
+    body = pytorchjob("unemulated", ["true"], workers=0)
+    change(body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"])
+    client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
+        "kubeflow.org", "v1", "default", "pytorchjobs", body)
+    assert _waiting_message(cluster, "unemulated-master-0") == message
+
+
+def test_env_values_and_the_command_are_expanded_with_the_containers_env(cluster):
+    from kubernetes import client
+
+    out = cluster.shared / "expanded"
+    body = pytorchjob("expanding", [PYTHON, "-c", "import pathlib, sys; pathlib.Path(sys.argv[1]).write_text("
+                                    "sys.argv[2] + ' ' + __import__('os').environ['GREETING'])", str(out),
+                                    "$(OWN)-$$(OWN)"], workers=0)
+    body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "GREETING", "value": "hello $(OWN) $(UNDEFINED)"})
+    client.CustomObjectsApi(cluster.api()).create_namespaced_custom_object(
+        "kubeflow.org", "v1", "default", "pytorchjobs", body)
+    wait_for("the pod to write its arguments", out.is_file)
+    wait_for("the whole line", lambda: out.read_text().endswith(")"))
+    assert out.read_text() == "kept-$(OWN) hello kept $(UNDEFINED)"
+
+
+@pytest.mark.parametrize("cluster", [{"capacity": {"cpu": 2.0}}], indirect=True)
+def test_a_pod_the_node_has_no_room_for_waits_unschedulable_until_room_frees(cluster):
+    """A node of 2 CPUs and two jobs of 1.5: the second one's pod is Unschedulable (FailedScheduling) while the
+    first one's runs, and is bound once that has ended."""
+    from kubernetes import client
+
+    release = cluster.shared / "release"
+    custom, core = client.CustomObjectsApi(cluster.api()), client.CoreV1Api(cluster.api())
+
+    def create(name: str, command: list[str]) -> None:
+        body = pytorchjob(name, command, workers=0)
+        body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"] = {
+            "requests": {"cpu": "1500m"}}
+        custom.create_namespaced_custom_object("kubeflow.org", "v1", "default", "pytorchjobs", body)
+
+    def phase(pod: str) -> str:
+        return core.read_namespaced_pod(pod, "default").status.phase
+
+    create("first", [PYTHON, "-c", f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"])
+    wait_for("the first pod to run", lambda: phase("first-master-0") == "Running")
+    create("second", ["true"])
+    (event,) = wait_for("the second pod's FailedScheduling event", lambda: [
+        e for e in core.list_namespaced_event("default").items
+        if e.reason == "FailedScheduling" and e.involved_object.name == "second-master-0"])
+    assert event.message.startswith("0/1 nodes are available: 1 Insufficient cpu.")
+    second = core.read_namespaced_pod("second-master-0", "default")
+    assert second.status.phase == "Pending" and second.status.conditions[0].reason == "Unschedulable"
+    release.write_text("")
+    wait_for("the second pod to run once the first ended", lambda: phase("second-master-0") == "Succeeded")
+    assert phase("first-master-0") == "Succeeded"
