@@ -16,7 +16,7 @@ from training.config import JobShape, ModelSpec, TrainingConfig, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
-from training.launch.kubernetes import KubernetesSettings
+from training.launch.kubernetes import KubernetesSettings, in_namespace
 
 DATA = {"dataset_uri": "/data/train.parquet"}
 
@@ -82,8 +82,9 @@ def test_gpu_nodes_run_one_process_per_device_in_the_dry_run_and_the_launch_alik
     assert params["nproc_per_node"] == 4
     launched = TrainingSection.from_dict({**params["training_config"], "nnodes": params["nnodes"],
                                           "nproc_per_node": params["nproc_per_node"], "backend": params["backend"]})
-    body = job_manifest(launched.config, launched.shape, KubernetesSettings.from_dict(params["cluster_config"]).cluster,
-                        run_id="run-gpu")
+    launch = KubernetesSettings.from_dict(params["cluster_config"])
+    body = in_namespace(job_manifest(launched.config, launched.shape, launch.cluster, run_id="run-gpu"),
+                        launch.launcher.kubeconfig)  # as the launcher submits it: in its own namespace
     config = tmp_path / "kfloop.yaml"
     config.write_text(yaml.safe_dump(settings))
     assert main(["render-job", "--run-id", "run-gpu", "--config", str(config)]) == 0

@@ -238,8 +238,10 @@ def test_kind_e2e():
 def test_ci_runs_the_container_e2e_after_the_tests_and_its_script_passes_shellcheck():
     repo = DEPLOY.parent
     ci = (repo / ".ci" / "run").read_text()
-    assert ci.index("make test") < ci.index("make e2e")
-    assert re.search(r"^e2e:\n\t.*deploy/e2e\.sh$", (repo / "Makefile").read_text(), re.M)
+    assert ci.index("phase tests make test-suite") < ci.index("phase e2e make e2e")
+    makefile = (repo / "Makefile").read_text()
+    assert re.search(r"^e2e:\n\t.*deploy/e2e\.sh$", makefile, re.M)
+    assert re.search(r"^test: test-docs test-suite$", makefile, re.M)  # .ci/run's two phases are `make test`
     script = (DEPLOY / "e2e.sh").read_text()
     # its own daemon (never the host's), no bridge or iptables, a base made here, the wheelhouse offline
     assert "--bridge=none --iptables=false" in script and "DOCKER_HOST=unix://$CACHE/" in script

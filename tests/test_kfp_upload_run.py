@@ -217,8 +217,9 @@ def test_run_wait_references_the_version_and_prints_the_contract(isolated_env, k
     assert "pipeline_spec" not in run
     assert run["pipeline_version_reference"] == {"pipeline_id": training["pipeline_id"],
                                                  "pipeline_version_id": training["pipeline_version_id"]}
+    jobs_in_profile = {"cluster_config": {"namespace": kfp.namespace}} if kfp.namespace else {}  # --namespace
     assert run["runtime_config"]["parameters"] == {"dataset_uri": "s3://b/train.parquet", "model_name": "churn",
-                                                   "training_config": {"epochs": 3}}
+                                                   "training_config": {"epochs": 3}, **jobs_in_profile}
     assert kfp.store.experiments[run["experiment_id"]]["display_name"] == "kfloop"
     assert summary["run_id"] == run["run_id"] and summary["state"] == "SUCCEEDED"
     assert {k: summary[k] for k in ("model_name", "model_version", "promoted", "champion_version", "reason")} == {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import json
 import threading
 import time
 
@@ -45,13 +46,13 @@ def webhook(**auth) -> AlertWebhook:
                         metrics=RecordsCollector(models=registered_models, store_for=RegistryTriggerStore))
 
 
-def scrape(hook: AlertWebhook, headers: dict) -> tuple[int, str, str]:
+def scrape(hook: AlertWebhook, headers: dict, method: str = "GET") -> tuple[int, str, str]:
     server = hook.server(0, "127.0.0.1")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=60)
-        conn.request("GET", "/metrics", headers=headers)
+        conn.request(method, "/metrics", headers=headers)
         answer = conn.getresponse()
         body = answer.read().decode()
         conn.close()
@@ -141,9 +142,8 @@ def test_metrics_take_their_own_token_unless_opened(isolated_env, auth, headers,
 
 
 def test_metrics_answer_get_only(isolated_env):
-    hook = webhook()
-    status, answer = hook.handle("POST", "/metrics", {"Authorization": f"Bearer {TOKEN}"}, lambda n: b"")
-    assert status == 405 and "GET /metrics" in answer["error"]
+    status, _, body = scrape(webhook(), {"Authorization": f"Bearer {TOKEN}"}, method="POST")
+    assert status == 405 and "GET /metrics" in json.loads(body)["error"]
 
 
 def test_an_insufficient_labels_check_is_neither_degraded_nor_fine_in_metrics_and_status(isolated_env):

@@ -94,7 +94,7 @@ def test_webhook_logs_hold_no_secret(planted):
     assert planted["KFLOOP_METRICS_TOKEN"] not in repr(hook.auth)
     body = b'{"model": "m", "reason": "r"}'
     near_miss = {"Authorization": f"Bearer {planted['KFLOOP_WEBHOOK_TOKEN']}x", "Content-Length": str(len(body))}
-    status, answer = hook.handle("POST", "/alerts", near_miss, lambda n: body)
+    status, answer = hook.screen({name.lower(): value for name, value in near_miss.items()})  # before any body
     assert status == 401
     hook.emit("rejected", status=int(status), error=answer["error"])
     assert_clean(log.getvalue() + json.dumps(answer), planted, "webhook log and answer")
