@@ -429,5 +429,5 @@ def test_compile_namespace_reaches_every_step_and_the_settings_namespace_wins(tm
     monkeypatch.setenv("KFLOOP_JOB_NAMESPACE", "team-a")  # as in such a step
     assert KubernetesSettings.from_dict({}).cluster.namespace == "team-a"
     assert KubernetesSettings.from_dict({"namespace": "ml"}).cluster.namespace == "ml"
-    assert main(["compile", "--out", str(tmp_path / "bad"), "--namespace", "Not_A_Namespace"]) == 1
+    assert main(["compile", "--out", str(tmp_path / "bad"), "--namespace", "Not_A_Namespace"]) == EXIT_SETTINGS
     assert "job_namespace='Not_A_Namespace'" in capsys.readouterr().err

@@ -163,7 +163,7 @@ def kfp_recorded(tmp_path_factory) -> dict[str, list[Access]]:
         kfp.set_run_state(started[0], "SUCCEEDED")  # or the alert's run would wait for it to finish
         token.write_text(users.service_account_token(PROFILE, "kfloop-webhook"))
         step("serve (alert)", lambda: alert_starter({}, host=kfp.url, version=None, namespace=PROFILE)(
-            Alert(model="churn", reason="drift", data_key="md5-drifted", dataset_uri="s3://bucket/drifted.parquet")))
+            Alert(model="churn", reason="drift", data_key="0d7f5e2c", dataset_uri="s3://bucket/drifted.parquet")))
     return calls
 
 
