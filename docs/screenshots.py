@@ -20,7 +20,7 @@ DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))
 sys.path.insert(0, str(DOCS.parent / "tests"))
 
-from fakes.mlflow_server import MlflowServer  # noqa: E402  (tests/ helper: own process group, /health deadline)
+from cluster.mlflow_server import MlflowServer  # noqa: E402  (tests/ helper: own process group, /health deadline)
 
 from pipelines.cli.commands import main  # noqa: E402
 from pipelines.operations.demo_loop import MODEL_NAME  # noqa: E402

@@ -74,7 +74,7 @@ def isolated_env(tmp_path, monkeypatch):
 @pytest.fixture
 def kfp(isolated_env, monkeypatch, tmp_path):
     """The KFP API test server holding this commit's pipelines; ``kfp.Client`` reaches it with its ``token``."""
-    from fakes.kfp_server import KfpApiServer
+    from cluster.kfp_server import KfpApiServer
 
     from components import kfp_client
     from pipelines.kfp_server.runs import upload_pipelines
@@ -92,7 +92,7 @@ def kfp(isolated_env, monkeypatch, tmp_path):
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """One real ``mlflow server`` process (SQLite, proxied artifacts) shared by the session; its URL in ``.url``."""
-    from fakes.mlflow_server import MlflowServer
+    from cluster.mlflow_server import MlflowServer
 
     server = MlflowServer(root=tmp_path_factory.mktemp("mlflow-server")).start()
     yield server
@@ -101,8 +101,8 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """One real ``moto_server`` (S3 API) process on loopback, shared by the session; see tests/fakes/s3_server.py."""
-    from fakes.s3_server import S3Server
+    """One real ``moto_server`` (S3 API) process on loopback, shared by the session; see tests/cluster/s3_server.py."""
+    from cluster.s3_server import S3Server
 
     server = S3Server(root=tmp_path_factory.mktemp("s3-server")).start()
     yield server
@@ -124,11 +124,11 @@ def s3_bucket(s3_server, monkeypatch, request) -> str:
 
 @pytest.fixture
 def cluster(tmp_path, request, monkeypatch):
-    """A Kubernetes API test server in operator mode with one shared volume (tests/fakes/kubernetes_cluster.py);
+    """A Kubernetes API test server in operator mode with one shared volume (tests/cluster/kubernetes_cluster.py);
     parametrized indirectly with ``{"operator": False}``, a server that runs no job (a test plays the operator).
     This process is no pod of it: a job with no ``cluster.namespace`` goes in the kubeconfig's namespace."""
-    from fakes.k8s_server import K8sServer
-    from fakes.kubernetes_cluster import CLAIM, Cluster
+    from cluster.k8s_server import K8sServer
+    from cluster.kubernetes_cluster import CLAIM, Cluster
     from training.launch.kube_client import NAMESPACE_FILE_ENV
 
     monkeypatch.setenv(NAMESPACE_FILE_ENV, str(tmp_path / "not-in-a-pod"))

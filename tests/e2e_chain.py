@@ -1,8 +1,8 @@
 """The retraining chain as one (``make e2e`` runs it after building the image; see deploy/e2e.sh).
 
-Every step a container of the commit's image on the KFP test server (tests/fakes/kfp_executor.py's DockerEngine:
+Every step a container of the commit's image on the KFP test server (tests/cluster/kfp_executor.py's DockerEngine:
 UID 1000, read-only root, the platform spec's Secret env and claim, the service account's token), every training
-pod a container of the same image on the Kubernetes test cluster (tests/fakes/docker_kubelet.py), data in a moto S3
+pod a container of the same image on the Kubernetes test cluster (tests/cluster/docker_kubelet.py), data in a moto S3
 server, a real ``mlflow server``. The chain: ``kfloop upload``; a first training run on the server, whose training
 step launches a 2-node PyTorchJob, promotes v1; ``kfloop schedule drift`` fires every few seconds on the batch at
 ``current.parquet``: on the stable batch it starts nothing; on the drifted batch its trigger step (cluster backend,
@@ -36,15 +36,15 @@ from kubernetes import config as kube_config
 from kubernetes import utils as kube_utils
 
 from data.generate import write_demo
-from fakes.docker_kubelet import CONTAINER_LABEL, POD_LABEL, DockerRuntime, pod_records
-from fakes.k8s_rbac import manifests
-from fakes.k8s_server import K8sServer
-from fakes.kfp_executor import DockerEngine, KfpExecutor
-from fakes.kfp_server import FINAL_STATES, KfpApiServer
-from fakes.kubernetes_cluster import CLAIM
-from fakes.mlflow_server import MlflowServer
-from fakes.s3_server import S3Server
-from fakes.server_process import free_port, start_server, stop_group
+from cluster.docker_kubelet import CONTAINER_LABEL, POD_LABEL, DockerRuntime, pod_records
+from cluster.k8s_rbac import manifests
+from cluster.k8s_server import K8sServer
+from cluster.kfp_executor import DockerEngine, KfpExecutor
+from cluster.kfp_server import FINAL_STATES, KfpApiServer
+from cluster.kubernetes_cluster import CLAIM
+from cluster.mlflow_server import MlflowServer
+from cluster.s3_server import S3Server
+from cluster.server_process import free_port, start_server, stop_group
 from pipelines.cli.commands import main as kfloop
 from training.launch.cluster import CREDENTIAL_KEYS
 from training.launch.manifests import job_name_for

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 from binaries import require_binary
-from fakes.server_process import free_port, start_server, stop_group
+from cluster.server_process import free_port, start_server, stop_group
 from polling import wait_for
 from quality_runs import record_quality_check
 

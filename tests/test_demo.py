@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from data.settings import CODE_ROOT
-from fakes.server_process import free_port, start_server, stop_group
+from cluster.server_process import free_port, start_server, stop_group
 from pipelines.operations.demo_loop import format_summary
 
 pytestmark = pytest.mark.timeout(1800)  # the whole loop, then a retraining by `reproduce`, on a busy 2-core box

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes.crd_schema import validate
+from cluster.crd_schema import validate
 from manifest_checks import pods, render_cli, restricted_violations
 
 from training.launch.cluster import RUN_AS_USER
@@ -31,7 +31,7 @@ GRANTS = {
 """Exactly what the launcher (jobs, pods, logs, events) and the promotion lock (one Lease) use."""
 
 
-SPECS = Path(__file__).resolve().parent / "fakes" / "specs"
+SPECS = Path(__file__).resolve().parent / "cluster" / "specs"
 
 
 def rbac_objects(path: Path = DEPLOY / "rbac.yaml") -> dict[tuple[str, str], dict]:

@@ -1,4 +1,4 @@
-"""The Kubernetes test cluster's Docker kubelet (tests/fakes/docker_kubelet.py): a 2-node PyTorchJob of kfloop's
+"""The Kubernetes test cluster's Docker kubelet (tests/cluster/docker_kubelet.py): a 2-node PyTorchJob of kfloop's
 training, its pods containers of the image, as UID 1000 with a read-only root, training with DDP through the shared
 claim. Needs a Docker daemon (``DOCKER_HOST``) holding the kfloop image named by ``KFLOOP_E2E_IMAGE`` (``make e2e``
 builds it and runs this file); skipped otherwise."""
@@ -12,9 +12,9 @@ from typing import Any
 import docker
 import pytest
 from e2e_image import IMAGE, needs_image
-from fakes.docker_kubelet import POD_LABEL, DockerRuntime, pod_records
-from fakes.k8s_server import K8sServer
-from fakes.kubernetes_cluster import CLAIM, RESTRICTED_CONTAINER, Cluster, pytorchjob
+from cluster.docker_kubelet import POD_LABEL, DockerRuntime, pod_records
+from cluster.k8s_server import K8sServer
+from cluster.kubernetes_cluster import CLAIM, RESTRICTED_CONTAINER, Cluster, pytorchjob
 from polling import wait_for
 
 from training.launch.manifests import job_name_for

@@ -9,8 +9,8 @@ import sys
 import warnings
 
 import pytest
-from fakes import pod_security
-from fakes.crd_schema import validate
+from cluster import pod_security
+from cluster.crd_schema import validate
 from manifest_checks import pods
 
 from training.devices import mig_device, pin_local_device

@@ -1,4 +1,4 @@
-"""The KFP test server executes what it holds (tests/fakes/kfp_executor.py) with the process engine: small
+"""The KFP test server executes what it holds (tests/cluster/kfp_executor.py) with the process engine: small
 pipelines through the real ``kfp.Client``; the training pipeline itself is in tests/test_kfp_upload_run.py."""
 # kfp reads the components' annotations at definition time: no `from __future__ import annotations` here.
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import kfp
 import pytest
-from fakes.k8s_server import K8sServer
-from fakes.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine
-from fakes.kfp_server import KfpApiServer
+from cluster.k8s_server import K8sServer
+from cluster.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine
+from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
 from kfp import kubernetes as kfp_k8s
 from kubernetes import client as kube_client

@@ -1,4 +1,4 @@
-"""The KFP test server's Docker engine (tests/fakes/kfp_executor.py): each task a container of the image the IR
+"""The KFP test server's Docker engine (tests/cluster/kfp_executor.py): each task a container of the image the IR
 names, as the image's user, read-only root, the token at its projected path. Needs a Docker daemon
 (``DOCKER_HOST``) and an image holding python3 and kfp whose user is not root, named by ``KFLOOP_E2E_IMAGE``
 (``make e2e``'s kfloop image is one); skipped otherwise."""
@@ -6,8 +6,8 @@ names, as the image's user, read-only root, the token at its projected path. Nee
 import docker
 import kfp
 from e2e_image import IMAGE, needs_image
-from fakes.kfp_executor import ACCESS_LABEL, DockerEngine, KfpExecutor
-from fakes.kfp_server import KfpApiServer
+from cluster.kfp_executor import ACCESS_LABEL, DockerEngine, KfpExecutor
+from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
 from polling import wait_for
 

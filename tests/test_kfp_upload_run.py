@@ -1,5 +1,5 @@
 """`kfloop upload`, `run` and `schedule` through the real kfp.Client against the KFP API test server
-(tests/fakes/kfp_server.py; its own tests are in tests/fakes/test_kfp_server.py)."""
+(tests/cluster/kfp_server.py; its own tests are in tests/cluster/test_kfp_server.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fakes.k8s_rbac import service_account_user
-from fakes.kfp_multiuser import MultiUser
-from fakes.kfp_server import KfpApiServer
+from cluster.k8s_rbac import service_account_user
+from cluster.kfp_multiuser import MultiUser
+from cluster.kfp_server import KfpApiServer
 
 from components import kfp_client
 from data.errors import EXIT_DATA_FILE, EXIT_FAILED, EXIT_SERVICE, EXIT_SETTINGS, EXIT_USAGE
@@ -359,10 +359,10 @@ def test_a_cron_without_six_fields_is_rejected_with_the_fix(kfp, capsys, cron, f
 
 @pytest.fixture
 def executing_kfp(isolated_env, cluster, tmp_path, monkeypatch):
-    """The standalone test server executing what it holds (tests/fakes/kfp_executor.py), each step a process given
+    """The standalone test server executing what it holds (tests/cluster/kfp_executor.py), each step a process given
     what the cluster gives a step pod: the registry's URI and the cluster's API (its kubeconfig standing in for the
     in-cluster service account), besides what KFP gives it."""
-    from fakes.kfp_executor import KfpExecutor, ProcessEngine
+    from cluster.kfp_executor import KfpExecutor, ProcessEngine
 
     engine = ProcessEngine(root=tmp_path / "pods", env={"MLFLOW_TRACKING_URI": isolated_env.tracking_uri,
                                                         "KUBECONFIG": str(cluster.kubeconfig)})

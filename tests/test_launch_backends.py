@@ -9,7 +9,7 @@ from filelock import FileLock
 from kubernetes import client
 
 from components.run_starters import trigger_store
-from fakes.k8s_server import K8sServer
+from cluster.k8s_server import K8sServer
 from monitoring.trigger import TriggerStore
 from monitoring.trigger_registry import RegistryTriggerStore
 from training.launch.backends import (KubernetesBackend, LocalBackend, LocalConfig, RayBackend, RayConfig,

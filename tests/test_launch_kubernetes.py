@@ -1,4 +1,4 @@
-"""The Kubernetes launcher against the test API server (tests/fakes/k8s_server.py), over HTTP with the real
+"""The Kubernetes launcher against the test API server (tests/cluster/k8s_server.py), over HTTP with the real
 `kubernetes` client: rendered PyTorchJobs train in operator mode, failures surface as one LaunchError, retries
 attach, cancelling deletes. Nothing here patches a client."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fakes.k8s_server import JOB_NAME_LABEL
-from fakes.kubernetes_cluster import Cluster
+from cluster.k8s_server import JOB_NAME_LABEL
+from cluster.kubernetes_cluster import Cluster
 from polling import wait_for
 
 from pipelines.cli.commands import main
@@ -231,7 +231,7 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
     pods = {p.metadata.name: p
             for p in core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items}
     assert set(pods) == {f"{name}-master-0", f"{name}-worker-0"}
-    # the operator's env (Training Operator v1.9 envvar.go/master.go; tests/fakes/pytorchjob_contract.py), appended
+    # the operator's env (Training Operator v1.9 envvar.go/master.go; tests/cluster/pytorchjob_contract.py), appended
     # after the job's own: the node rank, 2 replicas x nprocPerNode "2", no elastic policy
     port = next(e.value for e in pods[f"{name}-master-0"].spec.containers[0].env if e.name == "MASTER_PORT")
     for node, pod in enumerate((pods[f"{name}-master-0"], pods[f"{name}-worker-0"])):
@@ -441,8 +441,8 @@ def _deploy_roles() -> list[dict]:
 
 def _as_service_account(cluster: Cluster, tmp_path: Path, roles: list[dict]) -> LaunchPolicy:
     """A launch policy whose kubeconfig is service account ``kfloop`` in ``default``, granted ``roles``."""
-    from fakes.k8s_rbac import service_account_user
-    from fakes.kubernetes_cluster import grant
+    from cluster.k8s_rbac import service_account_user
+    from cluster.kubernetes_cluster import grant
 
     for role in roles:
         grant(cluster.api(), "default", "kfloop", role)
@@ -489,7 +489,7 @@ def test_a_restricted_namespace_admits_kfloops_pods_and_the_launcher_names_what_
     do not, and the launcher says so at once instead of waiting out its timeout."""
     from kubernetes import client
 
-    from fakes.pod_security import ENFORCE_LABEL
+    from cluster.pod_security import ENFORCE_LABEL
 
     client.CoreV1Api(cluster.api()).patch_namespace("default", {"metadata": {"labels": {
         ENFORCE_LABEL: "restricted"}}})
@@ -518,7 +518,7 @@ def test_with_the_deployed_init_template_workers_run_restricted_and_guaranteed(c
     namespace, and with numa_aligned every pod Guaranteed QoS (the init container's requests equal its limits)."""
     from kubernetes import client
 
-    from fakes.pod_security import ENFORCE_LABEL
+    from cluster.pod_security import ENFORCE_LABEL
 
     (config_map,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "operator-restricted-init.yaml").read_text()) if d]
     cluster.server.pytorch_init_container_template = config_map["data"]["initContainer.yaml"]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import yaml
-from fakes import pytorchjob_contract, trainer_operator
-from fakes.crd_schema import validate
-from fakes.k8s_validation import service_refusal
+from cluster import pytorchjob_contract, trainer_operator
+from cluster.crd_schema import validate
+from cluster.k8s_validation import service_refusal
 from manifest_checks import pods, render_cli, restricted_violations
 
 from data.errors import EXIT_SETTINGS

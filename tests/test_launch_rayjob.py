@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 
-from fakes.crd_schema import validate
-from fakes.kuberay_validation import MAX_RAYJOB_NAME_LENGTH, validate_rayjob
+from cluster.crd_schema import validate
+from cluster.kuberay_validation import MAX_RAYJOB_NAME_LENGTH, validate_rayjob
 from manifest_checks import render_cli, restricted_violations
 from polling import wait_for
 from test_training import write_training_files
@@ -134,7 +134,7 @@ def test_the_cluster_goes_at_the_end_and_the_rayjob_after_the_ttl(rendered):
 
 def test_every_kfp_run_id_gives_a_rayjob_kuberay_accepts():
     """Names of KFP run ids (uuids) fit KubeRay's 47 characters, stay distinct, and the whole RayJob passes the
-    ported KubeRay v1.7.0 validation (tests/fakes/kuberay_validation.py)."""
+    ported KubeRay v1.7.0 validation (tests/cluster/kuberay_validation.py)."""
     rng = random.Random(7)
     ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(2000)]
     names = [job_name_for(i) for i in ids]
@@ -238,7 +238,7 @@ def test_what_a_rayjob_cannot_express_is_refused(settings, refusal):
 # The test plays KubeRay v1.7.0's RayJob controller: it writes the status transitions rayjob_controller.go makes
 # (Initializing -> Running -> Complete/Failed, Failed with backoffLimit left -> Retrying, suspend -> Suspended)
 # through the status subresource of the test API server, and the launcher follows them over its watch. The server's
-# own KubeRay (tests/fakes/kuberay_operator.py, run end to end in tests/test_rayjob_cluster.py) is off meanwhile.
+# own KubeRay (tests/cluster/kuberay_operator.py, run end to end in tests/test_rayjob_cluster.py) is off meanwhile.
 
 KUBERAY_OFF = pytest.mark.parametrize("cluster", [{"operator": False}], indirect=True, ids=["kuberay-off"])
 

@@ -1,5 +1,5 @@
 """TrainJobs (Kubeflow Trainer v2.3.0) through the Kubernetes launcher, against the test API server whose Trainer
-emulation (tests/fakes/trainer_operator.py) follows Trainer's, JobSet's and the Job controller's source: a 2 x 2
+emulation (tests/cluster/trainer_operator.py) follows Trainer's, JobSet's and the Job controller's source: a 2 x 2
 TrainJob trains to a registered candidate with the env of Trainer's torch plugin, and failures, Kueue's suspend and
 cancelling behave as for PyTorchJobs. Nothing here patches a client."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fakes.kubernetes_cluster import Cluster
-from fakes.trainer_operator import JOBSET_NAME_LABEL, RESERVED_ENV, torch_env
+from cluster.kubernetes_cluster import Cluster
+from cluster.trainer_operator import JOBSET_NAME_LABEL, RESERVED_ENV, torch_env
 from polling import wait_for
 from test_launch_kubernetes import FAST, kfloop_train_forever, register_candidate, train_2x2
 
@@ -110,7 +110,7 @@ def test_a_failed_trainjob_fails_the_launch_with_the_failing_pods_log(cluster, t
     JobSet's Failed condition reaches the TrainJob, and the launcher reports it (the job stays for inspection)."""
     from kubernetes import client
 
-    runtime = yaml.safe_load((Path(__file__).parent / "fakes" / "specs" /
+    runtime = yaml.safe_load((Path(__file__).parent / "cluster" / "specs" /
                               "trainer-v2.3.0-torch-distributed-runtime.yaml").read_text())
     runtime.update(kind="TrainingRuntime", metadata={"name": "torch-once"})
     job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
@@ -201,7 +201,7 @@ def test_a_restricted_namespace_admits_kfloops_trainjob_pods_and_the_launcher_na
     the Job controller's FailedCreate event ends the launch at once instead of after the launcher's timeout."""
     from kubernetes import client
 
-    from fakes.pod_security import ENFORCE_LABEL
+    from cluster.pod_security import ENFORCE_LABEL
 
     client.CoreV1Api(cluster.api()).patch_namespace("default", {"metadata": {"labels": {
         ENFORCE_LABEL: "restricted"}}})
@@ -223,12 +223,12 @@ def test_a_restricted_namespace_admits_kfloops_trainjob_pods_and_the_launcher_na
 @pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
 def test_kfloops_jobs_complete_in_a_profile_namespace_with_istio_injection_and_pod_security(kind, cluster, tmp_path):
     """A Kubeflow profile's namespace (``istio-injection: enabled``, Pod Security ``restricted``): kfloop's pods opt
-    out of the sidecar, so none is injected and the job completes (tests/fakes/test_istio_injection.py shows a job
+    out of the sidecar, so none is injected and the job completes (tests/cluster/test_istio_injection.py shows a job
     without the opt-out never completing); the job goes in the launcher's namespace (cluster.namespace empty)."""
     from kubernetes import client
 
-    from fakes.istio_injection import NAMESPACE_LABEL
-    from fakes.pod_security import ENFORCE_LABEL
+    from cluster.istio_injection import NAMESPACE_LABEL
+    from cluster.pod_security import ENFORCE_LABEL
 
     client.CoreV1Api(cluster.api()).patch_namespace("default", {"metadata": {"labels": {
         ENFORCE_LABEL: "restricted", NAMESPACE_LABEL: "enabled"}}})

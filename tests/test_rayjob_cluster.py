@@ -1,5 +1,5 @@
 """``cluster.kind: rayjob`` end to end: kfloop's launcher creates a RayJob on the Kubernetes test server with the
-real `kubernetes` client, the server plays KubeRay v1.7.0 (tests/fakes/kuberay_operator.py) and its pods really run
+real `kubernetes` client, the server plays KubeRay v1.7.0 (tests/cluster/kuberay_operator.py) and its pods really run
 Ray (``ray start`` on the head and two workers, ``ray job submit`` in the submitter): the job of a KFP run id passes
 KubeRay's validation, its pods pass their readiness probes, and it trains the model; a
 deleted worker pod is replaced and Ray Train resumes from its checkpoint, and a failing entrypoint ends Failed with
@@ -16,7 +16,7 @@ import mlflow
 import pytest
 from kubernetes import client
 
-from fakes.kuberay_operator import CLUSTER_LABEL, NODE_TYPE_LABEL
+from cluster.kuberay_operator import CLUSTER_LABEL, NODE_TYPE_LABEL
 from polling import wait_for
 from test_launch_kubernetes import register_candidate, train_2x2
 from test_ray_train import registered_checkpoints

@@ -1,6 +1,6 @@
 """Issue 32 item 4: every Kubernetes API call a step makes, recorded by the Kubernetes test server with its
-authorization attributes (tests/fakes/k8s_server.py ``accesses``), and every KFP API call, recorded by the
-multi-user KFP test server as the SubjectAccessReview KFP makes for it (tests/fakes/kfp_multiuser.py ``reviews``),
+authorization attributes (tests/cluster/k8s_server.py ``accesses``), and every KFP API call, recorded by the
+multi-user KFP test server as the SubjectAccessReview KFP makes for it (tests/cluster/kfp_multiuser.py ``reviews``),
 is allowed by the rules the service account the step runs as has: deploy/rbac.yaml (Kubernetes),
 deploy/kubeflow-profile.yaml and deploy/webhook.yaml over KFP's upstream ClusterRoles (KFP). A verb missing from a
 Role fails here, naming the step, the call and the rule, not in the cluster. docs/rbac.md's table is the
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from kubernetes import config, utils
 
-from fakes.k8s_rbac import Access, Authorizer, manifests, policy, service_account_user
-from fakes.k8s_server import K8sServer
-from fakes.kfp_multiuser import CLUSTER_ROLES_FILE, GROUP, KUBEFLOW_ROLES, AccessReview
-from fakes.kubernetes_cluster import CLAIM
+from cluster.k8s_rbac import Access, Authorizer, manifests, policy, service_account_user
+from cluster.k8s_server import K8sServer
+from cluster.kfp_multiuser import CLUSTER_ROLES_FILE, GROUP, KUBEFLOW_ROLES, AccessReview
+from cluster.kubernetes_cluster import CLAIM
 from test_kfp_upload_run import DRIFT_SETTINGS, PROFILE, kfp_server
 
 from components import kfp_client

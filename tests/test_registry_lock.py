@@ -13,9 +13,9 @@ import pytest
 from kubernetes import client, config
 
 import yaml
-from fakes.k8s_rbac import service_account_user
-from fakes.k8s_server import K8sServer
-from fakes.kubernetes_cluster import grant
+from cluster.k8s_rbac import service_account_user
+from cluster.k8s_server import K8sServer
+from cluster.kubernetes_cluster import grant
 from polling import wait_for
 
 from training.registry.lock import LeaseLock, LockLost, LockTimeout, lease_name, promotion_lock

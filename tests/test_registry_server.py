@@ -14,7 +14,7 @@ from filelock import FileLock
 import torch
 from test_registry_versions import TARGET, Env, build_model, make_frame
 
-from fakes.mlflow_server import Fault, FaultProxy
+from cluster.mlflow_server import Fault, FaultProxy
 from training.config import ModelSpec
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode

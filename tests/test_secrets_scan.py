@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fakes.kfp_server import KfpApiServer
+from cluster.kfp_server import KfpApiServer
 
 from components import kfp_client
 from data.errors import EXIT_SERVICE

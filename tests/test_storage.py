@@ -20,8 +20,8 @@ from data.errors import EXIT_DATA_FILE
 from data.fileio import file_digest
 from data.tables import DataFileError, ReadLimits, read_table, read_table_source
 from data.validation import load_schema
-from fakes.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
-from fakes.server_process import free_port
+from cluster.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
+from cluster.server_process import free_port
 from training.model_files import MODEL_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,7 +311,7 @@ FAST = ["--set", "training.epochs=2", "--set", "nproc_per_node=1"]
 @pytest.fixture(scope="module")
 def s3_loop(s3_server, tmp_path_factory):
     """Data and schema in S3, and an ``mlflow server`` whose artifacts live in S3 (``--artifacts-destination``)."""
-    from fakes.mlflow_server import MlflowServer
+    from cluster.mlflow_server import MlflowServer
 
     bucket = "kfloop-s3-loop"
     with pytest.MonkeyPatch.context() as mp:

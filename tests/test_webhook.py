@@ -10,7 +10,7 @@ import json
 import threading
 
 import pytest
-from fakes.kfp_server import KfpApiServer
+from cluster.kfp_server import KfpApiServer
 
 from data.errors import EXIT_SETTINGS
 from monitoring.metrics import RecordsCollector, registered_models

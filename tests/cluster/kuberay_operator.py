@@ -1,6 +1,6 @@
-"""Operator mode of the Kubernetes API test server (tests/fakes/k8s_server.py) for RayJobs and RayClusters
+"""Operator mode of the Kubernetes API test server (tests/cluster/k8s_server.py) for RayJobs and RayClusters
 (``ray.io/v1``): KubeRay v1.7.0's RayJob and RayCluster controllers and the Job controller of the submitter, each
-pod a local process group run by the kubelet of tests/fakes/k8s_operator.py, really running Ray.
+pod a local process group run by the kubelet of tests/cluster/k8s_operator.py, really running Ray.
 
 Everything a pod gets is written here from KubeRay's source at tag v1.7.0 (``ray-operator/controllers/ray/``) and
 cited by file and function, never from kfloop's code:
@@ -87,14 +87,14 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from fakes.k8s_operator import _JobController, quantity
-from fakes.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, Resource, now
-from fakes.kuberay_validation import (Invalid, parse_generic, validate_raycluster_metadata, validate_raycluster_spec,
+from cluster.k8s_operator import _JobController, quantity
+from cluster.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, Resource, now
+from cluster.kuberay_validation import (Invalid, parse_generic, validate_raycluster_metadata, validate_raycluster_spec,
                                       validate_rayjob)
-from fakes.server_process import free_port
+from cluster.server_process import free_port
 
 if TYPE_CHECKING:
-    from fakes.k8s_server import K8sServer
+    from cluster.k8s_server import K8sServer
 
 # ---------------------------------------------------------------- KubeRay v1.7.0, utils/constant.go
 CLUSTER_LABEL, NODE_TYPE_LABEL, GROUP_LABEL = "ray.io/cluster", "ray.io/node-type", "ray.io/group"
@@ -254,7 +254,7 @@ def _upsert_env(env: list[dict], items: list[dict]) -> list[dict]:
 
 class RayClusterController(_JobController):
     """KubeRay's RayCluster reconcile for one RayCluster (its auth Secret, head and worker pods, status); the pods
-    run on the kubelet of :class:`fakes.k8s_operator._JobController`."""
+    run on the kubelet of :class:`cluster.k8s_operator._JobController`."""
 
     def __init__(self, api: K8sServer, namespace: str, cluster: dict):
         self._setup(api, namespace, cluster)

@@ -1,6 +1,6 @@
-"""Operator mode of the Kubernetes API test server (tests/fakes/k8s_server.py) for TrainJobs: Kubeflow Trainer
+"""Operator mode of the Kubernetes API test server (tests/cluster/k8s_server.py) for TrainJobs: Kubeflow Trainer
 v2.3.0 with JobSet v0.12.0 and the Job controller, each pod a local process group run by the kubelet of
-tests/fakes/k8s_operator.py.
+tests/cluster/k8s_operator.py.
 
 Everything a pod gets is written here from the upstream source and cited (file, function), never from kfloop's
 code: the tables below are what a test checks a TrainJob's pods against.
@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from fakes.k8s_operator import _JobController, quantity
-from fakes.k8s_store import CLUSTER_TRAINING_RUNTIMES, PODS, TRAINING_RUNTIMES, TRAINJOBS, ApiError, Store, now
-from fakes.k8s_validation import (DNS1035_LABEL_MAX_LENGTH, aggregate, dns1035_label_errors, invalid, invalid_object,
+from cluster.k8s_operator import _JobController, quantity
+from cluster.k8s_store import CLUSTER_TRAINING_RUNTIMES, PODS, TRAINING_RUNTIMES, TRAINJOBS, ApiError, Store, now
+from cluster.k8s_validation import (DNS1035_LABEL_MAX_LENGTH, aggregate, dns1035_label_errors, invalid, invalid_object,
                                   max_len_error, webhook_denied)
 
 if TYPE_CHECKING:
-    from fakes.k8s_server import K8sServer
+    from cluster.k8s_server import K8sServer
 
 SPECS = Path(__file__).resolve().parent / "specs"
 DEFAULT_RUNTIMES = ("trainer-v2.3.0-torch-distributed-runtime.yaml",)
@@ -333,7 +333,7 @@ def _free_port() -> int:
 
 class TrainJobController(_JobController):
     """Trainer's reconcile of one TrainJob, JobSet's and the Job controller's for its trainer Job; the pods run on
-    the kubelet of :class:`fakes.k8s_operator._JobController`."""
+    the kubelet of :class:`cluster.k8s_operator._JobController`."""
 
     def __init__(self, api: K8sServer, namespace: str, trainjob: dict, runtime: dict):
         self._setup(api, namespace, trainjob)

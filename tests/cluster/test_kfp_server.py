@@ -9,7 +9,7 @@ import urllib.request
 
 import kfp
 import pytest
-from fakes.kfp_server import KfpApiServer
+from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
 from kfp_server_api.exceptions import ApiException
 
@@ -152,12 +152,12 @@ def test_a_recurring_run_needs_a_six_field_cron(client, server, package):
     assert server.store.recurring_runs[rec.recurring_run_id]["status"] == "DISABLED"
 
 
-# -- multi-user mode (tests/fakes/kfp_multiuser.py) -------------------------------------------------------------
+# -- multi-user mode (tests/cluster/kfp_multiuser.py) -------------------------------------------------------------
 
 @pytest.fixture
 def multi_user(tmp_path, monkeypatch):
     """A multi-user server with profile ``team-a`` (owner alice) and a token of its ``default-editor``."""
-    from fakes.kfp_multiuser import MultiUser
+    from cluster.kfp_multiuser import MultiUser
 
     monkeypatch.setenv("HOME", str(tmp_path))
     users = MultiUser()

@@ -1,4 +1,4 @@
-"""The test server's Kubeflow Trainer v2.3.0 (tests/fakes/trainer_operator.py), with hand-written TrainJobs (not
+"""The test server's Kubeflow Trainer v2.3.0 (tests/cluster/trainer_operator.py), with hand-written TrainJobs (not
 kfloop's renderer): its webhook's refusals, the pods and env its tables give, runtimePatches as strategic merges."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes.kubernetes_cluster import CLAIM, status_of
-from fakes.trainer_operator import (JOB_NAME_TOO_LONG, JOBSET_NAME_LABEL, POD_NAME_TOO_LONG, jobset_problems,
+from cluster.kubernetes_cluster import CLAIM, status_of
+from cluster.trainer_operator import (JOB_NAME_TOO_LONG, JOBSET_NAME_LABEL, POD_NAME_TOO_LONG, jobset_problems,
                                     runtime_patch_problems, strategic_merge)
 from polling import wait_for
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from fakes.k8s_store import (CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ROLES, ApiError,
+from cluster.k8s_store import (CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ROLES, ApiError,
                              Resource, Store)
 ADMIN = "kubernetes-admin"
 MASTERS = "system:masters"

@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fakes.server_process import free_port, start_server, stop_group
+from cluster.server_process import free_port, start_server, stop_group
 
 START_TIMEOUT_S = 60
 ACCESS_KEY_ID = "AKIAKFLOOPTESTKEY0001"

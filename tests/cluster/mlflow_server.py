@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from fakes.server_process import free_port, start_server, stop_group
+from cluster.server_process import free_port, start_server, stop_group
 
 START_TIMEOUT_S = 120
 """``mlflow server`` needs 14-30 s to answer /health on an idle machine; the CI box is busy."""

@@ -35,7 +35,7 @@ Cited files (paths in that repository):
   ``FailedCreatePod`` with message ``Error creating: <the API error>``; ``service_control.go`` likewise
   ``FailedCreateService`` for a refused headless service (named as the pod).
 * ``pkg/webhooks/pytorch/pytorchjob_webhook.go`` (``validatePyTorchJob``, its test cases ported in
-  tests/fakes/test_pytorchjob_contract.py) and ``pkg/common/util/webhooks.go`` (``ValidateRunPolicy``,
+  tests/cluster/test_pytorchjob_contract.py) and ``pkg/common/util/webhooks.go`` (``ValidateRunPolicy``,
   ``ValidateRunPolicyUpdate``): the validating webhook ``validator.pytorchjob.training-operator.kubeflow.org``.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from fakes.k8s_validation import dns1035_label_errors, forbidden, invalid, not_supported, required
+from cluster.k8s_validation import dns1035_label_errors, forbidden, invalid, not_supported, required
 
 CONTAINER = "pytorch"
 """``PyTorchJobDefaultContainerName``."""

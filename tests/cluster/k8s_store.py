@@ -1,4 +1,4 @@
-"""The object store of the Kubernetes API test server (tests/fakes/k8s_server.py): resources, Status errors,
+"""The object store of the Kubernetes API test server (tests/cluster/k8s_server.py): resources, Status errors,
 merge patches, label and field selectors, resourceVersions and the watch history."""
 from __future__ import annotations
 

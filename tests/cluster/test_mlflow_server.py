@@ -9,7 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from fakes.mlflow_server import Fault, FaultProxy
+from cluster.mlflow_server import Fault, FaultProxy
 
 
 @pytest.fixture

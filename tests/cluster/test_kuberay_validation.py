@@ -1,4 +1,4 @@
-"""KubeRay v1.7.0's own validation tests, ported as vectors the emulation (fakes/kuberay_validation.py) must pass.
+"""KubeRay v1.7.0's own validation tests, ported as vectors the emulation (cluster/kuberay_validation.py) must pass.
 
 Each table below is one test function of ``ray-operator/controllers/ray/utils/validation_test.go`` at tag
 ``ray-operator/v1.7.0`` (the line of the function is in the table's name): the same inputs, as the API's JSON, and the
@@ -13,7 +13,7 @@ import copy
 
 import pytest
 
-from fakes.kuberay_validation import (FEATURE_GATES, MAX_RAYCLUSTER_NAME_LENGTH, MAX_RAYJOB_NAME_LENGTH, Invalid,
+from cluster.kuberay_validation import (FEATURE_GATES, MAX_RAYCLUSTER_NAME_LENGTH, MAX_RAYJOB_NAME_LENGTH, Invalid,
                                       validate_raycluster_metadata, validate_raycluster_spec, validate_rayjob,
                                       validate_rayjob_metadata, validate_rayjob_spec, validate_rayjob_status)
 

@@ -1,4 +1,4 @@
-"""Executes what the KFP API test server (tests/fakes/kfp_server.py) holds, as KFP's backend does.
+"""Executes what the KFP API test server (tests/cluster/kfp_server.py) holds, as KFP's backend does.
 
 A created run, and a recurring run each time its trigger fires, executes the stored pipeline version's IR: the
 root DAG's tasks in dependency order, a sub-DAG only when its ``triggerPolicy.condition`` (``dsl.If``) holds, each
@@ -67,10 +67,10 @@ from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
 from kfp.local.orchestrator.task_spec_utils import build_nested_dag_arguments
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from fakes.k8s_operator import container_env
-from fakes.k8s_rbac import service_account_user
-from fakes.k8s_server import K8sServer
-from fakes.kfp_server import FINAL_STATES, KfpApiServer, _now, split_spec
+from cluster.k8s_operator import container_env
+from cluster.k8s_rbac import service_account_user
+from cluster.k8s_server import K8sServer
+from cluster.kfp_server import FINAL_STATES, KfpApiServer, _now, split_spec
 
 TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
 """Where the ``access-ml-pipeline`` PodDefault projects the ``pipelines.kubeflow.org`` token."""

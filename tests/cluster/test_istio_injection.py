@@ -1,10 +1,10 @@
-"""The test cluster's Istio sidecar injection (tests/fakes/istio_injection.py, from Istio 1.29.0's source): which pods
+"""The test cluster's Istio sidecar injection (tests/cluster/istio_injection.py, from Istio 1.29.0's source): which pods
 get the sidecar, and what a classic sidecar does to a job whose pods are not opted out: it never completes."""
 from __future__ import annotations
 
 import pytest
-from fakes import istio_injection
-from fakes.kubernetes_cluster import pytorchjob
+from cluster import istio_injection
+from cluster.kubernetes_cluster import pytorchjob
 from polling import wait_for
 
 PROFILE = "kubeflow-user"

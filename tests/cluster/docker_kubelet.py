@@ -6,7 +6,7 @@ Taken from the kubelet (kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_contain
 
 - ``command`` replaces the image's ENTRYPOINT and ``args`` its CMD (an image's CMD never follows a given command),
   both with ``$(VAR)`` of the container's env expanded; ``env`` with ``secretKeyRef`` and ``fieldRef`` resolved
-  (``fakes.k8s_operator.container_env``); ``workingDir``.
+  (``cluster.k8s_operator.container_env``); ``workingDir``.
 - ``securityContext``, the container's over the pod's: ``runAsUser``/``runAsGroup`` as the container's user,
   ``readOnlyRootFilesystem``, ``capabilities`` add/drop, ``allowPrivilegeEscalation: false`` as
   ``no-new-privileges``; ``runAsNonRoot`` verified against the image's user (``verifyRunAsNonRoot``: a non-numeric
@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import docker
 from docker.types import Mount
 
-from fakes.k8s_operator import STOP_GRACE_SECONDS, Container, container_env, container_volumes, expand, quantity
+from cluster.k8s_operator import STOP_GRACE_SECONDS, Container, container_env, container_volumes, expand, quantity
 
 if TYPE_CHECKING:
-    from fakes.k8s_operator import _JobController
+    from cluster.k8s_operator import _JobController
 
 POD_LABEL, CONTAINER_LABEL = "io.kubernetes.pod.name", "io.kubernetes.container.name"
 """dockershim's labels on every container of a pod (``pkg/kubelet/types/labels.go``)."""

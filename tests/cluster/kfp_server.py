@@ -3,11 +3,11 @@
 It keeps pipelines, versions, experiments, runs and recurring runs in memory; answers with the real API's
 status codes and ``googleRpcStatus`` bodies (400 InvalidArgument, 401 Unauthenticated, 404 NotFound, 409
 AlreadyExists); checks every query parameter, and every JSON body against the swagger definitions in
-``tests/fakes/specs/kfp_v2beta1.swagger.json`` (types, enums, no unknown fields); parses multipart uploads; and
+``tests/cluster/specs/kfp_v2beta1.swagger.json`` (types, enums, no unknown fields); parses multipart uploads; and
 filters lists with the ``filter`` JSON predicates. Run states are driven by the test (:meth:`set_run_state`,
-or a per-run script of states that each GET advances), or by tests/fakes/kfp_executor.py, which executes the runs.
+or a per-run script of states that each GET advances), or by tests/cluster/kfp_executor.py, which executes the runs.
 Every request is recorded (:attr:`requests`). Standalone (single-user) by default, where a namespace in a request
-is ignored; ``multi_user=MultiUser()`` (tests/fakes/kfp_multiuser.py) checks callers and namespaces as multi-user
+is ignored; ``multi_user=MultiUser()`` (tests/cluster/kfp_multiuser.py) checks callers and namespaces as multi-user
 Kubeflow does (403 PermissionDenied).
 """
 from __future__ import annotations
@@ -200,14 +200,14 @@ class KfpApiServer:
         self.token = token
         """Standalone mode: the bearer token an auth proxy in front of KFP would demand; None: no auth."""
         self.multi_user = multi_user
-        """``fakes.kfp_multiuser.MultiUser``: KFP's multi-user mode (identity, SubjectAccessReview, namespaces)."""
+        """``cluster.kfp_multiuser.MultiUser``: KFP's multi-user mode (identity, SubjectAccessReview, namespaces)."""
         self.store = Store()
         self.requests: list[Request] = []
         self.state_scripts: dict[str, list[str]] = {}
         self.default_state_script: list[str] = []
         self.on_run_created: Any = None
         """``callable(run)`` called for each new run: a test plays what the pipeline does in the cluster, or
-        tests/fakes/kfp_executor.py executes it."""
+        tests/cluster/kfp_executor.py executes it."""
         self.on_run_terminated: Any = None
         """``callable(run_id)`` called by ``TerminateRun`` after the run turned ``CANCELING``."""
         self.lock = threading.RLock()

@@ -1,4 +1,4 @@
-"""The Kubernetes API test server itself (tests/fakes/k8s_server.py), through the real `kubernetes` client and
+"""The Kubernetes API test server itself (tests/cluster/k8s_server.py), through the real `kubernetes` client and
 `kubectl`: Status errors like the API server's, watches that resume and expire, server-side tables."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import shutil
 import subprocess
 
 import pytest
-from fakes.k8s_server import JOB_NAME_LABEL
-from fakes.kubernetes_cluster import PYTHON, pytorchjob, status_of
+from cluster.k8s_server import JOB_NAME_LABEL
+from cluster.kubernetes_cluster import PYTHON, pytorchjob, status_of
 from polling import wait_for
 
 

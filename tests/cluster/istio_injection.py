@@ -12,7 +12,7 @@ namespace (labelled ``istio-injection: enabled`` by the profile controller) has 
   read-only root, all capabilities dropped), and the ``sidecar.istio.io/status`` annotation
   (``inject.go``, ``annotation.SidecarStatus``).
 
-What the test cluster's kubelet does with it (tests/fakes/k8s_operator.py): ``istio-proxy`` runs until the pod is
+What the test cluster's kubelet does with it (tests/cluster/k8s_operator.py): ``istio-proxy`` runs until the pod is
 deleted, as pilot-agent does when the app container exits (nothing tells it to quit), so a pod whose app container
 ended stays Running, and the job that waits for it never completes.
 Not emulated: the ``istio-init`` init container (absent with Istio CNI, which restricted profiles need), traffic

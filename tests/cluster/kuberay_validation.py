@@ -1,5 +1,5 @@
 """KubeRay v1.7.0's validation of RayJobs and RayClusters, ported from ``ray-operator/controllers/ray/utils/
-validation.go`` (tag ``ray-operator/v1.7.0``) for the emulation in :mod:`fakes.kuberay_operator`: the same rules in
+validation.go`` (tag ``ray-operator/v1.7.0``) for the emulation in :mod:`cluster.kuberay_operator`: the same rules in
 the same order, each failing with upstream's message. The objects are the API's JSON (camelCase dicts).
 
 Ported: ``ValidateRayJobMetadata`` (validation.go:533), ``ValidateRayJobSpec`` (:543) with

@@ -1,6 +1,6 @@
-"""Operator mode of the Kubernetes API test server (tests/fakes/k8s_server.py): the Training Operator v1.9 and the
+"""Operator mode of the Kubernetes API test server (tests/cluster/k8s_server.py): the Training Operator v1.9 and the
 kubelet for PyTorchJobs, each pod a local process group (see that module's docstring for what it plays and
-how it differs from a cluster). What the operator puts into each pod comes from tests/fakes/pytorchjob_contract.py,
+how it differs from a cluster). What the operator puts into each pod comes from tests/cluster/pytorchjob_contract.py,
 written from the operator's source; nothing here imports the code under test."""
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 
-from fakes import istio_injection
-from fakes import pytorchjob_contract as operator
-from fakes.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
-from fakes.k8s_validation import service_refusal
-from fakes.server_process import free_port
+from cluster import istio_injection
+from cluster import pytorchjob_contract as operator
+from cluster.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
+from cluster.k8s_validation import service_refusal
+from cluster.server_process import free_port
 
 if TYPE_CHECKING:
-    from fakes.k8s_server import K8sServer
+    from cluster.k8s_server import K8sServer
 
 JOB_NAME_LABEL, REPLICA_TYPE_LABEL = operator.JOB_NAME_LABEL, operator.REPLICA_TYPE_LABEL
 REPLICA_INDEX_LABEL = operator.REPLICA_INDEX_LABEL
@@ -62,7 +62,7 @@ class Container(Protocol):
 
 class Runtime(Protocol):
     """What runs a pod's containers for the kubelet: :class:`ProcessRuntime` (local process groups, the default)
-    or ``fakes.docker_kubelet.DockerRuntime`` (containers of the pod's image)."""
+    or ``cluster.docker_kubelet.DockerRuntime`` (containers of the pod's image)."""
 
     def has_image(self, image: str) -> bool: ...
     def start(self, job: "_JobController", pod: dict, container: dict, log: Path, attempt: int) -> Container: ...

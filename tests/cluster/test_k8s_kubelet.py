@@ -3,8 +3,8 @@ emulate refused by name (CreateContainerConfigError), never dropped."""
 from __future__ import annotations
 
 import pytest
-from fakes.k8s_operator import expand
-from fakes.kubernetes_cluster import PYTHON, pytorchjob
+from cluster.k8s_operator import expand
+from cluster.kubernetes_cluster import PYTHON, pytorchjob
 from polling import wait_for
 
 _ENV = {"VAR_A": "A", "VAR_B": "B", "VAR_C": "C", "VAR_REF": "$(VAR_A)", "VAR_EMPTY": ""}

@@ -1,4 +1,4 @@
-"""The test server's KubeRay v1.7.0 (tests/fakes/kuberay_operator.py), with hand-written RayJobs and RayClusters (not
+"""The test server's KubeRay v1.7.0 (tests/cluster/kuberay_operator.py), with hand-written RayJobs and RayClusters (not
 kfloop's renderer): the CRD's refusals, KubeRay's own validation, the pods and commands pod.go and job.go make, the
 backoffLimit rule, suspension, `kubectl get`, and deletion taking the RayCluster, its pods and Secret along."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import subprocess
 import pytest
 from kubernetes import client
 
-from fakes.k8s_store import RAYCLUSTERS
-from fakes.kubernetes_cluster import status_of
-from fakes.kuberay_operator import (CLUSTER_LABEL, RayClusterController, check_backoff_limit, probe_failure,
+from cluster.k8s_store import RAYCLUSTERS
+from cluster.kubernetes_cluster import status_of
+from cluster.kuberay_operator import (CLUSTER_LABEL, RayClusterController, check_backoff_limit, probe_failure,
                                     submit_command)
 from polling import wait_for
 

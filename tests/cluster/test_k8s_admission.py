@@ -1,5 +1,5 @@
 """What the test API server refuses, as a cluster does: RBAC by the roles it holds (the upstream KFP roles in
-tests/fakes/specs/), Pod Security admission in labelled namespaces, and Secrets stored as base64 ``data``."""
+tests/cluster/specs/), Pod Security admission in labelled namespaces, and Secrets stored as base64 ``data``."""
 from __future__ import annotations
 
 import base64
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes import pod_security
-from fakes.k8s_rbac import User, service_account_user
-from fakes.k8s_store import Resource
-from fakes.kubernetes_cluster import PYTHON, grant, pytorchjob, status_of
+from cluster import pod_security
+from cluster.k8s_rbac import User, service_account_user
+from cluster.k8s_store import Resource
+from cluster.kubernetes_cluster import PYTHON, grant, pytorchjob, status_of
 from polling import wait_for
 
 SPECS = Path(__file__).resolve().parent / "specs"

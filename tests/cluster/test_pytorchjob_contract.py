@@ -1,4 +1,4 @@
-"""The test server's operator follows the Training Operator v1.9's source (tests/fakes/pytorchjob_contract.py), not
+"""The test server's operator follows the Training Operator v1.9's source (tests/cluster/pytorchjob_contract.py), not
 kfloop's code: the expected values below are read off the cited operator files, and the test cluster imports
 nothing of kfloop."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes import pytorchjob_contract as operator
-from fakes.kubernetes_cluster import PYTHON, pytorchjob, status_of
+from cluster import pytorchjob_contract as operator
+from cluster.kubernetes_cluster import PYTHON, pytorchjob, status_of
 from polling import wait_for
 
 FAKES = Path(__file__).resolve().parent
@@ -93,7 +93,7 @@ def test_every_container_of_a_replica_gets_the_env_and_a_declared_port_is_honour
     ``pytorchjob-port`` other than the operator's default is the MASTER_PORT as written."""
     from kubernetes import client
 
-    from fakes.server_process import free_port
+    from cluster.server_process import free_port
 
     out = cluster.shared
     body = pytorchjob("every-container", [PYTHON, "-c", _PRINT_ENV.format(out=str(out))], workers=1, containers=2)

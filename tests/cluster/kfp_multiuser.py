@@ -1,4 +1,4 @@
-"""Multi-user mode of the KFP API test server (tests/fakes/kfp_server.py), as KFP 2.x's API server behaves with
+"""Multi-user mode of the KFP API test server (tests/cluster/kfp_server.py), as KFP 2.x's API server behaves with
 ``MULTIUSER=true``: read from kubeflow/pipelines ``backend/src/apiserver`` (master, Dec 2026):
 
 * Who calls (``resource/resource_manager.go`` ``IsAuthorized``): each authenticator in turn,
@@ -8,8 +8,8 @@
   check authorization. User identity is empty in the request header".
 * What they may do: a SubjectAccessReview ``{user, resourceAttributes: {namespace, verb, group
   pipelines.kubeflow.org, version v1beta1, resource, name}}``; not allowed: 403 PermissionDenied. It is answered
-  here by the Kubernetes test server's RBAC authorizer (tests/fakes/k8s_rbac.py) over KFP's upstream ClusterRoles
-  (``tests/fakes/specs/kfp-multi-user-view-edit-cluster-roles.yaml``) and the RoleBindings a Kubeflow profile makes
+  here by the Kubernetes test server's RBAC authorizer (tests/cluster/k8s_rbac.py) over KFP's upstream ClusterRoles
+  (``tests/cluster/specs/kfp-multi-user-view-edit-cluster-roles.yaml``) and the RoleBindings a Kubeflow profile makes
   (kubeflow/dashboard ``components/profile-controller/controllers/profile_controller.go``: the owner to
   ``kubeflow-admin``, the ``default-editor`` service account to ``kubeflow-edit``). Every review is recorded, with the operation it was made for.
 * Pipelines (``server/pipeline_server.go`` ``canAccessPipeline``): anyone may read a shared pipeline (empty
@@ -35,9 +35,9 @@ from typing import Any, Callable
 
 import yaml
 
-from fakes.k8s_rbac import Authorizer, Identities, User, service_account_user
-from fakes.k8s_store import CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ApiError as K8sApiError, Resource, Store
-from fakes.kfp_server import ApiError
+from cluster.k8s_rbac import Authorizer, Identities, User, service_account_user
+from cluster.k8s_store import CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ApiError as K8sApiError, Resource, Store
+from cluster.kfp_server import ApiError
 
 KFP_NAMESPACE = "kubeflow"
 """The namespace KFP's API server runs in (``common.GetPodNamespace()``): shared pipelines are reviewed there."""

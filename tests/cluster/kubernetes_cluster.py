@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fakes.k8s_server import K8sServer
+from cluster.k8s_server import K8sServer
 
 CLAIM = "kfloop-shared"
 RESTRICTED_CONTAINER = {"runAsNonRoot": True, "allowPrivilegeEscalation": False,

@@ -12,21 +12,21 @@ cluster admin, or of any user or service account):
   carrying a stale one gets 409 Conflict, the compare-and-set a Lease lock relies on; a Lease time not in
   MicroTime form gets 400), label and field selectors, Status bodies like the API server's (401 Unauthorized,
   403 Forbidden, 404 NotFound, 409 AlreadyExists or Conflict, 422 Invalid from the real CRD schema via
-  tests/fakes/crd_schema.py), server-side `Table` for `kubectl get`, and watch streams
+  tests/cluster/crd_schema.py), server-side `Table` for `kubectl get`, and watch streams
   (`?watch=true&resourceVersion=N`: chunked JSON lines, ADDED / MODIFIED / DELETED, resumed from N; an `ERROR`
   event with code 410 Expired when N is older than the retained history, as the API server sends it).
 * authentication and RBAC authorisation of every request by the roles and bindings it holds
-  (tests/fakes/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
+  (tests/cluster/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
   resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Istio's sidecar
-  injection into pods of namespaces labelled `istio-injection: enabled` (tests/fakes/istio_injection.py: the
+  injection into pods of namespaces labelled `istio-injection: enabled` (tests/cluster/istio_injection.py: the
   sidecar outlives the app container, so such a pod stays Running) and Pod Security admission of pods in namespaces
-  labelled `pod-security.kubernetes.io/enforce` (tests/fakes/pod_security.py).
+  labelled `pod-security.kubernetes.io/enforce` (tests/cluster/pod_security.py).
 
-A PyTorchJob passes the Training Operator's validating webhook first (tests/fakes/pytorchjob_contract.py
+A PyTorchJob passes the Training Operator's validating webhook first (tests/cluster/pytorchjob_contract.py
 ``validate``, refused with 403 and the webhook's message); its per-pod headless services the API server refuses
 (names over 63 characters) are FailedCreateService events, and those names do not resolve.
 Operator mode (on by default) plays the Training Operator v1.9 and the kubelet for PyTorchJobs: one pod object
-per replica, made as tests/fakes/pytorchjob_contract.py says the operator makes it (names, labels, the env on
+per replica, made as tests/cluster/pytorchjob_contract.py says the operator makes it (names, labels, the env on
 every container, the `init-pytorch` init container of workers), admitted like any pod, and one local process
 group per container that runs: the init containers in order, then the `pytorch` container (others are not run;
 an injected `istio-proxy` is reported running until the pod is deleted),
@@ -50,11 +50,11 @@ Created. Scheduling checks the pod's resources against one node's `capacity` les
 ended request: a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees.
 Images in `unpullable_images` stay in ImagePullBackOff; a pod named in `killed_pods` is SIGKILLed (exit 137) each
 time it starts, reporting the reason given there (`OOMKilled`, or `Error` for a plain kill).
-That is the default runtime (``fakes.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
-(tests/fakes/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
-TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/fakes/trainer_operator.py (its webhook, runtimes,
+That is the default runtime (``cluster.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
+(tests/cluster/docker_kubelet.py) runs each container as a container of its image instead, as ``make e2e`` does.
+TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/cluster/trainer_operator.py (its webhook, runtimes,
 JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
-RayJobs and RayClusters run the way KubeRay v1.7.0 runs them: tests/fakes/kuberay_operator.py (the RayJob and
+RayJobs and RayClusters run the way KubeRay v1.7.0 runs them: tests/cluster/kuberay_operator.py (the RayJob and
 RayCluster controllers, the submitter's Job; the pods run `ray start` and `ray job submit`, cited from KubeRay's
 source). A pod without `restartPolicy` gets the API server's default, `Always`.
 """
@@ -77,13 +77,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from fakes import istio_injection, kuberay_operator, pod_security, pytorchjob_contract, tls, trainer_operator
-from fakes.crd_schema import printer_columns, validate as validate_crd
-from fakes.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
+from cluster import istio_injection, kuberay_operator, pod_security, pytorchjob_contract, tls, trainer_operator
+from cluster.crd_schema import printer_columns, validate as validate_crd
+from cluster.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
-from fakes.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
-from fakes.k8s_validation import aggregate, webhook_denied
-from fakes.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES,
+from cluster.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
+from cluster.k8s_validation import aggregate, webhook_denied
+from cluster.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES,
                              SECRETS, TRAINJOBS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
@@ -184,7 +184,7 @@ class K8sServer:
         pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
             None: the operator's default ``init-pytorch``.
         runtime: what runs the pods' containers: local process groups (default), or
-            ``fakes.docker_kubelet.DockerRuntime``'s containers of each pod's image.
+            ``cluster.docker_kubelet.DockerRuntime``'s containers of each pod's image.
     """
 
     def __init__(self, workdir: Path, *, namespace: str = "default", volumes: dict[str, Path] | None = None,
@@ -259,7 +259,7 @@ class K8sServer:
     def write_kubeconfig(self, path: Path, user: User = ADMIN_USER, namespace: str | None = None) -> Path:
         """A kubeconfig whose current context points at this server and ``namespace`` (default: the server's), with
         a bearer token of ``user`` (default: the cluster admin, group ``system:masters``; for a service account
-        :func:`fakes.k8s_rbac.service_account_user`)."""
+        :func:`cluster.k8s_rbac.service_account_user`)."""
         namespace = namespace or self.namespace
         config = {"apiVersion": "v1", "kind": "Config", "current-context": "k8s-test",
                   "clusters": [{"name": "k8s-test", "cluster": {
@@ -488,7 +488,7 @@ class K8sServer:
         return controller
 
     def create_pod(self, namespace: str, pod: dict) -> dict:
-        """Admit (Istio's sidecar injection where the namespace has it, tests/fakes/istio_injection.py; then Pod
+        """Admit (Istio's sidecar injection where the namespace has it, tests/cluster/istio_injection.py; then Pod
         Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as the API server
         does for the operator's pod creations.
 
@@ -594,7 +594,7 @@ class K8sServer:
 
 
 def _admit_pytorchjob(job: dict, old: dict | None = None) -> None:
-    """The Training Operator's validating webhook (tests/fakes/pytorchjob_contract.py ``validate``).
+    """The Training Operator's validating webhook (tests/cluster/pytorchjob_contract.py ``validate``).
 
     Raises:
         ApiError: 403 with the webhook's denial, as the API server answers it.

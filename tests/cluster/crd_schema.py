@@ -1,5 +1,5 @@
 """Validate PyTorchJob / TrainJob / ClusterTrainingRuntime / RayJob / RayCluster bodies against the real CRD openAPIV3Schema in
-tests/fakes/specs/.
+tests/cluster/specs/.
 
 Mirrors what the Kubernetes API server does on create with strict field validation (kubectl's default since
 1.27): the CRD's structural schema is checked (types, required, enum, pattern, int-or-string) and every field the
@@ -78,7 +78,7 @@ def _structural(node: Any) -> Any:
 
 @functools.cache
 def _schemas() -> dict[tuple[str, str], dict]:
-    """(apiVersion, kind) -> JSON Schema of every served version of the CRDs in tests/fakes/specs/."""
+    """(apiVersion, kind) -> JSON Schema of every served version of the CRDs in tests/cluster/specs/."""
     found = {}
     for file_name in CRD_FILES:
         # libyaml's loader: the RayJob and RayCluster CRDs (full pod specs per group) take seconds in pure Python
@@ -133,7 +133,7 @@ def validate(body: dict) -> list[str]:
     """Check a PyTorchJob or TrainJob body against its real CRD schema; an empty list means valid.
 
     Each message starts with the dotted field path (e.g. `spec.pytorchReplicaSpecs.Master.replicas`).
-    An apiVersion/kind with no CRD in tests/fakes/specs/ is itself reported.
+    An apiVersion/kind with no CRD in tests/cluster/specs/ is itself reported.
     """
     if not isinstance(body, dict):
         return [f"<root>: Invalid value: body must be an object, got {type(body).__name__}"]
