@@ -1,16 +1,18 @@
-"""The retrain decision: dedupe on (model, data hash, time window), a cooldown per model, and one JSON state file
-whose lock makes decide -> record it pending -> start the run -> complete the record a single step across
-processes. The pending record is written before the run starts, so a lost write means no run, and a write lost
-after the start leaves the pending record holding the cooldown: a run is never started twice."""
+"""The retrain decision: dedupe on (model, data hash, time window), a cooldown per model, and one JSON state
+document changed only by :meth:`TriggerStore.update` (read, change, write; a store with compare-and-swap re-reads and
+re-decides when another decider wrote first), so the decision is made on the state its pending record is written
+over. The pending record is written before the run starts, so a lost write means no run, and a write lost after the
+start leaves the pending record holding the cooldown: a run is never started twice."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from filelock import FileLock
 
@@ -32,6 +34,9 @@ MAX_MODEL_CHARS = 256
 """The longest model name the trigger takes (MLflow's own limit on registered model names)."""
 MAX_REASON_CHARS = 500
 """A reason is kept (in the state, the log, the answer) to this many characters."""
+CAS_TRIES = 8
+"""Compare-and-swap writes :meth:`TriggerStore.update` tries before giving up (each lost one is re-read and redone)."""
+T = TypeVar("T")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -122,10 +127,19 @@ class RunInFlight(KfloopError, RuntimeError):
     """Raised by a ``start()`` callback that did not start a run because one is already pending or running."""
 
 
+class StateConflict(Exception):
+    """Raised by a store's ``_write`` when the document changed since the version it was read at."""
+
+
+class TriggerStateContended(KfloopError, RuntimeError):
+    """Every compare-and-swap write of one update lost to another decider; nothing was written."""
+
+
 class TriggerStore:
     """The trigger history in one JSON file, written atomically. ``lock`` (``<path>.lock``, reentrant within a
-    process) is held by ``record`` and across ``maybe_trigger``. Subclasses keep the same document elsewhere by
-    overriding ``_read``/``_write`` (and ``lock``)."""
+    process) is held by :meth:`update` and across ``maybe_trigger``. Subclasses keep the same document elsewhere by
+    overriding ``_read``/``_write`` (and ``lock``); one with compare-and-swap raises :class:`StateConflict` from
+    ``_write`` when the version read is stale."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -136,15 +150,29 @@ class TriggerStore:
         """The trigger state of ``model_name`` on this machine: ``<workdir>/trigger/<model>.json``."""
         return cls(workdir / "trigger" / f"{model_name}.json")
 
-    def _read(self) -> bytes | None:
-        """The stored document, or None when there is none yet."""
+    def _read(self) -> tuple[bytes | None, Any]:
+        """The stored document (None when there is none yet) and its version (None: the lock alone guards it)."""
         try:
-            return self.path.read_bytes()
+            return self.path.read_bytes(), None
         except FileNotFoundError:
-            return None
+            return None, None
 
-    def _write(self, state: dict[str, Any]) -> None:
+    def _write(self, state: dict[str, Any], version: Any) -> None:
+        """Store ``state`` over the document read at ``version``."""
         atomic_write_json(self.path, state)
+
+    def _load(self) -> tuple[dict[str, Any], Any]:
+        raw, version = self._read()
+        if raw is None:
+            return {"version": STATE_VERSION, "models": {}}, version
+        try:
+            state = json.loads(raw)
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+            raise TriggerStateError(self.path, f"not valid JSON ({err})") from err
+        problem = _state_problem(state)
+        if problem:
+            raise TriggerStateError(self.path, problem)
+        return state, version
 
     def load(self) -> dict[str, Any]:
         """The state: ``{"version": 1, "models": {model: {"fired": [...], "last_check": {...} | None, "counts":
@@ -154,17 +182,29 @@ class TriggerStore:
         Raises:
             TriggerStateError: the file is not valid JSON or not a trigger state.
         """
-        raw = self._read()
-        if raw is None:
-            return {"version": STATE_VERSION, "models": {}}
-        try:
-            state = json.loads(raw)
-        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-            raise TriggerStateError(self.path, f"not valid JSON ({err})") from err
-        problem = _state_problem(state)
-        if problem:
-            raise TriggerStateError(self.path, problem)
-        return state
+        return self._load()[0]
+
+    def update(self, change: Callable[[dict[str, Any]], T]) -> T:
+        """Read the state, apply ``change`` to it in place and write it over the version read; when another writer
+        came first (:class:`StateConflict`), read again and apply ``change`` to the new state. Returns what
+        ``change`` returned on the state that was written.
+
+        Raises:
+            TriggerStateError: the stored document is unusable.
+            TriggerStateContended: all :data:`CAS_TRIES` writes lost.
+        """
+        with self.lock:
+            for _ in range(CAS_TRIES):
+                state, version = self._load()
+                result = change(state)
+                try:
+                    self._write(state, version)
+                except StateConflict:
+                    continue
+                return result
+        raise TriggerStateContended(f"the trigger state at {self.path} changed under each of {CAS_TRIES} writes "
+                                    "(other deciders wrote first); nothing was recorded, so no run was started: "
+                                    "send the alert again")
 
     def last_check(self, model: str, *, since: float) -> dict[str, Any] | None:
         """The last decision for ``model`` if made at or after ``since``: ``fire``, ``reason``, ``key``, ``at`` and
@@ -187,23 +227,7 @@ class TriggerStore:
         Raises:
             TriggerStateError: the existing file is unusable.
         """
-        with self.lock:
-            state = self.load()
-            entry = state["models"].setdefault(decision.model, {"fired": [], "last_check": None})
-            entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire,
-                                   "reason": bounded(decision.reason)}
-            counts = entry["counts"] = outcome_counts(entry)
-            counts[decision.outcome] = counts.get(decision.outcome, 0) + 1
-            if decision.fire:
-                entry["fired"].append({"key": decision.key, "data_hash": decision.data_hash,
-                                       "window": decision.window, "at": now, "run_id": None, "pending": True})
-                del entry["fired"][:-HISTORY_LIMIT]
-            self._write(state)
-
-    def restore(self, state: dict[str, Any]) -> None:
-        """Put back ``state``, read by :meth:`load` under the same lock hold (a run that did not start)."""
-        with self.lock:
-            self._write(state)
+        self.update(lambda state: _record(state, decision, now))
 
     def complete(self, decision: TriggerDecision, now: float, run_id: str) -> None:
         """Give the pending record of ``decision`` (recorded at ``now``) the id of the run it started.
@@ -212,14 +236,52 @@ class TriggerStore:
             TriggerStateError: the existing file is unusable.
             ValueError: no pending record of ``decision`` at ``now``.
         """
-        with self.lock:
-            state = self.load()
-            pending = [f for f in state["models"].get(decision.model, {"fired": []})["fired"]
-                       if f["key"] == decision.key and f["at"] == now and f.get("pending")]
+        def change(state: dict[str, Any]) -> None:
+            pending = _pending(state, decision, now)
             if not pending:
                 raise ValueError(f"no pending trigger record of {decision.key} at {utc_iso(now)} to complete")
             pending[-1].update(run_id=run_id, pending=False)
-            self._write(state)
+        self.update(change)
+
+
+def _record(state: dict[str, Any], decision: TriggerDecision, now: float) -> dict[str, Any]:
+    """Record ``decision`` in ``state`` (as :meth:`TriggerStore.record`); returns the model's entry."""
+    entry = state["models"].setdefault(decision.model, {"fired": [], "last_check": None})
+    entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire, "reason": bounded(decision.reason)}
+    counts = entry["counts"] = outcome_counts(entry)
+    counts[decision.outcome] = counts.get(decision.outcome, 0) + 1
+    if decision.fire:
+        entry["fired"].append({"key": decision.key, "data_hash": decision.data_hash, "window": decision.window,
+                               "at": now, "run_id": None, "pending": True})
+        del entry["fired"][:-HISTORY_LIMIT]
+    return entry
+
+
+def _pending(state: dict[str, Any], decision: TriggerDecision, now: float) -> list[dict[str, Any]]:
+    """The pending records of ``decision`` made at ``now`` in ``state``."""
+    return [f for f in state["models"].get(decision.model, {"fired": []})["fired"]
+            if f["key"] == decision.key and f["at"] == now and f.get("pending")]
+
+
+def _withdraw(state: dict[str, Any], decision: TriggerDecision, now: float, before: dict[str, Any] | None,
+              written: dict[str, Any]) -> None:
+    """Take back the pending record of ``decision`` (its run did not start): the model's entry goes back to
+    ``before`` when it is still the ``written`` one, else only the record and its count go (another decider's
+    check since then stays)."""
+    models = state["models"]
+    if models.get(decision.model) == written:
+        if before is None:
+            models.pop(decision.model, None)
+        else:
+            models[decision.model] = before
+        return
+    entry = models.get(decision.model)
+    mine = _pending(state, decision, now)
+    if entry is None or not mine:
+        return
+    entry["fired"] = [f for f in entry["fired"] if not any(f is m for m in mine)]
+    counts = entry["counts"] = outcome_counts(entry)
+    counts["fired"] = max(counts.get("fired", 0) - 1, 0)
 
 
 def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy) -> TriggerDecision:
@@ -229,6 +291,12 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
         ValueError: empty model or data hash, or a non-finite ``now``.
         TriggerStateError: the state file is unusable.
     """
+    _check_arguments(model, data_hash, now)
+    return _decide(store.load(), model=model, data_hash=data_hash, now=now, policy=policy)
+
+
+def _check_arguments(model: Any, data_hash: Any, now: Any) -> None:
+    """Raise ValueError, saying the fix, for a model name, data hash or time :func:`decide` cannot take."""
     if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_CHARS:
         raise ValueError(f"model={bounded(repr(model), 80)}: use the registered model name (1 to {MAX_MODEL_CHARS} "
                          "characters)")
@@ -237,10 +305,15 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
                          "of at most 64 characters (e.g. its DVC md5)")
     if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
         raise ValueError(f"now={now!r}: use seconds since the epoch, e.g. time.time()")
+
+
+def _decide(state: dict[str, Any], *, model: str, data_hash: str, now: float,
+            policy: TriggerPolicy) -> TriggerDecision:
+    """The decision of :func:`decide` on ``state`` (arguments already checked)."""
     window = math.floor(now / policy.window_seconds)
     key = f"{model}:{data_hash}:{window}"
     made = dict(key=key, model=model, data_hash=data_hash, window=window)
-    fired = store.load()["models"].get(model, {"fired": []})["fired"]
+    fired = state["models"].get(model, {"fired": []})["fired"]
     same = [f for f in fired if f["data_hash"] == data_hash and f["window"] == window]
     if same:
         return TriggerDecision(fire=False, outcome="duplicate",
@@ -259,33 +332,44 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
 
 def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy,
                   start: Callable[[], str]) -> TriggerDecision:
-    """Decide and, when the decision fires, record it pending, call ``start()`` (which starts a training run and
-    returns its id) and complete the record with the id, all under the store's lock, so concurrent triggers never
-    both start a run. A failed pending write starts nothing; when ``start()`` raises, the state is put back as it
-    was (:class:`RunInFlight`: the decision is recorded as skipped, with that reason).
+    """Decide and record the decision in one :meth:`TriggerStore.update` (the decision is made on the state the
+    record is written over: of two deciders racing, the one whose write loses decides again on the winner's state),
+    then, when it fired, call ``start()`` (which starts a training run and returns its id) and complete the pending
+    record with the id. A failed pending write starts nothing; when ``start()`` raises, the pending record is taken
+    back (:class:`RunInFlight`: the decision is recorded as skipped, with that reason).
 
     Raises:
         ValueError, TriggerStateError: as ``decide``.
+        TriggerStateContended: as :meth:`TriggerStore.update` (no run is started).
         RunNotRecorded: the run started but its id could not be recorded; the pending record keeps the cooldown.
         Exception: what the store raises when the pending record cannot be written (no run is started then), or
-            what ``start()`` raises (the state is put back then).
+            what ``start()`` raises (the pending record is taken back then).
     """
+    _check_arguments(model, data_hash, now)
+    made: dict[str, Any] = {}
+
+    def decide_and_record(state: dict[str, Any]) -> TriggerDecision:
+        entry = state["models"].get(model)
+        made["before"] = copy.deepcopy(entry)
+        decision = _decide(state, model=model, data_hash=data_hash, now=now, policy=policy)
+        made["written"] = copy.deepcopy(_record(state, decision, now))
+        return decision
+
     with store.lock:
-        decision = decide(store, model=model, data_hash=data_hash, now=now, policy=policy)
+        decision = store.update(decide_and_record)
         if not decision.fire:
-            store.record(decision, now)
             return decision
-        before = store.load()
-        store.record(decision, now)
+
+        def withdraw(state: dict[str, Any]) -> None:
+            _withdraw(state, decision, now, made["before"], made["written"])
         try:
             run_id = start()
         except RunInFlight as busy:
-            store.restore(before)
             skipped = dataclasses.replace(decision, fire=False, outcome="in_flight", reason=f"in flight: {busy}")
-            store.record(skipped, now)
+            store.update(lambda state: (withdraw(state), _record(state, skipped, now)))
             return skipped
         except BaseException:
-            store.restore(before)
+            store.update(withdraw)
             raise
         try:
             store.complete(decision, now, run_id)

@@ -38,11 +38,11 @@ class RegistryTriggerStore(TriggerStore):
         self.path = f"registered model {model_name!r} tag {STATE_TAG} at {redact(mlflow.get_tracking_uri())}"
         self.lock = model_lock(model_name)
 
-    def _read(self) -> bytes | None:
+    def _read(self) -> tuple[bytes | None, Any]:
         registered = registered_model(self.model_name, client=self.client)
         value = registered.tags.get(STATE_TAG) if registered else None
-        return None if value is None else value.encode()
+        return (None if value is None else value.encode()), None
 
-    def _write(self, state: dict[str, Any]) -> None:
+    def _write(self, state: dict[str, Any], version: Any) -> None:
         ensure_registered_model(self.model_name, client=self.client)
         self.client.set_registered_model_tag(self.model_name, STATE_TAG, json.dumps(state, sort_keys=True))

@@ -166,11 +166,11 @@ class LosingStore(TriggerStore):
         super().__init__(path)
         self.writes, self.fail_from = 0, fail_from
 
-    def _write(self, state):
+    def _write(self, state, version):
         self.writes += 1
         if self.writes >= self.fail_from:
             raise OSError("the store went away")
-        super()._write(state)
+        super()._write(state, version)
 
 
 def test_a_lost_pending_write_starts_no_run(tmp_path):
