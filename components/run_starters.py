@@ -1,5 +1,5 @@
 """The retrain trigger's part of a backend, picked by the backend's type (:mod:`training.launch.backends`): where
-the trigger keeps its state (a file in the workdir on this machine, the registered model in MLflow on Kubernetes)
+the trigger keeps its state (a file in the workdir on this machine, a ConfigMap on Kubernetes)
 and how it starts a training run (under kfp.local on this machine, or as a run of the pinned training version on
 the KFP server). Domain code cannot hold this role without training/ importing monitoring/."""
 from __future__ import annotations
@@ -17,8 +17,11 @@ import yaml
 from components.kfp_client import DEFAULT_EXPERIMENT, IN_CLUSTER_ENDPOINT, VersionRef, connect, start_training
 from data.settings import SECTION_PARAMETERS
 from monitoring.trigger import TriggerStore
+from monitoring.trigger_configmap import ConfigMapTriggerStore
 from monitoring.trigger_registry import RegistryTriggerStore
 from training.launch.backends import Backend, KubernetesBackend
+from training.launch.kube_client import api_client
+from training.registry.lock import lease_namespace
 
 
 def local_training_process(settings: dict[str, Any], config: Path, **popen: Any) -> subprocess.Popen:
@@ -80,9 +83,15 @@ def run_starter(backend: Backend, pinned: dict[str, Any], settings: dict[str, An
     return lambda: start_local_training(settings)
 
 
-def trigger_store(backend: Backend, model_name: str, workdir: Path) -> TriggerStore:
+def trigger_store(backend: Backend, model_name: str, workdir: Path, *, cluster_api: bool = True) -> TriggerStore:
     """Where the retrain trigger of ``model_name`` keeps its cooldown and dedupe state on ``backend``: a file in
-    ``workdir`` on this machine, the registered model in MLflow on Kubernetes (it outlives the pods that decide)."""
-    if isinstance(backend, KubernetesBackend):
+    ``workdir`` on this machine; on Kubernetes a ConfigMap changed by compare-and-swap in the namespace of the
+    promotion Lease, reached through ``cluster.launcher.kubeconfig`` (shared by the webhook's and the trigger
+    step's pods), or, for a process without the cluster's API (``cluster_api=False``: ``kfloop serve --host`` from
+    outside the cluster), the registered model in MLflow."""
+    if not isinstance(backend, KubernetesBackend):
+        return TriggerStore.in_workdir(workdir, model_name)
+    if not cluster_api:
         return RegistryTriggerStore(model_name)
-    return TriggerStore.in_workdir(workdir, model_name)
+    kubeconfig = backend.config.launcher.kubeconfig
+    return ConfigMapTriggerStore(model_name, api=api_client(kubeconfig), namespace=lease_namespace(kubeconfig))

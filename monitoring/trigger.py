@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
@@ -37,6 +38,9 @@ MAX_REASON_CHARS = 500
 CAS_TRIES = 8
 """Compare-and-swap writes :meth:`TriggerStore.update` tries before giving up (each lost one is re-read and redone)."""
 T = TypeVar("T")
+_LOCKS: dict[str, threading.RLock] = {}
+"""One lock per registered model: a slow MLflow or KFP call for one model holds up no other model's trigger."""
+_LOCKS_GUARD = threading.Lock()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -282,6 +286,13 @@ def _withdraw(state: dict[str, Any], decision: TriggerDecision, now: float, befo
     entry["fired"] = [f for f in entry["fired"] if not any(f is m for m in mine)]
     counts = entry["counts"] = outcome_counts(entry)
     counts["fired"] = max(counts.get("fired", 0) - 1, 0)
+
+
+def model_lock(model_name: str) -> threading.RLock:
+    """The process's lock of ``model_name``'s trigger state (the same object on every call): the lock of the stores
+    kept off this machine, which serialises the deciders of one process."""
+    with _LOCKS_GUARD:
+        return _LOCKS.setdefault(model_name, threading.RLock())
 
 
 def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, policy: TriggerPolicy) -> TriggerDecision:

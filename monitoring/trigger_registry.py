@@ -1,35 +1,26 @@
-"""The trigger state kept on the registered model in MLflow, so it outlives the pods that decide (a drift step's
-or the webhook's local disk does not)."""
+"""The trigger state kept on the registered model in MLflow, for a decider that starts KFP runs from outside the
+cluster (``kfloop serve --host URL`` on a machine without the Kubernetes API): it outlives the process. In a cluster
+the state is a ConfigMap (:mod:`monitoring.trigger_configmap`), which has the compare-and-swap MLflow lacks."""
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import mlflow
 
 from data.redaction import redact
-from monitoring.trigger import TriggerStore
+from monitoring.trigger import TriggerStore, model_lock
 from training.registry.versions import ensure_registered_model, registered_model
 
 STATE_TAG = "kfloop.trigger_state"
 """Registered-model tag holding the trigger document (MLflow allows 100,000 characters; the history is capped)."""
-_LOCKS: dict[str, threading.RLock] = {}
-"""One lock per registered model: a slow MLflow or KFP call for one model holds up no other model's trigger."""
-_LOCKS_GUARD = threading.Lock()
-
-
-def model_lock(model_name: str) -> threading.RLock:
-    """The process's lock of ``model_name``'s trigger state (the same object on every call)."""
-    with _LOCKS_GUARD:
-        return _LOCKS.setdefault(model_name, threading.RLock())
 
 
 class RegistryTriggerStore(TriggerStore):
     """:class:`TriggerStore` whose document is the ``kfloop.trigger_state`` tag of registered model ``model_name``.
 
     MLflow has no compare-and-set, so ``lock`` (one per model, :func:`model_lock`) serialises deciders within a
-    process only; across pods the KFP path also refuses to start a training run while one is in flight.
+    process only; the KFP path also refuses to start a training run while one is in flight.
     """
 
     def __init__(self, model_name: str, client: Any = None):

@@ -520,7 +520,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
     from pipelines.alerts import LocalAlertRuns
     from pipelines.kfp_server.runs import alert_starter
-    from training.launch.backends import backend_named
+    from training.launch.backends import BACKEND_ENV, backend_named
 
     if args.local and (args.host or args.pipeline_version or args.namespace or args.service_account):
         raise UsageError("--host, --pipeline-version, --namespace and --service-account are for runs on the KFP "
@@ -530,11 +530,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = options.settings(args)
     env = load_environment(args.workdir)
     activate(env)
-    # where alerts start runs, and where the trigger state lives: this machine's workdir, or MLflow for KFP runs
+    # where alerts start runs, and where the trigger state lives: this machine's workdir, a ConfigMap in the cluster,
+    # or MLflow for KFP runs started from outside the cluster (no Kubernetes API there)
     backend = backend_named("local" if local else "kubernetes")
+    cluster_api = in_cluster or os.environ.get(BACKEND_ENV) == "kubernetes"
 
     def store_for(model: str):
-        return trigger_store(backend, model, env.workdir)
+        return trigger_store(backend, model, env.workdir, cluster_api=cluster_api)
 
     local_runs = None
     if local:

@@ -7,7 +7,7 @@ cluster admin, or of any user or service account):
 * custom objects `pytorchjobs` (`kubeflow.org/v1`), `trainjobs` (`trainer.kubeflow.org/v1alpha1`), `rayjobs` and
   `rayclusters` (`ray.io/v1`), and core
   `pods` (read-only for clients), `pods/log`, `events`, `secrets` (`stringData` stored as base64 `data`),
-  `namespaces`, `leases` (`coordination.k8s.io/v1`) and RBAC's `roles`, `clusterroles`, `rolebindings`,
+  `namespaces`, `configmaps`, `leases` (`coordination.k8s.io/v1`) and RBAC's `roles`, `clusterroles`, `rolebindings`,
   `clusterrolebindings`: create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace
   carrying a stale one gets 409 Conflict, the compare-and-set a Lease lock relies on; a Lease time not in
   MicroTime form gets 400), label and field selectors, Status bodies like the API server's (401 Unauthorized,

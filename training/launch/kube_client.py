@@ -2,7 +2,9 @@
 namespace they work in."""
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 
 from kubernetes import client, config
@@ -11,6 +13,9 @@ NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 """The pod's own namespace, as its service account's mount gives it."""
 NAMESPACE_FILE_ENV = "KFLOOP_NAMESPACE_FILE"
 """Another path of that file (tests; as ``KF_PIPELINES_SA_TOKEN_PATH`` moves the token's)."""
+REQUEST_TIMEOUT = (10, 30)
+"""``_request_timeout`` of every API call that is no watch: seconds to connect, then to wait for the answer (the
+client's default is to wait forever)."""
 
 
 def _kubeconfig_path(kubeconfig: str) -> str:
@@ -50,3 +55,11 @@ def own_namespace(kubeconfig: str = "") -> str:
         return "default"
     _, current = config.list_kube_config_contexts(config_file=kubeconfig)
     return current["context"].get("namespace") or "default"
+
+
+def model_object_name(prefix: str, model_name: str) -> str:
+    """``<prefix>-<model>-<8 hex>``: a valid object name for any model name, distinct per model (``prefix`` of at
+    most 15 characters)."""
+    digest = hashlib.sha256(model_name.encode()).hexdigest()[:8]
+    slug = re.sub(r"[^a-z0-9]+", "-", model_name.lower()).strip("-")[:38].strip("-")
+    return f"{prefix}-{slug}-{digest}" if slug else f"{prefix}-{digest}"

@@ -6,13 +6,14 @@ use for leader election: taken by create or by a replace carrying the ``resource
 answers 409 to the loser), renewed while held, and taken over when its holder stopped renewing it: as in
 client-go's leader election, a record seen unchanged for ``leaseDurationSeconds`` of this process's own clock has
 expired (no trust in other nodes' clocks), so a killed pod blocks promotions for one lease duration at most.
+Holding the lock is checked again (fenced, :func:`ensure_held`) immediately before the alias moves: a Lease taken
+over by another holder, or not renewed for its duration by this process's clock, refuses the move.
 deploy/rbac.yaml grants exactly the verbs used: get, create, update.
 """
 from __future__ import annotations
 
-import hashlib
+import math
 import os
-import re
 import socket
 import threading
 import time
@@ -24,12 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import urllib3
-from filelock import FileLock
+from filelock import BaseFileLock, FileLock
 from kubernetes import client
 from kubernetes.client import ApiException
 
 from data.errors import KfloopError
-from training.launch.kube_client import api_client, own_namespace
+from training.launch.kube_client import REQUEST_TIMEOUT, api_client, model_object_name, own_namespace
 from training.progress import progress
 
 _UNREACHABLE = (OSError, urllib3.exceptions.HTTPError)
@@ -43,7 +44,25 @@ class LockTimeout(KfloopError, TimeoutError):
 
 
 class LockLost(KfloopError, RuntimeError):
-    """The Lease was taken by another holder while this one held it (renewals failed for its whole duration)."""
+    """The lock stopped being ours while held: the Lease was taken by another holder, or not renewed for its
+    duration (another promoter may have taken it over)."""
+
+
+def ensure_held(lock: AbstractContextManager) -> None:
+    """Fencing, right before what the lock guards is done: raise :class:`LockLost` unless ``lock`` (a
+    :func:`promotion_lock`) is still held by this process.
+
+    Raises:
+        LockLost: the lock is no longer ours; the message says why.
+        TypeError: ``lock`` is no promotion lock.
+    """
+    if isinstance(lock, LeaseLock):
+        lock.ensure_held()
+    elif isinstance(lock, BaseFileLock):
+        if not lock.is_locked:
+            raise LockLost(f"the promotion lock {lock.lock_file} is not held by this process")
+    else:
+        raise TypeError(f"{type(lock).__name__} is no promotion lock: use promotion_lock()")
 
 
 def promotion_lock(model_name: str, workdir: Path, *, kind: str, timeout_s: float = 600,
@@ -63,9 +82,7 @@ def promotion_lock(model_name: str, workdir: Path, *, kind: str, timeout_s: floa
 
 def lease_name(model_name: str) -> str:
     """``kfloop-promote-<model>-<8 hex>``: a valid object name for any model name, distinct per model."""
-    digest = hashlib.sha256(model_name.encode()).hexdigest()[:8]
-    slug = re.sub(r"[^a-z0-9]+", "-", model_name.lower()).strip("-")[:38].strip("-")
-    return f"kfloop-promote-{slug}-{digest}" if slug else f"kfloop-promote-{digest}"
+    return model_object_name("kfloop-promote", model_name)
 
 
 def lease_namespace(kubeconfig: str = "") -> str:
@@ -99,9 +116,18 @@ class LeaseLock(AbstractContextManager):
     _renewer: threading.Thread | None = field(default=None, init=False, repr=False)
     lost: str = field(default="", init=False)
     """Why the Lease stopped being ours while held ('' while it is): :meth:`__exit__` then raises LockLost."""
+    _renewed_at: float = field(default=-math.inf, init=False, repr=False)
+    """``time.monotonic()`` before the last write that made or kept the Lease ours (its take or a renewal)."""
 
     def __post_init__(self) -> None:
         self._leases = client.CoordinationV1Api(self.api)
+
+    def _get(self) -> client.V1Lease:
+        return self._leases.read_namespaced_lease(self.name, self.namespace, _request_timeout=REQUEST_TIMEOUT)
+
+    def _put(self, lease: client.V1Lease) -> None:
+        """Replace the Lease with ``lease``, which carries the resourceVersion read: 409 when another wrote since."""
+        self._leases.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=REQUEST_TIMEOUT)
 
     def __enter__(self) -> "LeaseLock":
         self.acquire()
@@ -132,12 +158,25 @@ class LeaseLock(AbstractContextManager):
         self._renewer = threading.Thread(target=self._renew, name=f"renew-{self.name}", daemon=True)
         self._renewer.start()
 
+    def ensure_held(self) -> None:
+        """Raise :class:`LockLost` unless the Lease is ours: renewed within its duration by this process's clock
+        (else another promoter may have taken it over) and, read now, still naming this holder."""
+        if self.lost:
+            raise LockLost(self.lost)
+        unrenewed = time.monotonic() - self._renewed_at
+        if unrenewed >= self.duration_s:
+            raise LockLost(f"Lease {self.namespace}/{self.name} was last renewed by {self.holder} {unrenewed:.0f} s "
+                           f"ago, past its duration of {self.duration_s} s: another promoter may hold it now")
+        holder = self._get().spec.holder_identity
+        if holder != self.holder:
+            raise LockLost(f"Lease {self.namespace}/{self.name} is held by {holder}, no longer by {self.holder}")
+
     def _wait_and_take(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         seen, seen_at = None, 0.0
         while True:
             try:
-                current = self._leases.read_namespaced_lease(self.name, self.namespace)
+                current = self._get()
             except ApiException as e:
                 if e.status != 404:
                     raise
@@ -166,11 +205,11 @@ class LeaseLock(AbstractContextManager):
             self._renewer.join()
             self._renewer = None
         try:
-            current = self._leases.read_namespaced_lease(self.name, self.namespace)
+            current = self._get()
             if current.spec.holder_identity == self.holder:
                 current.spec.holder_identity = None
                 current.spec.acquire_time, current.spec.renew_time = None, _micro_time()
-                self._leases.replace_namespaced_lease(self.name, self.namespace, current)
+                self._put(current)
         except ApiException as e:
             if e.status not in (404, 409):  # gone, or already taken over: nothing of ours to clear
                 progress(f"promotion lock: could not release Lease {self.namespace}/{self.name} ({e.status} "
@@ -180,28 +219,32 @@ class LeaseLock(AbstractContextManager):
                      f"{self.duration_s} s after its last renewal")
 
     def _take(self, current) -> None:
+        started = time.monotonic()
         now = _micro_time()
         spec = client.V1LeaseSpec(holder_identity=self.holder, lease_duration_seconds=self.duration_s,
                                   acquire_time=now, renew_time=now)
         if current is None:
             body = client.V1Lease(metadata=client.V1ObjectMeta(
                 name=self.name, labels={"app.kubernetes.io/name": "kfloop"}), spec=spec)
-            self._leases.create_namespaced_lease(self.namespace, body)
-            return
-        spec.lease_transitions = (current.spec.lease_transitions or 0) + 1
-        current.spec = spec
-        self._leases.replace_namespaced_lease(self.name, self.namespace, current)  # carries resourceVersion
+            self._leases.create_namespaced_lease(self.namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        else:
+            spec.lease_transitions = (current.spec.lease_transitions or 0) + 1
+            current.spec = spec
+            self._put(current)  # carries resourceVersion
+        self._renewed_at = started
 
     def _renew(self) -> None:
         while not self._stop.wait(self.duration_s / 3):
             try:
-                current = self._leases.read_namespaced_lease(self.name, self.namespace)
+                current = self._get()
                 if current.spec.holder_identity != self.holder:
                     self.lost = (f"Lease {self.namespace}/{self.name} was taken over by "
                                   f"{current.spec.holder_identity} while {self.holder} held it")
                     return
+                started = time.monotonic()
                 current.spec.acquire_time = _micro_time(current.spec.acquire_time)
                 current.spec.renew_time = _micro_time()
-                self._leases.replace_namespaced_lease(self.name, self.namespace, current)
+                self._put(current)
+                self._renewed_at = started
             except (ApiException, *_UNREACHABLE):
                 continue  # retried at the next tick; the Lease stays ours until its duration runs out

@@ -32,6 +32,7 @@ from data.redaction import redact, redact_text
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from training.model_files import (FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE,
                                   ModelCodeError)
+from training.registry.lock import ensure_held
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -421,6 +422,7 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
     Raises:
         ValueError: ``version``'s decision tag is not ``promote`` (only blessed candidates may become champion).
         TimeoutError: ``lock`` was not acquired in its time (``filelock.Timeout``, ``LockTimeout``).
+        training.registry.lock.LockLost: ``lock`` was lost before the alias moved (it did not move).
         RegistryUnavailableError: MLflow did not answer after its bounded retries (the alias still points at
             a valid version; run the step again).
         mlflow.exceptions.MlflowException: the version does not exist, or MLflow refused a call.
@@ -455,6 +457,7 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
                                        reason=reason)
             reason = f"{changed}; re-check: {verdict.reason}"
             client.set_model_version_tag(model_name, version, "recheck_reason", truncate_tag(reason))
+        ensure_held(lock)  # fenced: a lock lost since it was taken moves nothing
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
         _move_champion(client, model_name, version, previous=previous, action="promote", reason=reason,
                        actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
@@ -472,6 +475,7 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
         ValueError: no champion, no previous champion recorded and no ``to``, ``to`` is the champion already,
             an empty reason, or a target that fails verification (not blessed, not ours, weights changed).
         TimeoutError: ``lock`` was not acquired in its time.
+        training.registry.lock.LockLost: ``lock`` was lost before the alias moved (it did not move).
         RegistryUnavailableError: MLflow did not answer; the champion is unchanged or the move is repaired by
             running the same rollback again.
     """
@@ -496,6 +500,7 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
                                    previous_champion=history[-1].version if history else None,
                                    reason=f"rollback: {reason}")
         verify_version(model_name, target, client=client)
+        ensure_held(lock)
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, target)
         move = _move_champion(client, model_name, target, previous=current.version, action="rollback",
                               reason=reason, actor=actor)
