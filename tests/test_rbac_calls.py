@@ -21,6 +21,8 @@ from test_kfp_upload_run import DRIFT_SETTINGS, PROFILE, kfp_server
 
 from components import kfp_client
 from components.run_starters import start_pinned_training
+from monitoring.trigger import TriggerPolicy, maybe_trigger
+from monitoring.trigger_configmap import ConfigMapTriggerStore
 from monitoring.webhook import Alert
 from pipelines.cli.commands import main
 from pipelines.kfp_server.runs import alert_starter
@@ -33,12 +35,28 @@ from training.registry.lock import NAMESPACE_ENV, promotion_lock
 
 REPO = Path(__file__).resolve().parents[1]
 RBAC = REPO / "deploy" / "rbac.yaml"
+WEBHOOK = REPO / "deploy" / "webhook.yaml"
 KFP_GRANTS = [REPO / "deploy" / "kubeflow-profile.yaml", REPO / "deploy" / "webhook.yaml"]
 """What the steps' and the webhook's service accounts are granted on the KFP API in the profile."""
 DOCS = REPO / "docs" / "rbac.md"
 NAMESPACE = "kfloop"
 """deploy/rbac.yaml's namespace (the profile where the steps run)."""
 SERVICE_ACCOUNT = service_account_user(NAMESPACE, "kfloop")
+WEBHOOK_ACCOUNT = service_account_user(NAMESPACE, "kfloop-webhook")
+
+
+def _webhook_rbac() -> list[dict]:
+    """deploy/webhook.yaml's Role and RoleBindings, applied in the steps' namespace (``kubectl apply -n``)."""
+    return [{**d, "metadata": {**d["metadata"], "namespace": NAMESPACE}} for d in manifests(WEBHOOK)
+            if d["kind"] in ("Role", "RoleBinding")]
+
+
+def _trigger(kubeconfig: Path, model: str) -> None:
+    """Two retrain decisions of ``model`` kept in its ConfigMap: the first creates it, the next replace it."""
+    store = ConfigMapTriggerStore(model, api=config.new_client_from_config(config_file=str(kubeconfig)),
+                                  namespace=NAMESPACE)
+    for data in ("0a", "0b"):
+        maybe_trigger(store, model=model, data_hash=data, now=1e9, policy=TriggerPolicy(), start=lambda: "run-1")
 
 
 def _job(shared: Path, kubeconfig: Path, name: str, kind: str, command: list[str]) -> dict:
@@ -67,7 +85,7 @@ def recorded(tmp_path_factory) -> dict[str, list[Access]]:
     with K8sServer(tmp / "k8s", namespace=NAMESPACE, volumes={CLAIM: shared}) as server, \
             pytest.MonkeyPatch.context() as env:
         admin = config.new_client_from_config(config_file=str(server.write_kubeconfig(tmp / "admin")))
-        for doc in manifests(RBAC):
+        for doc in [*manifests(RBAC), *_webhook_rbac()]:
             if doc["kind"] != "ServiceAccount":  # the server authenticates service accounts by token alone
                 utils.create_from_dict(admin, doc)
         kubeconfig = server.write_kubeconfig(tmp / "kfloop-sa", user=SERVICE_ACCOUNT)
@@ -99,6 +117,9 @@ def recorded(tmp_path_factory) -> dict[str, list[Access]]:
             with promotion_lock("churn", tmp, kind="lease", kubeconfig=str(kubeconfig), timeout_s=10):
                 pass
         step("promote", promote)
+        step("trigger", lambda: _trigger(kubeconfig, "churn"))
+        step("serve (alert)", lambda: _trigger(server.write_kubeconfig(tmp / "webhook-sa", user=WEBHOOK_ACCOUNT),
+                                               "fraud"))
         assert server.live_pids() == []
     return calls
 
@@ -172,7 +193,7 @@ def _ok(code: int) -> None:
 
 
 def _deployed() -> Authorizer:
-    return policy(*manifests(RBAC))
+    return policy(*manifests(RBAC), *_webhook_rbac())
 
 
 def unallowed(calls: dict[str, list[Access]], rbac: Authorizer) -> list[str]:
@@ -189,14 +210,19 @@ def test_every_call_each_step_makes_is_allowed_by_its_service_accounts_rules(rec
     assert {("train", "get", "", "pods/log"), ("train", "list", "", "events"),
             ("promote", "create", "coordination.k8s.io", "leases"),
             ("promote", "update", "coordination.k8s.io", "leases")} <= made
-    assert {a.user for accesses in recorded.values() for a in accesses} == {SERVICE_ACCOUNT}
+    assert {(step, verb, "", "configmaps") for step in ("trigger", "serve (alert)")
+            for verb in ("get", "create", "update")} <= made
+    assert {a.user for step, accesses in recorded.items() for a in accesses if step != "serve (alert)"} == \
+        {SERVICE_ACCOUNT}
+    assert {a.user for a in recorded["serve (alert)"]} == {WEBHOOK_ACCOUNT}
     assert all(a.allowed for accesses in recorded.values() for a in accesses)  # what the server answered
     assert unallowed(recorded, _deployed()) == []  # and what deploy/rbac.yaml's rules allow
 
 
-@pytest.mark.parametrize("resource, verb", [("leases", "update"), ("pods/log", "get"), ("pytorchjobs", "delete")])
+@pytest.mark.parametrize("resource, verb", [("leases", "update"), ("pods/log", "get"), ("pytorchjobs", "delete"),
+                                            ("configmaps", "update")])
 def test_a_verb_missing_from_the_role_names_the_step_the_call_and_the_rule(recorded, resource, verb):
-    docs = manifests(RBAC)
+    docs = [*manifests(RBAC), *_webhook_rbac()]
     (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "kfloop"]
     for rule in role["rules"]:
         if resource in rule["resources"]:
@@ -205,16 +231,17 @@ def test_a_verb_missing_from_the_role_names_the_step_the_call_and_the_rule(recor
         docs = [d for d in docs if d["metadata"]["name"] != "kfloop-pipeline-runner"]
     refused = unallowed(recorded, policy(*docs))
     assert refused, f"deploy/rbac.yaml without {verb} {resource} still allows every call"
-    step = "promote" if resource == "leases" else "train"
-    group = {"leases": "coordination.k8s.io", "pods/log": '""', "pytorchjobs": "kubeflow.org"}[resource]
+    step = {"leases": "promote", "configmaps": "trigger"}.get(resource, "train")
+    group = {"leases": "coordination.k8s.io", "pods/log": '""', "pytorchjobs": "kubeflow.org",
+             "configmaps": '""'}[resource]
     assert all(line.startswith(f"step {step}: ") and f"as system:serviceaccount:{NAMESPACE}:kfloop needs the rule "
                f"{{apiGroups: [{group}], resources: [{resource}], verbs: [{verb}]}} in namespace 'kfloop'" in line
                for line in refused), refused
 
 
 def _k8s_grants() -> dict[str, Authorizer]:
-    """Each Role of deploy/rbac.yaml, with its bindings."""
-    docs = manifests(RBAC)
+    """Each Role of deploy/rbac.yaml and deploy/webhook.yaml, with its bindings."""
+    docs = [*manifests(RBAC), *_webhook_rbac()]
     return {f"Role `{r['metadata']['name']}`": policy(r, *[
         b for b in docs if b["kind"] == "RoleBinding" and b["roleRef"]["name"] == r["metadata"]["name"]])
         for r in docs if r["kind"] == "Role"}

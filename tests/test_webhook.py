@@ -385,7 +385,9 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
 
     docs = {d["kind"]: d for d in yaml.safe_load_all((Path(__file__).parents[1] / "deploy" / "webhook.yaml")
                                                      .read_text())}
-    assert set(docs) == {"ServiceAccount", "RoleBinding", "Deployment", "Service", "NetworkPolicy"}
+    assert set(docs) == {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "NetworkPolicy"}
+    assert docs["Role"]["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                                      "verbs": ["get", "create", "update"]}]  # the trigger state, nothing else
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     args = build_parser().parse_args(container["args"])
