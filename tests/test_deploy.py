@@ -27,8 +27,10 @@ GRANTS = {
     ("", "pods/log"): {"get"},
     ("", "events"): {"list"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
+    ("", "configmaps"): {"get", "create", "update"},
 }
-"""Exactly what the launcher (jobs, pods, logs, events) and the promotion lock (one Lease) use."""
+"""Exactly what the launcher (jobs, pods, logs, events), the promotion lock (one Lease) and the trigger state (one
+ConfigMap per model) use."""
 
 
 SPECS = Path(__file__).resolve().parent / "cluster" / "specs"
@@ -140,7 +142,7 @@ REPO = DEPLOY.parent
 _VERBS = {"create": "create", "get": "get", "read": "get", "list": "list", "patch": "patch", "replace": "update",
           "delete": "delete"}
 _RESOURCES = {"custom_object": ("kubeflow.org", "pytorchjobs"), "pod": ("", "pods"), "pod_log": ("", "pods/log"),
-              "event": ("", "events"), "lease": ("coordination.k8s.io", "leases")}
+              "event": ("", "events"), "lease": ("coordination.k8s.io", "leases"), "config_map": ("", "configmaps")}
 
 
 def api_calls(source: str) -> set[tuple[str, str, str]]:
