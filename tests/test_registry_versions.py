@@ -5,6 +5,8 @@ One MLflow DB per module (creating it migrates the schema); every test uses its 
 from __future__ import annotations
 
 import json
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +17,12 @@ import pandas as pd
 import pytest
 import torch
 from filelock import FileLock, Timeout
+from kubernetes import client, config
+
+from cluster.k8s_rbac import service_account_user
+from cluster.k8s_server import K8sServer
+from cluster.kubernetes_cluster import grant
+from test_registry_lock import _kfloop_role, _without
 
 from data.fileio import file_digest
 from data.holdout import write_parquet
@@ -36,6 +44,7 @@ from training.registry.versions import (
     get_champion,
     promote,
 )
+from training.registry.lock import LeaseLock, LockLost, ensure_held, lease_name
 from training.steps.promote import promote_step
 
 NUMERIC, CATEGORICAL, TARGET = ["age", "income"], ["region"], "label"
@@ -292,6 +301,67 @@ def test_promote_never_moves_the_alias_on_refusal_or_failure(env):
                 lock=FileLock(env.root / "refuse.lock", timeout=0.1))
     assert get_champion(name).version == v1
     assert env.client.get_model_version(name, v_stale).tags["decision"] == "promote"
+
+
+@pytest.fixture
+def k8s(tmp_path):
+    """The test API server (namespace ``ml``): the admin's client, and a client of service account ``kfloop`` with
+    deploy/rbac.yaml's Role."""
+    with K8sServer(tmp_path / "k8s", namespace="ml", operator=False) as server:
+        admin = config.new_client_from_config(config_file=str(server.write_kubeconfig(tmp_path / "admin")))
+        grant(admin, "ml", "kfloop", _kfloop_role())
+        runner = server.write_kubeconfig(tmp_path / "runner", user=service_account_user("ml", "kfloop"))
+        yield SimpleNamespace(admin=admin, runner=config.new_client_from_config(config_file=str(runner)))
+
+
+def _stale_candidate(env, name: str) -> tuple[str, str]:
+    """A champion v1 and a candidate blessed against another version: promoting it re-checks (the gate) first."""
+    v1, _, _ = env.candidate(name, env.bad)
+    promote(name, v1, compared_against=None, recheck=lambda c: None, lock=FileLock(env.root / f"{name}.lock"))
+    v2, _, _ = env.candidate(name, env.good, champion_dir=env.bad, previous=v1)
+    return v1, v2
+
+
+def test_a_lease_taken_over_between_the_gate_and_the_alias_move_moves_nothing(env, k8s):
+    name = "reg-fenced-takeover"
+    v1, v2 = _stale_candidate(env, name)
+    lock = LeaseLock(name=lease_name(name), namespace="ml", api=k8s.runner, holder="pod-a")
+
+    def gate_while_another_takes_the_lease(current):
+        leases = client.CoordinationV1Api(k8s.admin)
+        lease = leases.read_namespaced_lease(lock.name, "ml")
+        lease.spec.holder_identity = "pod-b"
+        leases.replace_namespaced_lease(lock.name, "ml", lease)
+        return SimpleNamespace(blessed=True, reason="still better")
+
+    with pytest.raises(LockLost, match="is held by pod-b, no longer by pod-a"):
+        promote(name, v2, compared_against="99", recheck=gate_while_another_takes_the_lease, lock=lock)
+    assert get_champion(name).version == v1
+    assert client.CoordinationV1Api(k8s.admin).read_namespaced_lease(lock.name, "ml").spec.holder_identity == "pod-b"
+
+
+def test_a_lease_unrenewed_for_its_duration_by_our_clock_moves_nothing(env, k8s):
+    name = "reg-fenced-expired"
+    v1, v2 = _stale_candidate(env, name)
+    lock = LeaseLock(name=lease_name(name), namespace="ml", api=k8s.runner, holder="pod-a", duration_s=1)
+
+    def slow_gate_while_renewals_are_refused(current):
+        grant_without_update = _without(_kfloop_role(), "leases", "update")
+        client.RbacAuthorizationV1Api(k8s.admin).replace_namespaced_role("kfloop", "ml", {
+            **grant_without_update, "metadata": {**grant_without_update["metadata"], "namespace": "ml"}})
+        time.sleep(1.5)  # the gate outlasts the Lease's duration: what this test is about, not a synchronisation
+        return SimpleNamespace(blessed=True, reason="still better")
+
+    with pytest.raises(LockLost, match="past its duration of 1 s: another promoter may hold it now"):
+        promote(name, v2, compared_against="99", recheck=slow_gate_while_renewals_are_refused, lock=lock)
+    assert get_champion(name).version == v1
+
+
+def test_a_file_lock_not_held_is_refused_and_no_other_kind_is_taken(env):
+    with pytest.raises(LockLost, match="is not held by this process"):
+        ensure_held(FileLock(env.root / "unheld.lock"))
+    with pytest.raises(TypeError, match="nullcontext is no promotion lock"):
+        ensure_held(nullcontext())
 
 
 def test_champion_loads_by_alias_and_predicts_raw_rows(env):
