@@ -1,6 +1,7 @@
 """Shared fixtures: demo data files and an isolated kfloop workdir (MLflow on SQLite inside it)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Iterator, Mapping
 
 import pytest
 
@@ -148,14 +150,29 @@ def ray_head(tmp_path_factory):
     (:data:`RAY_AUTH_TOKEN`). A head that exits or never answers fails the fixture with its own output and the
     tails of its session's logs. Its workers take ports from the OS: Ray's default worker range (10002-19999) overlaps
     :func:`free_port`'s, and ``ray start`` refuses a head port inside it."""
-    port, ray, temp = free_port(), str(Path(sys.executable).with_name("ray")), tmp_path_factory.mktemp("ray")
+    with _ray_head(tmp_path_factory.mktemp("ray"), os.environ) as address:
+        yield address
+
+
+@pytest.fixture(scope="module")
+def ray_head_with_s3(tmp_path_factory, s3_server):
+    """:func:`ray_head` whose node holds the S3 server's ``AWS_*`` credentials in its environment, as a KubeRay pod
+    holds them from its Secret (a Ray job's runtime env carries none)."""
+    with _ray_head(tmp_path_factory.mktemp("ray-s3"), {**os.environ, **s3_server.env()}) as address:
+        yield address
+
+
+@contextlib.contextmanager
+def _ray_head(temp: Path, env: Mapping[str, str]) -> Iterator[str]:
+    """A Ray head (see :func:`ray_head`) whose processes get ``env``; its address."""
+    port, ray = free_port(), str(Path(sys.executable).with_name("ray"))
     log = temp.parent / f"{temp.name}-head.log"
     with log.open("wb") as out:
         head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
                                  f"--ray-client-server-port={free_port()}", "--min-worker-port=0",
                                  "--max-worker-port=0", "--num-cpus=2",
                                  "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
-                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT, env=dict(env))
     address = f"127.0.0.1:{port}"
 
     def answers() -> bool:
@@ -168,8 +185,10 @@ def ray_head(tmp_path_factory):
     except AssertionError as error:
         _stop(head)
         raise AssertionError(f"{error}\n{_ray_logs(log, temp)}") from None
-    yield address
-    _stop(head)
+    try:
+        yield address
+    finally:
+        _stop(head)
 
 
 def _stop(head: subprocess.Popen) -> None:

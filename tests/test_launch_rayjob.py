@@ -28,7 +28,7 @@ from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy
 from training.launch.local import LaunchError
 from training.launch.jobspec import MAX_NAME_LENGTH
 from training.launch.manifests import job_name_for, render, training_job_spec
-from training.ray_train import parse_args, run_config
+from training.ray_train import parse_args, run_config, worker_env
 
 TOLERATION = "[{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]"
 COMBINATIONS = {
@@ -179,9 +179,10 @@ def test_a_storage_path_uri_reaches_ray_train_unchanged():
 
 
 @pytest.mark.timeout(600)
-def test_ray_train_checkpoints_to_an_s3_storage_path(tmp_path, ray_head, s3_bucket):
+def test_ray_train_checkpoints_to_an_s3_storage_path(tmp_path, ray_head_with_s3, s3_bucket):
     """``--storage-path s3://...`` on a real Ray: Ray Train writes the checkpoints through pyarrow's S3 filesystem,
-    which finds the S3 server and the keys in the driver's ``AWS_*`` env (as a pod gets them from its Secret)."""
+    which finds the S3 server and the keys in the ``AWS_*`` env of the driver and of the Ray node (as a pod gets them
+    from its Secret), not in the job's runtime env."""
     import boto3
 
     files = write_training_files(tmp_path, 600, seed=4)
@@ -190,7 +191,7 @@ def test_ray_train_checkpoints_to_an_s3_storage_path(tmp_path, ray_head, s3_buck
     done = subprocess.run([sys.executable, "-m", "training.ray_train", "--data", str(files.data), "--schema",
                            str(files.schema), "--model-dir", str(tmp_path / "model"), "--checkpoint-dir",
                            str(tmp_path / "unused"), "--config", str(config), "--num-workers", "1", "--address",
-                           ray_head, "--name", "s3-run", "--storage-path", f"s3://{s3_bucket}/checkpoints"],
+                           ray_head_with_s3, "--name", "s3-run", "--storage-path", f"s3://{s3_bucket}/checkpoints"],
                           capture_output=True, text=True, timeout=540)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=s3_bucket)["Contents"]]
@@ -336,3 +337,14 @@ def test_a_suspended_rayjob_waits_for_kueue_then_succeeds(cluster, tmp_path, cap
                   {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
     thread.join(60)
     assert result["job"]["status"]["jobStatus"] == "SUCCEEDED" and _rayjobs(cluster) == ["ray-queued"]
+
+
+def test_no_credential_travels_in_the_ray_jobs_runtime_env():
+    """Ray keeps a job's runtime env with the job: the workers get where MLflow and the data are from it, and their
+    credentials from their pods' secretKeyRef env (the manifest above) or their own environment."""
+    environ = {"AWS_ACCESS_KEY_ID": "AKIAEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t-value", "AWS_SESSION_TOKEN": "tok",
+               "MLFLOW_TRACKING_PASSWORD": "pw-value", "AWS_ENDPOINT_URL": "http://minio:9000",
+               "MLFLOW_TRACKING_URI": "http://mlflow:5000", "KFLOOP_HOME": "/shared/kfloop", "PATH": "/usr/bin"}
+    assert worker_env(environ) == {"AWS_ENDPOINT_URL": "http://minio:9000", "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+                                   "KFLOOP_HOME": "/shared/kfloop"}
+    assert "MLFLOW_TRACKING_URI" not in worker_env({"MLFLOW_TRACKING_URI": "http://alice:S3CRETPW@mlflow:5000"})

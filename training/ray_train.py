@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import ray
 import ray.train
@@ -33,13 +33,24 @@ from ray.train import Checkpoint, CheckpointConfig, FailureConfig, RunConfig, Sc
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from data.ray_cluster import init_ray
+from data.redaction import redact
 from training.config import TrainingConfig
 from training.train import argument_parser, train_in_process_group
 
-WORKER_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
-              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "KFLOOP_HOME")
-"""The driver's variables every worker gets (``runtime_env``): where MLflow and the data are. Credentials travel
-in the job's runtime env, never in its arguments or logs."""
+WORKER_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
+              "KFLOOP_HOME")
+"""The driver's variables every worker gets (``runtime_env``): where MLflow and the data are, never a credential.
+Ray stores a job's runtime env with the job (in its GCS, shown by its dashboard and job API), so credentials reach
+the workers otherwise: on KubeRay as ``secretKeyRef`` env of their pods (``cluster.credentials_secret``,
+training/launch/manifests.py), on a local Ray by inheritance from this driver, on another Ray cluster from its own
+nodes' environment."""
+
+
+def worker_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The :data:`WORKER_ENV` variables of ``environ``; a tracking URI carrying user info or a query (a credential)
+    is left to the workers' own environment."""
+    return {k: environ[k] for k in WORKER_ENV
+            if k in environ and (k != "MLFLOW_TRACKING_URI" or redact(environ[k]) == environ[k])}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the TorchTrainer; 0 when it trained, 1 with the error when it failed."""
     args = parse_args(argv)
     cfg = TrainingConfig.from_dict(json.loads(args.config.read_text()))
-    env = {k: os.environ[k] for k in WORKER_ENV if k in os.environ}
+    env = worker_env(os.environ)
     init_ray(args.address, num_cpus=args.num_workers * args.cpus_per_worker, log_to_driver=True,
              runtime_env={"env_vars": {**env, "OMP_NUM_THREADS": str(cfg.threads_per_rank)}})
     use_gpu = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) > 0)

@@ -18,6 +18,17 @@ REQUEST_TIMEOUT = (10, 30)
 client's default is to wait forever)."""
 
 
+def watch_timeout(seconds: float) -> tuple[float, float]:
+    """``_request_timeout`` of a watch the server ends after ``timeout_seconds=seconds``: the connect deadline of
+    :data:`REQUEST_TIMEOUT`, and the read one on top of the watch's own length."""
+    return REQUEST_TIMEOUT[0], seconds + REQUEST_TIMEOUT[1]
+
+
+FOLLOW_TIMEOUT = (REQUEST_TIMEOUT[0], None)
+"""``_request_timeout`` of a followed log: the connect deadline only (a quiet training process sends nothing for
+long stretches; the follower stops it from outside)."""
+
+
 def _kubeconfig_path(kubeconfig: str) -> str:
     """``kubeconfig``, else the first of ``$KUBECONFIG``, else ``~/.kube/config`` when present; "" for none."""
     path = kubeconfig or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0]

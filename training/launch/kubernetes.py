@@ -51,7 +51,7 @@ from data.tables import DEFAULT_LIMITS, DataFileError
 from training.config import JobShape, TrainingConfig
 from training.launch.cluster import ClusterConfig
 from training.launch.jobspec import JobSpec
-from training.launch.kube_client import api_client, own_namespace
+from training.launch.kube_client import FOLLOW_TIMEOUT, REQUEST_TIMEOUT, api_client, own_namespace, watch_timeout
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
 from training.launch.manifests import (MLFLOW_RUN_ID_FILE, RAY_JOB_LABEL, RAY_SUBMITTER, job_dir, job_manifest,
                                        job_name_for, render)
@@ -229,11 +229,13 @@ class _MasterLog(threading.Thread):
         while True:
             last = self.stop.is_set()  # one more pass once stopped: a pod that ended before it was followed
             try:
-                pod = _newest(self.core.list_namespaced_pod(self.namespace, label_selector=self.selector).items)
+                pod = _newest(self.core.list_namespaced_pod(self.namespace, label_selector=self.selector,
+                                                             _request_timeout=REQUEST_TIMEOUT).items)
                 if pod is not None and pod.metadata.uid not in followed and pod.status.phase != "Pending":
                     stream = self.core.read_namespaced_pod_log(pod.metadata.name, self.namespace,
                                                                container=self.kind.container, follow=not last,
-                                                               _preload_content=False)
+                                                               _preload_content=False,
+                                                               _request_timeout=FOLLOW_TIMEOUT)
                     followed.add(pod.metadata.uid)
                     with self.path.open("ab") as out:
                         for line in stream:
@@ -296,13 +298,15 @@ class _PodWatch(threading.Thread):
         while not self.stop.is_set():
             try:
                 if revision is None:
-                    pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
+                    pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector,
+                                                         _request_timeout=REQUEST_TIMEOUT)
                     for pod in pods.items:
                         self.observe(pod)
                     revision = pods.metadata.resource_version
                 for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace,
                                                   label_selector=self.selector, resource_version=revision,
-                                                  timeout_seconds=max(1, round(self.poll))):
+                                                  timeout_seconds=max(1, round(self.poll)),
+                                                  _request_timeout=watch_timeout(max(1, round(self.poll)))):
                     revision = event["object"].metadata.resource_version
                     if event["type"] == "DELETED":
                         self.seen.unschedulable.pop(event["object"].metadata.name, None)
@@ -399,20 +403,25 @@ class JobRun:
 
     def _submit(self) -> dict[str, Any]:
         try:
-            job = self.custom.create_namespaced_custom_object(*self.api_path, self.body)
+            job = self.custom.create_namespaced_custom_object(*self.api_path, self.body,
+                                                              _request_timeout=REQUEST_TIMEOUT)
             progress(f"kubernetes: created {self.title}")
             return job
         except ApiException as exc:
             if exc.status != 409:
                 raise
-        job = self.custom.get_namespaced_custom_object(*self.api_path, self.name)
+        job = self._get_job()
         progress(f"kubernetes: {self.title} already exists (a retried launch): attaching to it")
         return job
+
+    def _get_job(self) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(*self.api_path, self.name, _request_timeout=REQUEST_TIMEOUT)
 
     def _delete(self) -> None:
         try:
             self.custom.delete_namespaced_custom_object(*self.api_path, self.name,
-                                                        body=client.V1DeleteOptions(propagation_policy="Foreground"))
+                                                        body=client.V1DeleteOptions(propagation_policy="Foreground"),
+                                                        _request_timeout=REQUEST_TIMEOUT)
             progress(f"kubernetes: deleted {self.title}")
         except ApiException as exc:
             if exc.status != 404:
@@ -432,7 +441,8 @@ class JobRun:
                 for event in watch.Watch().stream(
                         self.custom.list_namespaced_custom_object, *self.api_path,
                         field_selector=f"metadata.name={self.name}", resource_version=revision,
-                        timeout_seconds=max(1, round(self.policy.poll_seconds))):
+                        timeout_seconds=max(1, round(self.policy.poll_seconds)),
+                        _request_timeout=watch_timeout(max(1, round(self.policy.poll_seconds)))):
                     job = event["object"]
                     revision = job["metadata"]["resourceVersion"]
                     if event["type"] == "DELETED":
@@ -443,7 +453,7 @@ class JobRun:
             except ApiException as exc:
                 if exc.status != 410:
                     raise
-                job = self.custom.get_namespaced_custom_object(*self.api_path, self.name)
+                job = self._get_job()
                 revision = job["metadata"]["resourceVersion"]
                 progress(f"kubernetes: watch expired (410 Gone); re-listed at resourceVersion {revision}")
 
@@ -521,7 +531,8 @@ class JobRun:
     def _last_exit(self) -> tuple[str, int] | None:
         """Pod and exit code of the operator's latest ``ExitedWithCode`` event: a pod restarted under
         ``restartPolicy: ExitCode`` is deleted and recreated, so its own status is gone."""
-        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={self.name}")
+        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={self.name}",
+                                              _request_timeout=REQUEST_TIMEOUT)
         exits = [re.fullmatch(r"Pod: [^.]+\.(\S+) exited with code (\d+)", e.message or "") for e in events.items
                  if e.reason == "ExitedWithCode"]
         exits = [m for m in exits if m]
@@ -529,13 +540,15 @@ class JobRun:
 
     def master(self) -> str:
         """The name of the job's node-0 pod (the newest one, or the name it would have when there is none yet)."""
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.kind.selector(self.name, True)).items
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.kind.selector(self.name, True),
+                                           _request_timeout=REQUEST_TIMEOUT).items
         newest = _newest(pods)
         return self.kind.master.format(job=self.name) if newest is None else newest.metadata.name
 
     def _failed_pod(self) -> str:
         """The pod that failed last (else the master)."""
-        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.kind.selector(self.name)).items
+        pods = self.core.list_namespaced_pod(self.namespace, label_selector=self.kind.selector(self.name),
+                                           _request_timeout=REQUEST_TIMEOUT).items
         failed = [(s.state.terminated.finished_at or "", p.metadata.name) for p in pods
                   for s in (p.status.container_statuses or []) if s.state and s.state.terminated
                   and s.state.terminated.exit_code]
@@ -560,7 +573,8 @@ class JobRun:
         PyTorchJob's ``FailedCreatePod``, the TrainJob's Job's ``FailedCreate``): the controller retries forever
         and the job stays unstarted, so waiting cannot help."""
         creator = self.kind.pod_creator.format(job=self.name)
-        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={creator}")
+        events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={creator}",
+                                              _request_timeout=REQUEST_TIMEOUT)
         refused = [e.message or "" for e in events.items if e.reason == self.kind.failed_create]
         if refused:
             raise self._error(f"the operator cannot create its pods: {refused[-1]}{_admission_hint(refused[-1])}",
@@ -568,7 +582,8 @@ class JobRun:
 
     def _events(self, pod: str, reason: str) -> str:
         try:
-            events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={pod}")
+            events = self.core.list_namespaced_event(self.namespace, field_selector=f"involvedObject.name={pod}",
+                                                  _request_timeout=REQUEST_TIMEOUT)
         except ApiException:
             return ""
         messages = [e.message for e in events.items if e.reason == reason]
@@ -582,7 +597,7 @@ class JobRun:
         node = int(named["index"] or 0) + bool(named.groupdict().get("worker")) if named else 0
         code = exit_code
         try:
-            found = self.core.read_namespaced_pod(pod, self.namespace)
+            found = self.core.read_namespaced_pod(pod, self.namespace, _request_timeout=REQUEST_TIMEOUT)
             for status in found.status.container_statuses or []:
                 for state in (status.state, status.last_state):
                     if code is None and state and state.terminated:
@@ -599,7 +614,8 @@ class JobRun:
         """The pod's last output before torchrun's own failure report (which follows a failed worker's error),
         plus the report's first line; indented."""
         try:
-            text = self.core.read_namespaced_pod_log(pod, self.namespace, container=self.kind.container)
+            text = self.core.read_namespaced_pod_log(pod, self.namespace, container=self.kind.container,
+                                                   _request_timeout=REQUEST_TIMEOUT)
         except ApiException:
             text = self.log_path.read_text(errors="replace") if pod == master and self.log_path.is_file() else ""
         lines = [line for line in text.splitlines() if line.strip()]
