@@ -1,21 +1,37 @@
 # kfloop: the continuous-training loop on Kubeflow.
 PYTHON ?= python3.11
 VENV ?= .venv
-TORCH ?= torch==2.13.0
+# torch first, pinned by hash (CPU build; another build: TORCH_LOCK=a file pinning it, TORCH_INDEX=its index), then
+# everything else from lock/dev.txt, pinned with hashes (`make lock` regenerates both kfloop locks from pyproject.toml)
+TORCH_LOCK ?= lock/torch-cpu.txt
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+UV_VERSION := 0.9.5
 BIN := $(VENV)/bin
 export DVC_NO_ANALYTICS := 1
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: setup demo docs test test-docs test-suite e2e e2e-image chaos audit bench bench-scale compile clean
+.PHONY: setup lock demo docs test test-docs test-suite e2e e2e-image chaos audit bench bench-scale compile clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --require-hashes --no-deps --extra-index-url $(TORCH_INDEX) -r $(TORCH_LOCK)
+	$(BIN)/pip install --quiet --require-hashes -r lock/dev.txt
+	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip check
+
+# The locks, from pyproject.toml with a pinned uv (in a throwaway venv): lock/dev.txt (runtime, ray and dev extras:
+# `make setup`, `make audit`) and lock/runtime.txt (runtime and ray: the image), the same versions in both, every
+# file's sha256, for Linux x86_64 and Python 3.11, resolved against lock/torch-cpu.txt's torch (excluded from both).
+LOCK_COMPILE = $$tools/bin/uv pip compile pyproject.toml --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --extra-index-url $(TORCH_INDEX) -c lock/torch-cpu.txt \
+	--no-emit-package torch --custom-compile-command "make lock"
+lock:
+	tools=$$(mktemp -d) && $(PYTHON) -m venv "$$tools" && "$$tools/bin/pip" install --quiet "uv==$(UV_VERSION)" && \
+		$(LOCK_COMPILE) --extra dev -o lock/dev.txt && \
+		$(LOCK_COMPILE) --extra ray -c lock/dev.txt -o lock/runtime.txt; rc=$$?; rm -rf "$$tools"; test $$rc -eq 0
 
 demo:
 	$(BIN)/kfloop demo
@@ -50,10 +66,14 @@ e2e-image:
 chaos:
 	PYTHONPATH=tests $(BIN)/pytest -q -m chaos -p chaos_report
 
-# Known vulnerabilities of the installed pins (local version parts such as +cpu dropped), from PyPI's advisory
-# data; --strict fails the audit when a pin cannot be looked up (an unreachable service never passes silently).
+# Known vulnerabilities of the locked pins (what `make setup` and the image install; torch's local version part
+# +cpu dropped), from PyPI's advisory data; --strict fails the audit when a pin cannot be looked up (an unreachable
+# service never passes silently). The installed ones must be the locked ones: pip freeze is compared first.
 audit:
-	$(BIN)/pip freeze --exclude-editable | sed 's/+[A-Za-z0-9.]*$$//' | \
+	$(BIN)/pip freeze --exclude-editable | sort >"$${TMPDIR:-/tmp}/kfloop-installed.txt" && \
+		cat lock/dev.txt $(TORCH_LOCK) | sed -n 's/^\([A-Za-z0-9_.-]*==[^ ;]*\).*/\1/p' | sort | \
+		diff - "$${TMPDIR:-/tmp}/kfloop-installed.txt"
+	cat lock/dev.txt $(TORCH_LOCK) | sed 's/+[A-Za-z0-9.]* / /' | \
 		$(BIN)/pip-audit --strict --progress-spinner off --disable-pip --no-deps -r /dev/stdin
 
 bench:
