@@ -24,12 +24,15 @@ setup:
 
 # The locks, from pyproject.toml with a pinned uv (in a throwaway venv): lock/dev.txt (runtime, ray and dev extras:
 # `make setup`, `make audit`) and lock/runtime.txt (runtime and ray: the image), the same versions in both, every
-# file's sha256, for Linux x86_64 and Python 3.11, resolved against lock/torch-cpu.txt's torch (excluded from both).
-LOCK_COMPILE = $$tools/bin/uv pip compile pyproject.toml --quiet --generate-hashes --python-version 3.11 \
-	--python-platform x86_64-manylinux_2_28 --extra-index-url $(TORCH_INDEX) -c lock/torch-cpu.txt \
-	--no-emit-package torch --custom-compile-command "make lock"
+# file's sha256 on PyPI, for Linux x86_64 and Python 3.11, resolved against $(TORCH_LOCK)'s torch (fetched by pip,
+# hash-checked, and excluded from both locks).
+LOCK_COMPILE = "$$tools/bin/uv" pip compile pyproject.toml --quiet --generate-hashes --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --find-links "$$tools/torch" -c $(TORCH_LOCK) --no-emit-package torch \
+	--custom-compile-command "make lock"
 lock:
 	tools=$$(mktemp -d) && $(PYTHON) -m venv "$$tools" && "$$tools/bin/pip" install --quiet "uv==$(UV_VERSION)" && \
+		"$$tools/bin/pip" download --quiet --no-deps --require-hashes --extra-index-url $(TORCH_INDEX) \
+			-r $(TORCH_LOCK) -d "$$tools/torch" && \
 		$(LOCK_COMPILE) --extra dev -o lock/dev.txt && \
 		$(LOCK_COMPILE) --extra ray -c lock/dev.txt -o lock/runtime.txt; rc=$$?; rm -rf "$$tools"; test $$rc -eq 0
 
@@ -68,11 +71,8 @@ chaos:
 
 # Known vulnerabilities of the locked pins (what `make setup` and the image install; torch's local version part
 # +cpu dropped), from PyPI's advisory data; --strict fails the audit when a pin cannot be looked up (an unreachable
-# service never passes silently). The installed ones must be the locked ones: pip freeze is compared first.
+# service never passes silently).
 audit:
-	$(BIN)/pip freeze --exclude-editable | sort >"$${TMPDIR:-/tmp}/kfloop-installed.txt" && \
-		cat lock/dev.txt $(TORCH_LOCK) | sed -n 's/^\([A-Za-z0-9_.-]*==[^ ;]*\).*/\1/p' | sort | \
-		diff - "$${TMPDIR:-/tmp}/kfloop-installed.txt"
 	cat lock/dev.txt $(TORCH_LOCK) | sed 's/+[A-Za-z0-9.]* / /' | \
 		$(BIN)/pip-audit --strict --progress-spinner off --disable-pip --no-deps -r /dev/stdin
 
