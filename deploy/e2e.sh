@@ -9,7 +9,7 @@
 # an alert through `kfloop serve`; it writes e2e-summary.json.
 #
 # The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
-# docker data root (base image, build layers), the wheelhouse (keyed by pyproject.toml and TORCH). On a cold cache
+# docker data root (base image, build layers), the wheelhouse (keyed by the locks). On a cold cache
 # the base (debootstrap) and the wheelhouse (pip download, which pip's cache of `make setup` mostly answers) are made
 # side by side. `deploy/e2e.sh image` stops once the image is built (.ci/run builds it while the suite runs). Each
 # step's time is printed and, when KFLOOP_CI_TIMINGS names a file, appended to it as `e2e:STEP START SECONDS 0`.
@@ -20,7 +20,6 @@ main() {
   ROOT=$PWD
   CACHE=${KFLOOP_E2E_CACHE:-/var/tmp/kfloop-e2e}
   PYTHON=${E2E_PYTHON:-$ROOT/.venv/bin/python}
-  TORCH=${TORCH:-torch==2.13.0}
   BASE_IMAGE=kfloop-base:bookworm
   COMMIT=$(deploy/image-commit.sh)  # HEAD's SHA, `-dirty` when the tree (the build context) differs from it
   IMAGE=kfloop:${COMMIT:0:12}${COMMIT#"${COMMIT%-dirty}"}
@@ -92,23 +91,21 @@ main() {
     base_pid=$!
   fi
 
-  # The wheelhouse: every wheel the image needs, downloaded here (pip's mirrors and find-links), installed offline.
-  key=$(cat pyproject.toml <(echo "$TORCH ray") | sha256sum | cut -c1-16)
+  # The wheelhouse: every file the image needs, the locks' (hash-checked here and again in the build) and the build
+  # backend, downloaded here (pip's mirrors and find-links), installed offline.
+  key=$(cat lock/torch-cpu.txt lock/runtime.txt pyproject.toml | sha256sum | cut -c1-16)
   wheelhouse=$CACHE/wheelhouse-$key
   if [ ! -e "$wheelhouse/.complete" ]; then
-    step wheelhouse "$TORCH and pyproject.toml's dependencies with the ray extra"
+    step wheelhouse "lock/torch-cpu.txt, lock/runtime.txt and the build backend"
     mkdir -p "$wheelhouse"
     for previous in "$CACHE"/wheelhouse-*/; do  # wheels kept from the last pins: pip downloads only what changed
       [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
     done
     rm -f "$wheelhouse/.complete"
-    "$PYTHON" -m pip download -qq -d "$wheelhouse" "$TORCH" "${ROOT}[ray]" \
-      "$(sed -n 's/^requires = \["\(.*\)"\]$/\1/p' pyproject.toml)"
-    # a dependency published only as an sdist (kfp-server-api) becomes a wheel here: the image installs wheels only
-    for sdist in "$wheelhouse"/*.tar.gz "$wheelhouse"/*.zip; do
-      [ -e "$sdist" ] || continue
-      "$PYTHON" -m pip wheel -qq --no-deps -w "$wheelhouse" "$sdist" && rm "$sdist"
-    done
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r lock/torch-cpu.txt
+    # an sdist (kfp-server-api is published as one) stays one: its hash is the locked one; the build makes the wheel
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r lock/runtime.txt
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" "$(sed -n 's/^requires = \["\(.*\)"\]$/\1/p' pyproject.toml)"
     touch "$wheelhouse/.complete"
     took wheelhouse "$(du -sh "$wheelhouse" | cut -f1)"
   fi
@@ -120,7 +117,8 @@ main() {
   step build "$IMAGE"
   context=$(mktemp -d)
   git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C "$context"
-  cp -al "$wheelhouse"/*.whl "$context/deploy/wheelhouse/"
+  find "$wheelhouse" -maxdepth 1 \( -name '*.whl' -o -name '*.tar.gz' -o -name '*.zip' \) \
+    -exec cp -al {} "$context/deploy/wheelhouse/" +
   docker build --quiet -f deploy/Dockerfile -t "$IMAGE" --build-arg PYTHON_IMAGE="$BASE_IMAGE" \
     --build-arg GIT_COMMIT="$COMMIT" "$context" >/dev/null
   rm -rf "$context"

@@ -219,12 +219,17 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
     text = (DEPLOY / "Dockerfile").read_text()
     assert re.search(r"^ARG UID=(\d+)$", text, re.M).group(1) == str(RUN_AS_USER)
     assert re.search(r"^USER \$\{UID\}:\$\{UID\}$", text, re.M)  # numeric, so runAsNonRoot can verify it
-    # torch first, like `make setup`, online and from the wheelhouse
-    kfloop_at = text.index('pip install $links "/src${EXTRAS:+[$EXTRAS]}"')  # with the ray extra by default
-    assert re.search(r"^ARG EXTRAS=ray$", text, re.M)
-    assert text.index('pip install --index-url "$index" "${TORCH}"') < kfloop_at
-    assert text.index('--find-links /wheelhouse "${TORCH}"') < kfloop_at
+    # torch first, like `make setup`, online and from the wheelhouse, then the runtime lock: every install of a
+    # dependency hash-checked (the CPU torch too; a CUDA or ROCm torch comes from its own index)
+    kfloop_at = text.index("pip install --require-hashes $links -r /src/lock/runtime.txt")
+    assert text.index("--find-links /wheelhouse -r /src/lock/torch-cpu.txt") < kfloop_at
+    assert text.index("--extra-index-url https://download.pytorch.org/whl/cpu") < kfloop_at
+    installs = re.findall(r"pip install [^;]*", text)
+    assert all("--require-hashes" in i or '"${TORCH}"' in i or "/dist/*.whl" in i for i in installs), installs
     assert re.search(r"^ARG VARIANT=cpu$", text, re.M) and "cuda)" in text
+    # the base by digest; make e2e's local base (no registry digest) is given as a build argument
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}$", text, re.M)
+    assert '--build-arg PYTHON_IMAGE="$BASE_IMAGE"' in (DEPLOY / "e2e.sh").read_text()
     final_stage = text.rsplit("\nFROM ", 1)[1]
     assert "wheelhouse" not in final_stage and re.search(r"^\s+HOME=/tmp \\$", final_stage, re.M)
     assert "pip check" in final_stage and "ca-certificates" not in text  # never the builder's CA bundle
