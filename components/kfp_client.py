@@ -26,14 +26,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import certifi
 # component_factory first: in a step process (_KFP_RUNTIME=true, where ``kfp`` itself imports no client and no
 # ``kfp.Client``) kfp.client's own imports otherwise run into kfp's import cycle around dsl.pipeline_context
 import kfp.dsl.component_factory  # noqa: F401
 from kfp.client import Client, ServiceAccountTokenVolumeCredentials
 from kfp_server_api import ApiException
+import urllib3
 from urllib3 import Retry
 from urllib3.connection import HTTPConnection
 
+from data.errors import KfloopError
+from data.redaction import redact
 from data.settings import CODE_ROOT, section_from_dict
 from monitoring.trigger import RunInFlight
 from training.progress import progress
@@ -59,6 +63,13 @@ REQUEST_TIMEOUT_SECONDS = 30
 """Each KFP API call gives up waiting on the server after this long (connecting, sending, each read)."""
 REQUEST_RETRIES = 2
 """Connection failures, and read failures of reads (never of a run's creation), are retried this often."""
+HEALTHZ_PATH = "/apis/v2beta1/healthz"
+"""What ``kfp.Client()`` asks at construction, with no deadline of its own (kfp 2.17 ``Client.__init__`` calls
+``get_kfp_healthz``, five tries of an unbounded request): :func:`connect` asks it first, within its deadline."""
+
+
+class KfpUnreachable(KfloopError, ConnectionError):
+    """The KFP API did not answer its health check within the deadline; no client was made."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -127,8 +138,10 @@ def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT,
 
     Raises:
         ValueError: the URL is not http(s).
+        KfpUnreachable: the API did not answer its health check within ``timeout_seconds``.
     """
     host = endpoint(host, in_cluster_host)
+    _answers(host, timeout_seconds)
     token = os.environ.get(TOKEN_ENV) or None
     token_file = os.environ.get(SA_TOKEN_PATH_ENV) or SA_TOKEN_PATH
     credentials = (ServiceAccountTokenVolumeCredentials(token_file)
@@ -139,6 +152,21 @@ def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT,
                         cookies=os.environ.get(COOKIES_ENV) or None)
     _bound_requests(client, timeout_seconds)
     return client
+
+
+def _answers(host: str, seconds: int) -> None:
+    """Raise :class:`KfpUnreachable` unless the KFP API at ``host`` answers ``GET`` :data:`HEALTHZ_PATH` within
+    ``seconds`` (to connect, and again to answer): any HTTP answer, even a refusal, shows it answers."""
+    pool = urllib3.PoolManager(ca_certs=certifi.where(), retries=False,
+                               timeout=urllib3.Timeout(connect=seconds, read=seconds))
+    try:
+        pool.request("GET", host.rstrip("/") + HEALTHZ_PATH, preload_content=True)
+    except urllib3.exceptions.HTTPError as err:
+        raise KfpUnreachable(f"the KFP API at {redact(host)} did not answer its health check within {seconds} s "
+                             f"({type(err).__name__}): check --host, KF_PIPELINES_ENDPOINT or kfp.host, and that "
+                             "KFP is up") from None
+    finally:
+        pool.clear()
 
 
 def _bound_requests(client: Any, seconds: int) -> None:

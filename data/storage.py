@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
 from botocore.exceptions import (ConnectTimeoutError, EndpointConnectionError, NoCredentialsError,
-                                 PartialCredentialsError)
+                                 PartialCredentialsError, ReadTimeoutError)
 
 from data.errors import EXIT_DATA_FILE, KfloopError
 from data.redaction import redact, redact_text
@@ -42,6 +42,14 @@ CREDENTIALS_HINT = {
              "a managed identity",
 }
 CHUNK_BYTES = 1 << 20
+S3_CONNECT_TIMEOUT = 10
+"""Seconds an S3 call waits to connect (botocore's default: 60)."""
+S3_READ_TIMEOUT = 30
+"""Seconds an S3 call waits for each read of the answer (botocore's default: 60)."""
+S3_ATTEMPTS = 2
+"""botocore's attempts of one S3 call, in its ``standard`` retry mode (its default: 5 in ``legacy`` mode)."""
+S3_RETRIES = 1
+"""s3fs's own attempts around botocore's (its default 5 would make one call to a silent store last minutes)."""
 
 
 class StorageError(KfloopError):
@@ -258,8 +266,15 @@ def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     if holds_credentials(uri):
         raise StorageError(uri, "credentials in the URI: remove 'user:secret@' and give them in the environment "
                                 f"instead ({CREDENTIALS_HINT[REMOTE_PACKAGES[urlsplit(uri).scheme.lower()]]})")
+    package = REMOTE_PACKAGES.get(urlsplit(str(uri)).scheme.lower())
     try:
-        return fsspec.core.url_to_fs(str(uri), skip_instance_cache=True)
+        if package != "s3fs":
+            return fsspec.core.url_to_fs(str(uri), skip_instance_cache=True)
+        fs, path = fsspec.core.url_to_fs(str(uri), skip_instance_cache=True, config_kwargs={
+            "connect_timeout": S3_CONNECT_TIMEOUT, "read_timeout": S3_READ_TIMEOUT,
+            "retries": {"max_attempts": S3_ATTEMPTS, "mode": "standard"}})
+        fs.retries = S3_RETRIES
+        return fs, path
     except ImportError:
         package = REMOTE_PACKAGES[urlsplit(uri).scheme.lower()]
         extra = EXTRAS[package]
@@ -294,4 +309,9 @@ def _problem(exc: Exception, uri: str) -> str:
         endpoint = urlsplit(exc.kwargs.get("endpoint_url", ""))
         endpoint = redact(f"{endpoint.scheme}://{endpoint.netloc}")
         return f"cannot reach the endpoint {endpoint}: check AWS_ENDPOINT_URL and that the store is running"
+    if isinstance(exc, ReadTimeoutError):
+        endpoint = urlsplit(exc.kwargs.get("endpoint_url", ""))
+        return (f"the endpoint {redact(f'{endpoint.scheme}://{endpoint.netloc}')} did not answer within "
+                f"{S3_READ_TIMEOUT} s ({S3_ATTEMPTS * S3_RETRIES} attempts): check that the "
+                "store is up and not overloaded")
     return f"cannot read it: {type(exc).__name__}: {redact_text(str(exc).replace(str(uri), redact(uri)))}"

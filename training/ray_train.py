@@ -34,11 +34,12 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from data.ray_cluster import init_ray
 from data.redaction import redact
+from data.settings import MLFLOW_HTTP_DEFAULTS
 from training.config import TrainingConfig
 from training.train import argument_parser, train_in_process_group
 
 WORKER_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
-              "KFLOOP_HOME")
+              "KFLOOP_HOME", *MLFLOW_HTTP_DEFAULTS)
 """The driver's variables every worker gets (``runtime_env``): where MLflow and the data are, never a credential.
 Ray stores a job's runtime env with the job (in its GCS, shown by its dashboard and job API), so credentials reach
 the workers otherwise: on KubeRay as ``secretKeyRef`` env of their pods (``cluster.credentials_secret``,

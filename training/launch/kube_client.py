@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from kubernetes import client, config
+from urllib3 import Retry
 
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 """The pod's own namespace, as its service account's mount gives it."""
@@ -16,6 +17,11 @@ NAMESPACE_FILE_ENV = "KFLOOP_NAMESPACE_FILE"
 REQUEST_TIMEOUT = (10, 30)
 """``_request_timeout`` of every API call that is no watch: seconds to connect, then to wait for the answer (the
 client's default is to wait forever)."""
+
+
+REQUEST_RETRIES = 2
+"""Connection failures are retried this often; an answer that did not come in time never is (urllib3's default would
+repeat a silent GET three times, each waiting its whole read deadline)."""
 
 
 def watch_timeout(seconds: float) -> tuple[float, float]:
@@ -38,16 +44,19 @@ def _kubeconfig_path(kubeconfig: str) -> str:
 
 def api_client(kubeconfig: str = "") -> client.ApiClient:
     """A `kubernetes` ApiClient from ``kubeconfig``, else ``$KUBECONFIG`` / ``~/.kube/config`` when present, else
-    the in-cluster service account.
+    the in-cluster service account; its connection failures retried :data:`REQUEST_RETRIES` times (each call also
+    takes a ``_request_timeout``: :data:`REQUEST_TIMEOUT`).
 
     Raises:
         kubernetes.config.ConfigException: no usable configuration.
     """
     path = _kubeconfig_path(kubeconfig)
-    if path:
-        return config.new_client_from_config(config_file=path)
     configuration = client.Configuration()
-    config.load_incluster_config(client_configuration=configuration)
+    if path:
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+    else:
+        config.load_incluster_config(client_configuration=configuration)
+    configuration.retries = Retry(total=REQUEST_RETRIES, read=0, backoff_factor=0.5)
     return client.ApiClient(configuration)
 
 

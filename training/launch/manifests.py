@@ -19,6 +19,7 @@ import warnings
 from pathlib import PurePosixPath
 from typing import Any
 
+from data.settings import MLFLOW_HTTP_DEFAULTS
 from training.launch.cluster import CREDENTIAL_KEYS, GANG_SCHEDULERS, KUEUE_QUEUE_LABEL, ClusterConfig
 from training.config import JobShape, TrainingConfig
 from training.launch.cluster import quantity
@@ -514,7 +515,8 @@ def _env(spec: JobSpec, cluster: ClusterConfig) -> list[dict[str, Any]]:
     if clashes:
         raise ValueError(f"environment variable(s) {clashes} are set twice (job env, cluster secret_env or "
                          "credentials_secret, and the cluster's own NCCL/runtime settings): set each in one place")
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted((spec.env | values).items())]
+    bounds = {k: v for k, v in MLFLOW_HTTP_DEFAULTS.items() if k not in refs}  # MLflow's calls bounded there too
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted((bounds | spec.env | values).items())]
     env += [{"name": var, "valueFrom": {"secretKeyRef": ref}} for var, ref in sorted(refs.items())]
     return env
 
