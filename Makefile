@@ -74,7 +74,7 @@ chaos:
 # service never passes silently).
 audit:
 	cat lock/dev.txt $(TORCH_LOCK) | sed 's/+[A-Za-z0-9.]* / /' | \
-		$(BIN)/pip-audit --strict --progress-spinner off --disable-pip --no-deps -r /dev/stdin
+		$(BIN)/pip-audit --strict --progress-spinner off --disable-pip --require-hashes -r /dev/stdin
 
 bench:
 	$(BIN)/python benchmarks/loop.py
