@@ -10,13 +10,16 @@ import json
 import threading
 
 import pytest
+from cluster.k8s_server import K8sServer
 from cluster.kfp_server import KfpApiServer
 
 from data.errors import EXIT_SETTINGS
 from monitoring.metrics import RecordsCollector, registered_models
 from monitoring.trigger import TriggerPolicy
+from monitoring.trigger_configmap import ConfigMapTriggerStore
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from monitoring.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, AlertScope, AlertWebhook, WebhookAuth
+from training.launch.kube_client import NAMESPACE_FILE_ENV, api_client
 from training.registry.versions import ensure_registered_model
 from components import kfp_client
 from pipelines.kfp_server.runs import alert_starter
@@ -337,7 +340,18 @@ def test_the_webhook_refuses_to_start_without_auth():
         WebhookAuth.from_env({})
 
 
-def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_once(kfp, tmp_path, monkeypatch):
+@pytest.fixture
+def step_cluster(tmp_path, monkeypatch):
+    """The Kubernetes API a drift run's trigger step reaches (its kubeconfig in ``KUBECONFIG``, namespace ``ml``),
+    where the trigger keeps its state."""
+    monkeypatch.setenv(NAMESPACE_FILE_ENV, str(tmp_path / "not-in-a-pod"))  # the kubeconfig's namespace, `ml`
+    with K8sServer(tmp_path / "k8s", namespace="ml", operator=False) as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+        yield server
+
+
+def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_once(kfp, step_cluster, tmp_path,
+                                                                                   monkeypatch):
     from kfp.dsl import Artifact
 
     from components.monitoring import trigger_retraining
@@ -365,7 +379,8 @@ def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_onc
     assert run["service_account"] == "kfloop"  # the drift run's, pinned with the version
     assert run["runtime_config"]["parameters"] == {"dataset_uri": "s3://bucket/drifted.parquet",
                                                    "model_name": "churn", "nnodes": 2}
-    assert RegistryTriggerStore("churn").load()["models"]["churn"]["fired"][0]["run_id"] == run_id
+    state = ConfigMapTriggerStore("churn", api=api_client(), namespace="ml").load()  # the trigger's ConfigMap
+    assert state["models"]["churn"]["fired"][0]["run_id"] == run_id
 
     with pytest.raises(ValueError, match="no training pipeline version is pinned.*--host"):
         trigger_retraining.python_func(model_name="churn", dataset_uri="s3://bucket/other.parquet",
