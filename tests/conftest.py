@@ -143,6 +143,19 @@ def cluster(tmp_path, request, monkeypatch):
     assert server.live_pids() == [], "a pod process outlived the test server"
 
 
+@pytest.fixture
+def step_cluster(tmp_path, monkeypatch):
+    """The Kubernetes API a pipeline step's pod reaches (its kubeconfig in ``KUBECONFIG``, namespace ``ml``): where
+    the drift run's trigger step keeps the trigger state."""
+    from cluster.k8s_server import K8sServer
+    from training.launch.kube_client import NAMESPACE_FILE_ENV
+
+    monkeypatch.setenv(NAMESPACE_FILE_ENV, str(tmp_path / "not-in-a-pod"))  # the kubeconfig's namespace, `ml`
+    with K8sServer(tmp_path / "k8s", namespace="ml", operator=False) as server:
+        monkeypatch.setenv("KUBECONFIG", str(server.write_kubeconfig(tmp_path / "kubeconfig")))
+        yield server
+
+
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
     """A real Ray head on loopback with 2 CPUs (two training workers) and token authentication (Ray's default), in

@@ -37,7 +37,7 @@ from kubernetes import utils as kube_utils
 
 from data.generate import write_demo
 from cluster.docker_kubelet import CONTAINER_LABEL, POD_LABEL, DockerRuntime, pod_records
-from cluster.k8s_rbac import manifests
+from cluster.k8s_rbac import manifests, service_account_user
 from cluster.k8s_server import K8sServer
 from cluster.kfp_executor import DockerEngine, KfpExecutor
 from cluster.kfp_server import FINAL_STATES, KfpApiServer
@@ -48,6 +48,7 @@ from cluster.server_process import free_port, start_server, stop_group
 from pipelines.cli.commands import main as kfloop
 from training.launch.cluster import CREDENTIAL_KEYS
 from training.launch.manifests import job_name_for
+from training.registry.lock import NAMESPACE_ENV as LEASE_NAMESPACE_ENV
 from training.registry.versions import list_versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,11 +99,13 @@ def upload_demo_data(s3: S3Server, scratch: Path) -> tuple[s3fs.S3FileSystem, di
 
 
 def prepare_cluster(cluster: K8sServer, scratch: Path, secret: dict[str, str]) -> None:
-    """As the admin: deploy/rbac.yaml in :data:`NAMESPACE` and the credentials Secret the steps and pods read."""
+    """As the admin: deploy/rbac.yaml and deploy/webhook.yaml's Role (the trigger state's ConfigMap) in
+    :data:`NAMESPACE`, and the credentials Secret the steps and pods read."""
     admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(scratch / "admin")))
-    for doc in manifests(REPO / "deploy" / "rbac.yaml"):
+    webhook = [d for d in manifests(REPO / "deploy" / "webhook.yaml") if d["kind"] in ("Role", "RoleBinding")]
+    for doc in [*manifests(REPO / "deploy" / "rbac.yaml"), *webhook]:
         if doc["kind"] != "ServiceAccount":  # the test server authenticates service accounts by token alone
-            kube_utils.create_from_dict(admin, doc)
+            kube_utils.create_from_dict(admin, doc, namespace=NAMESPACE)
     kube_utils.create_from_dict(admin, {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()}})
@@ -188,13 +191,18 @@ def kill_mid_epoch(client: docker.DockerClient, shared: Path, job: str) -> str:
     return container.id
 
 
-def alert_through_serve(root: Path, server: KfpApiServer, target: list[str], commit: str) -> dict:
-    """``kfloop serve`` on the server path: ``/metrics`` (its own token) counts the drift run's cooldown; an
+def alert_through_serve(root: Path, server: KfpApiServer, cluster: K8sServer, target: list[str], commit: str) -> dict:
+    """``kfloop serve`` on the server path, as its service account ``kfloop-webhook`` would in the cluster (the
+    trigger state is the ConfigMap the drift run's trigger step wrote): ``/metrics`` (its own token) counts the drift
+    run's cooldown; an
     Alertmanager alert posted to ``/alerts`` creates a training run on the KFP server, stopped once a task of it
     runs (its training is the trigger's). Returns the run's ``run_id`` and the ``suppressed`` count scraped."""
     port = free_port()
     hook, scrape = "e2e-webhook-token", "e2e-metrics-token"
-    env = {**os.environ, "KFLOOP_WEBHOOK_TOKEN": hook, "KFLOOP_METRICS_TOKEN": scrape}
+    kubeconfig = cluster.write_kubeconfig(root / "webhook-kubeconfig",
+                                          user=service_account_user(NAMESPACE, "kfloop-webhook"))
+    env = {**os.environ, "KFLOOP_WEBHOOK_TOKEN": hook, "KFLOOP_METRICS_TOKEN": scrape, "KFLOOP_BACKEND": "kubernetes",
+           "KUBECONFIG": str(kubeconfig), LEASE_NAMESPACE_ENV: NAMESPACE}
     before = {r["run_id"] for r in runs_of(server)}
     serve = start_server([sys.executable, "-m", "pipelines", "serve", "--port", str(port), "--bind", "127.0.0.1",
                           *target, "--set", "trigger.cooldown_seconds=0"],  # the receiver's own policy: no cooldown
@@ -346,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise AssertionError(f"expected one fire, then a cooldown that starts nothing: {decisions}")
             say(f"drift run {after['run_id']} found drift again inside the cooldown and started nothing")
 
-            alert = alert_through_serve(root, server, target, commit)
+            alert = alert_through_serve(root, server, cluster, target, commit)
             summary_runs = runs_of(server)
 
             summary = {"image": args.image, "commit": commit.removesuffix("-dirty"),

@@ -459,7 +459,7 @@ def test_without_a_namespace_multi_user_kfp_refuses_a_shared_upload_and_a_run(kf
 
 
 def test_the_trigger_step_reaches_kfp_from_kfp_host_with_its_projected_token_in_the_runs_namespace(
-        isolated_env, kfp, capsys, monkeypatch, tmp_path):
+        isolated_env, kfp, step_cluster, capsys, monkeypatch, tmp_path):
     """Issue 32 items 3-5: in the drift run's pod the trigger step reaches KFP at ``kfp.host`` (never an address
     made from the profile namespace) with the pod's token file, and starts the training run in that namespace; in
     multi-user mode every KFP API call it makes is allowed by what deploy/kubeflow-profile.yaml grants the run's

@@ -36,7 +36,8 @@ def test_ci_audits_the_locked_pins_strictly():
 
 def _locked(path: Path) -> dict[str, tuple[str, list[str]]]:
     """Name -> (version, hashes) of a lock file written by `make lock` (uv pip compile --generate-hashes)."""
-    entries = re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)((?:\s*\\\n\s+--hash=sha256:[0-9a-f]{64})+)", path.read_text(), re.M)
+    pin = r"^([A-Za-z0-9_.\-]+)==(\S+)((?:\s*\\\n\s+--hash=sha256:[0-9a-f]{64})+)"
+    entries = re.findall(pin, path.read_text(), re.M)
     return {name.lower(): (pinned, re.findall(r"sha256:([0-9a-f]{64})", hashes)) for name, pinned, hashes in entries}
 
 

@@ -10,7 +10,6 @@ import json
 import threading
 
 import pytest
-from cluster.k8s_server import K8sServer
 from cluster.kfp_server import KfpApiServer
 
 from data.errors import EXIT_SETTINGS
@@ -19,7 +18,7 @@ from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_configmap import ConfigMapTriggerStore
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from monitoring.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, AlertScope, AlertWebhook, WebhookAuth
-from training.launch.kube_client import NAMESPACE_FILE_ENV, api_client
+from training.launch.kube_client import api_client
 from training.registry.versions import ensure_registered_model
 from components import kfp_client
 from pipelines.kfp_server.runs import alert_starter
@@ -338,16 +337,6 @@ def test_by_default_alerts_may_train_on_the_champions_data_folder(kfp, clock):
 def test_the_webhook_refuses_to_start_without_auth():
     with pytest.raises(ValueError, match="KFLOOP_WEBHOOK_TOKEN"):
         WebhookAuth.from_env({})
-
-
-@pytest.fixture
-def step_cluster(tmp_path, monkeypatch):
-    """The Kubernetes API a drift run's trigger step reaches (its kubeconfig in ``KUBECONFIG``, namespace ``ml``),
-    where the trigger keeps its state."""
-    monkeypatch.setenv(NAMESPACE_FILE_ENV, str(tmp_path / "not-in-a-pod"))  # the kubeconfig's namespace, `ml`
-    with K8sServer(tmp_path / "k8s", namespace="ml", operator=False) as server:
-        monkeypatch.setenv("KUBECONFIG", str(server.write_kubeconfig(tmp_path / "kubeconfig")))
-        yield server
 
 
 def test_the_drift_pipelines_trigger_step_starts_the_pinned_training_version_once(kfp, step_cluster, tmp_path,
