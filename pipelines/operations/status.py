@@ -134,8 +134,8 @@ def _require_model(client: Any, model_name: str, env: Environment) -> None:
 
 
 def _trigger_store(model_name: str, env: Environment):
-    """The trigger state where this place's backend keeps it (:func:`training.launch.backends.step_backend`): on the
-    registered model (Kubernetes), else the workdir's file (this machine)."""
+    """The trigger state where this place's backend keeps it (:func:`training.launch.backends.step_backend`): the
+    trigger's ConfigMap (Kubernetes), else the workdir's file (this machine)."""
     return trigger_store(step_backend(), model_name, env.workdir)
 
 
