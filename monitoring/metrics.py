@@ -1,6 +1,6 @@
 """``/metrics``: what kfloop recorded, per model, in the Prometheus text format. Every scrape reads MLflow (the drift
-and quality checks' runs, the registered model's champion alias and trigger state), never the process's memory, so
-every replica of ``kfloop serve`` answers the same."""
+and quality checks' runs, the registered model's champion alias) and the trigger state's store, never the process's
+memory, so every replica of ``kfloop serve`` answers the same."""
 from __future__ import annotations
 
 from datetime import datetime
