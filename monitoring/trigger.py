@@ -224,15 +224,6 @@ class TriggerStore:
         runs = [f["run_id"] for f in entry["fired"] if f["key"] == check["key"] and f["at"] == check["at"]]
         return {**check, "run_id": runs[0] if check["fire"] and runs else None}
 
-    def record(self, decision: TriggerDecision, now: float) -> None:
-        """Store ``decision`` as the model's last check, count its outcome and, when it fired, append it to the
-        model's history as pending (no run id yet: :meth:`complete` adds it).
-
-        Raises:
-            TriggerStateError: the existing file is unusable.
-        """
-        self.update(lambda state: _record(state, decision, now))
-
     def complete(self, decision: TriggerDecision, now: float, run_id: str) -> None:
         """Give the pending record of ``decision`` (recorded at ``now``) the id of the run it started.
 
@@ -249,7 +240,9 @@ class TriggerStore:
 
 
 def _record(state: dict[str, Any], decision: TriggerDecision, now: float) -> dict[str, Any]:
-    """Record ``decision`` in ``state`` (as :meth:`TriggerStore.record`); returns the model's entry."""
+    """Store ``decision`` in ``state`` as the model's last check, count its outcome and, when it fired, append it to
+    the model's history as pending (no run id yet: :meth:`TriggerStore.complete` adds it); returns the model's
+    entry."""
     entry = state["models"].setdefault(decision.model, {"fired": [], "last_check": None})
     entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire, "reason": bounded(decision.reason)}
     counts = entry["counts"] = outcome_counts(entry)
