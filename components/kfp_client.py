@@ -170,8 +170,11 @@ def _answers(host: str, seconds: int) -> None:
 
 
 def _bound_requests(client: Any, seconds: int) -> None:
-    """Give every request of ``client`` a deadline and bounded retries. The KFP SDK sends each request with
-    ``timeout=None``, which overrides any urllib3 pool timeout, so the deadline is set on its sockets
+    """Give every request of ``client`` a deadline and bounded retries. kfp 2.17 has no supported way: ``Client``
+    takes no timeout and builds its ``kfp_server_api.Configuration`` itself, and its methods call the generated APIs
+    without ``_request_timeout``; so the pool of the one ``ApiClient`` its service APIs share is configured here.
+    The KFP SDK sends each request with ``timeout=None``, which overrides any urllib3 pool timeout, so the deadline
+    is set on its sockets
     (``SO_SNDTIMEO`` bounds connecting and sending, ``SO_RCVTIMEO`` each read); urllib3's ``Retry`` retries reads
     of idempotent calls only, never a POST that may have created a run."""
     deadline = struct.pack("ll", seconds, 0)  # struct timeval
