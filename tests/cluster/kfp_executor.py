@@ -17,8 +17,14 @@ kubeflow/pipelines 2.17 (cited where used):
   (``kfp/local/executor_input_utils.py``, ``placeholder_utils.py``, ``executor_output_utils.py``): used here.
 - ``backend/src/v2/compiler/argocompiler/common.go``: every step pod carries ``KFP_POD_NAME`` and ``KFP_POD_UID``
   (downward API) and the container's own ``env``; the pod runs as the run's service account, in the profile's
-  namespace; a pod labelled ``access-ml-pipeline`` (the PodDefault of multi-user profiles) gets the projected
-  ``pipelines.kubeflow.org`` token at ``/var/run/secrets/kubeflow/pipelines/token``.
+  namespace.
+- Kubeflow's PodDefault admission webhook (kubeflow/kubeflow ``components/admission-webhook/main.go``
+  ``filterPodDefaults``: a PodDefault applies to a pod of its own namespace whose labels its ``spec.selector``
+  matches, ``metav1.LabelSelectorAsSelector``; ``applyPodDefaultsOnPod`` adds its volumes, mounts and env): the
+  PodDefaults given (e.g. deploy/kubeflow-profile.yaml's ``access-ml-pipeline``) project the service-account token
+  of the audience they name at the path they mount; nothing else gives a pod a KFP API token. A PodDefault field
+  this emulation does not apply (volumes other than a projected ``serviceAccountToken``, ``annotations``,
+  ``labels``, ``command``, ...) is refused with its name.
 - ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``) applies the task's Kubernetes platform spec
   (kfp-kubernetes): ``podMetadata`` labels, ``pvcMount`` as a volume of the claim at its ``mountPath``,
   ``secretAsEnv`` as ``secretKeyRef`` env (a missing Secret or key that is not ``optional`` fails the pod with
@@ -55,7 +61,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 import docker
@@ -70,13 +76,14 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 from cluster.k8s_operator import container_env
 from cluster.k8s_rbac import service_account_user
 from cluster.k8s_server import K8sServer
+from cluster.k8s_store import label_matcher
 from cluster.kfp_server import FINAL_STATES, KfpApiServer, _now, split_spec
 
-TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
-"""Where the ``access-ml-pipeline`` PodDefault projects the ``pipelines.kubeflow.org`` token."""
 TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 """The variable the kfp SDK reads the token's path from (``kfp/client/token_credentials_base.py``)."""
 ACCESS_LABEL = "access-ml-pipeline"
+POD_DEFAULT_FIELDS = {"desc", "selector", "volumes", "volumeMounts", "env"}
+"""The PodDefault ``spec`` fields this emulation applies."""
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Every pod's service-account mount: ``namespace`` (the pod's), ``token`` and ``ca.crt`` (with a cluster)."""
 
@@ -94,7 +101,9 @@ class Pod:
     env: dict[str, str]
     labels: dict[str, str]
     token: str | None
-    """The projected ``pipelines.kubeflow.org`` token, when the pod carries the ``access-ml-pipeline`` label."""
+    """The projected service-account token a PodDefault added, or None."""
+    token_path: str = ""
+    """Where the PodDefault mounts ``token`` in the pod."""
     log: Path
     files: dict[str, str] = field(default_factory=dict)
     """In-pod path -> content: the service-account mount."""
@@ -163,7 +172,7 @@ class DockerEngine:
     def start(self, pod: Pod) -> tuple[Any, Pod]:
         volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"},
                    **{str(host): {"bind": target, "mode": "rw"} for target, host in pod.mounts.items()}}
-        files = {**pod.files, **({TOKEN_PATH: pod.token} if pod.token is not None else {})}
+        files = {**pod.files, **({pod.token_path: pod.token} if pod.token is not None else {})}
         for index, (target, content) in enumerate(sorted(files.items())):
             source = pod.log.with_suffix(f".file{index}")
             source.write_text(content)
@@ -213,15 +222,16 @@ class KfpExecutor:
     """``with KfpApiServer() as kfp, KfpExecutor(kfp, ProcessEngine(root=...), pipeline_root=...):``."""
 
     def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path, namespace: str = "kubeflow",
-                 default_service_account: str = "pipeline-runner", pod_labels: dict[str, str] | None = None,
+                 default_service_account: str = "pipeline-runner", pod_defaults: Sequence[dict] = (),
                  token: str | None = None, cluster: K8sServer | None = None):
         self.server, self.engine, self.cluster = server, engine, cluster
         self.pipeline_root = pipeline_root
         self.namespace, self.default_service_account = namespace, default_service_account
-        self.pod_labels = dict(pod_labels or {})
-        """Labels every step pod carries besides its platform spec's (``access-ml-pipeline: "true"`` mounts the
-        token)."""
+        self.pod_defaults = [_checked_pod_default(d) for d in pod_defaults]
+        """The PodDefaults of the cluster (kubeflow.org/v1alpha1), applied to matching pods."""
         self.token = token
+        """The token a PodDefault projects when the server is single-user; a multi-user server issues each pod's
+        own (its service account, the PodDefault's audience)."""
         self.cache: dict[str, dict[str, Any]] = {}
         self._runs: dict[str, _RunContext] = {}
         self._threads: list[threading.Thread] = []
@@ -338,14 +348,14 @@ class KfpExecutor:
             unique_pipeline_id=ctx.run["run_id"])
         pod_name, pod_uid = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}", str(uuid.uuid4())
         platform = ctx.kubernetes.get(spec.executor_label, {})
-        labels = {**self.pod_labels, **platform.get("podMetadata", {}).get("labels", {})}
         pod = Pod(name=pod_name, uid=pod_uid, namespace=self.namespace,
                   service_account=ctx.run.get("service_account") or self.default_service_account,
                   image=container.image, command=command,
                   env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": pod_uid, **{e.name: e.value for e in container.env}},
-                  labels=labels, token=self.token if labels.get(ACCESS_LABEL) == "true" else None,
+                  labels=dict(platform.get("podMetadata", {}).get("labels", {})), token=None,
                   log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log",
                   files={f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace})
+        self._admit(pod)
         pod.log.parent.mkdir(parents=True, exist_ok=True)
         detail = self._record(ctx, name, "RUNNING", pod_name=pod_name)
         if self.cluster is not None:
@@ -378,6 +388,24 @@ class KfpExecutor:
         if key is not None:
             self.cache[key] = outputs
         return outputs
+
+    def _admit(self, pod: Pod) -> None:
+        """The PodDefault admission webhook: each PodDefault of the pod's namespace whose selector matches its labels
+        (``filterPodDefaults``) adds its projected token, mount and env (``applyPodDefaultsOnPod``)."""
+        for default in self.pod_defaults:
+            selector = default["spec"].get("selector") or {}
+            if default["metadata"].get("namespace") != pod.namespace \
+                    or not label_matcher(_selector_string(selector))(pod.labels):
+                continue
+            for volume in default["spec"].get("volumes", []):
+                (source,) = volume["projected"]["sources"]
+                token = source["serviceAccountToken"]
+                (mount,) = [m for m in default["spec"]["volumeMounts"] if m["name"] == volume["name"]]
+                pod.token_path = f"{mount['mountPath'].rstrip('/')}/{token['path']}"
+                pod.token = (self.server.multi_user.service_account_token(
+                    pod.namespace, pod.service_account, audience=token.get("audience", ""))
+                    if self.server.multi_user is not None else self.token)
+            pod.env.update({e["name"]: e["value"] for e in default["spec"].get("env", [])})
 
     def _on_cluster(self, pod: Pod, platform: dict) -> None:
         """Give ``pod`` what the cluster adds: the platform spec's claims and Secret env, the service account's
@@ -441,6 +469,32 @@ class KfpExecutor:
                                         "service_account", "experiment_id") if k in rec}
             self.server.add_run({**body, "display_name": f"{rec['display_name']}-{fire:%Y%m%d%H%M%S}",
                                  "recurring_run_id": rec["recurring_run_id"]})
+
+
+def _checked_pod_default(default: dict) -> dict:
+    """``default`` if it uses only what :meth:`KfpExecutor._admit` applies.
+
+    Raises:
+        ValueError: a field it does not apply, named.
+    """
+    name = default["metadata"]["name"]
+    unknown = sorted(set(default["spec"]) - POD_DEFAULT_FIELDS)
+    for volume in default["spec"].get("volumes", []):
+        sources = volume.get("projected", {}).get("sources", [])
+        if set(volume) != {"name", "projected"} or len(sources) != 1 or set(sources[0]) != {"serviceAccountToken"}:
+            unknown.append(f"volumes[{volume['name']}] (only a projected serviceAccountToken is emulated)")
+    if unknown:
+        raise ValueError(f"PodDefault {name}: spec fields {unknown} are not emulated by the test executor")
+    return default
+
+
+def _selector_string(selector: dict) -> str:
+    """A ``metav1.LabelSelector`` as the selector string ``LabelSelectorAsSelector`` makes of it."""
+    ops = {"In": "{key} in ({values})", "NotIn": "{key} notin ({values})", "Exists": "{key}",
+           "DoesNotExist": "!{key}"}
+    return ",".join([*(f"{k}={v}" for k, v in sorted(selector.get("matchLabels", {}).items())),
+                     *(ops[e["operator"]].format(key=e["key"], values=",".join(e.get("values", [])))
+                       for e in selector.get("matchExpressions", []))])
 
 
 def _fire_times(trigger: dict, since: datetime) -> Iterator[datetime]:
