@@ -175,6 +175,29 @@ def test_a_poddefault_field_the_executor_does_not_apply_is_refused_by_name(tmp_p
                                   "executor")
 
 
+@pytest.mark.parametrize("condition, error", [
+    ("inputs.parameter_values['pipelinechannel--produce-Outptu'] == 'go'",
+     "evaluation error: no such key: pipelinechannel--produce-Outptu"),
+    ("lower(inputs.parameter_values['pipelinechannel--produce-Output']) == 'go'",
+     "evaluation error: Undefined variable or function: 'lower'"),
+])
+def test_a_condition_that_cannot_be_evaluated_fails_the_run_not_skips(served, tmp_path, condition, error):
+    """driver/dag.go: ``expr.Condition``'s error is returned, failing the task and the run (kfp.local skips)."""
+    _, _, client = served
+    compiler.Compiler().compile(if_pipeline, str(tmp_path / "if.yaml"))
+    spec, platform = yaml.safe_load_all((tmp_path / "if.yaml").read_text())
+    task = spec["root"]["dag"]["tasks"]["condition-1"]
+    assert task["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--produce-Output'] == 'go'"
+    task["triggerPolicy"]["condition"] = condition
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump_all([spec, platform]))
+    run = finish(client, client.create_run_from_pipeline_package(str(tmp_path / "bad.yaml"),
+                                                                 arguments={"word": "go"}).run_id)
+    assert run.state == "FAILED"
+    assert {n: t.state for n, t in tasks(run).items()} == {"produce": "SUCCEEDED", "condition-1": "FAILED"}
+    assert error in tasks(run)["condition-1"].error.message
+    assert run.error.message.startswith("task 'condition-1' failed: evaluation error: ")
+
+
 def test_a_failing_task_fails_the_run_with_its_error_and_stops_the_dag(served, tmp_path):
     _, _, client = served
     run = finish(client, start(client, failing_pipeline, tmp_path, message="column 'age' has nulls"))

@@ -7,7 +7,8 @@ parameters and the upstream tasks' outputs, its artifacts under the pipeline roo
 kubeflow/pipelines 2.17 (cited where used):
 
 - ``backend/src/v2/driver/driver.go``: the driver resolves a task's inputs (runtime constants, the parent DAG's
-  inputs, upstream output parameters and artifacts), evaluates the condition (a false one skips the sub-DAG) and
+  inputs, upstream output parameters and artifacts), evaluates the condition as CEL (tests/cluster/kfp_expression.py:
+  a false one skips the task or sub-DAG, one that cannot be evaluated fails the task and the run) and
   looks the task up in the cache when ``cachingOptions.enableCache`` is set (``backend/src/v2/cacheutils/cache.go``:
   the key hashes the input parameter values, input artifact names, output spec, image and command); a hit reuses
   the recorded outputs and the task is reported ``SKIPPED``.
@@ -68,11 +69,11 @@ import docker
 from croniter import croniter
 from google.protobuf import json_format
 from kfp.local import executor_input_utils, executor_output_utils, graph_utils, io, placeholder_utils
-from kfp.local.orchestrator.enhanced_dag_orchestrator import ConditionEvaluator
 from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
 from kfp.local.orchestrator.task_spec_utils import build_nested_dag_arguments
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from cluster import kfp_expression
 from cluster.k8s_operator import container_env
 from cluster.k8s_rbac import service_account_user
 from cluster.k8s_server import K8sServer
@@ -313,12 +314,7 @@ class KfpExecutor:
             spec = ctx.spec.components[task.component_ref.name]
             if spec.WhichOneof("implementation") == "dag":
                 args = build_nested_dag_arguments(name, task, spec, store)
-                condition = task.trigger_policy.condition
-                sub = io.IOStore(parent=store)
-                for key, value in args.items():
-                    sub.put_parent_input(key, value)
-                if condition and not ConditionEvaluator.evaluate_condition(condition, sub):
-                    self._record(ctx, name, "SKIPPED")  # driver.go: a false condition skips the whole sub-DAG
+                if not self._triggers(ctx, name, task, spec, args):
                     continue
                 outputs = self._run_dag(ctx, spec, args, store, prefix)
             else:
@@ -332,6 +328,8 @@ class KfpExecutor:
         if ctx.canceled.is_set():
             raise Canceled()
         arguments = OrchestratorUtils.make_task_arguments(task.inputs, store)
+        if not self._triggers(ctx, name, task, spec, arguments):
+            return {}
         container = ctx.deployment.executors[spec.executor_label].container
         key = _cache_key(arguments, spec, container) if task.caching_options.enable_cache else None
         if key in self.cache:
@@ -388,6 +386,33 @@ class KfpExecutor:
         if key is not None:
             self.cache[key] = outputs
         return outputs
+
+    def _triggers(self, ctx: _RunContext, name: str, task: pipeline_spec_pb2.PipelineTaskSpec,
+                  spec: pipeline_spec_pb2.ComponentSpec, arguments: dict[str, Any]) -> bool:
+        """Whether task ``name`` runs: its ``triggerPolicy.condition`` evaluated as the driver does
+        (``driver/dag.go``, ``driver/container.go``: ``expr.Condition`` over the task's executor input); false
+        records it ``SKIPPED``.
+
+        Raises:
+            TaskFailed: the condition cannot be evaluated (the driver returns the error: the task and run fail).
+        """
+        if not task.trigger_policy.condition:
+            return True
+        params = {k: v for k, v in arguments.items() if k in spec.input_definitions.parameters}
+        artifacts = {k: {"artifacts": [{"name": a.name, "uri": a.uri, "metadata": a.metadata} for a in
+                                       (v if isinstance(v, list) else [v])]}
+                     for k, v in arguments.items() if k in spec.input_definitions.artifacts}
+        try:
+            runs = kfp_expression.condition({"inputs": {"parameter_values": params, "artifacts": artifacts}},
+                                            task.trigger_policy.condition)
+        except kfp_expression.ConditionError as err:
+            detail = self._record(ctx, name, "FAILED")
+            with self.server.lock:
+                detail["error"] = {"code": 2, "message": str(err), "details": []}
+            raise TaskFailed(name, str(err)) from None
+        if not runs:
+            self._record(ctx, name, "SKIPPED")
+        return runs
 
     def _admit(self, pod: Pod) -> None:
         """The PodDefault admission webhook: each PodDefault of the pod's namespace whose selector matches its labels
