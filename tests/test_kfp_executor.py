@@ -8,7 +8,7 @@ import kfp
 import pytest
 import yaml
 from cluster.k8s_server import K8sServer
-from cluster.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine
+from cluster.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine, unemulated_fields
 from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
 from kfp import kubernetes as kfp_k8s
@@ -196,6 +196,31 @@ def test_a_condition_that_cannot_be_evaluated_fails_the_run_not_skips(served, tm
     assert {n: t.state for n, t in tasks(run).items()} == {"produce": "SUCCEEDED", "condition-1": "FAILED"}
     assert error in tasks(run)["condition-1"].error.message
     assert run.error.message.startswith("task 'condition-1' failed: evaluation error: ")
+
+
+@dsl.pipeline(name="unemulated")
+def unemulated_pipeline(word: str):
+    task = produce(word=word).set_caching_options(False).set_retry(num_retries=2).set_cpu_limit("2")
+    kfp_k8s.add_toleration(task, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+
+
+def test_a_field_the_executor_does_not_emulate_fails_the_run_naming_it(served, tmp_path):
+    """retryPolicy, container.resources, tolerations: KFP would apply them; the executor cannot, so it refuses the
+    run instead of running it as if they were absent."""
+    _, _, client = served
+    run = finish(client, start(client, unemulated_pipeline, tmp_path, word="go"))
+    assert run.state == "FAILED" and run.run_details is None  # no task started
+    assert run.error.message == (
+        "the test executor does not emulate deploymentSpec.executors.exec-produce.container.resources, "
+        "root.dag.tasks.produce.retryPolicy, "
+        "platforms.kubernetes.deploymentSpec.executors.exec-produce.tolerations: it would ignore them")
+
+
+@pytest.mark.parametrize("name", ["training", "drift", "quality"])
+def test_the_executor_emulates_every_field_of_our_compiled_pipelines(name):
+    spec, *platform = yaml.safe_load_all((Path(__file__).resolve().parents[1] / "pipelines" / "compiled"
+                                          / f"{name}.yaml").read_text())
+    assert unemulated_fields(spec, platform[0] if platform else {}) == []
 
 
 def test_a_failing_task_fails_the_run_with_its_error_and_stops_the_dag(served, tmp_path):

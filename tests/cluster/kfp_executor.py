@@ -259,6 +259,13 @@ class KfpExecutor:
     def submit(self, run: dict) -> None:
         spec, platform = split_spec(run.get("pipeline_spec") or self.server.store.versions[
             run["pipeline_version_reference"]["pipeline_version_id"]]["pipeline_spec"])
+        unmodelled = unemulated_fields(spec, platform)
+        if unmodelled:
+            with self.server.lock:
+                run["error"] = {"code": 3, "message": "the test executor does not emulate " + ", ".join(unmodelled)
+                                + ": it would ignore them", "details": []}
+            self.server.set_run_state(run["run_id"], "FAILED")
+            return
         ctx = _RunContext(run, json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec()),
                           json_format.ParseDict(spec["deploymentSpec"], pipeline_spec_pb2.PipelineDeploymentConfig()),
                           str(self.pipeline_root),
@@ -494,6 +501,48 @@ class KfpExecutor:
                                         "service_account", "experiment_id") if k in rec}
             self.server.add_run({**body, "display_name": f"{rec['display_name']}-{fire:%Y%m%d%H%M%S}",
                                  "recurring_run_id": rec["recurring_run_id"]})
+
+
+EMULATED = {
+    "spec": {"components", "deploymentSpec", "pipelineInfo", "root", "schemaVersion", "sdkVersion"},
+    "executor": {"container"},
+    "container": {"image", "command", "args", "env"},
+    "component": {"dag", "executorLabel", "inputDefinitions", "outputDefinitions"},
+    "task": {"cachingOptions", "componentRef", "dependentTasks", "inputs", "taskInfo", "triggerPolicy"},
+    "triggerPolicy": {"condition"},
+    "kubernetes": {"podMetadata", "secretAsEnv", "pvcMount"},
+    "podMetadata": {"labels"},
+}
+"""The IR and kfp-kubernetes fields the executor applies, by where they sit: any other (``retryPolicy``,
+``container.resources`` and accelerators, ``triggerPolicy.strategy`` of exit handlers, iterators, node selectors,
+tolerations, image pull secrets, ...) would be silently ignored, so a run using one fails naming it."""
+
+
+def unemulated_fields(spec: dict, platform: dict) -> list[str]:
+    """The fields of a pipeline ``spec`` and its ``platform`` spec that :data:`EMULATED` lacks, as paths."""
+    found = [f"{k}" for k in spec if k not in EMULATED["spec"]]
+    for label, executor in spec.get("deploymentSpec", {}).get("executors", {}).items():
+        found += [f"deploymentSpec.executors.{label}.{k}" for k in executor if k not in EMULATED["executor"]]
+        found += [f"deploymentSpec.executors.{label}.container.{k}" for k in executor.get("container", {})
+                  if k not in EMULATED["container"]]
+    for where, component in [("root", spec.get("root", {})), *((f"components.{n}", c) for n, c in
+                                                                 spec.get("components", {}).items())]:
+        found += [f"{where}.{k}" for k in component if k not in EMULATED["component"]]
+        for name, task in component.get("dag", {}).get("tasks", {}).items():
+            found += [f"{where}.dag.tasks.{name}.{k}" for k in task if k not in EMULATED["task"]]
+            found += [f"{where}.dag.tasks.{name}.triggerPolicy.{k}" for k in task.get("triggerPolicy", {})
+                      if k not in EMULATED["triggerPolicy"]]
+    for name, value in platform.get("platforms", {}).items():
+        if name != "kubernetes":
+            found.append(f"platforms.{name}")
+            continue
+        found += [f"platforms.kubernetes.{k}" for k in value if k != "deploymentSpec"]
+        for label, executor in value.get("deploymentSpec", {}).get("executors", {}).items():
+            where = f"platforms.kubernetes.deploymentSpec.executors.{label}"
+            found += [f"{where}.{k}" for k in executor if k not in EMULATED["kubernetes"]]
+            found += [f"{where}.podMetadata.{k}" for k in executor.get("podMetadata", {})
+                      if k not in EMULATED["podMetadata"]]
+    return found
 
 
 def _checked_pod_default(default: dict) -> dict:
