@@ -27,13 +27,12 @@ import http.client
 import json
 import re
 import secrets
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -42,6 +41,8 @@ import yaml
 from joserfc import jws, jwt
 from joserfc.errors import JoseError
 from joserfc.jwk import KeySet, RSAKey
+
+from cluster.loopback import Loopback
 
 SPECS = Path(__file__).parent / "specs"
 M2M_RULES = SPECS / "istio-m2m-requestauthentication.yaml"
@@ -149,22 +150,18 @@ class Gateway:
 
     def __post_init__(self) -> None:
         self._keys = {i.issuer: i.keys for i in self.issuers}
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._http = Loopback(self._handler())
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return self._http.url
 
     def __enter__(self) -> Gateway:
-        self._thread.start()
+        self._http.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+        self._http.__exit__()
 
     def login(self, dex: JwtIssuer, email: str) -> str:
         """A finished Dex login through oauth2-proxy: the ``Cookie`` header value of its session."""

@@ -21,12 +21,14 @@ from datetime import datetime, timezone
 from email.parser import BytesParser
 from email.policy import HTTP
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+
+from cluster.loopback import Loopback
 
 SWAGGER = json.loads((Path(__file__).parent / "specs" / "kfp_v2beta1.swagger.json").read_text())
 API = "/apis/v2beta1"
@@ -266,22 +268,18 @@ class KfpApiServer:
         self.on_run_terminated: Any = None
         """``callable(run_id)`` called by ``TerminateRun`` after the run turned ``CANCELING``."""
         self.lock = threading.RLock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._http = Loopback(self._handler())
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return self._http.url
 
     def __enter__(self) -> KfpApiServer:
-        self._thread.start()
+        self._http.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+        self._http.__exit__()
 
     # -- test controls -------------------------------------------------------------------------------------------
     def set_run_state(self, run_id: str, state: str) -> None:
