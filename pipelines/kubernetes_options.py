@@ -144,8 +144,9 @@ def using(options: KubernetesOptions) -> Iterator[None]:
 def apply(*, gpu_step: PipelineTask | None = None, api_step: PipelineTask | None = None) -> None:
     """Give every step of the pipeline being built the credentials Secret as env, the caching choice, the shared
     volume and the image pull secrets (as ``imagePullSecrets`` and, for the training job it may launch, as
-    ``KFLOOP_IMAGE_PULL_SECRETS``), the training jobs' namespace (``KFLOOP_JOB_NAMESPACE``); ``gpu_step`` its GPUs, node selector and tolerations, and ``api_step`` (the trigger step, which starts runs) the
-    KFP API access label. Call it last in a ``@dsl.pipeline`` body."""
+    ``KFLOOP_IMAGE_PULL_SECRETS``), the training jobs' namespace (``KFLOOP_JOB_NAMESPACE``); ``gpu_step`` its GPUs,
+    node selector and tolerations, and ``api_step`` (the trigger step, which starts runs) the KFP API access label.
+    Call it last in a ``@dsl.pipeline`` body."""
     options = _ACTIVE.get()
     for task in Pipeline.get_default_pipeline().tasks.values():
         task.set_caching_options(options.enable_caching)

@@ -20,8 +20,8 @@ from components import kfp_client
 
 TOKEN = "kfp-executor-token-51d0"
 IMAGE = "python:3.11"
-(POD_DEFAULT,) = [d for d in yaml.safe_load_all(
-    (Path(__file__).resolve().parents[1] / "deploy" / "kubeflow-profile.yaml").read_text()) if d["kind"] == "PodDefault"]
+PROFILE_MANIFESTS = Path(__file__).resolve().parents[1] / "deploy" / "kubeflow-profile.yaml"
+(POD_DEFAULT,) = [d for d in yaml.safe_load_all(PROFILE_MANIFESTS.read_text()) if d["kind"] == "PodDefault"]
 """deploy/kubeflow-profile.yaml's ``access-ml-pipeline`` PodDefault (namespace ``kfloop``)."""
 
 
