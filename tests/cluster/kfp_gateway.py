@@ -10,12 +10,15 @@ authorizer, as kubeflow/manifests (@ 009c8808, copied into tests/cluster/specs/)
 * The RequestAuthentications (``istio-m2m/requestauthentication.yaml``, ``m2m-token-issuer``, whose ``PATCH_ME``
   issuer is the cluster's service-account issuer; ``requestauthentication.dex-jwt.yaml``; and any given, e.g.
   deploy/github-oidc.yaml): a bearer JWT whose ``iss`` a rule names is verified as Envoy's ``jwt_authn`` filter does
-  (the signature by the issuer's keys, ``exp`` and ``nbf``, ``aud`` against the rule's ``audiences`` when it lists
-  any); one that fails gets 401 "Jwt verification fails"; a verified one sets each ``outputClaimToHeaders`` header
-  from its claim (a claim the token lacks removes the header). A JWT whose issuer no rule names counts as none:
-  Istio's requirement is ``allow_missing``, which passes ``JwtUnknownIssuer`` like a missing token.
+  (the signature by the issuer's keys: 401 "Jwt verification fails"; ``exp``: "Jwt is expired"; ``nbf``: "Jwt not
+  yet valid"; ``aud`` against the rule's ``audiences`` when it lists any: "Audiences in Jwt are not allowed", Envoy's
+  ``jwt_authn`` status messages); a verified one sets each ``outputClaimToHeaders`` header
+  from its claim (a claim the token lacks removes the header). A JWT whose issuer no rule names gets 401 "Jwt issuer
+  is not configured", a bearer value that is no JWT 401 "Jwt is not in the form of Header.Payload.Signature":
+  Istio's requirement is ``allow_missing``, which passes only a missing token (envoyproxy/envoy #15194,
+  ``jwt_authn/verifier.cc``: ``JwtUnknownIssuer`` is no longer taken for ``JwtMissed``).
 * ``authorizationpolicy.istio-ingressgateway-require-jwt.yaml``: a request without a verified JWT (no request
-  principal) is denied, 403 "RBAC: access denied".
+  principal, e.g. an ``Authorization`` header that is not ``Bearer``) is denied, 403 "RBAC: access denied".
 
 The ``kubeflow-userid`` and ``kubeflow-groups`` headers a client sends never reach KFP: only a verified token's claims
 set them. Tokens are signed by keys of :class:`JwtIssuer`\\ s the test cluster holds (RS256); time is ``now()``, so a
@@ -53,6 +56,8 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 LEGACY_ISSUER = "kubernetes/serviceaccount"
 """The issuer of legacy ``kubernetes.io/service-account-token`` Secret tokens (kubernetes
 ``pkg/serviceaccount/legacy.go`` ``LegacyIssuer``)."""
+CLOCK_SKEW_SECONDS = 60
+"""Envoy ``JwtProvider.clock_skew_seconds`` default: ``exp`` and ``nbf`` are checked with this much leeway."""
 CLAIM_HEADERS = ("kubeflow-userid", "kubeflow-groups")
 """Headers only a verified token's claims may set."""
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
@@ -179,11 +184,9 @@ class Gateway:
         if "authorization" not in {k.lower() for k in headers}:
             headers["Authorization"] = f"Bearer {self._oauth2_proxy(path, headers)}"
         auth = next(v for k, v in headers.items() if k.lower() == "authorization")
-        token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
-        claims = self._verify(token) if token else None
-        if claims is None:
+        if not auth.startswith("Bearer "):  # fromHeaders: no JWT extracted, no request principal
             raise GatewayRefusal(HTTPStatus.FORBIDDEN, "RBAC: access denied")
-        rule, claims = claims
+        rule, claims = self._verify(auth.removeprefix("Bearer "))
         for output in rule.get("outputClaimToHeaders", []):
             if claims.get(output["claim"]) not in (None, "", []):
                 value = claims[output["claim"]]
@@ -203,24 +206,28 @@ class Gateway:
             raise GatewayRefusal(HTTPStatus.UNAUTHORIZED, "Unauthorized")
         raise GatewayRefusal(HTTPStatus.FOUND, "/oauth2/start")
 
-    def _verify(self, token: str) -> tuple[dict, dict] | None:
-        """(rule, claims) of a verified token; None for a token of an issuer no rule names.
+    def _verify(self, token: str) -> tuple[dict, dict]:
+        """(rule, claims) of a verified token.
 
         Raises:
-            GatewayRefusal: 401 when the issuer has a rule and the token fails it.
+            GatewayRefusal: 401 for a token that is no JWT, names no configured issuer, or fails its rule.
         """
         try:  # Envoy picks the provider by the unverified ``iss`` before it verifies anything
             issuer = json.loads(jws.extract_compact(token.encode()).payload).get("iss")
         except (JoseError, ValueError):
-            issuer = None
+            raise GatewayRefusal(HTTPStatus.UNAUTHORIZED,
+                                 "Jwt is not in the form of Header.Payload.Signature") from None
         rule = next((r for r in self.rules if r["issuer"] == issuer), None)
         if rule is None:
-            return None
+            raise GatewayRefusal(HTTPStatus.UNAUTHORIZED, "Jwt issuer is not configured")
         try:
             claims = jwt.decode(token, self._keys[issuer], algorithms=["RS256"]).claims
-            jwt.JWTClaimsRegistry(now=int(self.now()), leeway=60).validate(claims)
         except (JoseError, KeyError, ValueError):
             raise GatewayRefusal(HTTPStatus.UNAUTHORIZED, "Jwt verification fails") from None
+        if "exp" in claims and claims["exp"] < self.now() - CLOCK_SKEW_SECONDS:
+            raise GatewayRefusal(HTTPStatus.UNAUTHORIZED, "Jwt is expired")
+        if "nbf" in claims and claims["nbf"] > self.now() + CLOCK_SKEW_SECONDS:
+            raise GatewayRefusal(HTTPStatus.UNAUTHORIZED, "Jwt not yet valid")
         audiences = claims.get("aud") or []
         audiences = [audiences] if isinstance(audiences, str) else audiences
         if rule.get("audiences") and not set(rule["audiences"]) & set(audiences):

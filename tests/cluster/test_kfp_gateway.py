@@ -62,11 +62,13 @@ def _bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def test_a_legacy_service_account_token_gets_no_identity_and_is_refused(cluster):
-    """Issuer ``kubernetes/serviceaccount`` is not the one m2m-token-issuer trusts: no identity, the require-jwt
-    AuthorizationPolicy denies; KFP never sees the request."""
+def test_a_legacy_service_account_token_is_refused_at_the_gateway(cluster):
+    """Issuer ``kubernetes/serviceaccount`` is not the one m2m-token-issuer trusts (though the cluster's key signed
+    it); an opaque bearer is no JWT; a non-Bearer header carries no principal: KFP never sees the request."""
     gateway, server, sa, *_ = cluster
-    assert _refused(gateway, _bearer(sa.legacy_token(PROFILE, "kfloop-ci"))) == (403, "RBAC: access denied")
+    assert _refused(gateway, _bearer(sa.legacy_token(PROFILE, "kfloop-ci"))) == (401, "Jwt issuer is not configured")
+    assert _refused(gateway, _bearer("opaque-token")) == (401, "Jwt is not in the form of Header.Payload.Signature")
+    assert _refused(gateway, {"Authorization": "Basic a2Zsb29wOnB3"}) == (403, "RBAC: access denied")
     assert server.requests == []
 
 
@@ -88,7 +90,7 @@ def test_an_expired_or_foreign_signed_token_of_a_trusted_issuer_fails_verificati
     clock.t += 11 * 60 + 60  # past exp and Envoy's 60 s clock skew
     with pytest.raises(ApiException) as expired:
         client.list_experiments(namespace=PROFILE)
-    assert (expired.value.status, expired.value.body) == (401, "Jwt verification fails")
+    assert (expired.value.status, expired.value.body) == (401, "Jwt is expired")
     forged = JwtIssuer(github.issuer, clock).token({"sub": GITHUB_SUB, "aud": "kubeflow-pipelines"})
     assert _refused(gateway, _bearer(forged)) == (401, "Jwt verification fails")
     assert len(server.requests) == seen
