@@ -52,8 +52,8 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("KFP_COOKIES", "you", "Cookies for the Kubeflow Pipelines API behind a login (Dex, OAuth2 proxy)."),
     EnvVar("KF_PIPELINES_SA_TOKEN_PATH", "you", "The KFP SDK's path of the projected service-account token "
            "(default `/var/run/secrets/kubeflow/pipelines/token`), read in a pod when `KFP_TOKEN` is unset."),
-    EnvVar("KF_PIPELINES_ENDPOINT", "you", "The KFP SDK's variable for the API endpoint: `kfloop serve` starts "
-           "runs there when `--host` is not given."),
+    EnvVar("KF_PIPELINES_ENDPOINT", "you", "The KFP SDK's variable for the API endpoint, used where `--host` is "
+           "not given (the trigger step, `kfloop serve`); else the in-cluster service `kfp.host`."),
     EnvVar("CI", "CI", "`true` on a CI runner (GitHub Actions and most CI systems): `kfloop upload` then refuses "
            "the default image."),
     EnvVar("KFP_POD_NAME", "Kubeflow Pipelines", "The step pod's name: its presence makes a step act on the cluster "
