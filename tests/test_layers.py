@@ -210,6 +210,8 @@ def loaded_after(code: str) -> set[str]:
      {"torch", "mlflow", "sklearn", "evidently", "kubernetes", "dvc", "ray"}),
     ("the training step's process, torchrun's ranks apart (components.training.launch_training)",
      "from training.steps.train import train_step", {"torch", "sklearn", "evidently", "matplotlib", "dvc", "ray"}),
+    ("a training rank until rank 0 fits the linear baseline (torchrun -m training.train)", "import training.train",
+     {"sklearn", "mlflow", "evidently", "matplotlib", "dvc", "kubernetes", "ray"}),
     ("the promote step's process (components.registry.promote)", "from training.steps.promote import promote_step",
      {"torch", "sklearn", "evidently", "matplotlib", "dvc", "ray"}),
     ("the validate step's process (components.data.validate_data)", "from training.steps.validate import validate_step",
