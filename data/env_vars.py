@@ -65,6 +65,12 @@ ENV_VARS: tuple[EnvVar, ...] = (
     EnvVar("KUBECONFIG", "you", "The kubeconfig outside a pod (its first path), for the launcher and the lock."),
     EnvVar("NVIDIA_VISIBLE_DEVICES", "Kubernetes", "The GPUs (or MIG devices) the device plugin gave the pod; each "
            "rank pins one."),
+    EnvVar("MLFLOW_TRACKING_USERNAME", "you", "Basic auth of the MLflow server (with `MLFLOW_TRACKING_PASSWORD`); "
+           "read by MLflow, passed to training pods from the credentials Secret.", read_by_kfloop=False),
+    EnvVar("MLFLOW_TRACKING_PASSWORD", "you", "Basic auth password of the MLflow server; never printed.",
+           read_by_kfloop=False),
+    EnvVar("MLFLOW_TRACKING_TOKEN", "you", "A bearer token for the MLflow server; never printed.",
+           read_by_kfloop=False),
     EnvVar("MLFLOW_S3_ENDPOINT_URL", "you", "MLflow's S3-compatible artifact endpoint (MinIO); passed to Ray "
            "workers.", read_by_kfloop=False),
     EnvVar("AWS_ENDPOINT_URL", "you", "The S3-compatible endpoint of `s3://` data; passed to Ray workers.",
