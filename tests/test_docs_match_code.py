@@ -44,7 +44,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def check_invocation(words: list[str], parser: argparse.ArgumentParser) -> list[str]:
     """What in one ``kfloop`` invocation (the words after ``kfloop``) the parser does not have."""
     problems, top, current = [], _options(parser), parser
-    expects_value = False
+    expects_value, given = False, 0
     for word in words:
         if PLACEHOLDER.match(word):
             if current is parser and not expects_value:
@@ -60,10 +60,15 @@ def check_invocation(words: list[str], parser: argparse.ArgumentParser) -> list[
         elif expects_value or word.startswith("-"):
             expects_value = False
         elif word in _subcommands(current):
-            current = _subcommands(current)[word]
+            current, given = _subcommands(current)[word], 0
         elif current is parser:
             problems.append(f"kfloop: no command {word!r}")
             break
+        else:  # a positional argument: one of its choices where it has some (`kfloop run training`)
+            positionals = [a for a in current._actions if not a.option_strings]
+            if given < len(positionals) and positionals[given].choices and word not in positionals[given].choices:
+                problems.append(f"{current.prog}: {word!r} is not one of {sorted(positionals[given].choices)}")
+            given += 1
     return problems
 
 
@@ -112,6 +117,8 @@ def test_the_checks_catch_what_they_are_for():
     assert check_invocation(invocations("`kfloop VERSION (commit SHA)`")[0], parser) == []
     (typo,) = invocations("run `kfloop drfit --json`")
     assert check_invocation(typo, parser) == ["kfloop: no command 'drfit'"]
+    (pipeline,) = invocations("`kfloop run trainig --local`")
+    assert check_invocation(pipeline, parser) == ["kfloop run: 'trainig' is not one of ['drift', 'quality', 'training']"]
     (old,) = invocations("`kfloop run training --local --nope 3`")
     assert check_invocation(old, parser) == ["kfloop run: no flag --nope"]
     assert invocations("```bash\nkubectl -n kfloop get pods  # kfloop reads\nX=1 .venv/bin/kfloop status\n```") == \
