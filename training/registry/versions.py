@@ -26,7 +26,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
 
-from data.errors import EXIT_SERVICE, KfloopError
+from data.errors import EXIT_SERVICE, KfloopError, NotFoundError
 from data.fileio import file_digest, utc_iso
 from data.redaction import redact, redact_text
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
@@ -247,6 +247,22 @@ def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     except MlflowException as e:
         if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
             return None
+        raise
+
+
+def model_version(model_name: str, version: str | int, *, client: "mlflow.MlflowClient | None" = None):
+    """Version ``version`` of ``model_name`` (an ``mlflow.entities.model_registry.ModelVersion``).
+
+    Raises:
+        NotFoundError: the model has no such version (the message says how to list them).
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    try:
+        return registry_client(client).get_model_version(model_name, str(version))
+    except MlflowException as e:
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            raise NotFoundError(f"model '{model_name}' has no version {version}: `kfloop history --model "
+                                f"{model_name}` lists its versions") from None
         raise
 
 
