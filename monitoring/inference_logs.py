@@ -247,6 +247,8 @@ class ServedRows:
     :data:`LOG_COLUMNS`; the counts say what the window held."""
 
     rows: pd.DataFrame
+    inputs: list[str]
+    """The columns the requests sent (the rest: the responses' outputs and :data:`LOG_COLUMNS`)."""
     blobs: int
     requests: int
     responses: int
@@ -259,7 +261,7 @@ class ServedRows:
 
     def to_dict(self) -> dict[str, int]:
         """The counts, and ``rows``."""
-        return {"rows": len(self.rows), **{k: v for k, v in asdict(self).items() if k != "rows"}}
+        return {"rows": len(self.rows), **{k: v for k, v in asdict(self).items() if k not in ("rows", "inputs")}}
 
 
 def parse_since(text: str) -> timedelta:
@@ -303,18 +305,20 @@ def read_inference_logs(uri: str | os.PathLike, *, since: timedelta, now: dateti
                 duplicates += 1
                 continue
             kept[record.id] = record
-    frames = [_served(request, responses.get(request.id)) for request in
+    served = [_served(request, responses.get(request.id)) for request in
               sorted(requests.values(), key=lambda r: (r.time, r.id))]
-    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(LOG_COLUMNS))
-    return ServedRows(rows=rows, blobs=len(paths), requests=len(requests), responses=len(responses),
+    rows = pd.concat([s for s, _ in served], ignore_index=True) if served else pd.DataFrame(columns=list(LOG_COLUMNS))
+    inputs = list(dict.fromkeys(name for _, names in served for name in names))
+    return ServedRows(rows=rows, inputs=inputs, blobs=len(paths), requests=len(requests), responses=len(responses),
                       request_only=sum(i not in responses for i in requests),
                       response_only=sum(i not in requests for i in responses), duplicates=duplicates)
 
 
-def _served(request: LogRecord, response: LogRecord | None) -> pd.DataFrame:
-    """One request's rows, its response's outputs beside them, and :data:`LOG_COLUMNS`."""
+def _served(request: LogRecord, response: LogRecord | None) -> tuple[pd.DataFrame, list[str]]:
+    """One request's rows, its response's outputs beside them, and :data:`LOG_COLUMNS`; the input columns."""
     where = f"request {request.id!r}"
     rows = decode_table(request.body, "inputs", f"{where} ({request.time.isoformat()})")
+    inputs = list(rows.columns)
     if response is not None:
         outputs = decode_table(response.body, "outputs", f"response {request.id!r}")
         if len(outputs) != len(rows):
@@ -328,7 +332,7 @@ def _served(request: LogRecord, response: LogRecord | None) -> pd.DataFrame:
     return rows.assign(**{ID_COLUMN: request.id, TIME_COLUMN: at,
                           MODEL_COLUMN: request.annotations.get(MODEL_NAME_ANNOTATION, ""),
                           VERSION_COLUMN: request.annotations.get(MODEL_VERSION_ANNOTATION, UNKNOWN_VERSION),
-                          DATE_COLUMN: at.strftime("%Y-%m-%d")})
+                          DATE_COLUMN: at.strftime("%Y-%m-%d")}), inputs
 
 
 def decode_table(body: bytes, tensors: str, where: str) -> pd.DataFrame:

@@ -80,8 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--reference", required=True, help="data the batch is compared with, e.g. the training "
                                                            "data (Parquet or CSV; local path or s3://, gs://, az:// "
                                                            "URI)")
-    drift.add_argument("--current", required=True, help="the new batch to check (Parquet or CSV; local path or "
-                                                         "s3://, gs://, az:// URI)")
+    current = drift.add_mutually_exclusive_group(required=True)
+    current.add_argument("--current", help="the new batch to check (Parquet or CSV; local path or s3://, gs://, "
+                                           "az:// URI)")
+    current.add_argument("--current-logs", help="or the rows the model served: the KServe inference logs under this "
+                                                "folder or s3://, gs://, az:// prefix (the logger's storage URI, or "
+                                                "serve-model --log-dir)")
+    drift.add_argument("--since", help="with --current-logs: the requests logged in this window before now, e.g. "
+                                       "24h, 30m, 7d (default: the settings' drift.logs_since, else 24h)")
     drift.add_argument("--schema", help="pandera schema YAML naming the features (default: the champion's, else one "
                                         "inferred from the reference); id columns are never checked")
     options.add_model(drift, "also check the drift of this registered model's champion predictions, and record "
@@ -371,12 +377,15 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from monitoring.drift_policy import score_direction
     from monitoring.steps.checks import NO_SCHEMA_SOURCE, drift_step
 
+    if args.since and not args.current_logs:
+        raise UsageError("--since is the window of --current-logs: pass --current-logs URI too, or drop --since")
     settings = options.settings(args)
     model = options.model_name(args, required_default=False)
     if model:  # only a check of the champion's predictions reads (and records to) MLflow
         options.registry_environment(args, model)
     with options.stdout_for_json(args):
-        result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
+        result = drift_step(current_uri=args.current or "", current_logs_uri=args.current_logs or "",
+                            since=args.since or "", reference_uri=args.reference, schema_uri=args.schema or "",
                             model_name=model, policy=_drift_policy(args, settings), report_out=args.report or "",
                             target=settings.get("target", ""))
     drift = result.drift
