@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--open-metrics", action="store_true",
                        help="serve /metrics without its token KFLOOP_METRICS_TOKEN (in-cluster scraping behind a "
                             "NetworkPolicy)")
+    serve.add_argument("--inference-logs", help="also take KServe's payload-logger CloudEvents at POST "
+                                                "/inference-logs (the logger's url) and store them as its blobs under "
+                                                "this folder or s3://, gs://, az:// prefix, for drift --current-logs")
     _add_service_account(serve)
     options.add_settings(serve)
 
@@ -524,6 +527,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from components.run_starters import trigger_store
     from data.settings import activate, load_environment
+    from monitoring.inference_logs import InferenceLogWriter
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
     from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
@@ -563,6 +567,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                             default_dataset_uri=settings.get("dataset_uri", "")),
                            policy=policy, start=start,
                            store_for=store_for, metrics=RecordsCollector(models=registered_models, store_for=store_for),
+                           inference_logs=InferenceLogWriter(args.inference_logs) if args.inference_logs else None,
                            max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)
     if local_runs is not None:  # a stopped server stops the training run it started, on SIGTERM as on Ctrl-C
