@@ -55,11 +55,13 @@ MODEL_NAME_ANNOTATION = "serving.kfloop.io/model-name"
 MODEL_VERSION_ANNOTATION = "serving.kfloop.io/model-version"
 """InferenceService annotations (set by ``kfloop render-serving``, listed in the logger's ``metadataAnnotations``)
 that every record carries in ``ce-annotations``: the registered model and version that answered."""
-ID_COLUMN, TIME_COLUMN, MODEL_COLUMN, VERSION_COLUMN, DATE_COLUMN = (
-    "request_id", "request_time", "model_name", "model_version", "date")
-"""Columns the reader adds to each served row: ``ce-id``, the request's ``ce-time`` (UTC), the annotations' model
-and version, and the request's UTC date (a partition of :func:`write_partitioned`)."""
-LOG_COLUMNS = (ID_COLUMN, TIME_COLUMN, MODEL_COLUMN, VERSION_COLUMN, DATE_COLUMN)
+ID_COLUMN, ROW_COLUMN, TIME_COLUMN, MODEL_COLUMN, VERSION_COLUMN, DATE_COLUMN = (
+    "request_id", "row_id", "request_time", "model_name", "model_version", "date")
+"""Columns the reader adds to each served row: ``ce-id``; ``<ce-id>/<row>`` (the row's 0-based position in its
+request: delayed labels join on it, or on ``request_id`` when every request holds one row); the request's
+``ce-time`` (UTC); the annotations' model and version; the request's UTC date (a partition of
+:func:`write_partitioned`)."""
+LOG_COLUMNS = (ID_COLUMN, ROW_COLUMN, TIME_COLUMN, MODEL_COLUMN, VERSION_COLUMN, DATE_COLUMN)
 UNKNOWN_VERSION = "unknown"
 """The version of a request whose record has no :data:`MODEL_VERSION_ANNOTATION`."""
 _DTYPES = {"BOOL": "bool", "BYTES": "str", "FP16": "float64", "FP32": "float64", "FP64": "float64",
@@ -329,7 +331,8 @@ def _served(request: LogRecord, response: LogRecord | None) -> tuple[pd.DataFram
             raise InferenceLogError(f"response {request.id!r}", "outputs", f"{clash} are also inputs' names")
         rows = pd.concat([rows, outputs], axis=1)
     at = pd.Timestamp(request.time).tz_convert("UTC")
-    return rows.assign(**{ID_COLUMN: request.id, TIME_COLUMN: at,
+    return rows.assign(**{ID_COLUMN: request.id, ROW_COLUMN: [f"{request.id}/{i}" for i in range(len(rows))],
+                          TIME_COLUMN: at,
                           MODEL_COLUMN: request.annotations.get(MODEL_NAME_ANNOTATION, ""),
                           VERSION_COLUMN: request.annotations.get(MODEL_VERSION_ANNOTATION, UNKNOWN_VERSION),
                           DATE_COLUMN: at.strftime("%Y-%m-%d")}), inputs

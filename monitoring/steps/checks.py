@@ -23,7 +23,7 @@ from data.storage import resolve
 from data.tables import DataFileError, read_table, read_table_source, sketching_chunks
 from data.validation import detect_ids, infer_schema, load_schema, schema_roles, validate
 from monitoring.drift_policy import DriftPolicy
-from monitoring.inference_logs import parse_since, read_inference_logs
+from monitoring.inference_logs import ID_COLUMN, ROW_COLUMN, parse_since, read_inference_logs
 from monitoring.quality_policy import QualityPolicy
 from monitoring.records import record_drift_check, record_quality_check
 from training.progress import progress
@@ -155,7 +155,7 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     if bool(current_uri) == bool(current_logs_uri):
         raise ValueError("give the current batch as current_uri (a table) or current_logs_uri (inference logs), "
                          "one of them")
-    with _served_batch(current_logs_uri, since or rules.logs_since) if current_logs_uri else \
+    with _served_batch(current_logs_uri, since or rules.logs_since, "drift") if current_logs_uri else \
             contextlib.nullcontext(current_uri) as table:
         shown = f"{redact(current_logs_uri)} (since {since or rules.logs_since})" if current_logs_uri else ""
         return _drift(current_uri=table, shown=shown or redact(table), reference_uri=reference_uri,
@@ -164,19 +164,20 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
 
 
 @contextlib.contextmanager
-def _served_batch(logs_uri: str, since: str) -> Iterator[str]:
-    """The requests' inputs logged under ``logs_uri`` in the ``since`` window, as a Parquet file for the check's
-    readers, removed afterwards: the check treats them as a table (the champion's predictions computed on both
-    sides alike), and its md5 dedupes equal batches in the trigger."""
+def _served_batch(logs_uri: str, since: str, check: str) -> Iterator[str]:
+    """The requests' inputs logged under ``logs_uri`` in the ``since`` window with their ids (for ``check``'s
+    progress line), as a Parquet file for the check's readers, removed afterwards: the check treats them as a table
+    (the champion's predictions computed on both sides alike), and its md5 dedupes equal batches in the trigger."""
     served = read_inference_logs(logs_uri, since=parse_since(since))
     if served.rows.empty:
         raise ValueError(f"{redact(logs_uri)}: no request logged in the last {since} ({served.blobs} log blob(s) "
                          "read); widen the window (--since, drift.logs_since) or check the logger's storage URI")
-    progress(f"drift: {served.requests} logged request(s), {len(served.rows)} rows, from {redact(logs_uri)} in the "
+    progress(f"{check}: {served.requests} logged request(s), {len(served.rows)} rows, from {redact(logs_uri)} in the "
              f"last {since} ({served.request_only} without a response, {served.response_only} response(s) without "
              "a request dropped)")
     with tempfile.TemporaryDirectory(prefix="kfloop-served-") as tmp:
-        yield str(atomic_write_bytes(Path(tmp) / "served.parquet", parquet_bytes(served.rows[served.inputs])))
+        rows = served.rows[[*served.inputs, ID_COLUMN, ROW_COLUMN]]
+        yield str(atomic_write_bytes(Path(tmp) / "served.parquet", parquet_bytes(rows)))
 
 
 def _drift(*, current_uri: str, shown: str, reference_uri: str, schema_uri: str, model_name: str,
@@ -300,18 +301,39 @@ class QualityStepResult:
 
 @step_function
 def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_name: str, policy: dict[str, Any],
-                 report_out: str) -> QualityStepResult:
+                 report_out: str, current_logs_uri: str = "", since: str = "") -> QualityStepResult:
     """Score the champion of ``model_name`` on rows whose labels arrived (``labelled_uri`` holds the schema's
     features and target; or its features, with the labels in ``labels_uri`` joined on ``id_column``), compare
     with its recorded holdout metrics, and record the check in MLflow with Evidently's report
     (:func:`monitoring.records.record_quality_check`); the report is also written to ``report_out`` if given.
 
+    With ``current_logs_uri`` instead of ``labelled_uri`` the rows are the requests served in the ``since`` window
+    (:mod:`monitoring.inference_logs`), the labels joined by ``request_id`` (default) or ``row_id``.
+
     Raises:
-        ValueError: no champion, ``labels_uri`` without ``id_column``, or a metric undefined on enough labels (see
-            :func:`monitoring.quality.check_quality`; too few labels are the verdict ``insufficient_labels``).
+        ValueError: no champion, ``labels_uri`` without ``id_column``, both or neither of ``labelled_uri`` and
+            ``current_logs_uri`` (which needs ``labels_uri`` and ``since``), or a metric undefined on enough labels
+            (see :func:`monitoring.quality.check_quality`; too few labels are the verdict ``insufficient_labels``).
         data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
+    if bool(labelled_uri) == bool(current_logs_uri):
+        raise ValueError("give the rows as labelled_uri (a table) or current_logs_uri (inference logs), one of them")
+    if not current_logs_uri:
+        return _quality(labelled_uri=labelled_uri, shown="", labels_uri=labels_uri, id_column=id_column,
+                        model_name=model_name, policy=policy, report_out=report_out)
+    if not (labels_uri and since):
+        raise ValueError(f"current_logs_uri={redact(current_logs_uri)!r} needs labels_uri (the labels that arrived, "
+                         f"with {ID_COLUMN} or {ROW_COLUMN}) and since (the window, e.g. 7d)")
+    with _served_batch(current_logs_uri, since, "quality") as table:
+        return _quality(labelled_uri=table, shown=f"{redact(current_logs_uri)} (since {since})",
+                        labels_uri=labels_uri, id_column=id_column or ID_COLUMN, model_name=model_name,
+                        policy=policy, report_out=report_out)
+
+
+def _quality(*, labelled_uri: str, shown: str, labels_uri: str, id_column: str, model_name: str,
+             policy: dict[str, Any], report_out: str) -> QualityStepResult:
+    """:func:`quality_step` on the table at ``labelled_uri`` (recorded as ``shown``, else its own name)."""
     from monitoring.quality import check_quality, join_labels, write_quality_report
     rules = QualityPolicy.from_dict(policy)
     if labels_uri and not id_column:
@@ -322,13 +344,14 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     schema = load_schema(champion_schema(model_name))
     target = schema_roles(schema).target
     rows, source = read_table_source(labelled_uri)
-    md5, where, labels_record, unlabelled = source.md5, source.uri, "", 0
+    shown = shown or source.uri
+    md5, where, labels_record, unlabelled = source.md5, shown, "", 0
     if labels_uri:
         labels, labels_source = read_table_source(labels_uri)
-        rows, unlabelled = join_labels(rows, labels, id_column=id_column, target=target, data_uri=source.uri,
+        rows, unlabelled = join_labels(rows, labels, id_column=id_column, target=target, data_uri=shown,
                                        labels_uri=labels_source.uri)
         md5 = hashlib.md5(f"{source.md5}:{labels_source.md5}".encode()).hexdigest()
-        where = f"{source.uri} joined with {labels_source.uri} on '{id_column}'"
+        where = f"{shown} joined with {labels_source.uri} on '{id_column}'"
         labels_record = labels_source.uri
     _require_valid(rows, schema, where)
     predictor = load_version_predictor(model_name, champion.version)
@@ -342,7 +365,7 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
                            baseline=_champion_baseline(champion, predictor, rules.primary_metric))
     progress(f"quality: {model_name} v{champion.version} on {where}: {result.reason}")
     checked = QualityStepResult(quality=result, champion_version=champion.version, data_md5=md5,
-                                labelled_uri=source.uri, labels_uri=labels_record,
+                                labelled_uri=shown, labels_uri=labels_record,
                                 unlabelled_rows=unlabelled)
     with tempfile.TemporaryDirectory(prefix="kfloop-quality-") as tmp:
         report = write_quality_report(report_out or Path(tmp) / "quality_report.html", rows, target=target,

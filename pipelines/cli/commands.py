@@ -107,9 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     quality = command("quality", "the champion's quality on rows whose labels arrived")
     options.add_model(quality)
-    quality.add_argument("--data", required=True, help="rows with the schema's features and, unless --labels, target")
+    rows = quality.add_mutually_exclusive_group(required=True)
+    rows.add_argument("--data", help="rows with the schema's features and, unless --labels, target")
+    rows.add_argument("--current-logs", help="or the rows the model served: the KServe inference logs under this "
+                                             "folder or object prefix (needs --labels keyed by request_id or row_id)")
+    quality.add_argument("--since", help="with --current-logs: the requests logged in this window before now, e.g. "
+                                         "7d (default: the settings' drift.logs_since, else 24h)")
     quality.add_argument("--labels", help="the labels, arrived separately: the id column and the target")
-    quality.add_argument("--join-column", help="column joining --labels to --data (needed with --labels)")
+    quality.add_argument("--join-column", help="column joining --labels to --data (needed with --labels; with "
+                                               "--current-logs: request_id by default, or row_id)")
     options.add_renamed(quality, "--id-column", "--join-column", dest="join_column")
     quality.add_argument("--evidently-report", help="also write Evidently's HTML report here")
     options.add_renamed(quality, "--report", "--evidently-report", dest="evidently_report")
@@ -426,14 +432,23 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from data.settings import activate, load_environment
     from monitoring.steps.checks import quality_step
 
+    from monitoring.drift_policy import DriftPolicy
+
     if args.join_column and not args.labels:
         raise UsageError("--join-column joins --labels to --data: pass --labels FILE too, or drop --join-column")
+    if args.current_logs and not args.labels:
+        raise UsageError("--current-logs holds the served rows, not their labels: pass --labels FILE (with "
+                         "request_id or row_id and the target)")
+    if args.since and not args.current_logs:
+        raise UsageError("--since is the window of --current-logs: pass --current-logs URI too, or drop --since")
     model = options.model_name(args)
-    policy = options.settings(args).get("quality", {})
+    settings = options.settings(args)
+    since = (args.since or DriftPolicy.from_dict(settings.get("drift", {})).logs_since) if args.current_logs else ""
     options.registry_environment(args, model)
     with options.stdout_for_json(args):
-        checked = quality_step(labelled_uri=args.data, labels_uri=args.labels or "", id_column=args.join_column or "",
-                               model_name=model, policy=policy, report_out=args.evidently_report or "")
+        checked = quality_step(labelled_uri=args.data or "", current_logs_uri=args.current_logs or "", since=since,
+                               labels_uri=args.labels or "", id_column=args.join_column or "", model_name=model,
+                               policy=settings.get("quality", {}), report_out=args.evidently_report or "")
     q = checked.quality
     code = EXIT_FINDING if args.fail_on_degraded and q.degraded else EXIT_OK
     if args.json:
