@@ -146,3 +146,22 @@ def test_drift_on_logged_requests_equals_drift_on_the_table(tmp_path, demo_files
     code, out, err = cli(capsys, "drift", "--current-logs", str(tmp_path / "logs"), "--since", "1s", "--reference",
                          str(demo_files["train.parquet"]), "--json")
     assert code != 0 and "no request logged in the last 1s" in err
+
+
+def test_the_drift_pipeline_reads_the_logged_window(tmp_path, demo_files, isolated_env):
+    """kfp.local: ``current_logs_uri`` as the drift pipeline's current batch, ``drift.logs_since`` its window; a
+    retraining needs ``retrain_uri`` (the served rows hold no target)."""
+    from pipelines.local.runner import PipelineFailed
+    from pipelines.local.runs import run_pipeline
+
+    rows = pd.read_parquet(demo_files["batch_stable.parquet"])
+    writer = InferenceLogWriter(tmp_path / "logs")
+    for start in range(0, len(rows), 100):
+        writer.log(None, v2_request(rows.iloc[start:start + 100]), None, model="churn", version=1)
+    settings = {"current_logs_uri": str(tmp_path / "logs"), "reference_uri": str(demo_files["train.parquet"]),
+                "schema_uri": str(SCHEMA), "model_name": "served", "drift": {"logs_since": "1h"}}
+    with pytest.raises(PipelineFailed, match="set retrain_uri"):
+        run_pipeline("drift", settings, env=isolated_env, quiet=True)
+    summary = run_pipeline("drift", {**settings, "retrain_uri": str(demo_files["train.parquet"])},
+                           env=isolated_env, quiet=True)
+    assert summary["drifted"] is False, summary

@@ -376,17 +376,16 @@ def _quality(*, labelled_uri: str, shown: str, labels_uri: str, id_column: str, 
     return checked
 
 
-def retrain_data(*, labelled_uri: str, labels_uri: str, retrain_uri: str) -> str:
-    """The data a retraining after a degraded quality check trains on: ``retrain_uri``, else the labelled rows
-    (which hold the target unless the labels arrived separately).
+def retrain_data(*, rows_uri: str, retrain_uri: str, no_target: str = "") -> str:
+    """The data a retraining after a check trains on: ``retrain_uri``, else the checked rows (``rows_uri``) unless
+    ``no_target`` says why they hold no target.
 
     Raises:
-        ValueError: labels in a separate file and no ``retrain_uri``: the rows alone lack the target.
+        ValueError: ``no_target`` and no ``retrain_uri``: the rows alone lack the target.
     """
-    if retrain_uri or not labels_uri:
-        return retrain_uri or labelled_uri
-    raise ValueError(f"labels_uri={redact(labels_uri)} is set, so {redact(labelled_uri)} holds no target to retrain "
-                     "on: set retrain_uri to the data a retraining trains on")
+    if retrain_uri or not no_target:
+        return retrain_uri or rows_uri
+    raise ValueError(f"{no_target}: set retrain_uri to the data a retraining trains on")
 
 
 def _require_valid(rows, schema, where: str) -> None:
