@@ -7,27 +7,18 @@ import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from cli_run import cli
 from monitoring.inference_logs import (MODEL_NAME_ANNOTATION, MODEL_VERSION_ANNOTATION, REQUEST_TYPE, RESPONSE_TYPE,
-                                       InferenceLogError, InferenceLogWriter, LogRecord, read_inference_logs,
-                                       records_from_blob, write_partitioned)
+                                       InferenceLogError, InferenceLogWriter, LogRecord, decode_table, encode_table,
+                                       read_inference_logs, records_from_blob, write_partitioned)
 from monitoring.steps.checks import drift_step
 
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
-DATATYPES = {"i": "INT64", "f": "FP64", "b": "BOOL", "O": "BYTES"}
-
-
-def v2_request(rows: pd.DataFrame) -> dict:
-    """``rows`` as an Open Inference Protocol v2 request, one input per column (as a client sends a table)."""
-    return {"parameters": {"content_type": "pd"}, "inputs": [
-        {"name": name, "shape": [len(rows)], "datatype": DATATYPES[rows[name].dtype.kind],
-         "data": [None if pd.isna(v) else v.item() if isinstance(v, np.generic) else v for v in rows[name]]}
-        for name in rows.columns]}
+v2_request = encode_table
 
 
 def v2_response(predictions: list) -> dict:
@@ -71,8 +62,9 @@ def test_the_reader_joins_by_id_and_tolerates_dropped_reordered_and_lone_events(
                received=NOW - timedelta(days=3), answered=NOW - timedelta(days=3))
 
     served = read_inference_logs(tmp_path, since=timedelta(hours=24), now=NOW)
-    assert served.to_dict() == {"rows": 3, "blobs": 6, "requests": 2, "responses": 2, "request_only": 1,
-                                "response_only": 1, "duplicates": 0}
+    counts = ("blobs", "requests", "responses", "request_only", "response_only", "duplicates")
+    assert len(served.rows) == 3 and {k: getattr(served, k) for k in counts} == {
+        "blobs": 6, "requests": 2, "responses": 2, "request_only": 1, "response_only": 1, "duplicates": 0}
     got = served.rows
     assert list(got["request_id"]) == ["r0", "r1", "r1"], "in request time order"
     assert list(got["model_version"]) == ["3", "2", "2"] and list(got["age"]) == [30, 30, 40]
@@ -109,6 +101,15 @@ def test_an_unreadable_record_is_named_with_its_field_and_value(tmp_path, case, 
     assert all(word in message for word in words), (case, message)
     if case in ("not JSON", "base64", "time"):
         assert str(path) in message, (case, message)
+
+
+def test_a_table_encoded_as_a_v2_request_decodes_to_the_same_table(demo_files):
+    rows = pd.read_parquet(demo_files["batch_stable.parquet"]).head(300)
+    rows.loc[3, "age"] = None  # an integer column with a null comes back as Parquet reads it: float
+    back = decode_table(json.dumps(encode_table(rows)).encode(), "inputs", "x")
+    pd.testing.assert_frame_equal(back, rows.astype({"age": "float64"}))
+    with pytest.raises(ValueError, match="column 'when'"):
+        encode_table(pd.DataFrame({"when": pd.to_datetime(["2026-12-06"])}))
 
 
 def test_logs_in_object_storage(s3_bucket):

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from data.errors import EXIT_DATA_FILE
-from monitoring.inference_logs import InferenceLogWriter
+from monitoring.inference_logs import InferenceLogWriter, encode_table
 from monitoring.records import QUALITY_REPORT_ARTIFACT, quality_checks
 from pipelines.cli.commands import main
 from training.registry.versions import QUALITY_REPORT_URI_TAG
@@ -108,11 +108,8 @@ def test_labels_join_served_predictions_by_request_id_as_they_join_the_table(cha
     labels = []
     for i in range(0, len(rows), 20):
         part = rows.iloc[i:i + 20]
-        request = {"parameters": {"content_type": "pd"}, "inputs": [
-            {"name": c, "shape": [len(part)], "datatype": {"i": "INT64", "f": "FP64", "O": "BYTES"}[part[c].dtype.kind],
-             "data": [None if pd.isna(v) else v.item() if hasattr(v, "item") else v for v in part[c]]}
-            for c in part.columns if c != "churned"]}
-        rid = writer.log(None, request, None, model=MODEL, version=1, received=start + timedelta(seconds=i))
+        rid = writer.log(None, encode_table(part.drop(columns=["churned"])), None, model=MODEL, version=1,
+                         received=start + timedelta(seconds=i))
         labels += [{"row_id": f"{rid}/{j}", "customer_id": cid, "churned": y}
                    for j, (cid, y) in enumerate(zip(part["customer_id"], part["churned"]))]
     pd.DataFrame(labels[:1200]).to_csv(tmp_path / "labels.csv", index=False)
