@@ -18,6 +18,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from data.errors import KfloopError
+from data.text import shorten
 
 Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -84,7 +85,7 @@ class RuleSet:
             out[failed.positions] = np.where(before == "", texts, before + "; " + texts)
         if max_chars is not None:
             long = np.flatnonzero(np.fromiter(map(len, out), dtype=np.int64, count=len(out)) > max_chars)
-            out[long] = [capped(text, max_chars) for text in out[long]]
+            out[long] = [shorten(text, max_chars) for text in out[long]]
         return out
 
     def shares(self, df: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -255,12 +256,7 @@ def _pandera_fails(check: pa.Check, array: np.ndarray) -> np.ndarray:
 
 def _shown(value: Any) -> str:
     """``repr`` of the plain Python value (``'a'``, not ``np.str_('a')``), cut to :data:`MAX_VALUE_CHARS`."""
-    return capped(repr(value.item() if isinstance(value, np.generic) else value), MAX_VALUE_CHARS)
-
-
-def capped(text: str, max_chars: int) -> str:
-    """``text`` cut to ``max_chars`` characters, ending ``...`` where it was cut."""
-    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+    return shorten(repr(value.item() if isinstance(value, np.generic) else value), MAX_VALUE_CHARS)
 
 
 # ------------------------------------------------------------------------------------------------------- serving
@@ -352,7 +348,7 @@ def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFram
         return scored
     cap = limits.max_message_chars
     problems = column_problems(rules, rows.columns, required)
-    listed = capped(f"{len(problems)} column problem(s): {', '.join(problems)}", cap)
+    listed = shorten(f"{len(problems)} column problem(s): {', '.join(problems)}", cap)
     if problems and mode == "error":
         raise SchemaViolationError(f"the rows' columns differ from the model's training schema: {listed}; send the "
                                    f"schema's columns, or pass {ON_VIOLATION_PARAM}='flag' to score them with a "
@@ -362,7 +358,7 @@ def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFram
         shared = np.full(len(rows), SEE_FIRST_ROW, dtype=object)
         shared[:1] = listed
         messages = np.where(messages == "", shared, shared + "; " + messages)
-        messages[:1] = [capped(text, cap) for text in messages[:1]]
+        messages[:1] = [shorten(text, cap) for text in messages[:1]]
         return scored.assign(**{VIOLATIONS_COLUMN: messages})
     messages = rules.row_messages(rows, max_chars=cap)
     if mode == "flag":

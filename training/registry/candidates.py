@@ -22,14 +22,17 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from data.fileio import file_digest
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
+from data.redaction import redact_text
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
+from data.text import shorten
 from training.gate import Decision, kfp_metrics
 from training.model import Predictor
 from training.model_files import WEIGHTS_FILE
 from training.registry.manifest import MANIFEST_SHA_TAG, MANIFEST_TAG, TamperedModelError, manifest_sha256
 from training.registry.versions import (EVALUATION_ARTIFACT, LINEAGE_ARTIFACT, MODEL_ARTIFACT, MODULE_TAG,
-                                        PYFUNC_MODEL_FILE, SCHEMA_ARTIFACT, WEIGHTS_TAG, Lineage, download_model_dir,
-                                        ensure_registered_model, logged_manifest, registry_client, truncate_tag)
+                                        PYFUNC_MODEL_FILE, SCHEMA_ARTIFACT, WEIGHTS_TAG, MAX_TAG_CHARS,
+                                        Lineage, download_model_dir, ensure_registered_model, logged_manifest,
+                                        registry_client)
 
 SERVING_REQUIREMENTS = ("mlflow", "torch", "safetensors", "numpy", "pandas", "pandera", "pyyaml")
 """Distributions the pyfunc model needs at load time, pinned to the installed versions (local part dropped)."""
@@ -119,7 +122,7 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
         raise TamperedModelError(f"{model_uri}: its files' manifest has sha256 {manifest_sha256(manifest)} but run "
                                  f"{run_id} recorded {logged_sha} when it was logged; the stored model changed since, "
                                  "so it is not registered: log it again")
-    tags = {"decision": "promote" if gate.blessed else "reject", "reason": truncate_tag(gate.reason),
+    tags = {"decision": "promote" if gate.blessed else "reject", "reason": shorten(redact_text(gate.reason), MAX_TAG_CHARS),
             "primary_metric": gate.primary_metric,
             **lineage.tags(), WEIGHTS_TAG: weights_sha, MODULE_TAG: module_sha, MANIFEST_TAG: manifest,
             "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}

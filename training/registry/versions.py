@@ -30,6 +30,7 @@ from mlflow.store.artifact.models_artifact_repo import REGISTERED_MODEL_META_FIL
 from data.errors import EXIT_SERVICE, KfloopError
 from data.fileio import utc_iso
 from data.redaction import redact, redact_text
+from data.text import shorten
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
 from training.registry.manifest import (MANIFEST_SHA_TAG, MANIFEST_TAG, check_files, file_manifest, manifest_json,
@@ -480,11 +481,11 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
             if not verdict.blessed:
                 reason = f"superseded: {changed}; re-check: {verdict.reason}"
                 client.set_model_version_tag(model_name, version, "decision", "superseded")
-                client.set_model_version_tag(model_name, version, "reason", truncate_tag(reason))
+                client.set_model_version_tag(model_name, version, "reason", shorten(redact_text(reason), MAX_TAG_CHARS))
                 return PromotionResult(promoted=False, champion_version=previous, previous_champion=previous,
                                        reason=reason)
             reason = f"{changed}; re-check: {verdict.reason}"
-            client.set_model_version_tag(model_name, version, "recheck_reason", truncate_tag(reason))
+            client.set_model_version_tag(model_name, version, "recheck_reason", shorten(redact_text(reason), MAX_TAG_CHARS))
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
         _move_champion(client, model_name, version, previous=previous, action="promote", reason=reason,
                        actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
@@ -530,7 +531,7 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
         move = _move_champion(client, model_name, target, previous=current.version, action="rollback",
                               reason=reason, actor=actor)
         client.set_model_version_tag(model_name, current.version, "rolled_back_at", move.at)
-        client.set_model_version_tag(model_name, current.version, "rollback_reason", truncate_tag(reason))
+        client.set_model_version_tag(model_name, current.version, "rollback_reason", shorten(redact_text(reason), MAX_TAG_CHARS))
     return PromotionResult(promoted=True, champion_version=target, previous_champion=current.version,
                            reason=f"rollback: {reason}")
 
@@ -666,12 +667,6 @@ def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
             "failed); run the same command again once MLflow is back: registration finds the version by run id and "
             "a move already made is recorded, not repeated"
         ) from e
-
-
-def truncate_tag(text: str) -> str:
-    """``text`` as a tag value: redacted (:func:`data.redaction.redact_text`), at most ``MAX_TAG_CHARS``."""
-    text = redact_text(text)
-    return text if len(text) <= MAX_TAG_CHARS else text[:MAX_TAG_CHARS - 3] + "..."
 
 
 def _none(value: str | None) -> str | None:
