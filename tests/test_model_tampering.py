@@ -13,8 +13,8 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
-from safetensors.torch import load_file, save_file
 
+from benchmarks.tampering import TAMPERS, stored_model
 from test_registry_versions import env  # noqa: F401  (the module's registry and trained model directories)
 from training.model import Predictor
 from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, WEIGHTS_FILE
@@ -29,53 +29,7 @@ pytestmark = pytest.mark.chaos
 def _registered(env, name: str) -> tuple[str, Path]:
     """A fresh version of ``env.good`` under ``name``: (version, the stored logged model's folder)."""
     version, _, _ = env.candidate(name, env.good)
-    return version, Path(env.client.get_model_version_download_uri(name, version))
-
-
-def _mlmodel(stored: Path) -> None:
-    text = (stored / "MLmodel").read_text()
-    (stored / "MLmodel").write_text(text + "metadata: {swapped: true}\n")
-
-
-def _pyfunc_module(stored: Path, marker: Path) -> None:
-    module = stored / "pyfunc_model.py"
-    module.write_text(module.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
-
-
-def _weights(stored: Path) -> None:
-    path = next(stored.rglob(WEIGHTS_FILE))
-    save_file({k: v * 0 for k, v in load_file(path).items()}, path)
-
-
-def _features(stored: Path) -> None:
-    path = next(stored.rglob(FEATURES_FILE))
-    text = path.read_text()
-    path.write_text(text.replace('"north"', '"south"', 1) if '"north"' in text else text + " ")
-
-
-def _threshold(stored: Path) -> None:
-    path = next(stored.rglob(MODEL_FILE))
-    description = json.loads(path.read_text())
-    path.write_text(json.dumps({**description, "decision_threshold": 0.001}))
-
-
-def _added(stored: Path, marker: Path) -> None:
-    (next(stored.rglob(MODULE_FILE)).parent / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
-
-
-def _removed(stored: Path) -> None:
-    (stored / "requirements.txt").unlink()
-
-
-TAMPERS = {  # kind: (how, the file the refusal names, relative to the logged model's folder)
-    "MLmodel": (lambda s, m: _mlmodel(s), r"MLmodel has sha256 \w+ but the registry recorded \w+"),
-    "pyfunc module": (_pyfunc_module, r"pyfunc_model\.py has sha256 \w+ but the registry recorded \w+"),
-    "weights": (lambda s, m: _weights(s), rf"artifacts/good/{WEIGHTS_FILE} has sha256 \w+ but the registry recorded"),
-    "features.json": (lambda s, m: _features(s), rf"artifacts/good/{FEATURES_FILE} has sha256 \w+ but the registry"),
-    "model.json (threshold)": (lambda s, m: _threshold(s), rf"artifacts/good/{MODEL_FILE} has sha256 \w+ but the "),
-    "added file": (_added, r"artifacts/good/sitecustomize\.py \(sha256 \w+\) is not in the registered manifest"),
-    "removed file": (lambda s, m: _removed(s), r"requirements\.txt is missing \(the registry recorded sha256 \w+\)"),
-}
+    return version, stored_model(env.client, name, version)
 
 
 @pytest.mark.parametrize("kind", TAMPERS)
@@ -116,7 +70,7 @@ def test_an_untampered_version_serves_as_before(env, tmp_path):
 def test_a_manifest_rewritten_in_the_registry_or_missing_is_refused(env):
     name = "tamper-manifest"
     version, stored = _registered(env, name)
-    _weights(stored)
+    TAMPERS["weights"][0](stored, stored / "unused")
     forged = json.loads(env.client.get_model_version(name, version).tags[MANIFEST_TAG])
     forged[f"artifacts/good/{WEIGHTS_FILE}"] = "0" * 64
     env.client.set_model_version_tag(name, version, MANIFEST_TAG, json.dumps(forged))
@@ -133,7 +87,7 @@ def test_a_model_changed_between_logging_and_registration_is_not_registered(env)
     decision = env.decide(env.good, None).to_dict()
     uri = log_candidate(run_id, env.good, decision=decision, lineage=env.lineage())
     stored = Path(env.client.get_logged_model(uri.removeprefix("models:/")).artifact_location)
-    _weights(stored)
+    TAMPERS["weights"][0](stored, stored / "unused")
     with pytest.raises(TamperedModelError, match=rf"{uri}: its files' manifest has sha256 \w+ but run {run_id} "
                                                  r"recorded \w+ when it was logged"):
         register_candidate("tamper-before-registration", run_id=run_id, model_uri=uri, decision=decision,

@@ -45,8 +45,8 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     ``evaluation.json`` (``decision``), ``lineage.json``, the reference ``profile`` of its training data (as
     ``reference_profile.json``, what drift checks of this version compare with), the gate's scalars as ``eval_*``
     metrics, and the weights' sha256, lineage and the sha256 of the logged model's manifest (every file's sha256:
-    :mod:`training.registry.manifest`, read back right after logging) as ``kfloop.*`` run tags. Uses the tracking URI MLflow resolves
-    (``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``).
+    :mod:`training.registry.manifest`, read back right after logging) as ``kfloop.*`` run tags. Uses the tracking
+    URI MLflow resolves (``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``).
 
     Returns:
         The logged model's URI (``models:/<model_id>``), for :func:`register_candidate`.
@@ -92,8 +92,8 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
     """Register the candidate logged by :func:`log_candidate` as a new version of ``model_name`` (created if
     needed), tagged with its decision (``promote``/``reject``), reason, lineage, weights sha256 and the manifest of
     its files (:data:`training.registry.manifest.MANIFEST_TAG`, computed again from the stored model and checked
-    against the digest :func:`log_candidate` recorded on the run); the full reason is the version's description. Idempotent: a version already registered from ``run_id`` is returned
-    as is. Waits until the version is READY.
+    against the digest :func:`log_candidate` recorded on the run); the full reason is the version's description.
+    Idempotent: a version already registered from ``run_id`` is returned as is. Waits until the version is READY.
 
     Returns:
         The version number, as a string.
@@ -122,7 +122,8 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
         raise TamperedModelError(f"{model_uri}: its files' manifest has sha256 {manifest_sha256(manifest)} but run "
                                  f"{run_id} recorded {logged_sha} when it was logged; the stored model changed since, "
                                  "so it is not registered: log it again")
-    tags = {"decision": "promote" if gate.blessed else "reject", "reason": shorten(redact_text(gate.reason), MAX_TAG_CHARS),
+    tags = {"decision": "promote" if gate.blessed else "reject",
+            "reason": shorten(redact_text(gate.reason), MAX_TAG_CHARS),
             "primary_metric": gate.primary_metric,
             **lineage.tags(), WEIGHTS_TAG: weights_sha, MODULE_TAG: module_sha, MANIFEST_TAG: manifest,
             "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}

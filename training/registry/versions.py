@@ -24,7 +24,8 @@ from typing import Any, Protocol
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model
-from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
+from mlflow.protos.databricks_pb2 import (INVALID_PARAMETER_VALUE, RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST,
+                                          ErrorCode)
 from mlflow.store.artifact.models_artifact_repo import REGISTERED_MODEL_META_FILE_NAME
 
 from data.errors import EXIT_SERVICE, KfloopError
@@ -236,7 +237,7 @@ def registry_client(client: "mlflow.MlflowClient | None" = None) -> "mlflow.Mlfl
 
 def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = None):
     """The registered model ``model_name`` (an ``mlflow.entities.model_registry.RegisteredModel``), or ``None``
-    when there is none.
+    when there is none (a name MLflow refuses, such as ``a/b``, names none).
 
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
@@ -244,7 +245,7 @@ def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     try:
         return registry_client(client).get_registered_model(model_name)
     except MlflowException as e:
-        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+        if e.error_code in (ErrorCode.Name(RESOURCE_DOES_NOT_EXIST), ErrorCode.Name(INVALID_PARAMETER_VALUE)):
             return None
         raise
 
@@ -485,7 +486,8 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
                 return PromotionResult(promoted=False, champion_version=previous, previous_champion=previous,
                                        reason=reason)
             reason = f"{changed}; re-check: {verdict.reason}"
-            client.set_model_version_tag(model_name, version, "recheck_reason", shorten(redact_text(reason), MAX_TAG_CHARS))
+            client.set_model_version_tag(model_name, version, "recheck_reason",
+                                         shorten(redact_text(reason), MAX_TAG_CHARS))
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
         _move_champion(client, model_name, version, previous=previous, action="promote", reason=reason,
                        actor=f"pipeline run {mv.tags.get('pipeline_run_id', 'unknown')}")
@@ -531,7 +533,8 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
         move = _move_champion(client, model_name, target, previous=current.version, action="rollback",
                               reason=reason, actor=actor)
         client.set_model_version_tag(model_name, current.version, "rolled_back_at", move.at)
-        client.set_model_version_tag(model_name, current.version, "rollback_reason", shorten(redact_text(reason), MAX_TAG_CHARS))
+        client.set_model_version_tag(model_name, current.version, "rollback_reason",
+                                     shorten(redact_text(reason), MAX_TAG_CHARS))
     return PromotionResult(promoted=True, champion_version=target, previous_champion=current.version,
                            reason=f"rollback: {reason}")
 
