@@ -155,6 +155,17 @@ def hostile_uris() -> st.SearchStrategy[str]:
     return st.one_of(traversal, foreign, credentials, query, st.sampled_from(sorted(HOSTILE_URIS.values())))
 
 
+def answered_as_required(status: int, answer: bytes) -> str | None:
+    """How the webhook answered a hostile body: ``4xx`` (refused), ``ignored`` (200 with no decision: an
+    Alertmanager payload with no firing alert, which Alertmanager must see acknowledged or it resends it), else
+    ``None`` (anything else fails the check)."""
+    if 400 <= status < 500:
+        return "4xx"
+    if status == 200 and json.loads(answer) == {"decisions": []}:
+        return "ignored"
+    return None
+
+
 def _could_start(payload: object) -> bool:
     """Whether ``payload`` names the registered model without hostile data (such an alert may rightly start)."""
     if not isinstance(payload, dict):
