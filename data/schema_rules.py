@@ -76,7 +76,7 @@ class RuleSet:
 
     def row_messages(self, df: pd.DataFrame, *, max_chars: int | None = None) -> np.ndarray:
         """Per row: ``""`` when clean, else ``column: problem`` per failed rule joined by ``"; "``, each value shown
-        to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`capped`)."""
+        to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`data.text.shorten`)."""
         out = np.full(len(df), "", dtype=object)
         for failed in self.check(df):
             column, describe = failed.rule.column, failed.rule.describe
