@@ -399,12 +399,12 @@ def download_verified(model_name: str, version: str, dst: str | Path, *,
         manifest = json.loads(recorded)
         if REGISTERED_MODEL_META_FILE_NAME not in manifest:  # MLflow's own note, written into a local store
             (local / REGISTERED_MODEL_META_FILE_NAME).unlink(missing_ok=True)
-        check_files(local, manifest, label=f"{label} ({root})")
+        check_files(local, manifest, label=f"{label} ({redact(root)})")
         flavor = Model.load(local / "MLmodel").flavors.get("python_function", {})
         code = flavor.get("model_code_path") or flavor.get("python_model") or flavor.get("loader_module")
         if (flavor.get("loader_module") != CODE_MODEL_LOADER or Path(str(code)).name != PYFUNC_MODEL_FILE.name
                 or flavor.get("code")):
-            raise ForeignModelError(f"{label} ({root}): its MLmodel points at code {code!r} (code paths "
+            raise ForeignModelError(f"{label} ({redact(root)}): its MLmodel points at code {code!r} (code paths "
                                     f"{flavor.get('code')}), not kfloop's {PYFUNC_MODEL_FILE.name}; refusing to load "
                                     "a version kfloop did not log")
     except BaseException:
@@ -428,9 +428,10 @@ def download_model_dir(model_name: str, version: str, dst: str | Path, *,
     """
     local = download_verified(model_name, version, dst, client=client)
     artifacts = Model.load(local / "MLmodel").flavors["python_function"].get("artifacts", {})
-    model_dir = local / artifacts.get("model_dir", {}).get("path", "artifacts/model_dir")
+    path = artifacts.get("model_dir", {}).get("path")
+    model_dir = local / str(path)
     missing = [f for f in (WEIGHTS_FILE, FEATURES_FILE, MODULE_FILE, MODEL_FILE) if not (model_dir / f).is_file()]
-    if missing:
+    if path is None or missing:
         raise FileNotFoundError(f"{model_name} v{version}: the verified model {local} holds no complete kfloop model "
                                 f"directory (lacks {missing}); log it with log_candidate()")
     return model_dir
