@@ -18,6 +18,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from data.errors import KfloopError
+from data.text import shorten
 
 Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -78,7 +79,7 @@ class RuleSet:
 
     def row_messages(self, df: pd.DataFrame, *, max_chars: int | None = None) -> np.ndarray:
         """Per row: ``""`` when clean, else ``column: problem`` per failed rule joined by ``"; "``, each value shown
-        to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`capped`)."""
+        to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`data.text.shorten`)."""
         out = np.full(len(df), "", dtype=object)
         touched = np.zeros(len(df), dtype=bool)
         for failed in self.check(df):
@@ -90,7 +91,7 @@ class RuleSet:
         if max_chars is not None:  # only rows with a message can be long
             rows = np.flatnonzero(touched)
             long = rows[np.fromiter(map(len, out[rows]), dtype=np.int64, count=len(rows)) > max_chars]
-            out[long] = [capped(text, max_chars) for text in out[long]]
+            out[long] = [shorten(text, max_chars) for text in out[long]]
         return out
 
     def shares(self, df: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -288,12 +289,7 @@ def _pandera_fails(check: pa.Check, array: np.ndarray) -> np.ndarray:
 
 def _shown(value: Any) -> str:
     """``repr`` of the plain Python value (``'a'``, not ``np.str_('a')``), cut to :data:`MAX_VALUE_CHARS`."""
-    return capped(repr(value.item() if isinstance(value, np.generic) else value), MAX_VALUE_CHARS)
-
-
-def capped(text: str, max_chars: int) -> str:
-    """``text`` cut to ``max_chars`` characters, ending ``...`` where it was cut."""
-    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+    return shorten(repr(value.item() if isinstance(value, np.generic) else value), MAX_VALUE_CHARS)
 
 
 # ------------------------------------------------------------------------------------------------------- serving
@@ -385,7 +381,7 @@ def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFram
         return scored
     cap = limits.max_message_chars
     problems = column_problems(rules, rows.columns, required)
-    listed = capped(f"{len(problems)} column problem(s): {', '.join(problems)}", cap)
+    listed = shorten(f"{len(problems)} column problem(s): {', '.join(problems)}", cap)
     if problems and mode == "error":
         raise SchemaViolationError(f"the rows' columns differ from the model's training schema: {listed}; send the "
                                    f"schema's columns, or pass {ON_VIOLATION_PARAM}='flag' to score them with a "
@@ -395,7 +391,7 @@ def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFram
         shared = np.full(len(rows), SEE_FIRST_ROW, dtype=object)
         shared[:1] = listed
         messages = np.where(messages == "", shared, shared + "; " + messages)
-        messages[:1] = [capped(text, cap) for text in messages[:1]]
+        messages[:1] = [shorten(text, cap) for text in messages[:1]]
         return scored.assign(**{VIOLATIONS_COLUMN: messages})
     messages = rules.row_messages(rows, max_chars=cap)
     if mode == "flag":

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from data.errors import KfloopError
 from data.redaction import redact, redact_text
-from data.storage import StorageError, data_folder, under_prefix
+from data.storage import StorageError, data_folder, holds_credentials, under_prefix
 from monitoring.http_server import HttpServer, ServerLimits
 from monitoring.inference_logs import InferenceLogError, InferenceLogWriter, record_from_cloudevent
 from monitoring.metrics import exposition
@@ -243,8 +243,9 @@ class AlertScope:
         """``alert`` with its data filled in (its own ``dataset_uri``, else the default), when it may start training.
 
         Raises:
-            AlertRefused: the model is not registered, no data is named, or the data lies outside the allowed
-                prefixes (or, with none configured, the model has no champion whose lineage names its data).
+            AlertRefused: the model is not registered, no data is named, the data lies outside the allowed
+                prefixes (or, with none configured, the model has no champion whose lineage names its data), or its
+                URI carries credentials.
             mlflow.exceptions.MlflowException: MLflow could not be read.
         """
         if registered_model(alert.model) is None:
@@ -273,6 +274,9 @@ class AlertScope:
         if not allowed:
             raise AlertRefused(f"rule {source}: {redact(uri)} is not under {[redact(p) for p in prefixes]}; add "
                                "its folder to trigger.allowed_data_prefixes if alerts may train on it")
+        if holds_credentials(uri):
+            raise AlertRefused(f"rule dataset_uri: {redact(uri)} carries credentials ('user:secret@'), which would "
+                               "reach the run's parameters: name the data without them")
         return dataclasses.replace(alert, dataset_uri=uri)
 
 
