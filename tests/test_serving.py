@@ -1,0 +1,160 @@
+"""``kfloop serve-model`` (issue 42 item 1): a registered version on the shared real ``mlflow server`` served by a
+real ``kfloop serve-model`` process (kserve's ModelServer), asked over Open Inference Protocol v2 with kserve's own
+client and request types; its answers are the pyfunc's, row for row, and bad requests get the SDK's 4xx."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pytest
+from kserve.inference_client import InferenceRESTClient, RESTConfig
+from polling import wait_for
+from test_registry_versions import TARGET, Env, build_model, make_frame
+
+from cluster.server_process import free_port
+from data.schema_rules import DEFAULT_LIMITS
+from data.validation import infer_schema, schema_to_yaml
+from training.registry.candidates import log_candidate, register_candidate
+from training.serving.table import response_table, table_request
+
+MODEL = "served-churn"
+START_TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module")
+def registered(mlflow_server, tmp_path_factory):
+    """Version 1 of :data:`MODEL` on the shared MLflow server, and the pyfunc every consumer loads."""
+    root = tmp_path_factory.mktemp("serving")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+        mlflow.set_tracking_uri(mlflow_server.url)
+        client = mlflow.MlflowClient()
+        train, holdout = make_frame(600, seed=0), make_frame(300, seed=1)
+        env = Env(root=root, client=client, experiment_id=client.create_experiment("kfloop-serving"), train=train,
+                  holdout=holdout, good=build_model(root / "good", train, steps=60), medium=root, bad=root)
+        lineage = dataclasses.replace(env.lineage(), schema_yaml=schema_to_yaml(
+            infer_schema(train, target=TARGET, task="classification")))  # the features' schema: checks that bite
+        run_id, decision = env.run(), env.decide(env.good, None).to_dict()
+        uri = log_candidate(run_id, env.good, decision=decision, lineage=lineage)
+        version = register_candidate(MODEL, run_id=run_id, model_uri=uri, decision=decision, lineage=lineage)
+        yield version, mlflow.pyfunc.load_model(f"models:/{MODEL}/{version}"), holdout.drop(columns=[TARGET])
+        mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture(scope="module")
+def server(registered, mlflow_server, tmp_path_factory):
+    """A ``kfloop serve-model`` process serving version 1; its base URL once ``/v2/models/<name>/ready`` says so."""
+    version = registered[0]
+    port, grpc_port = free_port(), free_port()
+    log = tmp_path_factory.mktemp("serve-model") / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines", "serve-model", "--model", MODEL, "--version",
+                                 version, "--port", str(port), "--grpc-port", str(grpc_port)],
+                                env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.url}, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert proc.poll() is None, f"serve-model exited {proc.returncode}: {log.read_text()[-3000:]}"
+        return _status(f"{url}/v2/models/{MODEL}/ready") == 200
+
+    try:
+        wait_for(f"serve-model's /v2/models/{MODEL}/ready", ready, timeout=START_TIMEOUT_S, interval=0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _infer(url: str, frame: pd.DataFrame, **parameters: str) -> pd.DataFrame:
+    async def call():
+        client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0))
+        try:
+            return await client.infer(url, table_request(frame, MODEL, **parameters), model_name=MODEL)
+        finally:
+            await client.close()
+    return response_table(asyncio.run(call()))
+
+
+def _table_body(frame: pd.DataFrame, **parameters: str) -> dict:
+    body, _ = table_request(frame, MODEL, **parameters).to_rest()
+    return body
+
+
+def test_v2_answers_are_the_pyfuncs_row_for_row(registered, server):
+    _, pyfunc, rows = registered
+    rows = rows.assign(region=rows["region"].where(rows.index % 50 != 7, "atlantis"))  # some rows break the schema
+    served = _infer(server, rows)
+    expected = pyfunc.predict(rows)
+    assert list(served.columns) == list(expected.columns)
+    atlantis = (rows["region"] == "atlantis").to_numpy()
+    assert atlantis.sum() == 6 and served["schema_violations"][atlantis].str.contains("atlantis").all()
+    for column in expected.columns:
+        if expected[column].dtype == object:
+            assert served[column].tolist() == expected[column].tolist(), column
+        else:
+            np.testing.assert_allclose(served[column].to_numpy(), expected[column].to_numpy(), rtol=1e-6)
+
+
+def test_error_mode_refuses_rows_outside_the_schema_with_400(registered, server):
+    rows = registered[2].head(3).assign(region="atlantis")
+    status, body = _post(f"{server}/v2/models/{MODEL}/infer", _table_body(rows, on_schema_violation="error"))
+    assert status == 400 and "outside the model's training schema" in body["error"]
+
+
+@pytest.mark.parametrize("change, status, words", [
+    (lambda body: body["parameters"].pop("content_type"), 400, "parameters.content_type=None"),
+    (lambda body: body["inputs"][0]["data"].pop(), 400, "columns of equal length"),
+    (lambda body: body["parameters"].update(on_schema_violation="loud"), 400, "on_schema_violation='loud'"),
+    (lambda body: body.pop("inputs"), 422, "Field required"),  # FastAPI's own check of the v2 body
+])
+def test_bad_requests_get_the_sdks_4xx(registered, server, change, status, words):
+    body = _table_body(registered[2].head(4))
+    change(body)
+    answered, answer = _post(f"{server}/v2/models/{MODEL}/infer", body)
+    assert answered == status and words in json.dumps(answer), answer
+
+
+def test_more_rows_than_the_serving_limit_are_refused_before_scoring(server):
+    rows = DEFAULT_LIMITS.max_rows + 1
+    body = {"inputs": [{"name": "age", "shape": [rows], "datatype": "INT64", "data": [30] * rows}],
+            "parameters": {"content_type": "pd"}}
+    status, answer = _post(f"{server}/v2/models/{MODEL}/infer", body)
+    assert status == 400 and f"max_rows={DEFAULT_LIMITS.max_rows}" in answer["error"]
+
+
+def test_v1_requests_and_unknown_models_are_refused(server, registered):
+    status, answer = _post(f"{server}/v1/models/{MODEL}:predict", {"instances": [[1, 2]]})
+    assert status == 400 and "Open Inference Protocol v2" in answer["error"]
+    status, _ = _post(f"{server}/v2/models/other/infer", _table_body(registered[2].head(2)))
+    assert status == 404
+    assert _status(f"{server}/v2/models/other/ready") == 404
