@@ -76,10 +76,10 @@ def object_storage_uri(location: str, artifacts_destination: str = "") -> str:
 
 
 def tree_digest(root: Path) -> str:
-    """``sha256:<hex>`` of the lines ``<sha256 of file>  <path relative to root>`` of every file under ``root``,
-    sorted by path (``sha256sum`` of the sorted file list): the same for the registry's copy and
-    the storage initializer's ``/mnt/models``."""
+    """``sha256:<hex>`` of the lines ``<sha256 of file>  <path relative to root>`` of every non-empty file under
+    ``root``, sorted by path (``sha256sum`` of the sorted file list): the same for the registry's copy and the
+    storage initializer's ``/mnt/models``, which never downloads empty objects."""
     lines = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size):
         lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(root).as_posix()}\n")
     return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
