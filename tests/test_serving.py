@@ -4,7 +4,6 @@ client and request types; its answers are the pyfunc's, row for row, and bad req
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import subprocess
@@ -18,12 +17,10 @@ import pandas as pd
 import pytest
 from kserve.inference_client import InferenceRESTClient, RESTConfig
 from polling import wait_for
-from test_registry_versions import TARGET, Env, build_model, make_frame
+from serving_versions import register_version
 
 from cluster.server_process import free_port
 from data.schema_rules import DEFAULT_LIMITS
-from data.validation import infer_schema, schema_to_yaml
-from training.registry.candidates import log_candidate, register_candidate
 from training.serving.table import response_table, table_request
 
 MODEL = "served-churn"
@@ -37,16 +34,9 @@ def registered(mlflow_server, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
         mlflow.set_tracking_uri(mlflow_server.url)
-        client = mlflow.MlflowClient()
-        train, holdout = make_frame(600, seed=0), make_frame(300, seed=1)
-        env = Env(root=root, client=client, experiment_id=client.create_experiment("kfloop-serving"), train=train,
-                  holdout=holdout, good=build_model(root / "good", train, steps=60), medium=root, bad=root)
-        lineage = dataclasses.replace(env.lineage(), schema_yaml=schema_to_yaml(
-            infer_schema(train, target=TARGET, task="classification")))  # the features' schema: checks that bite
-        run_id, decision = env.run(), env.decide(env.good, None).to_dict()
-        uri = log_candidate(run_id, env.good, decision=decision, lineage=lineage)
-        version = register_candidate(MODEL, run_id=run_id, model_uri=uri, decision=decision, lineage=lineage)
-        yield version, mlflow.pyfunc.load_model(f"models:/{MODEL}/{version}"), holdout.drop(columns=[TARGET])
+        experiment_id = mlflow.MlflowClient().create_experiment("kfloop-serving")
+        version, rows = register_version(MODEL, experiment_id=experiment_id, root=root)
+        yield version, mlflow.pyfunc.load_model(f"models:/{MODEL}/{version}"), rows
         mlflow.set_tracking_uri(None)
 
 

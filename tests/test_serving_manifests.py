@@ -3,20 +3,18 @@ store is a real S3 API server (moto), checked against KServe v0.20.0's CRDs, its
 (tests/cluster/kserve_validation.py) and the Pod Security ``restricted`` profile."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import boto3
 import mlflow
 import pytest
-from test_registry_versions import TARGET, Env, build_model, make_frame
+from serving_versions import register_version
 
 from cluster import kserve_validation
 from cluster.crd_schema import validate as validate_crd
 from cluster.pod_security import violations
 from pipelines.cli import main
-from training.registry.candidates import log_candidate, register_candidate
 from training.registry.versions import CHAMPION_ALIAS
 from training.serving.artifacts import object_storage_uri, tree_digest
 from training.serving.manifests import DIGEST_ANNOTATION, MODEL_VERSION_ANNOTATION
@@ -30,13 +28,7 @@ def registered(isolated_env, s3_bucket, tmp_path):
     """Version 1 of :data:`MODEL` (champion) logged to ``s3://<bucket>/mlartifacts``."""
     client = mlflow.MlflowClient()
     experiment = client.create_experiment("served", artifact_location=f"s3://{s3_bucket}/mlartifacts")
-    train = make_frame(300, seed=0)
-    env = Env(root=tmp_path, client=client, experiment_id=experiment, train=train, holdout=make_frame(200, seed=1),
-              good=build_model(tmp_path / "good", train, steps=20), medium=tmp_path, bad=tmp_path)
-    run_id, decision = env.run(), env.decide(env.good, None).to_dict()
-    lineage = env.lineage()
-    uri = log_candidate(run_id, env.good, decision=decision, lineage=lineage)
-    version = register_candidate(MODEL, run_id=run_id, model_uri=uri, decision=decision, lineage=lineage)
+    version, _ = register_version(MODEL, experiment_id=experiment, root=tmp_path)
     client.set_registered_model_alias(MODEL, CHAMPION_ALIAS, version)
     return s3_bucket, version
 
@@ -113,13 +105,8 @@ def test_bad_input_gets_a_clear_error(registered, capsys, flags, words):
 
 
 def test_a_local_artifact_store_is_refused_with_the_fix(isolated_env, tmp_path, capsys):
-    client = mlflow.MlflowClient()
-    train = make_frame(200, seed=0)
-    experiment = client.create_experiment("local", artifact_location=str(tmp_path / "mlartifacts"))
-    env = Env(root=tmp_path, client=client, experiment_id=experiment, train=train,
-              holdout=make_frame(100, seed=1), good=build_model(tmp_path / "m", train, steps=2), medium=tmp_path,
-              bad=tmp_path)
-    env.candidate(MODEL, env.good)
+    experiment = mlflow.MlflowClient().create_experiment("local", artifact_location=str(tmp_path / "mlartifacts"))
+    register_version(MODEL, experiment_id=experiment, root=tmp_path)
     code, answer = _render(capsys, "--version", "1")
     assert code != 0 and "cannot download (it needs s3://)" in answer["error"]
 
