@@ -283,7 +283,8 @@ def test_version_names_the_release_and_the_commit(capsys, monkeypatch):
     ["status"], ["history"], ["report", "--out", "r.html"], ["rollback", "--reason", "r"], ["reproduce", "1"],
     ["train", "--data", "d.csv", "--schema", "s.yaml"], ["drift", "--reference", "r.csv", "--current", "c.csv"],
     ["quality", "--data", "d.csv"], ["run", "training", "--local"], ["render-job"], ["compile"],
-    ["schedule", "drift", "--host", "http://127.0.0.1:1"], ["serve", "--port", "0"]])
+    ["schedule", "drift", "--host", "http://127.0.0.1:1"], ["serve", "--port", "0"], ["serve-model", "--port", "0"],
+    ["render-serving"]])
 def test_every_command_refuses_an_unknown_setting(command, tmp_path, monkeypatch, capsys):
     """The one settings check: a typo in --set or kfloop.yaml is refused before anything runs, naming the keys."""
     monkeypatch.chdir(tmp_path)

@@ -21,6 +21,8 @@ from serving_versions import register_version
 
 from cluster.server_process import free_port
 from data.schema_rules import DEFAULT_LIMITS
+from training.serving.load import ModelSource
+from training.serving.predictor import KfloopPredictor
 from training.serving.table import response_table, table_request
 
 MODEL = "served-churn"
@@ -113,6 +115,17 @@ def test_v2_answers_are_the_pyfuncs_row_for_row(registered, server):
             assert served[column].tolist() == expected[column].tolist(), column
         else:
             np.testing.assert_allclose(served[column].to_numpy(), expected[column].to_numpy(), rtol=1e-6)
+
+
+def test_a_downloaded_model_folder_serves_the_same_answers(registered, tmp_path):
+    """``--model-dir``: the storage initializer's ``/mnt/models`` (the version's folder, downloaded) through the same
+    predictor, called as the SDK's data plane calls it."""
+    version, pyfunc, rows = registered
+    folder = mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{MODEL}/{version}", dst_path=str(tmp_path))
+    predictor = KfloopPredictor(MODEL, ModelSource(model_name=MODEL, model_dir=folder))
+    assert predictor.load() and predictor.ready
+    served = response_table(predictor.predict(table_request(rows.head(50), MODEL)))
+    pd.testing.assert_frame_equal(served, pyfunc.predict(rows.head(50)), check_dtype=False)
 
 
 def test_error_mode_refuses_rows_outside_the_schema_with_400(registered, server):

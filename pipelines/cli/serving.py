@@ -57,13 +57,13 @@ def _source(args: argparse.Namespace):
 
 
 def cmd_serve_model(args: argparse.Namespace) -> int:
+    source = _source(args)  # the settings are checked first: model_name may come from them
     if not 0 < args.port < 65536 or not 0 < args.grpc_port < 65536 or args.port == args.grpc_port:
         raise UsageError(f"--port {args.port} --grpc-port {args.grpc_port}: use two different ports in 1-65535")
-    source = _source(args)
     if not source.model_dir:
         options.registry_environment(args, source.model_name)
-    # kserve's model_server parses the process's argv when imported (kserve/model_server.py: parse_known_args):
-    # kfloop's flags are not its flags
+    # kserve's model_server parses the process's argv when imported (kserve 0.21.0 kserve/model_server.py:225,
+    # parse_known_args): kfloop's flags are not its flags
     del sys.argv[1:]
     from training.serving.predictor import KfloopPredictor, serve
 
