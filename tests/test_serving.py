@@ -15,7 +15,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-from kserve.inference_client import InferenceRESTClient, RESTConfig
+from kserve.inference_client import InferenceGRPCClient, InferenceRESTClient, RESTConfig
 from polling import wait_for
 from serving_versions import register_version
 
@@ -44,7 +44,8 @@ def registered(mlflow_server, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(registered, mlflow_server, tmp_path_factory):
-    """A ``kfloop serve-model`` process serving version 1; its base URL once ``/v2/models/<name>/ready`` says so."""
+    """A ``kfloop serve-model`` process serving version 1: its base URL once ``/v2/models/<name>/ready`` says so,
+    and its gRPC port in ``server.grpc_port``."""
     version = registered[0]
     port, grpc_port = free_port(), free_port()
     log = tmp_path_factory.mktemp("serve-model") / "serve.log"
@@ -61,10 +62,19 @@ def server(registered, mlflow_server, tmp_path_factory):
 
     try:
         wait_for(f"serve-model's /v2/models/{MODEL}/ready", ready, timeout=START_TIMEOUT_S, interval=0.2)
-        yield url
+        yield Served(url, grpc_port)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+class Served(str):
+    """The server's base URL, with its gRPC port."""
+
+    def __new__(cls, url: str, grpc_port: int):
+        served = super().__new__(cls, url)
+        served.grpc_port = grpc_port
+        return served
 
 
 def _status(url: str) -> int:
@@ -115,6 +125,21 @@ def test_v2_answers_are_the_pyfuncs_row_for_row(registered, server):
             assert served[column].tolist() == expected[column].tolist(), column
         else:
             np.testing.assert_allclose(served[column].to_numpy(), expected[column].to_numpy(), rtol=1e-6)
+
+
+def test_grpc_answers_as_rest_does(registered, server):
+    """The SDK's gRPC ``ModelInfer`` on ``--grpc-port`` (rows without nulls: gRPC tensors have none)."""
+    _, pyfunc, rows = registered
+    rows = rows.dropna().head(20)
+
+    async def call():
+        client = InferenceGRPCClient(f"127.0.0.1:{server.grpc_port}", retries=2)
+        try:
+            return await client.infer(table_request(rows, MODEL))
+        finally:
+            await client.close()
+    served = response_table(asyncio.run(call()))
+    pd.testing.assert_frame_equal(served, pyfunc.predict(rows).reset_index(drop=True), check_dtype=False)
 
 
 def test_a_downloaded_model_folder_serves_the_same_answers(registered, tmp_path):

@@ -9,7 +9,7 @@ from typing import Any
 import kserve
 import mlflow
 from kserve.errors import InvalidInput
-from kserve.protocol.infer_type import InferRequest, InferResponse
+from kserve.protocol.infer_type import InferRequest, InferResponse, to_http_parameters
 from kserve.utils.utils import get_predict_response
 
 from data.schema_rules import (DEFAULT_LIMITS, ON_VIOLATION_PARAM, SchemaViolationError, ServingLimits, check_mode,
@@ -50,7 +50,7 @@ class KfloopPredictor(kserve.Model):
         """
         request = self._table_request(payload)
         try:
-            mode = check_mode(request.parameters)
+            mode = check_mode(to_http_parameters(request.parameters or {}))
             scored = self.pyfunc.predict(request.as_dataframe(), params={ON_VIOLATION_PARAM: mode})
         except (SchemaViolationError, ValueError) as exc:
             raise InvalidInput(str(exc)) from exc
@@ -68,7 +68,7 @@ class KfloopPredictor(kserve.Model):
         if not isinstance(payload, InferRequest):
             raise InvalidInput(f"kfloop answers the Open Inference Protocol v2: POST /v2/models/{self.name}/infer "
                                f"with one input per column and parameters.content_type {TABLE_CONTENT_TYPE!r}")
-        content_type = (payload.parameters or {}).get("content_type")
+        content_type = to_http_parameters(payload.parameters or {}).get("content_type")  # gRPC: InferParameter
         if content_type != TABLE_CONTENT_TYPE:
             raise InvalidInput(f"parameters.content_type={content_type!r}: send the table's columns as inputs with "
                                f"parameters.content_type {TABLE_CONTENT_TYPE!r}")

@@ -23,5 +23,6 @@ def table_request(frame: pd.DataFrame, model_name: str, **parameters: str) -> In
 
 
 def response_table(response: InferResponse) -> pd.DataFrame:
-    """The outputs of a v2 response as columns of one table."""
-    return pd.DataFrame({output.name: output.data for output in response.outputs})
+    """The outputs of a v2 response as columns of one table; ``BYTES`` as text (gRPC carries them as bytes)."""
+    return pd.DataFrame({output.name: [v.decode() if isinstance(v, bytes) else v for v in output.data]
+                         if output.datatype == "BYTES" else output.data for output in response.outputs})
