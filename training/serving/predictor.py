@@ -60,7 +60,7 @@ class KfloopPredictor(kserve.Model):
         return response
 
     def _table_request(self, payload: Any) -> InferRequest:
-        """``payload`` once it is a v2 table of at most ``limits.max_rows`` rows, checked before it is decoded.
+        """``payload`` once it is a v2 table of at most ``limits.max_rows`` rows, checked before the table is built.
 
         Raises:
             kserve.errors.InvalidInput: why it is not.
@@ -75,8 +75,7 @@ class KfloopPredictor(kserve.Model):
         if not payload.inputs:
             raise InvalidInput("no inputs: send one input per column of the table")
         rows = {len(column.data) for column in payload.inputs}
-        shapes = [column.shape for column in payload.inputs]
-        if len(rows) != 1 or any(shape != [len(column.data)] for shape, column in zip(shapes, payload.inputs)):
+        if len(rows) != 1 or any(column.shape != [len(column.data)] for column in payload.inputs):
             raise InvalidInput("inputs of a table are columns of equal length, each of shape [rows]: got "
                                + ", ".join(f"{c.name} shape {c.shape} with {len(c.data)} values"
                                            for c in payload.inputs))
