@@ -9,8 +9,10 @@ derived from the profile namespace, where KFP does not run.
 Auth comes from the environment only, and none is needed for standalone KFP: ``KFP_TOKEN`` (a bearer token), else
 the token file ``KF_PIPELINES_SA_TOKEN_PATH`` (default the projected ``/var/run/secrets/kubeflow/pipelines/token``),
 read again before every request so a rotated projected token or a mounted Secret's token keeps working, else
-``KFP_COOKIES`` (a ``Cookie`` header value, e.g. ``authservice_session=...`` behind Dex/oauth2-proxy, which the KFP
-SDK sends as given). Tokens and cookies are never taken from flags and never printed.
+``KFP_COOKIES`` (a ``Cookie`` header value, e.g. ``_oauth2_proxy=...`` behind oauth2-proxy, which the KFP SDK sends
+as given; it expires with the proxy's ``cookie_expire``). Tokens and cookies are never taken from flags and never
+printed. Without any of them a multi-user KFP (its healthz says so) refuses every call: :func:`connect` says so at
+once, naming the token path and the ``access-ml-pipeline`` PodDefault that mounts it.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from kfp.client import Client, ServiceAccountTokenVolumeCredentials
 from kfp_server_api import ApiException
 from urllib3 import Retry
 from urllib3.connection import HTTPConnection
+from urllib3.exceptions import MaxRetryError
 
 from data.settings import CODE_ROOT, section_from_dict
 from monitoring.trigger import RunInFlight
@@ -127,18 +130,39 @@ def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT,
 
     Raises:
         ValueError: the URL is not http(s).
+        KfpCredentialsError: no credentials and the server is multi-user.
     """
     host = endpoint(host, in_cluster_host)
     token = os.environ.get(TOKEN_ENV) or None
     token_file = os.environ.get(SA_TOKEN_PATH_ENV) or SA_TOKEN_PATH
     credentials = (ServiceAccountTokenVolumeCredentials(token_file)
                    if token is None and Path(token_file).is_file() else None)
+    cookies = os.environ.get(COOKIES_ENV) or None
     with warnings.catch_warnings():  # kfp warns on every Client() that it needs a v2 server
         warnings.simplefilter("ignore", FutureWarning)
-        client = Client(host=host, existing_token=token, credentials=credentials,
-                        cookies=os.environ.get(COOKIES_ENV) or None)
+        client = Client(host=host, existing_token=token, credentials=credentials, cookies=cookies)
     _bound_requests(client, timeout_seconds)
+    if token is None and credentials is None and cookies is None and _multi_user(client):
+        raise KfpCredentialsError(
+            f"the KFP API at {host} is multi-user and this process has no credentials: no {TOKEN_ENV}, no "
+            f"{COOKIES_ENV}, and no token file at {token_file} ({SA_TOKEN_PATH_ENV}). In a pod the profile's "
+            f"`access-ml-pipeline` PodDefault (deploy/kubeflow-profile.yaml) mounts it into pods labelled "
+            f"access-ml-pipeline: \"true\" (kfloop compile labels the trigger step): apply it in the namespace")
     return client
+
+
+class KfpCredentialsError(PermissionError):
+    """A multi-user KFP API and no credentials to call it with."""
+
+
+def _multi_user(client: Any) -> bool:
+    """Whether the server says it is multi-user (``GET /apis/v2beta1/healthz``, which KFP answers without
+    authentication: ``backend/src/apiserver/main.go`` serves it on its top mux, ``newHealthzResponse``). An
+    unreachable server is reported by the call that needs it, not here."""
+    try:
+        return bool(client._healthz_api.healthz_service_get_healthz().multi_user)
+    except (ApiException, MaxRetryError):
+        return False
 
 
 def _bound_requests(client: Any, seconds: int) -> None:

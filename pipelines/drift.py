@@ -25,9 +25,9 @@ def drift_pipeline(
                         model_name=model_name, drift_policy=drift_policy)
     drift.set_display_name("check drift")
     with dsl.If(drift.outputs["Output"] == True, name="drifted"):  # noqa: E712 (KFP condition, not Python)
-        trigger_retraining(model_name=model_name, dataset_uri=current_uri, drift_result=drift.outputs["result"],
-                           trigger_policy=trigger_policy, training_params=training_params,
-                           training_pipeline_version=training_pipeline_version
-                           ).set_display_name("trigger retraining")
-    kubernetes_options.apply()
+        trigger = trigger_retraining(
+            model_name=model_name, dataset_uri=current_uri, drift_result=drift.outputs["result"],
+            trigger_policy=trigger_policy, training_params=training_params,
+            training_pipeline_version=training_pipeline_version).set_display_name("trigger retraining")
+    kubernetes_options.apply(api_step=trigger)
     return drift.outputs["result"]
