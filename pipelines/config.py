@@ -15,6 +15,7 @@ from monitoring.trigger import TriggerPolicy
 from training.config import SHAPE_PARAMETERS, ModelSpec, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.kubernetes import KubernetesSettings
+from training.serving.settings import ServingSettings
 
 SECTIONS: dict[str, type] = {
     "training": TrainingSection,
@@ -26,6 +27,7 @@ SECTIONS: dict[str, type] = {
     "cluster": KubernetesSettings,
     "data_store": DataStoreConfig,
     "kfp": KfpSettings,
+    "serving": ServingSettings,
 }
 """Config section -> the typed config that validates it (its pipeline parameter, if any: ``SECTION_PARAMETERS``)."""
 

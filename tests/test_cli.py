@@ -49,6 +49,8 @@ SURFACE = {
     "rollback": ["--config", "--json", "--model", "--reason", "--set", "--to"],
     "reproduce": ["--config", "--json", "--model", "--set"],
     "report": ["--config", "--json", "--model", "--out", "--set"],
+    "serve-model": ["--alias", "--config", "--grpc-port", "--model", "--model-dir", "--port", "--set", "--version"],
+    "render-serving": ["--alias", "--canary", "--config", "--json", "--kserve", "--model", "--set", "--version"],
 }
 """Every flag of every command, hidden old spellings included (``--model-name``, ``--kfp-host``, ``--version`` of a
 pipeline, ``--id-column``, ``--nproc``, quality's ``--report``: scripts keep working)."""
@@ -282,7 +284,8 @@ def test_version_names_the_release_and_the_commit(capsys, monkeypatch):
     ["status"], ["history"], ["report", "--out", "r.html"], ["rollback", "--reason", "r"], ["reproduce", "1"],
     ["train", "--data", "d.csv", "--schema", "s.yaml"], ["drift", "--reference", "r.csv", "--current", "c.csv"],
     ["quality", "--data", "d.csv"], ["run", "training", "--local"], ["render-job"], ["compile"],
-    ["schedule", "drift", "--host", "http://127.0.0.1:1"], ["serve", "--port", "0"]])
+    ["schedule", "drift", "--host", "http://127.0.0.1:1"], ["serve", "--port", "0"], ["serve-model", "--port", "0"],
+    ["render-serving"]])
 def test_every_command_refuses_an_unknown_setting(command, tmp_path, monkeypatch, capsys):
     """The one settings check: a typo in --set or kfloop.yaml is refused before anything runs, naming the keys."""
     monkeypatch.chdir(tmp_path)

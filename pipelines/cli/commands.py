@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
+import pipelines.cli.serving as serving_cli
 from data.errors import EXIT_FAILED, EXIT_FINDING, EXIT_OK, UsageError
 from data.settings import end_without_final_collection
 from data.redaction import redact
@@ -211,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="benchmarks/results/collectives.json",
                        help="JSON results file (default: %(default)s)")
     operate_cli.add_parsers(command)
+    serving_cli.add_parsers(command)
     for parser in sub.choices.values():
         options.add_global_flags(parser, on_subcommand=True)
     return p
@@ -636,7 +638,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 COMMANDS = {"demo": cmd_demo, "infer-schema": cmd_infer_schema, "validate": cmd_validate, "train": cmd_train,
             "drift": cmd_drift, "quality": cmd_quality, "run": cmd_run, "compile": cmd_compile, "upload": cmd_upload,
             "schedule": cmd_schedule, "serve": cmd_serve, "render-job": cmd_render_job, "bench": cmd_bench,
-            **operate_cli.COMMANDS}
+            **operate_cli.COMMANDS, **serving_cli.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

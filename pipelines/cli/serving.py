@@ -1,0 +1,91 @@
+"""The serving commands of ``kfloop``: serve-model (a registered version behind Open Inference Protocol v2) and
+render-serving (its KServe InferenceService). As in :mod:`pipelines.cli.commands`, which imports this module, each
+handler imports its stack when it runs."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import pipelines.cli.options as options
+from data.errors import UsageError
+
+KSERVE_DEFAULT_GRPC_PORT = 8081
+"""The gRPC port of KServe's model servers (``kserve.constants.DEFAULT_GRPC_PORT``)."""
+
+
+def add_parsers(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
+    """Add the serving subcommands through ``command(name, one-line description)``, which makes a subparser."""
+    serve = command("serve-model", "serve a registered version over Open Inference Protocol v2 (KServe SDK)")
+    options.add_model(serve, "registered model served, and the model name of the v2 paths")
+    _add_version(serve, with_dir=True)
+    serve.add_argument("--port", type=int, default=8080, help="HTTP port of the v2 REST API (default: %(default)s)")
+    serve.add_argument("--grpc-port", type=int, default=KSERVE_DEFAULT_GRPC_PORT,
+                       help="gRPC port of the v2 API (default: %(default)s)")
+    options.add_settings(serve)
+
+    render = command("render-serving", "the KServe InferenceService and ServingRuntime of a registered version")
+    options.add_model(render)
+    _add_version(render, with_dir=False)
+    render.add_argument("--canary", type=int, metavar="PERCENT",
+                        help="send PERCENT of the traffic to this version, the rest to the last rolled-out one "
+                             "(canaryTrafficPercent, 0-100)")
+    render.add_argument("--kserve", choices=["0.20", "0.16"], default="0.20",
+                        help="KServe release of the cluster: 0.20, or 0.16 as bundled by Kubeflow 26.03 (JSON-only "
+                             "blob logging) (default: %(default)s)")
+    options.add_json(render, "the manifests (a JSON list instead of YAML documents)")
+    options.add_settings(render)
+
+
+def _add_version(parser: argparse.ArgumentParser, *, with_dir: bool) -> None:
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--version", help="version number (default: --alias champion)")
+    which.add_argument("--alias", help="alias of the version, e.g. champion (the default)")
+    if with_dir:
+        which.add_argument("--model-dir", help="serve this downloaded MLflow model folder instead (e.g. the storage "
+                                               "initializer's /mnt/models); the registry is not read")
+
+
+def _source(args: argparse.Namespace):
+    from training.registry.versions import CHAMPION_ALIAS
+    from training.serving.load import ModelSource
+
+    model = options.model_name(args)
+    default_alias = "" if args.version or getattr(args, "model_dir", None) else CHAMPION_ALIAS
+    return ModelSource(model_name=model, version=args.version or "", alias=args.alias or default_alias,
+                       model_dir=getattr(args, "model_dir", None) or "")
+
+
+def cmd_serve_model(args: argparse.Namespace) -> int:
+    source = _source(args)  # the settings are checked first: model_name may come from them
+    if not 0 < args.port < 65536 or not 0 < args.grpc_port < 65536 or args.port == args.grpc_port:
+        raise UsageError(f"--port {args.port} --grpc-port {args.grpc_port}: use two different ports in 1-65535")
+    if not source.model_dir:
+        options.registry_environment(args, source.model_name)
+    # kserve's model_server parses the process's argv when imported (kserve 0.21.0 kserve/model_server.py:225,
+    # parse_known_args): kfloop's flags are not its flags
+    del sys.argv[1:]
+    from training.serving.predictor import KfloopPredictor, serve
+
+    serve(KfloopPredictor(source.model_name, source), http_port=args.port, grpc_port=args.grpc_port)
+    return 0
+
+
+def cmd_render_serving(args: argparse.Namespace) -> int:
+    import yaml
+
+    from training.launch.kubernetes import KubernetesSettings
+    from training.serving.manifests import render_serving
+    from training.serving.settings import ServingSettings
+
+    settings = options.settings(args)
+    source = _source(args)
+    options.registry_environment(args, source.model_name)
+    docs = render_serving(source, ServingSettings.from_dict(settings.get("serving")),
+                          KubernetesSettings.from_dict(dict(settings.get("cluster", {}))).cluster,
+                          canary_percent=args.canary, kserve=args.kserve)
+    options.print_json(docs) if args.json else sys.stdout.write(yaml.safe_dump_all(docs, sort_keys=False))
+    return 0
+
+
+COMMANDS = {"serve-model": cmd_serve_model, "render-serving": cmd_render_serving}
