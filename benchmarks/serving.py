@@ -109,7 +109,8 @@ def v2_latencies(url: str, body: bytes, requests: int) -> list[float]:
 
 def serve_model(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     """A ``kfloop serve-model --model-dir`` process and its URL, once ``/v2/models/<name>/ready`` answers 200."""
-    port, grpc_port = free_port(), free_port()
+    port = free_port()
+    grpc_port = next(p for p in iter(free_port, None) if p != port)  # two calls may give the same free port
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pipelines", "serve-model", "--model", V2_MODEL, "--model-dir",
                                  str(model_dir), "--port", str(port), "--grpc-port", str(grpc_port)],

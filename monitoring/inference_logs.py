@@ -42,8 +42,10 @@ from cloudevents.http import CloudEvent, from_http
 from data.errors import EXIT_DATA_FILE, KfloopError
 from data.fileio import atomic_write_bytes, parquet_bytes
 from data.redaction import redact
-from data.schema_rules import MAX_VALUE_CHARS, capped
+from data.schema_rules import MAX_VALUE_CHARS
 from data.storage import filesystem, is_remote
+from data.text import shorten
+from training.serving import MODEL_NAME_ANNOTATION, MODEL_VERSION_ANNOTATION
 
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
@@ -51,10 +53,6 @@ KINDS = {REQUEST_TYPE: "request", RESPONSE_TYPE: "response"}
 """Each ``ce-type`` and the last part of its name, which ends the blob's key (``store.go`` 200-207)."""
 EXTENSION = "json"
 """The blobs' extension: the JSON marshaller's (``marshaller_json.go`` 61)."""
-MODEL_NAME_ANNOTATION = "serving.kfloop.io/model-name"
-MODEL_VERSION_ANNOTATION = "serving.kfloop.io/model-version"
-"""InferenceService annotations (set by ``kfloop render-serving``, listed in the logger's ``metadataAnnotations``)
-that every record carries in ``ce-annotations``: the registered model and version that answered."""
 ID_COLUMN, ROW_COLUMN, TIME_COLUMN, MODEL_COLUMN, VERSION_COLUMN, DATE_COLUMN = (
     "request_id", "row_id", "request_time", "model_name", "model_version", "date")
 """Columns the reader adds to each served row: ``ce-id``; ``<ce-id>/<row>`` (the row's 0-based position in its
@@ -477,4 +475,4 @@ def _written_before(info: dict, start: datetime) -> bool:
 
 
 def _shown(value: Any) -> str:
-    return capped(repr(value), MAX_VALUE_CHARS)
+    return shorten(repr(value), MAX_VALUE_CHARS)

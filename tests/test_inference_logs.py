@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 
 from cli_run import cli
-from monitoring.inference_logs import (MODEL_NAME_ANNOTATION, MODEL_VERSION_ANNOTATION, REQUEST_TYPE, RESPONSE_TYPE,
-                                       InferenceLogError, InferenceLogWriter, LogRecord, decode_table, encode_table,
-                                       read_inference_logs, records_from_blob, write_partitioned)
+from monitoring.inference_logs import (REQUEST_TYPE, RESPONSE_TYPE, InferenceLogError, InferenceLogWriter, LogRecord,
+                                       decode_table, encode_table, read_inference_logs, records_from_blob,
+                                       write_partitioned)
 from monitoring.steps.checks import drift_step
+from training.serving import MODEL_NAME_ANNOTATION, MODEL_VERSION_ANNOTATION
 
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)

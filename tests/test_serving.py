@@ -10,6 +10,8 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import timedelta
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -21,6 +23,7 @@ from serving_versions import register_version
 
 from cluster.server_process import free_port
 from data.schema_rules import DEFAULT_LIMITS
+from monitoring.inference_logs import read_inference_logs
 from training.serving.load import ModelSource
 from training.serving.predictor import KfloopPredictor
 from training.serving.table import response_table, table_request
@@ -38,6 +41,7 @@ def registered(mlflow_server, tmp_path_factory):
         mlflow.set_tracking_uri(mlflow_server.url)
         experiment_id = mlflow.MlflowClient().create_experiment("kfloop-serving")
         version, rows = register_version(MODEL, experiment_id=experiment_id, root=root)
+        mlflow.MlflowClient().set_registered_model_alias(MODEL, "champion", version)  # served by --alias champion
         yield version, mlflow.pyfunc.load_model(f"models:/{MODEL}/{version}"), rows
         mlflow.set_tracking_uri(None)
 
@@ -47,11 +51,14 @@ def server(registered, mlflow_server, tmp_path_factory):
     """A ``kfloop serve-model`` process serving version 1: its base URL once ``/v2/models/<name>/ready`` says so,
     and its gRPC port in ``server.grpc_port``."""
     version = registered[0]
-    port, grpc_port = free_port(), free_port()
-    log = tmp_path_factory.mktemp("serve-model") / "serve.log"
+    port = free_port()
+    grpc_port = next(p for p in iter(free_port, None) if p != port)  # two calls may give the same free port
+    folder = tmp_path_factory.mktemp("serve-model")
+    log, payloads = folder / "serve.log", folder / "payloads"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines", "serve-model", "--model", MODEL, "--version",
-                                 version, "--port", str(port), "--grpc-port", str(grpc_port)],
+        proc = subprocess.Popen([sys.executable, "-m", "pipelines", "serve-model", "--model", MODEL, "--alias",
+                                 "champion", "--port", str(port), "--grpc-port", str(grpc_port), "--log-dir",
+                                 str(payloads)],
                                 env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.url}, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -62,18 +69,18 @@ def server(registered, mlflow_server, tmp_path_factory):
 
     try:
         wait_for(f"serve-model's /v2/models/{MODEL}/ready", ready, timeout=START_TIMEOUT_S, interval=0.2)
-        yield Served(url, grpc_port)
+        yield Served(url, grpc_port, payloads)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
 
 
 class Served(str):
-    """The server's base URL, with its gRPC port."""
+    """The server's base URL, with its gRPC port and the folder of its inference logs (``--log-dir``)."""
 
-    def __new__(cls, url: str, grpc_port: int):
+    def __new__(cls, url: str, grpc_port: int, payloads: Path):
         served = super().__new__(cls, url)
-        served.grpc_port = grpc_port
+        served.grpc_port, served.payloads = grpc_port, payloads
         return served
 
 
@@ -97,11 +104,14 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-def _infer(url: str, frame: pd.DataFrame, **parameters: str) -> pd.DataFrame:
+def _infer(url: str, frame: pd.DataFrame, request_id: str | None = None, **parameters: str) -> pd.DataFrame:
+    request = table_request(frame, MODEL, **parameters)
+    request.id = request_id
+
     async def call():
         client = InferenceRESTClient(RESTConfig(protocol="v2", retries=0))
         try:
-            return await client.infer(url, table_request(frame, MODEL, **parameters), model_name=MODEL)
+            return await client.infer(url, request, model_name=MODEL)
         finally:
             await client.close()
     return response_table(asyncio.run(call()))
@@ -125,6 +135,20 @@ def test_v2_answers_are_the_pyfuncs_row_for_row(registered, server):
             assert served[column].tolist() == expected[column].tolist(), column
         else:
             np.testing.assert_allclose(served[column].to_numpy(), expected[column].to_numpy(), rtol=1e-6)
+
+
+def test_served_requests_are_logged_as_kserves_logger_writes_them_and_read_back_as_rows(registered, server):
+    """``--log-dir``: each answered request and its response as a blob pair of KServe's payload logger, tagged with
+    the version the alias named when the server started; the reader gives back the rows sent and the answers."""
+    version, pyfunc, rows = registered
+    sent = rows.head(25)
+    served = _infer(server, sent, request_id="logged-request-1")
+    logged = read_inference_logs(str(server.payloads), since=timedelta(hours=1)).rows
+    mine = logged[logged["request_id"] == "logged-request-1"].reset_index(drop=True)
+    assert len(mine) == len(sent)
+    assert set(mine["model_version"]) == {version} and set(mine["model_name"]) == {MODEL}
+    pd.testing.assert_frame_equal(mine[list(sent.columns)], sent.reset_index(drop=True), check_dtype=False)
+    assert mine["prediction"].tolist() == served["prediction"].tolist() == pyfunc.predict(sent)["prediction"].tolist()
 
 
 def test_grpc_answers_as_rest_does(registered, server):

@@ -17,7 +17,7 @@ from cluster.pod_security import violations
 from pipelines.cli import main
 from training.registry.versions import CHAMPION_ALIAS
 from training.serving.artifacts import object_storage_uri, tree_digest
-from training.serving.manifests import DIGEST_ANNOTATION, MODEL_VERSION_ANNOTATION
+from training.serving import DIGEST_ANNOTATION, MODEL_VERSION_ANNOTATION
 
 MODEL = "churn-served"
 LOG_URI = "s3://kfloop-logs/inference"

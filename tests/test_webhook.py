@@ -15,13 +15,14 @@ from cloudevents.conversion import to_binary
 from cluster.kfp_server import KfpApiServer
 
 from data.errors import EXIT_SETTINGS
-from monitoring.inference_logs import (KINDS, MODEL_VERSION_ANNOTATION, REQUEST_TYPE, RESPONSE_TYPE, InferenceLogWriter,
-                                       LogRecord, read_inference_logs)
+from monitoring.inference_logs import (KINDS, REQUEST_TYPE, RESPONSE_TYPE, InferenceLogWriter, LogRecord,
+                                       read_inference_logs)
 from monitoring.metrics import RecordsCollector, registered_models
 from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from monitoring.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, AlertScope, AlertWebhook, WebhookAuth
 from training.registry.versions import ensure_registered_model
+from training.serving import MODEL_VERSION_ANNOTATION
 from components import kfp_client
 from pipelines.kfp_server.runs import alert_starter
 

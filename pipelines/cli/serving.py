@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from collections.abc import Callable
 
 import pipelines.cli.options as options
@@ -22,6 +23,9 @@ def add_parsers(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     serve.add_argument("--port", type=int, default=8080, help="HTTP port of the v2 REST API (default: %(default)s)")
     serve.add_argument("--grpc-port", type=int, default=KSERVE_DEFAULT_GRPC_PORT,
                        help="gRPC port of the v2 API (default: %(default)s)")
+    serve.add_argument("--log-dir", metavar="DIR|URI",
+                       help="log every request and its response under this folder or object URI as KServe's payload "
+                            "logger writes its blobs (what `drift --current-logs` reads)")
     options.add_settings(serve)
 
     render = command("render-serving", "the KServe InferenceService and ServingRuntime of a registered version")
@@ -67,8 +71,50 @@ def cmd_serve_model(args: argparse.Namespace) -> int:
     del sys.argv[1:]
     from training.serving.predictor import KfloopPredictor, serve
 
-    serve(KfloopPredictor(source.model_name, source), http_port=args.port, grpc_port=args.grpc_port)
+    if source.alias:  # the logs name the version that answered, not the alias that moves
+        source = replace(source, version=_aliased_version(source.model_name, source.alias), alias="")
+    hook = _inference_logger(args.log_dir, source) if args.log_dir else None
+    serve(KfloopPredictor(source.model_name, source, on_inference=hook), http_port=args.port,
+          grpc_port=args.grpc_port)
     return 0
+
+
+def _aliased_version(model: str, alias: str) -> str:
+    from training.registry.versions import registry_client
+
+    return str(registry_client().get_model_version_by_alias(model, alias).version)
+
+
+def _inference_logger(log_dir: str, source):
+    """The predictor's hook writing each answered request with its response through
+    :class:`monitoring.inference_logs.InferenceLogWriter`, tagged with the served model and version."""
+    from data.storage import check_uri
+    from monitoring.inference_logs import UNKNOWN_VERSION, InferenceLogWriter
+
+    writer = InferenceLogWriter(check_uri(log_dir))
+
+    def log(request, response) -> None:
+        writer.log(request.id, _rest_body(request), _rest_body(response), model=source.model_name,
+                   version=source.version or UNKNOWN_VERSION)
+    return log
+
+
+def _rest_body(message) -> bytes:
+    """The REST JSON of a v2 request or response, also when it came over gRPC (its ``BYTES`` data as ``bytes``,
+    its parameters as protobuf ``InferParameter``: written as the REST API carries them, text and plain values)."""
+    import json
+
+    from kserve.protocol.infer_type import to_http_parameters
+
+    def plain(value):
+        if isinstance(value, bytes):
+            return value.decode()
+        if hasattr(value, "tolist"):  # numpy arrays and scalars
+            return value.tolist()
+        return to_http_parameters({"value": value})["value"]  # a protobuf InferParameter
+
+    body, _ = message.to_rest()
+    return body if isinstance(body, bytes) else json.dumps(body, default=plain).encode()
 
 
 def cmd_render_serving(args: argparse.Namespace) -> int:

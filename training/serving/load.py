@@ -1,10 +1,13 @@
 """The one way a served model is loaded: a registered version (by number or alias) or a downloaded model folder
-(the storage initializer's ``/mnt/models``), as the MLflow pyfunc every consumer scores with."""
+(the storage initializer's ``/mnt/models``), as the MLflow pyfunc every consumer scores with; a registered version
+through :func:`training.registry.verified.load_verified` (every file checked against the registry first)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import mlflow
+
+from training.registry.verified import load_verified
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,19 +24,16 @@ class ModelSource:
             raise ValueError(f"model {self.model_name!r}: give exactly one of a version (--version N), an alias "
                              "(--alias champion) or a downloaded model folder (--model-dir DIR)")
 
-    @property
-    def uri(self) -> str:
-        """What :func:`mlflow.pyfunc.load_model` loads."""
-        if self.model_dir:
-            return self.model_dir
-        return f"models:/{self.model_name}/{self.version}" if self.version else f"models:/{self.model_name}@{self.alias}"
-
-
 def load_version(source: ModelSource) -> mlflow.pyfunc.PyFuncModel:
-    """The pyfunc of ``source``: the same object ``mlflow.pyfunc.load_model`` gives every other consumer.
+    """The pyfunc of ``source``: a registered version by :func:`load_verified` (downloaded, every file checked
+    against the manifest recorded at registration, then loaded), or the folder ``source.model_dir`` as given.
 
     Raises:
+        training.registry.manifest.TamperedModelError: a file of the version differs from the registry's manifest.
+        training.registry.versions.ForeignModelError: the version has no manifest or points at other code.
         mlflow.exceptions.MlflowException: no such version, alias or model folder.
         training.model_files.ModelCodeError: the model's logged code was modified.
     """
-    return mlflow.pyfunc.load_model(source.uri)
+    if source.model_dir:
+        return mlflow.pyfunc.load_model(source.model_dir)
+    return load_verified(source.model_name, source.version or source.alias)

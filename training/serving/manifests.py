@@ -8,6 +8,7 @@ from typing import Any
 
 from training.launch.cluster import ClusterConfig
 from training.launch.manifests import ISTIO_INJECT
+from training.serving import DIGEST_ANNOTATION, MODEL_NAME_ANNOTATION, MODEL_VERSION_ANNOTATION
 from training.serving.artifacts import VersionArtifacts, resolve_version
 from training.serving.load import ModelSource
 from training.serving.settings import ServingSettings
@@ -24,10 +25,6 @@ HTTP_PORT = 8080
 """The port KServe routes to (``constants.InferenceServiceDefaultHttpPort``)."""
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
 """Annotation choosing Knative (revisions, ``canaryTrafficPercent``) or Standard mode."""
-MODEL_NAME_ANNOTATION = "kfloop.io/model-name"
-MODEL_VERSION_ANNOTATION = "kfloop.io/model-version"
-DIGEST_ANNOTATION = "kfloop.io/artifact-digest"
-"""sha256 of the version's files (:func:`training.serving.artifacts.tree_digest`)."""
 LOG_STORE_PATH = "payloads"
 """The logger's ``storage.path``: KServe's agent writes blobs under ``<log_uri>/<namespace>/<isvc>/<component>/
 payloads/<ce-id>-<request|response>.json`` (pkg/logger/store.go ``getObjectPrefix``)."""
