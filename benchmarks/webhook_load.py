@@ -39,16 +39,19 @@ SLOW_KINDS = ("half-sent headers", "unauthenticated half-sent body", "authorised
 
 
 class LoadedWebhook:
-    """A webhook serving on loopback with the bearer token ``token``; ``started`` lists the alerts it started runs
-    for (``start(alert)``, when given, is called first). Needs an activated kfloop environment (MLflow) and
+    """A webhook serving on loopback with the bearer token ``token`` (and, when ``hmac_secret`` is given, HMAC
+    signatures keyed by it); ``started`` lists the alerts it started runs for (``start(alert)``, when given, is called
+    first); alerts may train on data under ``allowed_prefix``. Needs an activated kfloop environment (MLflow) and
     ``workdir`` for the trigger state."""
 
-    def __init__(self, workdir: Path, limits: ServerLimits, start: Callable[[Alert], object] = lambda alert: None):
+    def __init__(self, workdir: Path, limits: ServerLimits, start: Callable[[Alert], object] = lambda alert: None,
+                 hmac_secret: str = "", allowed_prefix: str = "s3://bucket/"):
         ensure_registered_model(MODEL)
         self.token, self.started, self.log, self.on_start = secrets.token_hex(16), [], io.StringIO(), start
         self.webhook = AlertWebhook(
-            auth=WebhookAuth(token=self.token), scope=AlertScope(allowed_data_prefixes=("s3://bucket/",),
-                                                                 default_dataset_uri="s3://bucket/current.parquet"),
+            auth=WebhookAuth(token=self.token, hmac_secret=hmac_secret),
+            scope=AlertScope(allowed_data_prefixes=(allowed_prefix,),
+                             default_dataset_uri=f"{allowed_prefix}current.parquet"),
             policy=TriggerPolicy(cooldown_seconds=3600), start=self._start,
             store_for=lambda model: TriggerStore.in_workdir(workdir, model), log=self.log)
         self.server: HttpServer = self.webhook.server(0, "127.0.0.1", limits)
@@ -100,6 +103,17 @@ def held(sock: socket.socket) -> bool:
     except ConnectionResetError:
         pass
     return False
+
+
+def exchange(port: int, request: bytes) -> tuple[int, bytes]:
+    """Status and body of one raw HTTP request (0 when the server closed without answering)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return (int(head.split(b" ", 2)[1]) if head else 0), body
 
 
 def post_alert(port: int, token: str, body: dict[str, Any]) -> tuple[int, float]:

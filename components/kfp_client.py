@@ -9,8 +9,10 @@ derived from the profile namespace, where KFP does not run.
 Auth comes from the environment only, and none is needed for standalone KFP: ``KFP_TOKEN`` (a bearer token), else
 the token file ``KF_PIPELINES_SA_TOKEN_PATH`` (default the projected ``/var/run/secrets/kubeflow/pipelines/token``),
 read again before every request so a rotated projected token or a mounted Secret's token keeps working, else
-``KFP_COOKIES`` (a ``Cookie`` header value, e.g. ``authservice_session=...`` behind Dex/oauth2-proxy, which the KFP
-SDK sends as given). Tokens and cookies are never taken from flags and never printed.
+``KFP_COOKIES`` (a ``Cookie`` header value, e.g. ``_oauth2_proxy=...`` behind oauth2-proxy, which the KFP SDK sends
+as given; it expires with the proxy's ``cookie_expire``). Tokens and cookies are never taken from flags and never
+printed. Without any of them a multi-user KFP (its healthz says so) refuses every call: :func:`connect` says so at
+once, naming the token path and the ``access-ml-pipeline`` PodDefault that mounts it.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from kfp_server_api import ApiException
 import urllib3
 from urllib3 import Retry
 from urllib3.connection import HTTPConnection
+from urllib3.exceptions import MaxRetryError
 
 from data.errors import KfloopError
 from data.redaction import redact
@@ -139,6 +142,7 @@ def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT,
     Raises:
         ValueError: the URL is not http(s).
         KfpUnreachable: the API did not answer its health check within ``timeout_seconds``.
+        KfpCredentialsError: no credentials and the server is multi-user.
     """
     host = endpoint(host, in_cluster_host)
     _answers(host, timeout_seconds)
@@ -146,12 +150,32 @@ def connect(host: str | None, *, in_cluster_host: str = IN_CLUSTER_ENDPOINT,
     token_file = os.environ.get(SA_TOKEN_PATH_ENV) or SA_TOKEN_PATH
     credentials = (ServiceAccountTokenVolumeCredentials(token_file)
                    if token is None and Path(token_file).is_file() else None)
+    cookies = os.environ.get(COOKIES_ENV) or None
     with warnings.catch_warnings():  # kfp warns on every Client() that it needs a v2 server
         warnings.simplefilter("ignore", FutureWarning)
-        client = Client(host=host, existing_token=token, credentials=credentials,
-                        cookies=os.environ.get(COOKIES_ENV) or None)
+        client = Client(host=host, existing_token=token, credentials=credentials, cookies=cookies)
     _bound_requests(client, timeout_seconds)
+    if token is None and credentials is None and cookies is None and _multi_user(client):
+        raise KfpCredentialsError(
+            f"the KFP API at {host} is multi-user and this process has no credentials: no {TOKEN_ENV}, no "
+            f"{COOKIES_ENV}, and no token file at {token_file} ({SA_TOKEN_PATH_ENV}). In a pod the profile's "
+            f"`access-ml-pipeline` PodDefault (deploy/kubeflow-profile.yaml) mounts it into pods labelled "
+            f"access-ml-pipeline: \"true\" (kfloop compile labels the trigger step): apply it in the namespace")
     return client
+
+
+class KfpCredentialsError(PermissionError):
+    """A multi-user KFP API and no credentials to call it with."""
+
+
+def _multi_user(client: Any) -> bool:
+    """Whether the server says it is multi-user (``GET /apis/v2beta1/healthz``, which KFP answers without
+    authentication: ``backend/src/apiserver/main.go`` serves it on its top mux, ``newHealthzResponse``). An
+    unreachable server is reported by the call that needs it, not here."""
+    try:
+        return bool(client._healthz_api.healthz_service_get_healthz().multi_user)
+    except (ApiException, MaxRetryError):
+        return False
 
 
 def _answers(host: str, seconds: int) -> None:
@@ -174,9 +198,8 @@ def _bound_requests(client: Any, seconds: int) -> None:
     takes no timeout and builds its ``kfp_server_api.Configuration`` itself, and its methods call the generated APIs
     without ``_request_timeout``; so the pool of the one ``ApiClient`` its service APIs share is configured here.
     The KFP SDK sends each request with ``timeout=None``, which overrides any urllib3 pool timeout, so the deadline
-    is set on its sockets
-    (``SO_SNDTIMEO`` bounds connecting and sending, ``SO_RCVTIMEO`` each read); urllib3's ``Retry`` retries reads
-    of idempotent calls only, never a POST that may have created a run."""
+    is set on its sockets (``SO_SNDTIMEO`` bounds connecting and sending, ``SO_RCVTIMEO`` each read); urllib3's
+    ``Retry`` retries reads of idempotent calls only, never a POST that may have created a run."""
     deadline = struct.pack("ll", seconds, 0)  # struct timeval
     client._run_api.api_client.rest_client.pool_manager.connection_pool_kw.update(
         socket_options=[*HTTPConnection.default_socket_options, (socket.SOL_SOCKET, socket.SO_SNDTIMEO, deadline),

@@ -5,17 +5,26 @@ from components.base import kfloop_component
 
 
 @kfloop_component
-def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_name: str, drift_policy: dict,
-                report: Output[HTML], metrics: Output[Metrics], result: Output[Artifact]) -> bool:
-    """Evidently drift of the schema's features and the champion's predictions, current against reference.
-    Returns ``drifted`` (drives ``dsl.If``); ``result`` is the JSON verdict with the data's md5."""
+def check_drift(current_uri: str, current_logs_uri: str, retrain_uri: str, reference_uri: str, schema_uri: str,
+                model_name: str, drift_policy: dict, report: Output[HTML], metrics: Output[Metrics],
+                result: Output[Artifact], dataset_uri: OutputPath(str)) -> bool:
+    """Evidently drift of the schema's features and the champion's predictions, current (a table, or the inference
+    logs' rows of the policy's ``logs_since`` window) against reference. Returns ``drifted`` (drives ``dsl.If``);
+    ``result`` is the JSON verdict with the data's md5; ``dataset_uri`` the data a retraining trains on
+    (``retrain_uri``, else the current table)."""
+    from pathlib import Path
+
     from data.fileio import atomic_write_json
+    from data.redaction import redact
     from data.settings import from_struct
-    from monitoring.steps.checks import drift_step
+    from monitoring.steps.checks import drift_step, retrain_data
     from training.progress import progress
 
-    checked = drift_step(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
-                        model_name=model_name, policy=from_struct(drift_policy), report_out=report.path)
+    retrain = retrain_data(rows_uri=current_uri, retrain_uri=retrain_uri, no_target=current_logs_uri and (
+        f"current_logs_uri={redact(current_logs_uri)} holds served requests, without their target"))
+    checked = drift_step(current_uri=current_uri, current_logs_uri=current_logs_uri, reference_uri=reference_uri,
+                         schema_uri=schema_uri, model_name=model_name, policy=from_struct(drift_policy),
+                         report_out=report.path)
     progress(checked.summary())
     metrics.log_metric("share_drifted_columns", checked.drift.share_drifted_columns)
     for name, col in checked.drift.columns.items():
@@ -24,6 +33,7 @@ def check_drift(current_uri: str, reference_uri: str, schema_uri: str, model_nam
         metrics.log_metric(f"schema_violation_share_{name}", shares["share"])
     atomic_write_json(result.path, checked.to_dict())
     result.metadata["data_md5"] = checked.data_md5
+    Path(dataset_uri).write_text(retrain)
     return checked.drift.drifted
 
 
@@ -38,9 +48,11 @@ def check_quality(labelled_uri: str, labels_uri: str, id_column: str, retrain_ur
 
     from data.fileio import atomic_write_json
     from data.settings import from_struct
+    from data.redaction import redact
     from monitoring.steps.checks import quality_step, retrain_data
 
-    retrain = retrain_data(labelled_uri=labelled_uri, labels_uri=labels_uri, retrain_uri=retrain_uri)
+    retrain = retrain_data(rows_uri=labelled_uri, retrain_uri=retrain_uri, no_target=labels_uri and (
+        f"labels_uri={redact(labels_uri)} is set, so {redact(labelled_uri)} holds no target to retrain on"))
     checked = quality_step(labelled_uri=labelled_uri, labels_uri=labels_uri, id_column=id_column,
                            model_name=model_name, policy=from_struct(quality_policy), report_out=report.path)
     quality = checked.quality

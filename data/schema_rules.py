@@ -18,6 +18,7 @@ import pandas as pd
 import pandera.pandas as pa
 
 from data.errors import KfloopError
+from data.text import shorten
 
 Kind = Literal["unexpected_null", "wrong_type", "out_of_range", "unseen_category", "failed_check"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
@@ -45,6 +46,9 @@ class Rule:
     fails: Callable[[np.ndarray], np.ndarray] | None = None
     """Failing mask over the column's non-null values of the right type (finite float64 for a numeric column);
     None for the null, type and finite rules, which the column applies itself."""
+    fails_nulls: bool = False
+    """``fails`` may be given every value of an untyped (object) column, nulls included, and fails the nulls: its
+    one pass then finds the column's few candidate nulls as well (``isin``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +79,19 @@ class RuleSet:
 
     def row_messages(self, df: pd.DataFrame, *, max_chars: int | None = None) -> np.ndarray:
         """Per row: ``""`` when clean, else ``column: problem`` per failed rule joined by ``"; "``, each value shown
-        to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`capped`)."""
+        to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`data.text.shorten`)."""
         out = np.full(len(df), "", dtype=object)
+        touched = np.zeros(len(df), dtype=bool)
         for failed in self.check(df):
             column, describe = failed.rule.column, failed.rule.describe
             texts = np.array([f"{column}: {describe(v)}" for v in failed.values], dtype=object)
             before = out[failed.positions]
             out[failed.positions] = np.where(before == "", texts, before + "; " + texts)
-        if max_chars is not None:
-            long = np.flatnonzero(np.fromiter(map(len, out), dtype=np.int64, count=len(out)) > max_chars)
-            out[long] = [capped(text, max_chars) for text in out[long]]
+            touched[failed.positions] = True
+        if max_chars is not None:  # only rows with a message can be long
+            rows = np.flatnonzero(touched)
+            long = rows[np.fromiter(map(len, out[rows]), dtype=np.int64, count=len(rows)) > max_chars]
+            out[long] = [shorten(text, max_chars) for text in out[long]]
         return out
 
     def shares(self, df: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -123,6 +130,9 @@ class _ColumnRules:
         if isinstance(series.dtype, pd.CategoricalDtype):  # an Arrow dictionary: check each category once
             return self._check_categories(series)
         array = series.to_numpy()
+        first = next((rule for rule in self.checks if rule.fails_nulls), None)
+        if first is not None and self.wrong_type is None and array.dtype == object:
+            return self._check_untyped(series, array, first)
         null = pd.isna(array)
         failures = [] if self.null is None else [_failed(self.null, np.flatnonzero(null), array, series)]
         positions = np.flatnonzero(~null) if null.any() else np.arange(len(array))
@@ -131,10 +141,13 @@ class _ColumnRules:
             numbers = values.astype("float64") if values.dtype.kind in "iuf" else \
                 pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype="float64",
                                                                                       na_value=np.nan)
-            infinite = np.isinf(numbers)
-            bad = np.isnan(numbers)
-            if self.values == "whole number":
-                bad |= ~bad & ~infinite & (np.mod(numbers, 1) != 0)
+            if values.dtype.kind in "iu":  # integers are finite whole numbers
+                infinite = bad = np.zeros(len(numbers), dtype=bool)
+            else:
+                infinite = np.isinf(numbers)
+                bad = np.isnan(numbers)
+                if self.values == "whole number":
+                    bad |= ~bad & ~infinite & (np.mod(numbers, 1) != 0)
             failures.append(_failed(self.wrong_type, positions[bad], array, series))
             failures.append(_failed(self.infinite, positions[infinite], array, series))
             keep = ~(bad | infinite)
@@ -142,14 +155,35 @@ class _ColumnRules:
         elif self.values == "text" and values.dtype.kind not in "OUS":
             values = values.astype(str)
         for rule in self.checks:
-            failed = rule.fails(values)
-            if failed.any():  # pandas objects only for what failed: their overhead exceeds the checks
-                shown = values[failed]
-                if self.values == "whole number":
-                    shown = [int(v) for v in shown]
-                failures.append(RuleFailures(rule, positions[failed], pd.Series(
-                    shown, index=series.index[positions[failed]], dtype=object if self.values == "whole number"
-                    else None)))
+            failures.append(self._checked(rule, rule.fails(values), positions, values, series))
+        return [failed for failed in failures if failed is not None]
+
+    def _checked(self, rule: Rule, failed: np.ndarray, positions: np.ndarray, values: np.ndarray,
+                 series: pd.Series) -> RuleFailures | None:
+        """``rule`` failing where ``failed`` (a mask over ``values``, at ``positions`` of ``series``); None when it
+        failed nowhere. Pandas objects only for what failed: their overhead exceeds the checks."""
+        if not failed.any():
+            return None
+        shown = values[failed]
+        if self.values == "whole number":
+            shown = [int(v) for v in shown]
+        return RuleFailures(rule, positions[failed], pd.Series(
+            shown, index=series.index[positions[failed]], dtype=object if self.values == "whole number" else None))
+
+    def _check_untyped(self, series: pd.Series, array: np.ndarray, first: Rule) -> list[RuleFailures]:
+        """:meth:`check` of an object column in one pass: ``first`` (:attr:`Rule.fails_nulls`) over every value
+        fails the nulls too, so only the values it fails are tested for null; other checks see the non-null values."""
+        suspects = np.flatnonzero(first.fails(array))
+        null = pd.isna(array[suspects])
+        nulls = suspects[null]
+        failures = [] if self.null is None else [_failed(self.null, nulls, array, series)]
+        positions = np.delete(np.arange(len(array)), nulls) if len(nulls) else np.arange(len(array))
+        values = array[positions] if len(nulls) else array
+        for rule in self.checks:
+            if rule is first:
+                failures.append(_failed(rule, suspects[~null], array, series))
+            else:
+                failures.append(self._checked(rule, rule.fails(values), positions, values, series))
         return [failed for failed in failures if failed is not None]
 
     def _check_categories(self, series: pd.Series) -> list[RuleFailures]:
@@ -226,7 +260,7 @@ def _check_rule(column: str, check: pa.Check) -> Rule:
     if check.name == "isin":
         allowed = frozenset(stats["allowed_values"])
         return Rule(column, name, "unseen_category", lambda v: f"unseen category {_shown(v)}",
-                    lambda v: ~_isin(v, allowed))
+                    lambda v: ~_isin(v, allowed), fails_nulls=not any(pd.isna(v) for v in allowed))
     if check.name == "notin":
         forbidden = list(stats["forbidden_values"])
         return Rule(column, name, "failed_check", lambda v: f"forbidden value {_shown(v)}",
@@ -255,12 +289,7 @@ def _pandera_fails(check: pa.Check, array: np.ndarray) -> np.ndarray:
 
 def _shown(value: Any) -> str:
     """``repr`` of the plain Python value (``'a'``, not ``np.str_('a')``), cut to :data:`MAX_VALUE_CHARS`."""
-    return capped(repr(value.item() if isinstance(value, np.generic) else value), MAX_VALUE_CHARS)
-
-
-def capped(text: str, max_chars: int) -> str:
-    """``text`` cut to ``max_chars`` characters, ending ``...`` where it was cut."""
-    return text if len(text) <= max_chars else text[:max_chars - 3] + "..."
+    return shorten(repr(value.item() if isinstance(value, np.generic) else value), MAX_VALUE_CHARS)
 
 
 # ------------------------------------------------------------------------------------------------------- serving
@@ -352,7 +381,7 @@ def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFram
         return scored
     cap = limits.max_message_chars
     problems = column_problems(rules, rows.columns, required)
-    listed = capped(f"{len(problems)} column problem(s): {', '.join(problems)}", cap)
+    listed = shorten(f"{len(problems)} column problem(s): {', '.join(problems)}", cap)
     if problems and mode == "error":
         raise SchemaViolationError(f"the rows' columns differ from the model's training schema: {listed}; send the "
                                    f"schema's columns, or pass {ON_VIOLATION_PARAM}='flag' to score them with a "
@@ -362,7 +391,7 @@ def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFram
         shared = np.full(len(rows), SEE_FIRST_ROW, dtype=object)
         shared[:1] = listed
         messages = np.where(messages == "", shared, shared + "; " + messages)
-        messages[:1] = [capped(text, cap) for text in messages[:1]]
+        messages[:1] = [shorten(text, cap) for text in messages[:1]]
         return scored.assign(**{VIOLATIONS_COLUMN: messages})
     messages = rules.row_messages(rows, max_chars=cap)
     if mode == "flag":

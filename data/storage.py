@@ -201,7 +201,7 @@ def resolve(uri: str | os.PathLike) -> Resolved:
             endpoint, or the scheme's package is not installed.
     """
     given = str(uri)
-    fs, path = _filesystem(given)
+    fs, path = filesystem(given)
     try:
         info = fs.info(path)
     except Exception as exc:  # every store raises its own types; _problem says which problem it is
@@ -255,7 +255,7 @@ def read_bytes(uri: str, *, max_bytes: int) -> bytes:
         raise _unreadable(uri, exc) from None  # the library's text may hold credentials
 
 
-def _filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+def filesystem(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """A fresh file system for ``uri``: it reads the credentials and endpoint in the environment now.
 
     Raises:

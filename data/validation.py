@@ -496,11 +496,13 @@ def validate(df_or_path: pd.DataFrame | str | Path, schema: pa.DataFrameSchema |
     Raises:
         DataFileError: the data or schema file cannot be read (see :func:`data.tables.read_table`,
             :func:`load_schema`).
+        data.storage.StorageError: the data URI is not one kfloop reads (:func:`data.storage.check_uri`).
     """
     if not isinstance(schema, pa.DataFrameSchema):
         schema = load_schema(schema)
     if isinstance(df_or_path, pd.DataFrame):
         return StreamedValidation(schema).run(lambda: [df_or_path], "<dataframe>")
+    storage.check_uri(df_or_path)  # an http(s) or ftp URI is refused, not read as a local path
     if storage.is_remote(df_or_path):
         with local_copy(df_or_path, limits=limits) as (path, source):
             return replace(validate(path, schema, limits=limits), source=source.uri)

@@ -7,6 +7,8 @@
   values and the field docstring (the string literal under each dataclass field, read with ``ast``).
 - ``docs/reference/cli.md``: every ``kfloop`` command with its flags, defaults and help, from the argparse parser
   (``pipelines.cli.commands.build_parser``).
+- ``docs/reference/environment.md``: every environment variable kfloop reads (``data.env_vars.ENV_VARS``), grouped by
+  who sets it.
 - ``docs/reference/exit-codes.md``: ``kfloop``'s exit codes (``data.errors.EXIT_CODES`` and each code's docstring),
   which the Troubleshooting page includes.
 
@@ -29,6 +31,7 @@ from typing import Any
 DOCS = Path(__file__).resolve().parent
 sys.path.insert(0, str(DOCS.parent))
 
+from data.env_vars import ENV_VARS, SetBy  # noqa: E402
 from data.settings import SECTION_PARAMETERS  # noqa: E402
 from pipelines.cli.commands import build_parser  # noqa: E402
 from pipelines.compile import PIPELINES  # noqa: E402
@@ -324,8 +327,26 @@ def exit_codes_page() -> str:
     return "\n".join(out) + "\n"
 
 
+# ------------------------------------------------------------------------------------------------ environment
+
+def environment_page() -> str:
+    """The environment-variable reference (Markdown), a table per who sets the variables."""
+    out = [GENERATED, "", "# Environment variables", "",
+           "Every variable kfloop reads, and the standard ones it passes on or sets a default for. Settings belong "
+           "in `kfloop.yaml` ([settings reference](settings.md)); the environment holds where things are, "
+           "credentials, and what Kubernetes, Kubeflow Pipelines and torchrun tell a process. A variable whose "
+           "name holds `SECRET`, `TOKEN`, `PASSWORD`, `_KEY` or `COOKIES` never appears in kfloop's messages.", ""]
+    for set_by in typing.get_args(SetBy):
+        rows = [var for var in ENV_VARS if var.set_by == set_by]
+        out += [f"## Set by {set_by}", "", "| variable | read by | what it does |", "| --- | --- | --- |"]
+        out += [f"| `{var.name}` | {'kfloop' if var.read_by_kfloop else 'a library kfloop uses'} | "
+                f"{_one_line(var.description)} |" for var in rows]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
 PAGES = {DOCS / "reference" / "settings.md": settings_page, DOCS / "reference" / "cli.md": cli_page,
-         DOCS / "reference" / "exit-codes.md": exit_codes_page}
+         DOCS / "reference" / "exit-codes.md": exit_codes_page, DOCS / "reference" / "environment.md": environment_page}
 """Each generated page -> the function that writes it."""
 
 

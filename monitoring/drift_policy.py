@@ -10,6 +10,7 @@ from typing import Any, Literal, Mapping
 
 from data.engine import DataEngine
 from data.settings import section_from_dict
+from monitoring.inference_logs import parse_since
 
 P_VALUE_METHODS = frozenset({"anderson", "chisquare", "cramer_von_mises", "empirical_mmd", "es", "fisher_exact",
                              "g_test", "ks", "mannw", "t_test", "TVD", "z"})
@@ -121,6 +122,9 @@ class DriftPolicy:
     cluster at ``ray_address``, block by block with the same per-chunk code, the partial results merged here
     (``pip install 'kfloop[ray]'``; the same verdicts, :mod:`monitoring.ray_drift`). Also the engine of the
     reference profile built at registration and of ``kfloop validate`` (:mod:`data.engine`)."""
+    logs_since: str = "24h"
+    """With inference logs as the current batch (``kfloop drift --current-logs``, the drift pipeline's
+    ``current_logs_uri``): the requests logged in this window before now, e.g. ``24h``, ``30m``, ``7d``."""
     ray_address: str = ""
     """The Ray cluster of ``engine: ray``: a head's ``host:port``, ``ray://<head>:10001`` (the KubeRay head
     service, ``ray://<cluster>-head-svc.<namespace>.svc:10001``), ``auto`` inside a Ray pod; empty starts a local
@@ -139,6 +143,7 @@ class DriftPolicy:
         if isinstance(self.min_rows, bool) or not isinstance(self.min_rows, int) or self.min_rows < 1:
             raise ValueError(f"min_rows={self.min_rows!r}: use an integer >= 1, e.g. 30")
         DataEngine(engine=self.engine, ray_address=self.ray_address)
+        parse_since(self.logs_since)
         if self.report not in REPORT_KINDS:
             raise ValueError(f"report={self.report!r}: use one of {list(REPORT_KINDS)}")
         rows = self.report_sample_rows

@@ -22,6 +22,7 @@ from data.fileio import atomic_write_json, utc_iso
 from data.redaction import redact_text
 from data.storage import StorageError, check_uri
 from data.settings import section_from_dict
+from data.text import shorten
 
 HISTORY_LIMIT = 100
 """Fired triggers kept per model (oldest dropped first)."""
@@ -122,7 +123,7 @@ class RunNotRecorded(KfloopError, RuntimeError):
 
     def __init__(self, model: str, run_id: str, err: Exception):
         super().__init__(f"training run {run_id} of model {model!r} was started, but recording its id failed "
-                         f"({type(err).__name__}: {bounded(redact_text(str(err)))}); the pending record keeps the "
+                         f"({type(err).__name__}: {shorten(redact_text(str(err)), MAX_REASON_CHARS, show_length=True)}); the pending record keeps the "
                          "cooldown, so no second run starts: check the trigger state's store")
         self.model, self.run_id = model, run_id
 
@@ -244,7 +245,8 @@ def _record(state: dict[str, Any], decision: TriggerDecision, now: float) -> dic
     the model's history as pending (no run id yet: :meth:`TriggerStore.complete` adds it); returns the model's
     entry."""
     entry = state["models"].setdefault(decision.model, {"fired": [], "last_check": None})
-    entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire, "reason": bounded(decision.reason)}
+    entry["last_check"] = {"at": now, "key": decision.key, "fire": decision.fire,
+                           "reason": shorten(decision.reason, MAX_REASON_CHARS, show_length=True)}
     counts = entry["counts"] = outcome_counts(entry)
     counts[decision.outcome] = counts.get(decision.outcome, 0) + 1
     if decision.fire:
@@ -302,10 +304,10 @@ def decide(store: TriggerStore, *, model: str, data_hash: str, now: float, polic
 def _check_arguments(model: Any, data_hash: Any, now: Any) -> None:
     """Raise ValueError, saying the fix, for a model name, data hash or time :func:`decide` cannot take."""
     if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_CHARS:
-        raise ValueError(f"model={bounded(repr(model), 80)}: use the registered model name (1 to {MAX_MODEL_CHARS} "
+        raise ValueError(f"model={shorten(repr(model), 80, show_length=True)}: use the registered model name (1 to {MAX_MODEL_CHARS} "
                          "characters)")
     if not isinstance(data_hash, str) or not DATA_HASH.fullmatch(data_hash):
-        raise ValueError(f"data_hash={bounded(repr(data_hash), 80)}: use the dataset's content hash, lowercase hex "
+        raise ValueError(f"data_hash={shorten(repr(data_hash), 80, show_length=True)}: use the dataset's content hash, lowercase hex "
                          "of at most 64 characters (e.g. its DVC md5)")
     if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
         raise ValueError(f"now={now!r}: use seconds since the epoch, e.g. time.time()")
@@ -380,11 +382,6 @@ def maybe_trigger(store: TriggerStore, *, model: str, data_hash: str, now: float
         except Exception as err:  # any store failure: the run is started, its pending record holds
             raise RunNotRecorded(model, run_id, err) from None
     return dataclasses.replace(decision, run_id=run_id)
-
-
-def bounded(text: str, limit: int = MAX_REASON_CHARS) -> str:
-    """``text`` cut to ``limit`` characters, marked where it was cut."""
-    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} chars)"
 
 
 def _run(fired: dict[str, Any]) -> str:

@@ -1,7 +1,9 @@
 """The alert webhook: Prometheus Alertmanager (webhook payload version 4) or a plain ``{"model", "reason"}``
 POSTed to ``/alerts`` starts retraining through the same trigger decision as the drift pipeline (dedupe,
 cooldown, one run in flight), for registered models on data under the allowed prefixes only (403 otherwise).
-Bearer token or timestamped HMAC-SHA256 auth for ``/alerts``, checked before the body is read; a read-only token of
+KServe's payload-logger CloudEvents (binary mode) POSTed to ``/inference-logs`` are stored as the logger's blobs
+(:mod:`monitoring.inference_logs`) when the server has a log store.
+Bearer token or timestamped HMAC-SHA256 auth for both, checked before the body is read; a read-only token of
 its own for ``/metrics`` (Prometheus text: the records, see :mod:`monitoring.metrics`); 4xx with a reason for any
 bad request, a generic 500 with an error id that the log line carries; ``/healthz``; one JSON log line per event
 (never a credential). An ASGI app on uvicorn (:mod:`monitoring.http_server`) with body and per-request deadlines.
@@ -29,8 +31,9 @@ from prometheus_client.registry import Collector
 
 from data.errors import KfloopError
 from data.redaction import redact, redact_text
-from data.storage import StorageError, data_folder, under_prefix
+from data.storage import StorageError, data_folder, holds_credentials, under_prefix
 from monitoring.http_server import HttpServer, ServerLimits
+from monitoring.inference_logs import InferenceLogError, InferenceLogWriter, record_from_cloudevent
 from monitoring.metrics import exposition
 from monitoring.trigger import DATA_HASH, MAX_MODEL_CHARS, TriggerPolicy, TriggerStore, maybe_trigger
 from training.registry.versions import get_champion, registered_model
@@ -240,8 +243,9 @@ class AlertScope:
         """``alert`` with its data filled in (its own ``dataset_uri``, else the default), when it may start training.
 
         Raises:
-            AlertRefused: the model is not registered, no data is named, or the data lies outside the allowed
-                prefixes (or, with none configured, the model has no champion whose lineage names its data).
+            AlertRefused: the model is not registered, no data is named, the data lies outside the allowed
+                prefixes (or, with none configured, the model has no champion whose lineage names its data), or its
+                URI carries credentials.
             mlflow.exceptions.MlflowException: MLflow could not be read.
         """
         if registered_model(alert.model) is None:
@@ -270,6 +274,9 @@ class AlertScope:
         if not allowed:
             raise AlertRefused(f"rule {source}: {redact(uri)} is not under {[redact(p) for p in prefixes]}; add "
                                "its folder to trigger.allowed_data_prefixes if alerts may train on it")
+        if holds_credentials(uri):
+            raise AlertRefused(f"rule dataset_uri: {redact(uri)} carries credentials ('user:secret@'), which would "
+                               "reach the run's parameters: name the data without them")
         return dataclasses.replace(alert, dataset_uri=uri)
 
 
@@ -277,16 +284,17 @@ class AlertWebhook:
     """What the server answers. ``start(alert)`` starts a training run and returns its id (raising
     :class:`monitoring.trigger.RunInFlight` when one is running); ``store_for(model)`` is the trigger state;
     ``metrics`` (e.g. a :class:`monitoring.metrics.RecordsCollector`) answers ``/metrics`` (None: no ``/metrics``);
-    ``scope`` decides which alerts may start anything at all; ``clock`` is the time of trigger decisions and of
-    signature timestamps."""
+    ``scope`` decides which alerts may start anything at all; ``inference_logs`` stores what ``/inference-logs``
+    receives (None: no such route); ``clock`` is the time of trigger decisions and of signature timestamps."""
 
     def __init__(self, *, auth: WebhookAuth, scope: AlertScope, policy: TriggerPolicy, start: Callable[[Alert], str],
                  store_for: Callable[[str], TriggerStore], metrics: Collector | None = None,
-                 max_body_bytes: int = 64 * 1024, clock: Callable[[], float] = time.time, log: TextIO = sys.stderr):
+                 inference_logs: InferenceLogWriter | None = None, max_body_bytes: int = 64 * 1024,
+                 clock: Callable[[], float] = time.time, log: TextIO = sys.stderr):
         if max_body_bytes <= 0:
             raise ValueError(f"max_body_bytes={max_body_bytes}: use a positive byte count, e.g. 65536")
         self.auth, self.scope, self.policy, self.start = auth, scope, policy, start
-        self.store_for, self.metrics = store_for, metrics
+        self.store_for, self.metrics, self.inference_logs = store_for, metrics, inference_logs
         self.max_body_bytes, self.clock, self.log = max_body_bytes, clock, log
         self._log_lock = threading.Lock()
 
@@ -298,8 +306,8 @@ class AlertWebhook:
             self.log.flush()
 
     def screen(self, headers: Mapping[str, str]) -> Answer | None:
-        """What a ``POST /alerts`` is answered before its body is read (auth, then its declared size), or None:
-        read the body (at most ``max_body_bytes``) and call :meth:`alerts`."""
+        """What a ``POST`` (``/alerts``, ``/inference-logs``) is answered before its body is read (auth, then its declared size), or None:
+        read the body (at most ``max_body_bytes``) and call :meth:`alerts` or :meth:`inference_log`."""
         problem = self.auth.check(headers, self.clock())
         if problem:
             return HTTPStatus.UNAUTHORIZED, {"error": problem}
@@ -326,6 +334,20 @@ class AlertWebhook:
         except AlertRefused as err:
             return HTTPStatus.FORBIDDEN, {"error": str(err)}
         return HTTPStatus.OK, {"decisions": [self.decide(alert) for alert in alerts]}
+
+    def inference_log(self, headers: Mapping[str, str], body: bytes) -> Answer:
+        """Answer a screened ``POST /inference-logs``: store the logger's CloudEvent as its blob."""
+        problem = self.auth.verify(headers, body)
+        if problem:
+            return HTTPStatus.UNAUTHORIZED, {"error": problem}
+        assert self.inference_logs is not None
+        try:
+            record = record_from_cloudevent(dict(headers), body, "POST /inference-logs")
+        except InferenceLogError as err:
+            return HTTPStatus.BAD_REQUEST, {"error": str(err)}
+        stored = self.inference_logs.write(record)
+        self.emit("inference_log", id=record.id, kind=record.kind, stored=redact(stored))
+        return HTTPStatus.OK, {"id": record.id, "kind": record.kind}
 
     def metrics_page(self, headers: Mapping[str, str]) -> Answer:
         """Answer ``GET /metrics`` (blocking: the records are read from MLflow)."""
@@ -408,10 +430,13 @@ class WebhookApp:
             if method != "GET":
                 return HTTPStatus.METHOD_NOT_ALLOWED, {"error": "GET /metrics"}
             return await self.blocking(lambda: self.webhook.metrics_page(headers))
-        if path != "/alerts":
+        posts = {"/alerts": self.webhook.alerts}
+        if self.webhook.inference_logs is not None:
+            posts["/inference-logs"] = self.webhook.inference_log
+        if path not in posts:
             return HTTPStatus.NOT_FOUND, {"error": f"no such path {path}; POST alerts to /alerts"}
         if method != "POST":
-            return HTTPStatus.METHOD_NOT_ALLOWED, {"error": "POST alerts to /alerts"}
+            return HTTPStatus.METHOD_NOT_ALLOWED, {"error": f"POST to {path}"}
         early = self.webhook.screen(headers)
         if early is not None:
             return early
@@ -423,7 +448,7 @@ class WebhookApp:
                 "error": f"the body did not arrive within {self.limits.body_timeout_seconds:g} s"}
         if body is None:
             return None
-        return await self.blocking(lambda: self.webhook.alerts(headers, body))
+        return await self.blocking(lambda: posts[path](headers, body))
 
     async def blocking(self, work: Callable[[], Answer]) -> Answer:
         """``work()`` on a worker thread, within the request deadline."""

@@ -15,6 +15,7 @@ from monitoring.trigger import TriggerPolicy
 from training.config import SHAPE_PARAMETERS, ModelSpec, TrainingSection
 from training.gate import PromotionPolicy
 from training.launch.kubernetes import KubernetesSettings
+from training.serving.settings import ServingSettings
 
 SECTIONS: dict[str, type] = {
     "training": TrainingSection,
@@ -26,12 +27,15 @@ SECTIONS: dict[str, type] = {
     "cluster": KubernetesSettings,
     "data_store": DataStoreConfig,
     "kfp": KfpSettings,
+    "serving": ServingSettings,
 }
 """Config section -> the typed config that validates it (its pipeline parameter, if any: ``SECTION_PARAMETERS``)."""
 
 SHARED_KEYS: dict[str, str] = {
     "dataset_uri": "The training data: a Parquet or CSV file, local or in object storage (s3://, gs://, az://).",
     "current_uri": "The batch a drift check compares with the reference: Parquet or CSV, path or URI.",
+    "current_logs_uri": "Or the rows the model served: KServe's inference logs under this folder or object prefix "
+                        "(the requests of the last `drift.logs_since`); set `retrain_uri` too.",
     "reference_uri": "The data the batch is compared with; empty: the champion's training data.",
     "schema_uri": "The pandera schema YAML the data must pass (`kfloop infer-schema` writes one); empty: the "
                   "champion's schema, else one inferred from the data.",
@@ -42,7 +46,8 @@ SHARED_KEYS: dict[str, str] = {
     "labels_uri": "Labels that arrived separately (the join column and the target); empty: `labelled_uri` holds "
                   "them.",
     "id_column": "The column joining `labels_uri` to `labelled_uri` (`kfloop quality --join-column`).",
-    "retrain_uri": "The data a retraining triggered by degraded quality trains on; empty: the labelled rows.",
+    "retrain_uri": "The data a retraining triggered by degraded quality or drift trains on; empty: the labelled "
+                   "rows or the current batch (needed with separate labels or `current_logs_uri`).",
     "nnodes": "Nodes of the training job: local torchrun agents or pods.",
     "nproc_per_node": "Training processes per node (one per GPU on GPU nodes).",
     "backend": "Where training runs: `local` (torchrun here), `kubernetes` (PyTorchJob, TrainJob or RayJob) or "

@@ -30,7 +30,8 @@ OPTIONAL_KEYS = tuple(key for key in CREDENTIAL_KEYS if key not in REQUIRED_KEYS
 KFP_API_ACCESS_LABEL = ("access-ml-pipeline", "true")
 """Pod label that Kubeflow's ``access-ml-pipeline`` PodDefault (in every profile namespace) selects to project the
 service-account token with audience ``pipelines.kubeflow.org`` at ``/var/run/secrets/kubeflow/pipelines/token``,
-which :func:`components.kfp_client.connect` presents to the KFP API (the trigger step starts runs with it)."""
+which :func:`components.kfp_client.connect` presents to the KFP API. Only the trigger step starts runs, so only it
+carries the label: no other step gets a token for the KFP API."""
 TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -140,16 +141,15 @@ def using(options: KubernetesOptions) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-def apply(*, gpu_step: PipelineTask | None = None) -> None:
-    """Give every step of the pipeline being built the credentials Secret as env, the KFP API access label, the
-    caching choice, the shared volume and the image pull secrets (as ``imagePullSecrets`` and, for the training job
-    it may launch, as ``KFLOOP_IMAGE_PULL_SECRETS``), the training jobs' namespace (``KFLOOP_JOB_NAMESPACE``), and
-    ``gpu_step`` its GPUs, node selector and tolerations.
+def apply(*, gpu_step: PipelineTask | None = None, api_step: PipelineTask | None = None) -> None:
+    """Give every step of the pipeline being built the credentials Secret as env, the caching choice, the shared
+    volume and the image pull secrets (as ``imagePullSecrets`` and, for the training job it may launch, as
+    ``KFLOOP_IMAGE_PULL_SECRETS``), the training jobs' namespace (``KFLOOP_JOB_NAMESPACE``); ``gpu_step`` its GPUs,
+    node selector and tolerations, and ``api_step`` (the trigger step, which starts runs) the KFP API access label.
     Call it last in a ``@dsl.pipeline`` body."""
     options = _ACTIVE.get()
     for task in Pipeline.get_default_pipeline().tasks.values():
         task.set_caching_options(options.enable_caching)
-        kfp_k8s.add_pod_label(task, *KFP_API_ACCESS_LABEL)
         kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in REQUIRED_KEYS})
         kfp_k8s.use_secret_as_env(task, options.credentials_secret, {k: k for k in OPTIONAL_KEYS}, optional=True)
         if options.shared_volume_claim:
@@ -159,6 +159,8 @@ def apply(*, gpu_step: PipelineTask | None = None) -> None:
             task.set_env_variable(PULL_SECRETS_ENV, ",".join(options.image_pull_secrets))
         if options.job_namespace:
             task.set_env_variable(JOB_NAMESPACE_ENV, options.job_namespace)
+    if api_step is not None:
+        kfp_k8s.add_pod_label(api_step, *KFP_API_ACCESS_LABEL)
     if gpu_step is not None:
         if options.gpus:
             gpu_step.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(options.gpus)

@@ -26,9 +26,9 @@ def quality_pipeline(
                             retrain_uri=retrain_uri, model_name=model_name, quality_policy=quality_policy)
     quality.set_display_name("check quality")
     with dsl.If(quality.outputs["Output"] == True, name="degraded"):  # noqa: E712 (KFP condition, not Python)
-        trigger_retraining(model_name=model_name, dataset_uri=quality.outputs["dataset_uri"],
-                           drift_result=quality.outputs["result"], trigger_policy=trigger_policy,
-                           training_params=training_params, training_pipeline_version=training_pipeline_version
-                           ).set_display_name("trigger retraining")
-    kubernetes_options.apply()
+        trigger = trigger_retraining(
+            model_name=model_name, dataset_uri=quality.outputs["dataset_uri"],
+            drift_result=quality.outputs["result"], trigger_policy=trigger_policy, training_params=training_params,
+            training_pipeline_version=training_pipeline_version).set_display_name("trigger retraining")
+    kubernetes_options.apply(api_step=trigger)
     return quality.outputs["result"]

@@ -57,6 +57,9 @@ BUCKET = "kfloop-e2e"
 MODEL = "kfloop-e2e"
 NAMESPACE = "kfloop"
 """Where KFP runs the steps and the steps run their jobs: deploy/rbac.yaml's namespace and service account."""
+(POD_DEFAULT,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "kubeflow-profile.yaml").read_text())
+                  if d["kind"] == "PodDefault"]
+"""The profile's ``access-ml-pipeline`` PodDefault: the only way a step pod (the trigger) gets its KFP token."""
 TOKEN = "kfp-e2e-token"
 """The ``pipelines.kubeflow.org`` token the KFP test server accepts (projected into the step pods)."""
 SECRET = "kfloop-mlflow"
@@ -300,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                        pytorch_init_container_template=INIT_TEMPLATE.format(image=args.image)) as cluster, \
                 KfpApiServer(token=TOKEN) as server, \
                 KfpExecutor(server, engine, pipeline_root=pipeline_root, namespace=NAMESPACE,
-                            default_service_account="kfloop", token=TOKEN, cluster=cluster):
+                            default_service_account="kfloop", pod_defaults=[POD_DEFAULT], token=TOKEN,
+                            cluster=cluster):
             prepare_cluster(cluster, root, secret)
             settings = root / "kfloop.yaml"
             settings.write_text(yaml.safe_dump({

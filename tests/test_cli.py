@@ -24,19 +24,20 @@ SURFACE = {
                 "--gpus", "--image", "--image-pull-secret", "--json", "--namespace", "--out", "--set",
                 "--shared-mount-path", "--shared-volume-claim"],
     "demo": ["--json"],
-    "drift": ["--config", "--current", "--engine", "--fail-on-drift", "--json", "--model", "--model-name",
-              "--ray-address", "--reference", "--report", "--schema", "--set"],
+    "drift": ["--config", "--current", "--current-logs", "--engine", "--fail-on-drift", "--json", "--model",
+              "--model-name", "--ray-address", "--reference", "--report", "--schema", "--set", "--since"],
     "infer-schema": ["--data", "--id-column", "--json", "--key-column", "--target", "--task"],
-    "quality": ["--config", "--data", "--evidently-report", "--fail-on-degraded", "--id-column", "--join-column",
-                "--json", "--labels", "--model", "--report", "--set"],
+    "quality": ["--config", "--current-logs", "--data", "--evidently-report", "--fail-on-degraded", "--id-column",
+                "--join-column", "--json", "--labels", "--model", "--report", "--set", "--since"],
     "render-job": ["--config", "--gpus-per-node", "--json", "--kind", "--nnodes", "--nproc-per-node", "--run-id",
                    "--set"],
     "run": ["--config", "--host", "--json", "--local", "--model", "--namespace", "--pipeline-version",
             "--service-account", "--set", "--version", "--wait"],
     "schedule": ["--config", "--cron", "--delete", "--disable", "--host", "--json", "--model", "--name",
                  "--namespace", "--pipeline-version", "--service-account", "--set", "--version"],
-    "serve": ["--bind", "--config", "--host", "--kfp-host", "--local", "--max-body-bytes", "--namespace",
-              "--open-metrics", "--pipeline-version", "--port", "--service-account", "--set", "--version"],
+    "serve": ["--bind", "--config", "--host", "--inference-logs", "--kfp-host", "--local", "--max-body-bytes",
+              "--namespace", "--open-metrics", "--pipeline-version", "--port", "--service-account", "--set",
+              "--version"],
     "upload": ["--config", "--credentials-secret", "--enable-caching", "--gpu-node-selector", "--gpu-toleration",
                "--gpus", "--host", "--image", "--image-pull-secret", "--json", "--namespace", "--pipeline-version",
                "--require-image", "--set", "--shared-mount-path", "--shared-volume-claim", "--version"],
@@ -48,6 +49,8 @@ SURFACE = {
     "rollback": ["--config", "--json", "--model", "--reason", "--set", "--to"],
     "reproduce": ["--config", "--json", "--model", "--set"],
     "report": ["--config", "--json", "--model", "--out", "--set"],
+    "serve-model": ["--alias", "--config", "--grpc-port", "--model", "--model-dir", "--port", "--set", "--version"],
+    "render-serving": ["--alias", "--canary", "--config", "--json", "--kserve", "--model", "--set", "--version"],
 }
 """Every flag of every command, hidden old spellings included (``--model-name``, ``--kfp-host``, ``--version`` of a
 pipeline, ``--id-column``, ``--nproc``, quality's ``--report``: scripts keep working)."""
@@ -281,7 +284,8 @@ def test_version_names_the_release_and_the_commit(capsys, monkeypatch):
     ["status"], ["history"], ["report", "--out", "r.html"], ["rollback", "--reason", "r"], ["reproduce", "1"],
     ["train", "--data", "d.csv", "--schema", "s.yaml"], ["drift", "--reference", "r.csv", "--current", "c.csv"],
     ["quality", "--data", "d.csv"], ["run", "training", "--local"], ["render-job"], ["compile"],
-    ["schedule", "drift", "--host", "http://127.0.0.1:1"], ["serve", "--port", "0"]])
+    ["schedule", "drift", "--host", "http://127.0.0.1:1"], ["serve", "--port", "0"], ["serve-model", "--port", "0"],
+    ["render-serving"]])
 def test_every_command_refuses_an_unknown_setting(command, tmp_path, monkeypatch, capsys):
     """The one settings check: a typo in --set or kfloop.yaml is refused before anything runs, naming the keys."""
     monkeypatch.chdir(tmp_path)

@@ -179,3 +179,24 @@ def test_a_type_mismatch_shows_the_values_that_broke_it(tmp_path, demo_files, ca
         == EXIT_FINDING
     (diff,) = json.loads(capsys.readouterr().out)["schema_diff"]
     assert diff == "~ 'age': schema int64, data holds text values (e.g. ['forty'])"
+
+
+def test_train_refuses_an_http_url_instead_of_reading_it_as_a_path(capsys):
+    code = main(["train", "--data", "http://example.com/x.csv", "--schema", str(REPO / "data" / "schema.yaml")])
+    err = capsys.readouterr().err
+    assert code == EXIT_DATA_FILE and "rule uri.scheme: scheme 'http' is not read" in err, err
+    assert "file not found" not in err
+
+
+def test_reproducing_a_version_that_does_not_exist_says_how_to_list_them(tmp_path, monkeypatch, capsys):
+    from training.registry.versions import ensure_registered_model
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    ensure_registered_model("churn")
+    code = main(["reproduce", "7", "--model", "churn"])
+    err = capsys.readouterr().err  # MLflow's own INFO lines (creating its tables) come first
+    assert code == EXIT_DATA_FILE, err
+    assert err.rstrip().endswith("kfloop reproduce: error: model 'churn' has no version 7: `kfloop history --model "
+                                 "churn` lists its versions"), err
+    assert "--debug" not in err and "MlflowException" not in err

@@ -175,10 +175,13 @@ def test_enable_caching_opts_in(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name", sorted(PIPELINES))
-def test_every_step_pod_carries_the_kfp_api_access_label(name, tmp_path):
-    """Kubeflow's `access-ml-pipeline` PodDefault projects the pipelines.kubeflow.org token into labelled pods."""
+def test_only_the_trigger_step_carries_the_kfp_api_access_label(name, tmp_path):
+    """The `access-ml-pipeline` PodDefault (deploy/kubeflow-profile.yaml) projects the pipelines.kubeflow.org token
+    into labelled pods: the trigger step starts runs, no other step gets a KFP API token."""
     k8s = _k8s_executors(GOLDEN / f"{name}.yaml")
-    assert k8s and all(e["podMetadata"]["labels"] == {"access-ml-pipeline": "true"} for e in k8s.values())
+    labelled = sorted(label for label, e in k8s.items() if e.get("podMetadata"))
+    assert labelled == ([] if name == "training" else ["exec-trigger-retraining"]), labelled
+    assert all(k8s[label]["podMetadata"]["labels"] == {"access-ml-pipeline": "true"} for label in labelled)
 
 
 def test_compile_takes_the_image_from_kfloop_image_unless_given(tmp_path, monkeypatch, capsys):

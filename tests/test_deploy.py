@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kfp.client import KF_PIPELINES_SA_TOKEN_PATH
 from cluster.crd_schema import validate
 from manifest_checks import pods, render_cli, restricted_violations
 
@@ -20,14 +21,14 @@ from training.launch.cluster import RUN_AS_USER
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 NAMESPACE = "kfloop"
 GRANTS = {
-    ("kubeflow.org", "pytorchjobs"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("trainer.kubeflow.org", "trainjobs"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("ray.io", "rayjobs"): {"create", "get", "list", "watch", "patch", "delete"},
-    ("", "pods"): {"get", "list", "watch"},
-    ("", "pods/log"): {"get"},
-    ("", "events"): {"list"},
-    ("coordination.k8s.io", "leases"): {"get", "create", "update"},
-    ("", "configmaps"): {"get", "create", "update"},
+    ("kubeflow.org", "pytorchjobs", ""): {"create", "get", "list", "watch", "patch", "delete"},
+    ("trainer.kubeflow.org", "trainjobs", ""): {"create", "get", "list", "watch", "patch", "delete"},
+    ("ray.io", "rayjobs", ""): {"create", "get", "list", "watch", "patch", "delete"},
+    ("", "pods", ""): {"get", "list", "watch"},
+    ("", "pods/log", ""): {"get"},
+    ("", "events", ""): {"list"},
+    ("coordination.k8s.io", "leases", ""): {"get", "create", "update"},
+    ("", "configmaps", ""): {"get", "create", "update"},
 }
 """Exactly what the launcher (jobs, pods, logs, events), the promotion lock (one Lease) and the trigger state (one
 ConfigMap per model) use."""
@@ -43,22 +44,26 @@ def rbac_objects(path: Path = DEPLOY / "rbac.yaml") -> dict[tuple[str, str], dic
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-def granted(*roles: dict) -> dict[tuple[str, str], set[str]]:
-    """(apiGroup, resource) -> verbs, as the RBAC authorizer reads the rules (union over rules and roles)."""
-    out: dict[tuple[str, str], set[str]] = {}
+def granted(*roles: dict) -> dict[tuple[str, str, str], set[str]]:
+    """(apiGroup, resource, resourceName or "") -> verbs, as the RBAC authorizer reads the rules (union over rules
+    and roles)."""
+    out: dict[tuple[str, str, str], set[str]] = {}
     for role in roles:
         for rule in role["rules"]:
-            assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/nonResourceURLs
+            assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule  # no nonResourceURLs
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
-                    out.setdefault((group, resource), set()).update(rule["verbs"])
+                    for name in rule.get("resourceNames") or [""]:
+                        out.setdefault((group, resource, name), set()).update(rule["verbs"])
     return out
 
 
-def allows(grants: dict[tuple[str, str], set[str]], group: str, resource: str, verb: str) -> bool:
-    """Whether ``grants`` allow ``verb`` on ``group/resource``, with RBAC's ``*`` for resources and verbs."""
-    return any(verb in verbs or "*" in verbs for (g, r), verbs in grants.items()
-               if g == group and r in (resource, "*"))
+def allows(grants: dict[tuple[str, str, str], set[str]], group: str, resource: str, verb: str,
+           name: str = "") -> bool:
+    """Whether ``grants`` allow ``verb`` on ``group/resource`` (the object ``name``, or any), with RBAC's ``*`` for
+    resources and verbs; a rule with resourceNames allows only requests naming one of them."""
+    return any(verb in verbs or "*" in verbs for (g, r, n), verbs in grants.items()
+               if g == group and r in (resource, "*") and n in ("", name or None))
 
 
 def _role(name: str) -> dict:
@@ -71,15 +76,28 @@ def test_role_kfloop_grants_exactly_what_kfloop_uses():
     assert grants == GRANTS
 
 
-def test_the_run_gets_at_least_the_upstream_pipeline_runner_rules():
-    """KFP v2's driver and launcher run in every step pod as the run's service account: without the upstream
-    pipeline-runner rules (Argo workflowtaskresults, configmaps, secrets get, pods) no step runs at all."""
+STEP_GRANTS = {
+    ("", "pods", ""): {"get"},
+    ("", "configmaps", "kfp-launcher"): {"get"},
+    ("", "secrets", "mlpipeline-minio-artifact"): {"get"},
+    ("argoproj.io", "workflows", ""): {"get"},
+    ("argoproj.io", "workflowtaskresults", ""): {"create", "patch"},
+}
+"""What KFP v2's driver and launcher call (deploy/rbac.yaml cites each in backend/src/v2)."""
+
+
+def test_the_step_role_is_what_kfp_v2_calls_and_narrower_than_upstreams_pipeline_runner():
+    """Upstream's pipeline-runner grants pods, pods/exec and services with ``*``; the step Role holds only the calls
+    KFP v2's driver and launcher make, each covered by upstream's rules, with resourceNames on Secrets."""
     upstream = granted(yaml.safe_load((SPECS / "kfp-pipeline-runner-role.yaml").read_text()))
     ours = granted(_role("kfloop-pipeline-runner"))
-    assert ("argoproj.io", "workflowtaskresults") in upstream  # the file is the real one
-    missing = {(g, r, v) for (g, r), verbs in upstream.items() for v in verbs if not allows(ours, g, r, v)}
-    assert missing == set()
-    assert allows(ours, "argoproj.io", "workflowtaskresults", "patch") and allows(ours, "", "secrets", "get")
+    assert ("argoproj.io", "workflowtaskresults", "") in upstream  # the file is the real one
+    assert ours == STEP_GRANTS
+    assert all(allows(upstream, g, r, v, n) for (g, r, n), verbs in ours.items() for v in verbs)
+    assert not [k for k, verbs in ours.items() if "*" in k or "*" in verbs]
+    for group, resource, verb in (("", "pods", "create"), ("", "pods/exec", "create"), ("", "secrets", "get"),
+                                  ("", "services", "create"), ("kubeflow.org", "pytorchjobs", "update")):
+        assert allows(upstream, group, resource, verb) and not allows(ours, group, resource, verb)
 
 
 def test_rbac_is_one_namespace_and_binds_the_service_account_to_each_role():
@@ -102,14 +120,20 @@ def test_standalone_kfp_gets_the_same_grants_in_the_kubeflow_namespace():
     assert {s["namespace"] for d in moved for s in d.get("subjects", [])} == {"kubeflow"}
 
 
-def test_profile_binding_lets_the_trigger_step_start_runs_in_multi_user_kubeflow():
-    """The KFP API's SubjectAccessReview: `runs create` on pipelines.kubeflow.org in the profile, through the
-    aggregated ClusterRole kubeflow-pipelines-edit."""
-    (binding,) = [d for d in yaml.safe_load_all((DEPLOY / "kubeflow-profile.yaml").read_text()) if d]
-    assert binding["kind"] == "RoleBinding" and binding["metadata"]["namespace"] == NAMESPACE
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": "kubeflow-pipelines-edit"}
+def test_the_profile_grants_the_trigger_runs_alone_and_ships_the_token_poddefault():
+    """The KFP API's SubjectAccessReviews of the trigger (runs create/get/list, experiments get/list) in the
+    profile, granted by a Role of those verbs alone, narrower than the aggregated ClusterRole
+    kubeflow-pipelines-edit; the PodDefault projects the pipelines.kubeflow.org token where the kfp client reads it,
+    into pods labelled access-ml-pipeline."""
+    docs = {d["kind"]: d for d in yaml.safe_load_all((DEPLOY / "kubeflow-profile.yaml").read_text()) if d}
+    assert sorted(docs) == ["PodDefault", "Role", "RoleBinding"]
+    assert {d["metadata"]["namespace"] for d in docs.values()} == {NAMESPACE}
+    binding, role = docs["RoleBinding"], docs["Role"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kfloop", "namespace": NAMESPACE}]
+    assert granted(role) == {("pipelines.kubeflow.org", "runs", ""): {"create", "get", "list"},
+                             ("pipelines.kubeflow.org", "experiments", ""): {"get", "list"}}
     upstream = [d for d in yaml.safe_load_all((SPECS / "kfp-multi-user-view-edit-cluster-roles.yaml").read_text())
                 if d]
 
@@ -119,9 +143,16 @@ def test_profile_binding_lets_the_trigger_step_start_runs_in_multi_user_kubeflow
                         if sel.items() <= d["metadata"].get("labels", {}).items() for r in aggregated(d))]
 
     (edit,) = [d for d in upstream if d["metadata"]["name"] == "kubeflow-pipelines-edit"]
-    grants = granted(*aggregated(edit))
-    for resource, verb in (("runs", "create"), ("runs", "get"), ("pipelineversions", "get"), ("runs", "list")):
-        assert allows(grants, "pipelines.kubeflow.org", resource, verb), (resource, verb)
+    edit_grants = granted(*aggregated(edit))
+    assert all(allows(edit_grants, g, r, v) for (g, r, _), verbs in granted(role).items() for v in verbs)
+    assert allows(edit_grants, "pipelines.kubeflow.org", "pipelines", "create")
+    assert not allows(granted(role), "pipelines.kubeflow.org", "pipelines", "create")
+    spec = docs["PodDefault"]["spec"]
+    assert spec["selector"] == {"matchLabels": {"access-ml-pipeline": "true"}}
+    (source,) = spec["volumes"][0]["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
+    (mount,) = spec["volumeMounts"]
+    assert f"{mount['mountPath']}/{source['serviceAccountToken']['path']}" == KF_PIPELINES_SA_TOKEN_PATH
 
 
 def test_e2e_can_i_checks_match_the_roles():
@@ -131,10 +162,9 @@ def test_e2e_can_i_checks_match_the_roles():
     checks = re.findall(r"can_i (yes|no) (\S+) ([\w./-]+?)(?: (\S+))?;?$", script.replace("; ", "\n"), re.M)
     assert len(checks) >= 30
     for want, verb, resource, namespace in checks:
-        name, _, group = resource.partition(".")
-        if "/" in resource:
-            name, group = resource, ""
-        allowed = allows(grants, group, name, verb) and namespace in ("", NAMESPACE)
+        kind, _, name = resource.partition("/")  # kubectl auth can-i TYPE/NAME: the object NAME
+        kind, _, group = kind.partition(".")
+        allowed = allows(grants, group, kind, verb, name) and namespace in ("", NAMESPACE)
         assert allowed == (want == "yes"), (want, verb, resource, namespace)
 
 
@@ -165,7 +195,7 @@ def test_every_kubernetes_call_of_kfloop_is_granted():
     used = set().union(*(api_calls(p.read_text()) for p in sources))
     assert ("kubeflow.org", "pytorchjobs", "create") in used  # the scan sees the launcher
     grants = granted(_role("kfloop"))
-    assert {call for call in used if call[2] not in grants.get(call[:2], set())} == set()
+    assert {call for call in used if not allows(grants, *call)} == set()
 
 
 def test_the_api_call_scan_sees_each_kind_of_call():

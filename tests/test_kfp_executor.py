@@ -6,8 +6,9 @@ from pathlib import Path
 
 import kfp
 import pytest
+import yaml
 from cluster.k8s_server import K8sServer
-from cluster.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine
+from cluster.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine, unemulated_fields
 from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
 from kfp import kubernetes as kfp_k8s
@@ -19,6 +20,9 @@ from components import kfp_client
 
 TOKEN = "kfp-executor-token-51d0"
 IMAGE = "python:3.11"
+PROFILE_MANIFESTS = Path(__file__).resolve().parents[1] / "deploy" / "kubeflow-profile.yaml"
+(POD_DEFAULT,) = [d for d in yaml.safe_load_all(PROFILE_MANIFESTS.read_text()) if d["kind"] == "PodDefault"]
+"""deploy/kubeflow-profile.yaml's ``access-ml-pipeline`` PodDefault (namespace ``kfloop``)."""
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
@@ -77,7 +81,7 @@ def if_pipeline(word: str):
     first = produce(word=word)
     first.set_caching_options(False)
     with dsl.If(first.outputs["Output"] == "go"):
-        consume(data=first.outputs["out"]).set_caching_options(False)
+        kfp_k8s.add_pod_label(consume(data=first.outputs["out"]).set_caching_options(False), ACCESS_LABEL, "true")
 
 
 @dsl.pipeline(name="failing")
@@ -100,8 +104,8 @@ def cached_pipeline(word: str):
 def served(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads ~/.config/kfp/context.json
     with KfpApiServer(token=TOKEN) as server, KfpExecutor(
-            server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root",
-            pod_labels={ACCESS_LABEL: "true"}, token=TOKEN) as executor:
+            server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root", namespace="kfloop",
+            pod_defaults=[POD_DEFAULT], token=TOKEN) as executor:
         yield server, executor, kfp.Client(host=server.url, existing_token=TOKEN)
 
 
@@ -142,15 +146,81 @@ def test_a_run_executes_its_tasks_in_order_with_the_condition_and_artifacts(serv
     assert {n: t.state for n, t in tasks(skipped).items()} == {"produce": "SUCCEEDED", "condition-1": "SKIPPED"}
 
 
-def test_without_the_access_label_a_pod_gets_no_token(tmp_path, monkeypatch):
+@pytest.mark.parametrize("pod_defaults, namespace", [
+    ([], "kfloop"),  # no PodDefault: a label alone mounts nothing
+    ([POD_DEFAULT], "team-b"),  # filterPodDefaults: only the pod's own namespace's PodDefaults apply
+    ([{**POD_DEFAULT, "spec": {**POD_DEFAULT["spec"], "selector": {"matchExpressions": [
+        {"key": ACCESS_LABEL, "operator": "NotIn", "values": ["true"]}]}}}], "kfloop"),  # the selector decides
+])
+def test_a_labelled_pod_gets_a_token_only_from_a_poddefault_that_selects_it(tmp_path, monkeypatch, pod_defaults,
+                                                                             namespace):
     monkeypatch.setenv("HOME", str(tmp_path))
-    with KfpApiServer() as server, KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"),
-                                               pipeline_root=tmp_path / "root", token=TOKEN):
+    with KfpApiServer() as server, KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"), namespace=namespace,
+                                               pipeline_root=tmp_path / "root", pod_defaults=pod_defaults,
+                                               token=TOKEN):
         client = kfp.Client(host=server.url)
         run = finish(client, start(client, if_pipeline, tmp_path, word="go"))
     assert run.state == "SUCCEEDED"
     (report,) = (tmp_path / "root").rglob("report")
     assert report.read_text().endswith("; token no token")
+
+
+def test_a_poddefault_field_the_executor_does_not_apply_is_refused_by_name(tmp_path):
+    secret = {**POD_DEFAULT, "spec": {**POD_DEFAULT["spec"], "annotations": {"a": "b"},
+                                      "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]}}
+    with KfpApiServer() as server, pytest.raises(ValueError) as refused:
+        KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=tmp_path, pod_defaults=[secret])
+    assert str(refused.value) == ("PodDefault access-ml-pipeline: spec fields ['annotations', 'volumes[creds] (only "
+                                  "a projected serviceAccountToken is emulated)'] are not emulated by the test "
+                                  "executor")
+
+
+@pytest.mark.parametrize("condition, error", [
+    ("inputs.parameter_values['pipelinechannel--produce-Outptu'] == 'go'",
+     "evaluation error: no such key: pipelinechannel--produce-Outptu"),
+    ("lower(inputs.parameter_values['pipelinechannel--produce-Output']) == 'go'",
+     "evaluation error: Undefined variable or function: 'lower'"),
+])
+def test_a_condition_that_cannot_be_evaluated_fails_the_run_not_skips(served, tmp_path, condition, error):
+    """driver/dag.go: ``expr.Condition``'s error is returned, failing the task and the run (kfp.local skips)."""
+    _, _, client = served
+    compiler.Compiler().compile(if_pipeline, str(tmp_path / "if.yaml"))
+    spec, platform = yaml.safe_load_all((tmp_path / "if.yaml").read_text())
+    task = spec["root"]["dag"]["tasks"]["condition-1"]
+    assert task["triggerPolicy"]["condition"] == "inputs.parameter_values['pipelinechannel--produce-Output'] == 'go'"
+    task["triggerPolicy"]["condition"] = condition
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump_all([spec, platform]))
+    run = finish(client, client.create_run_from_pipeline_package(str(tmp_path / "bad.yaml"),
+                                                                 arguments={"word": "go"}).run_id)
+    assert run.state == "FAILED"
+    assert {n: t.state for n, t in tasks(run).items()} == {"produce": "SUCCEEDED", "condition-1": "FAILED"}
+    assert error in tasks(run)["condition-1"].error.message
+    assert run.error.message.startswith("task 'condition-1' failed: evaluation error: ")
+
+
+@dsl.pipeline(name="unemulated")
+def unemulated_pipeline(word: str):
+    task = produce(word=word).set_caching_options(False).set_retry(num_retries=2).set_cpu_limit("2")
+    kfp_k8s.add_toleration(task, key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
+
+
+def test_a_field_the_executor_does_not_emulate_fails_the_run_naming_it(served, tmp_path):
+    """retryPolicy, container.resources, tolerations: KFP would apply them; the executor cannot, so it refuses the
+    run instead of running it as if they were absent."""
+    _, _, client = served
+    run = finish(client, start(client, unemulated_pipeline, tmp_path, word="go"))
+    assert run.state == "FAILED" and run.run_details is None  # no task started
+    assert run.error.message == (
+        "the test executor does not emulate deploymentSpec.executors.exec-produce.container.resources, "
+        "root.dag.tasks.produce.retryPolicy, "
+        "platforms.kubernetes.deploymentSpec.executors.exec-produce.tolerations: it would ignore them")
+
+
+@pytest.mark.parametrize("name", ["training", "drift", "quality"])
+def test_the_executor_emulates_every_field_of_our_compiled_pipelines(name):
+    spec, *platform = yaml.safe_load_all((Path(__file__).resolve().parents[1] / "pipelines" / "compiled"
+                                          / f"{name}.yaml").read_text())
+    assert unemulated_fields(spec, platform[0] if platform else {}) == []
 
 
 def test_a_failing_task_fails_the_run_with_its_error_and_stops_the_dag(served, tmp_path):
@@ -234,7 +304,7 @@ def test_the_platform_spec_gives_a_pod_its_secret_env_and_label_and_a_missing_se
     monkeypatch.setenv("HOME", str(tmp_path))
     with K8sServer(tmp_path / "k8s", namespace="kfloop") as cluster, KfpApiServer(token=TOKEN) as server, \
             KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root",
-                        namespace="kfloop", token=TOKEN, cluster=cluster):
+                        namespace="kfloop", pod_defaults=[POD_DEFAULT], token=TOKEN, cluster=cluster):
         client = kfp.Client(host=server.url, existing_token=TOKEN)
         missing = finish(client, start(client, secret_env_pipeline, tmp_path))
         admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(tmp_path / "admin")))

@@ -9,7 +9,9 @@ from e2e_image import IMAGE, needs_image
 from cluster.kfp_executor import ACCESS_LABEL, DockerEngine, KfpExecutor
 from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
+from kfp import kubernetes as kfp_k8s
 from polling import wait_for
+from test_kfp_executor import POD_DEFAULT
 
 from components import kfp_client
 
@@ -41,6 +43,7 @@ def read(data: dsl.Input[dsl.Artifact], root: str) -> str:
 @dsl.pipeline(name="docker-pipeline")
 def docker_pipeline():
     first = who().set_caching_options(False)
+    kfp_k8s.add_pod_label(first, ACCESS_LABEL, "true")  # the PodDefault projects the token into this pod alone
     read(data=first.outputs["out"], root=first.outputs["Output"]).set_caching_options(False)
 
 
@@ -52,8 +55,8 @@ def test_each_task_is_a_container_of_its_image_as_its_user_with_a_read_only_root
     package = tmp_path / "p.yaml"
     compiler.Compiler().compile(docker_pipeline, str(package))
     with KfpApiServer(token=TOKEN) as server, KfpExecutor(server, DockerEngine(pipeline_root=root),
-                                                          pipeline_root=root, pod_labels={ACCESS_LABEL: "true"},
-                                                          token=TOKEN):
+                                                          pipeline_root=root, namespace="kfloop",
+                                                          pod_defaults=[POD_DEFAULT], token=TOKEN):
         client = kfp.Client(host=server.url, existing_token=TOKEN)
         run_id = client.create_run_from_pipeline_package(str(package), arguments={}).run_id
         run = kfp_client.wait(client, run_id, poll_seconds=0.05, timeout_seconds=300)
@@ -69,7 +72,7 @@ def test_each_task_is_a_container_of_its_image_as_its_user_with_a_read_only_root
         container.remove()
     (produced,) = [p for p in root.rglob("out") if p.is_file()]
     uid, ro, pod, token, namespace = produced.read_text().split()
-    assert uid != "0" and ro == "read-only" and pod == pods["who"] and token == TOKEN and namespace == "kubeflow"
+    assert uid != "0" and ro == "read-only" and pod == pods["who"] and token == TOKEN and namespace == "kfloop"
 
 
 @dsl.component(base_image=IMAGE or "unset", install_kfp_package=False)

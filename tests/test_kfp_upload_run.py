@@ -501,6 +501,26 @@ def test_the_trigger_step_reaches_kfp_from_kfp_host_with_its_projected_token_in_
                          (runner, PROFILE, "create", "runs", True)}
 
 
+def test_a_pod_without_a_token_is_told_at_once_which_file_and_poddefault_it_lacks(kfp, monkeypatch, tmp_path):
+    """Issue 40 item 1: a step in a profile without the ``access-ml-pipeline`` PodDefault has no token file; against
+    a multi-user KFP (its healthz says so) ``connect()`` fails naming the path and the PodDefault instead of the
+    server's bare "User identity is empty". A standalone KFP needs none."""
+    for key in (kfp_client.TOKEN_ENV, kfp_client.COOKIES_ENV):
+        monkeypatch.delenv(key, raising=False)
+    missing = tmp_path / "no-token-file"
+    if not kfp.multi_user:
+        kfp.token = None  # the standalone server without its token proxy
+        kfp_client.connect(kfp.url).list_experiments()
+        return
+    with pytest.raises(kfp_client.KfpCredentialsError) as refused:
+        kfp_client.connect(kfp.url)
+    assert str(refused.value) == (
+        f"the KFP API at {kfp.url} is multi-user and this process has no credentials: no KFP_TOKEN, no KFP_COOKIES, "
+        f"and no token file at {missing} (KF_PIPELINES_SA_TOKEN_PATH). In a pod the profile's `access-ml-pipeline` "
+        "PodDefault (deploy/kubeflow-profile.yaml) mounts it into pods labelled access-ml-pipeline: \"true\" "
+        "(kfloop compile labels the trigger step): apply it in the namespace")
+
+
 def test_a_token_file_is_read_again_for_every_request(tmp_path, monkeypatch):
     """Issue 32 item 5: a projected token rotates (the kubelet rewrites the file); the next request sends the new
     one, so a long-lived process (`kfloop serve`) keeps working."""

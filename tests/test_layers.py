@@ -138,6 +138,7 @@ def test_every_error_kfloop_raises_of_its_own_is_a_kfloop_error():
 LAZY_IMPORTS = {
     "pipelines.cli.commands": "*",  # each handler imports its stack when it runs: `kfloop --help` stays fast
     "pipelines.cli.operate": "*",  # the same, for the operating commands (commands imports this module)
+    "pipelines.cli.serving": "*",  # the same, for serve-model and render-serving (kserve, MLflow)
     "pipelines.cli.options": {"pipelines.config",  # the settings check loads every typed config (the gate's sklearn)
                               "kfp_server_api.exceptions"},  # the KFP API's error type: only once a command failed
     "monitoring.drift_policy": {"evidently.legacy.calculations.stattests.registry",  # Evidently: only to check a
@@ -146,7 +147,8 @@ LAZY_IMPORTS = {
                                 "data.ray_cluster", "monitoring.ray_drift"},  # Ray (the ray extra): engine: ray only
     "training.steps.register": {"data.ray_blocks", "data.ray_cluster"},  # Ray (the ray extra): engine: ray profiles
     "training.steps.promote": {"training.steps.evaluate"},  # torch and the gate: only to re-decide (champion moved)
-    "training.train": {"mlflow"},  # only rank 0 of a run that logs pays for the import
+    "training.train": {"mlflow",  # only rank 0 of a run that logs pays for the import
+                       "training.linear"},  # scikit-learn: only rank 0, to fit the linear baseline at the end
 }
 """Modules allowed imports inside functions, and which (``*``: any). Besides these, only the bodies of KFP
 components (functions decorated ``@kfloop_component`` in components/), which are shipped as source, import inside."""
@@ -210,6 +212,8 @@ def loaded_after(code: str) -> set[str]:
      {"torch", "mlflow", "sklearn", "evidently", "kubernetes", "dvc", "ray"}),
     ("the training step's process, torchrun's ranks apart (components.training.launch_training)",
      "from training.steps.train import train_step", {"torch", "sklearn", "evidently", "matplotlib", "dvc", "ray"}),
+    ("a training rank until rank 0 fits the linear baseline (torchrun -m training.train)", "import training.train",
+     {"sklearn", "mlflow", "evidently", "matplotlib", "dvc", "kubernetes", "ray"}),
     ("the promote step's process (components.registry.promote)", "from training.steps.promote import promote_step",
      {"torch", "sklearn", "evidently", "matplotlib", "dvc", "ray"}),
     ("the validate step's process (components.data.validate_data)", "from training.steps.validate import validate_step",

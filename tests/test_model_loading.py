@@ -98,7 +98,8 @@ def test_a_version_whose_mlmodel_points_at_foreign_code_is_never_loaded(tmp_path
     matching weights tag: the evaluator refuses it and never runs its code."""
     from data.fileio import file_digest
     from training.registry.candidates import load_version_predictor
-    from training.registry.versions import WEIGHTS_TAG, ForeignModelError
+    from training.registry.manifest import MANIFEST_SHA_TAG, MANIFEST_TAG, manifest_sha256
+    from training.registry.versions import WEIGHTS_TAG, ForeignModelError, logged_manifest
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -114,8 +115,10 @@ def test_a_version_whose_mlmodel_points_at_foreign_code_is_never_loaded(tmp_path
                                            artifacts={"model_dir": str(model_dir)}, pip_requirements=["mlflow"])
         client.create_registered_model("victim")
         sha = file_digest(model_dir / WEIGHTS_FILE)
+        manifest = logged_manifest(info.model_uri)  # a manifest of its own: every file matches, the code is foreign
+        client.set_tag(run.info.run_id, f"kfloop.{MANIFEST_SHA_TAG}", manifest_sha256(manifest))
         mv = client.create_model_version("victim", source=info.model_uri, run_id=run.info.run_id,
-                                         tags={WEIGHTS_TAG: sha}, model_id=info.model_id)
+                                         tags={WEIGHTS_TAG: sha, MANIFEST_TAG: manifest}, model_id=info.model_id)
         sentinel = tmp_path / "sentinel"
         monkeypatch.setenv("FOREIGN_SENTINEL", str(sentinel))
         with pytest.raises(ForeignModelError, match=r"victim v1 .*points at code .*foreign_model\.py"):

@@ -5,12 +5,14 @@ exits 3 naming file and column and records nothing."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 import mlflow
 import pandas as pd
 import pytest
 
 from data.errors import EXIT_DATA_FILE
+from monitoring.inference_logs import InferenceLogWriter, encode_table
 from monitoring.records import QUALITY_REPORT_ARTIFACT, quality_checks
 from pipelines.cli.commands import main
 from training.registry.versions import QUALITY_REPORT_URI_TAG
@@ -95,6 +97,39 @@ def test_labels_arriving_separately_are_joined_on_the_id(champion, capsys, tmp_p
     joined = json.loads(out)
     assert joined["rows"] == 1200 and joined["unlabelled_rows"] == 800 and joined["degraded"] is False
     assert joined["labels_uri"] == str(tmp_path / "labels.csv")
+
+
+def test_labels_join_served_predictions_by_request_id_as_they_join_the_table(champion, capsys, tmp_path):
+    """The served rows (requests of 20 rows logged as KServe does) with delayed labels keyed by row_id: the same
+    verdict and figures as the table's rows with the same labels joined on customer_id."""
+    rows = pd.read_parquet(champion["stable"])
+    writer = InferenceLogWriter(tmp_path / "logs", namespace="ml", inference_service=MODEL)
+    start = datetime.now(timezone.utc) - timedelta(hours=2)
+    labels = []
+    for i in range(0, len(rows), 20):
+        part = rows.iloc[i:i + 20]
+        rid = writer.log(None, encode_table(part.drop(columns=["churned"])), None, model=MODEL, version=1,
+                         received=start + timedelta(seconds=i))
+        labels += [{"row_id": f"{rid}/{j}", "customer_id": cid, "churned": y}
+                   for j, (cid, y) in enumerate(zip(part["customer_id"], part["churned"]))]
+    pd.DataFrame(labels[:1200]).to_csv(tmp_path / "labels.csv", index=False)
+    rows.drop(columns=["churned"]).to_csv(tmp_path / "rows.csv", index=False)
+    code, out, err = run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL, "--current-logs",
+                             str(tmp_path / "logs"), "--since", "3h", "--labels", str(tmp_path / "labels.csv"),
+                             "--join-column", "row_id", "--json", *FAST)
+    assert code == 0, err
+    served = json.loads(out)
+    code, out, err = run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL, "--data",
+                             str(tmp_path / "rows.csv"), "--labels", str(tmp_path / "labels.csv"), "--join-column",
+                             "customer_id", "--json", *FAST)
+    assert code == 0, err
+    table = json.loads(out)
+    assert served["rows"] == 1200 and served["unlabelled_rows"] == 800
+    assert {k: served[k] for k in CONTRACT} == {k: table[k] for k in CONTRACT}
+    assert served["labelled_uri"] == f"{tmp_path / 'logs'} (since 3h)"
+    code, out, err = run_cli(capsys, champion["env"].workdir, "quality", "--model", MODEL, "--current-logs",
+                             str(tmp_path / "logs"), "--labels", str(tmp_path / "labels.csv"), "--json", *FAST)
+    assert code != 0 and "repeats ids" in err, "request_id (the default) is no row key for requests of 20 rows"
 
 
 def test_a_bad_file_exits_3_naming_file_and_column_and_records_nothing(champion, capsys, tmp_path):

@@ -249,8 +249,9 @@ def _k8s_grants() -> dict[str, Authorizer]:
 
 def _kfp_grants() -> dict[str, Authorizer]:
     """Each RoleBinding of the profile to KFP's roles (deploy/ and CI's), with the roles."""
-    return {f"RoleBinding `{b['metadata']['name']}`": _kfp_policy(b)
-            for b in [*_in_profile(manifests(*KFP_GRANTS)), CI_BINDING] if b["kind"] == "RoleBinding"}
+    docs = [*_in_profile(manifests(*KFP_GRANTS)), CI_BINDING]
+    return {f"RoleBinding `{b['metadata']['name']}`": _kfp_policy(b, *(r for r in docs if r["kind"] == "Role"))
+            for b in docs if b["kind"] == "RoleBinding"}
 
 
 def _table(calls: dict[str, list[Access]], grants: dict[str, Authorizer]) -> str:
@@ -283,3 +284,36 @@ def test_without_the_profiles_binding_the_trigger_step_cannot_start_its_run(kfp_
     refused = unallowed({"trigger": kfp_recorded["trigger"]}, _kfp_policy(CI_BINDING))
     assert f"step trigger: KFP RunService_CreateRun as system:serviceaccount:{PROFILE}:kfloop needs the rule " \
            f"{{apiGroups: [{GROUP}], resources: [runs], verbs: [create]}} in namespace '{PROFILE}'" in refused
+
+
+KFP_STEP_CALLS = [
+    # (verb, group, resource, name, where in kubeflow/pipelines backend/src/v2 (master 7b70c7b, after 2.17))
+    ("get", "", "pods", "drift-abc-system-container-impl-1", "driver/k8s.go publishDriverExecution"),
+    ("get", "", "pods", "drift-abc-system-container-impl-1", "component/launcher_v2.go retryIndexFromPodAnnotation"),
+    ("get", "", "configmaps", "kfp-launcher", "config/env.go FromConfigMap"),
+    ("get", "", "secrets", "mlpipeline-minio-artifact", "objectstore/object_store.go (config/env.go's default)"),
+    ("get", "argoproj.io", "workflows", "drift-abc", "cmd/driver/main.go getCurrentWorkflowMetadata"),
+    ("create", "argoproj.io", "workflowtaskresults", "", "Argo's executor: the step's outputs"),
+    ("patch", "argoproj.io", "workflowtaskresults", "drift-abc-1", "Argo's executor: the step's outputs"),
+]
+"""Every Kubernetes call KFP v2's driver and launcher make in a step pod, as the run's service account."""
+
+
+def _step_access(verb: str, group: str, resource: str, name: str) -> Access:
+    return Access(SERVICE_ACCOUNT, verb, group, resource, NAMESPACE, name, "GET", f"{group}/{resource}/{name}", True)
+
+
+@pytest.mark.parametrize("verb, group, resource, name, where", KFP_STEP_CALLS)
+def test_every_call_kfp_v2_makes_in_a_step_pod_is_allowed_by_the_step_role(verb, group, resource, name, where):
+    step_role = _k8s_grants()["Role `kfloop-pipeline-runner`"]
+    assert step_role.allows_access(_step_access(verb, group, resource, name)), where
+
+
+@pytest.mark.parametrize("verb, resource, name", [
+    ("create", "pods", ""), ("create", "pods/exec", "drift-abc-train"), ("delete", "pods", "drift-abc-train"),
+    ("get", "secrets", "kfloop-ci-token"), ("list", "secrets", ""), ("get", "configmaps", "other"),
+    ("create", "services", ""), ("create", "persistentvolumeclaims", ""),
+])
+def test_the_step_pods_service_account_can_do_nothing_else_a_step_needs_not(verb, resource, name):
+    """No pod as another service account, no exec into others, no Secret but the artifact store's."""
+    assert not _deployed().allows_access(_step_access(verb, "", resource, name))

@@ -13,9 +13,10 @@ import pytest
 from filelock import FileLock
 
 from data.redaction import redact, redact_text
+from data.text import shorten
 from monitoring.trigger_registry import RegistryTriggerStore
 from training.progress import progress
-from training.registry.versions import RegistryUnavailableError, rollback, truncate_tag
+from training.registry.versions import RegistryUnavailableError, rollback
 
 REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "S3CRETPW"
@@ -40,7 +41,6 @@ def test_secret_values_of_the_environment_are_masked_wherever_they_appear(monkey
     text = "boto said: signature mismatch for wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY in eu-west-1"
     assert redact_text(text) == "boto said: signature mismatch for *** in eu-west-1"
     assert redact("/mnt/wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY/x.csv") == "/mnt/***/x.csv"
-    assert "EXAMPLEKEY" not in truncate_tag(text)
 
 
 def test_log_lines_and_the_trigger_state_name_the_tracking_uri_without_its_password(monkeypatch):
@@ -70,3 +70,12 @@ def test_cli_errors_about_the_registry_never_show_its_password(tmp_path, args):
     assert done.returncode != 0
     assert "127.0.0.1:1" in done.stdout + done.stderr  # the error is about the registry...
     assert PASSWORD not in done.stdout + done.stderr  # ...and does not show its password
+
+
+@pytest.mark.parametrize("limit", [10, 40, 80])
+def test_shorten_keeps_text_within_its_limit_and_marks_the_cut(limit):
+    text = "x" * 500
+    assert shorten("short", limit) == "short" and shorten(text[:limit], limit) == text[:limit]
+    cut, counted = shorten(text, limit), shorten(text, limit, show_length=True)
+    assert len(cut) == limit and cut.endswith("...") and cut[:-3] == text[:limit - 3]
+    assert counted.endswith("... (500 chars)") and len(counted) == max(limit, len("... (500 chars)"))

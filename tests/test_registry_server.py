@@ -19,9 +19,9 @@ from training.config import ModelSpec
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
 from training.registry.candidates import register_candidate
+from training.registry.manifest import TamperedModelError
 from training.registry.versions import (
     RegistryUnavailableError,
-    WeightsMismatchError,
     champion_history,
     download_model_dir,
     get_champion,
@@ -280,7 +280,7 @@ def test_rollback_refuses_targets_that_must_not_serve(served, mlflow_server, tmp
               if _logged_by(served, name, tampered, p)]
     assert len(stored) == 1
     stored[0].write_bytes(stored[0].read_bytes()[:-1] + b"\0")
-    with pytest.raises(WeightsMismatchError):
+    with pytest.raises(TamperedModelError, match="weights.safetensors has sha256"):
         rollback(name, reason="test", actor="bob", lock=FileLock(lock))
     assert get_champion(name).version == v_good and champion_history(name)[-1].version == v_good
 

@@ -33,12 +33,13 @@ from training.gate import Decision, PromotionPolicy, evaluate
 from training.model import WEIGHTS_FILE, Predictor, save_model_dir
 from training.model_code import ModelCode
 from training.model_files import MODULE_FILE, ModelCodeError
+from training.registry.manifest import TamperedModelError
 from training.registry.candidates import load_version_predictor, log_candidate, register_candidate
 from training.registry.versions import (
     MODULE_TAG,
     ChampionInfo,
     Lineage,
-    WeightsMismatchError,
+    ForeignModelError,
     champion_schema,
     download_model_dir,
     get_champion,
@@ -194,7 +195,8 @@ def test_nothing_is_registered_when_registration_cannot_proceed(env):
 
     run_id = env.run()
     decision = env.decide(env.good, None).to_dict()
-    with pytest.raises(ValueError, match=f"run {run_id} has no kfloop.weights_sha256 or kfloop.model_module_sha256 tag"):
+    with pytest.raises(ValueError, match=f"run {run_id} has no kfloop.weights_sha256, kfloop.model_module_sha256 or "
+                                         "kfloop.artifact_manifest_sha256 tag"):
         register_candidate("reg-refused", run_id=run_id, model_uri="models:/m-0", decision=decision,
                            lineage=env.lineage())
     with pytest.raises(ValueError, match="not a training.gate.Decision.to_dict"):
@@ -394,12 +396,12 @@ def test_download_verifies_the_weights_sha256(env, tmp_path):
                                   Predictor.load(env.good).predict_proba(env.holdout))
     stored = Path(env.client.get_model_version_download_uri(name, v1)) / "artifacts" / env.good.name / WEIGHTS_FILE
     stored.write_bytes(stored.read_bytes()[:-1] + b"\0")
-    with pytest.raises(WeightsMismatchError, match=f"{name} v{v1}: weights.safetensors has sha256"):
+    with pytest.raises(TamperedModelError, match=f"{name} v{v1} .*: artifacts/good/weights.safetensors has sha256"):
         download_model_dir(name, v1, tmp_path / "tampered")
-    assert not (tmp_path / "tampered" / env.good.name).exists()
+    assert not (tmp_path / "tampered" / "model").exists()
 
     untagged = env.client.create_model_version(name, source=env.client.get_model_version(name, v1).source)
-    with pytest.raises(ValueError, match="has no weights_sha256 tag; refusing"):
+    with pytest.raises(ForeignModelError, match="has no artifact_manifest tag; refusing"):
         download_model_dir(name, untagged.version, tmp_path / "untagged")
 
 
@@ -411,8 +413,8 @@ def test_a_tampered_model_module_is_never_imported(env, tmp_path):
     stored = Path(env.client.get_model_version_download_uri(name, v1)) / "artifacts" / env.good.name / MODULE_FILE
     marker = tmp_path / "imported"
     stored.write_text(stored.read_text() + f"\nopen({str(marker)!r}, 'w').close()\n")
-    with pytest.raises(ModelCodeError, match=f"{name} v{v1}: model_module.py has sha256 .* but the registry "
-                                             f"recorded {recorded}"):
+    with pytest.raises(TamperedModelError, match=f"{name} v{v1} .*: artifacts/good/model_module.py has sha256 .* "
+                                                 "but the registry recorded"):
         load_version_predictor(name, v1)
     with pytest.raises(ModelCodeError, match=f"model module has sha256 .* but {recorded} was recorded"):
         mlflow.pyfunc.load_model(f"models:/{name}/{v1}")

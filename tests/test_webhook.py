@@ -8,11 +8,15 @@ import http.client
 import io
 import json
 import threading
+from datetime import datetime, timedelta, timezone
 
 import pytest
+from cloudevents.conversion import to_binary
 from cluster.kfp_server import KfpApiServer
 
 from data.errors import EXIT_SETTINGS
+from monitoring.inference_logs import (KINDS, REQUEST_TYPE, RESPONSE_TYPE, InferenceLogWriter, LogRecord,
+                                       read_inference_logs)
 from monitoring.metrics import RecordsCollector, registered_models
 from monitoring.trigger import TriggerPolicy
 from monitoring.trigger_configmap import ConfigMapTriggerStore
@@ -20,6 +24,7 @@ from monitoring.trigger_registry import STATE_TAG, RegistryTriggerStore
 from monitoring.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, AlertScope, AlertWebhook, WebhookAuth
 from training.launch.kube_client import api_client
 from training.registry.versions import ensure_registered_model
+from training.serving import MODEL_VERSION_ANNOTATION
 from components import kfp_client
 from pipelines.kfp_server.runs import alert_starter
 
@@ -485,3 +490,33 @@ def test_kfloop_serve_refuses_to_start_without_auth(monkeypatch, capsys, isolate
     monkeypatch.delenv("KFLOOP_WEBHOOK_HMAC_SECRET", raising=False)
     assert main(["serve", "--port", "0"]) == EXIT_SETTINGS
     assert "KFLOOP_WEBHOOK_TOKEN" in capsys.readouterr().err
+
+
+def test_kserve_logger_cloudevents_posted_to_inference_logs_are_stored_as_its_blobs(kfp, clock, tmp_path):
+    """The logger's binary-mode CloudEvents (kserve pkg/logger/worker.go 122-152), authenticated like /alerts,
+    stored through the writer of serve-model --log-dir: the reader reads them back as served rows."""
+    hook = Hook(kfp, clock, inference_logs=InferenceLogWriter(tmp_path / "logs"))
+    try:
+        at = datetime.now(timezone.utc) - timedelta(minutes=1)
+        request = {"parameters": {"content_type": "pd"},
+                   "inputs": [{"name": "age", "shape": [2], "datatype": "INT64", "data": [30, 41]}]}
+        response = {"outputs": [{"name": "prediction", "shape": [2], "datatype": "INT64", "data": [1, 0]}]}
+        common = dict(id="req-1", time=at, inference_service="churn", namespace="ml", component="predictor",
+                      endpoint="default", annotations={MODEL_VERSION_ANNOTATION: "7"})
+        for kind, body in ((RESPONSE_TYPE, response), (REQUEST_TYPE, request)):
+            record = LogRecord(type=kind, body=json.dumps(body).encode(), **common)
+            headers, data = to_binary(record.cloudevent("http://churn-predictor.ml/"))
+            status, answer = hook.request(data, path="/inference-logs", headers=headers)
+            assert (status, answer) == (200, {"id": "req-1", "kind": KINDS[kind]})
+        assert sorted(p.name for p in (tmp_path / "logs").rglob("*.json")) == ["req-1-request.json",
+                                                                              "req-1-response.json"]
+        served = read_inference_logs(tmp_path / "logs", since=timedelta(hours=1))
+        assert list(served.rows["prediction"]) == [1, 0] and set(served.rows["model_version"]) == {"7"}
+
+        status, answer = hook.request(data, path="/inference-logs", headers={**headers, "Authorization": "Bearer x"})
+        assert status == 401
+        status, answer = hook.request(b"{}", path="/inference-logs")
+        assert status == 400 and "POST /inference-logs: headers: not a binary-mode CloudEvent" in answer["error"]
+        assert len(list((tmp_path / "logs").rglob("*.json"))) == 2, "nothing stored for a refused event"
+    finally:
+        hook.close()

@@ -12,18 +12,8 @@ import pytest
 from polling import wait_for
 
 from benchmarks.webhook_load import MODEL, LoadedWebhook, open_slow, post_alert, run_load, status_of
+from benchmarks.webhook_load import exchange as raw
 from monitoring.http_server import ServerLimits
-
-
-def raw(port: int, request: bytes) -> tuple[int, bytes]:
-    """Status and body of one raw HTTP request."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(request)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    return (int(head.split(b" ", 2)[1]) if head else 0), body
 
 
 def post(hook: LoadedWebhook, body: bytes, *, extra: bytes = b"", length: bytes | None = None) -> tuple[int, bytes]:

@@ -3,8 +3,11 @@
 MLflow executes this file when the model is logged and again when it is loaded (``mlflow.pyfunc.load_model``);
 ``training.registry.candidates.log_candidate`` passes its path as ``python_model``, the model directory (the model
 module's source included) as the ``model_dir`` artifact, that source's sha256 in the ``model_config`` and the
-version's schema as the ``schema`` artifact. Do not import this module from other
-code: importing it registers the model object.
+version's schema as the ``schema`` artifact. Serve registered versions with
+:func:`training.registry.verified.load_verified`: it checks every file of the version (this one included) against the
+registry before MLflow executes any of them; the sha256 check in :meth:`KfloopPyfunc.load_context` reads the same
+``MLmodel`` and so catches a mismatched copy, not tampering. Do not import this module from other code: importing it
+registers the model object.
 """
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
         """Load the model directory MLflow copied with the model (weights are safetensors, preprocessing JSON); its
-        model module is imported only if its sha256 is the one logged in the ``model_config``.
+        model module is imported only if its sha256 is the one logged in the ``model_config`` (a consistency check:
+        tampering is :func:`training.registry.verified.load_verified`'s to refuse).
 
         Raises:
             training.model_files.ModelCodeError: the logged module copy was modified.

@@ -31,7 +31,8 @@ from training.launch.local import train_local
 from training.model import Predictor
 from training.model_files import MODULE_FILE, WEIGHTS_FILE
 from training.progress import progress
-from training.registry.versions import LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, VersionRecord, download_model_dir
+from training.registry.versions import (LINEAGE_ARTIFACT, SCHEMA_ARTIFACT, VersionRecord, download_model_dir,
+                                       model_version)
 
 
 class ReproduceError(KfloopError, RuntimeError):
@@ -128,11 +129,12 @@ def reproduce(model_name: str, version: str, *, workdir: Path, current_commit: s
     split is checked against the recorded holdout sha256.
 
     Raises:
+        data.errors.NotFoundError: the model has no version ``version``.
         ReproduceError: the code is not the recorded commit, the data cannot be fetched, or the split differs.
         training.launch.local.LaunchError: retraining failed.
     """
     client = client or mlflow.MlflowClient()
-    mv = client.get_model_version(model_name, str(version))
+    mv = model_version(model_name, version, client=client)
     record = VersionRecord.of(mv)
     check_code(record.git_commit or "", current_commit)
     lineage = mlflow.artifacts.load_dict(f"runs:/{mv.run_id}/{LINEAGE_ARTIFACT}")

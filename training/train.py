@@ -44,7 +44,6 @@ from training.devices import pin_local_device
 from training.inputs import RankInput, ShardedTable, TargetEncoding, fit_on_rank0
 from training.model import save_model_dir
 from training.model_code import ModelCode
-from training.linear import MAX_ROWS as LINEAR_MAX_ROWS, fit_linear, linear_scores
 from training.threshold import choose_threshold, resolve_threshold_metric
 
 logger = logging.getLogger("kfloop.train")
@@ -261,6 +260,9 @@ def _train_model(args: argparse.Namespace, cfg: TrainingConfig, me: _Rank, data:
     final = _evaluate(model, data.validation(), me.device, loss_fn, target)
     digests = _all_gather_json(param_digest(model), me.device)
     if me.rank == 0:
+        # Only rank 0 fits the linear baseline: the other ranks (and every rank's start) skip scikit-learn's import.
+        from training.linear import MAX_ROWS as LINEAR_MAX_ROWS, fit_linear, linear_scores
+
         assert len(set(digests)) == 1, f"ranks ended with different parameters: digests {digests}"
         val_x, val_y = _validation_arrays(data)
         linear = fit_linear(*data.training_sample(LINEAR_MAX_ROWS), n_classes=0 if regression else

@@ -2,10 +2,12 @@
 Evidently, seconds of import, so only the step that runs one imports it."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +15,7 @@ from typing import Any, Callable
 import mlflow
 import pandas as pd
 
+from data.fileio import atomic_write_bytes, parquet_bytes
 from data.profiles import prediction_kind
 from data.settings import step_function
 from data.redaction import redact
@@ -20,6 +23,7 @@ from data.storage import resolve
 from data.tables import DataFileError, read_table, read_table_source, sketching_chunks
 from data.validation import detect_ids, infer_schema, load_schema, schema_roles, validate
 from monitoring.drift_policy import DriftPolicy
+from monitoring.inference_logs import ID_COLUMN, ROW_COLUMN, parse_since, read_inference_logs
 from monitoring.quality_policy import QualityPolicy
 from monitoring.records import record_drift_check, record_quality_check
 from training.progress import progress
@@ -126,9 +130,12 @@ def shared_columns(reference: pd.DataFrame,
 
 @step_function
 def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, policy: dict[str, Any],
-               report_out: str, target: str = "") -> DriftStepResult:
+               report_out: str, target: str = "", current_logs_uri: str = "", since: str = "") -> DriftStepResult:
     """Evidently drift of the schema's features, and of the champion's predictions, current against reference,
     and the share of current rows outside the schema per feature.
+
+    The current batch is ``current_uri``, or with ``current_logs_uri`` the rows of the requests logged there in
+    the ``since`` window before now (default: the policy's ``logs_since``; :mod:`monitoring.inference_logs`).
 
     Without ``reference_uri``/``schema_uri`` the champion's recorded training data and schema are used: its
     stored reference profile when it has one (the current data is then read in chunks and the training data not
@@ -139,11 +146,44 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
     check is recorded in MLflow (:func:`monitoring.records.record_drift_check`).
 
     Raises:
-        ValueError: no reference data, or a ``target`` the reference lacks; the message names what is missing.
+        ValueError: no reference data, or a ``target`` the reference lacks; the message names what is missing;
+            both or neither of ``current_uri`` and ``current_logs_uri``; no request logged in the window.
         data.tables.DataFileError: a data file is unusable.
+        monitoring.inference_logs.InferenceLogError: a logged request or response in the window is unreadable.
     """
-    from monitoring.drift import check_drift, check_drift_profile
     rules = DriftPolicy.from_dict(policy)
+    if bool(current_uri) == bool(current_logs_uri):
+        raise ValueError("give the current batch as current_uri (a table) or current_logs_uri (inference logs), "
+                         "one of them")
+    with _served_batch(current_logs_uri, since or rules.logs_since, "drift") if current_logs_uri else \
+            contextlib.nullcontext(current_uri) as table:
+        shown = f"{redact(current_logs_uri)} (since {since or rules.logs_since})" if current_logs_uri else ""
+        return _drift(current_uri=table, shown=shown or redact(table), reference_uri=reference_uri,
+                      schema_uri=schema_uri, model_name=model_name, rules=rules, report_out=report_out,
+                      target=target)
+
+
+@contextlib.contextmanager
+def _served_batch(logs_uri: str, since: str, check: str) -> Iterator[str]:
+    """The requests' inputs logged under ``logs_uri`` in the ``since`` window with their ids (for ``check``'s
+    progress line), as a Parquet file for the check's readers, removed afterwards: the check treats them as a table
+    (the champion's predictions computed on both sides alike), and its md5 dedupes equal batches in the trigger."""
+    served = read_inference_logs(logs_uri, since=parse_since(since))
+    if served.rows.empty:
+        raise ValueError(f"{redact(logs_uri)}: no request logged in the last {since} ({served.blobs} log blob(s) "
+                         "read); widen the window (--since, drift.logs_since) or check the logger's storage URI")
+    progress(f"{check}: {served.requests} logged request(s), {len(served.rows)} rows, from {redact(logs_uri)} in the "
+             f"last {since} ({served.request_only} without a response, {served.response_only} response(s) without "
+             "a request dropped)")
+    with tempfile.TemporaryDirectory(prefix="kfloop-served-") as tmp:
+        rows = served.rows[[*served.inputs, ID_COLUMN, ROW_COLUMN]]
+        yield str(atomic_write_bytes(Path(tmp) / "served.parquet", parquet_bytes(rows)))
+
+
+def _drift(*, current_uri: str, shown: str, reference_uri: str, schema_uri: str, model_name: str,
+           rules: DriftPolicy, report_out: str, target: str) -> DriftStepResult:
+    """:func:`drift_step` on the table at ``current_uri`` (recorded as ``shown``)."""
+    from monitoring.drift import check_drift, check_drift_profile
     champion = get_champion(model_name) if model_name else None
     profile = champion_profile(model_name) if champion is not None and not reference_uri else None
     reference_uri = reference_uri or ((champion.record.data_uri or "") if champion else "")
@@ -151,9 +191,9 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
         raise ValueError(f"no reference data: {_no_champion_data(model_name, champion, 'training data')}; set "
                          "reference_uri (kfloop run drift: --set reference_uri=FILE; kfloop drift: --reference FILE)")
     if rules.engine == "ray":
-        return _drift_on_ray(current_uri=current_uri, reference_uri=reference_uri, schema_uri=schema_uri,
-                             model_name=model_name, rules=rules, report_out=report_out, target=target,
-                             champion=champion, profile=profile)
+        return _drift_on_ray(current_uri=current_uri, shown=shown, reference_uri=reference_uri,
+                             schema_uri=schema_uri, model_name=model_name, rules=rules, report_out=report_out,
+                             target=target, champion=champion, profile=profile)
     if profile is None:
         reference, (current, source) = read_table(reference_uri), read_table_source(current_uri)
         columns, read_reference = list(current.columns), lambda: reference
@@ -182,13 +222,13 @@ def drift_step(*, current_uri: str, reference_uri: str, schema_uri: str, model_n
                 frame["prediction"] = predictions.astype(str) if kind == "categorical" else predictions
         result = check_drift(reference, current, numeric=numeric, categorical=categorical,
                              policy=rules, report_path=report_path, schema=schema, prediction_kind=kind)
-    return _recorded(result, source=source, current_uri=current_uri, reference_uri=reference_uri,
-                     profile=profile, schema_source=schema_source, champion=champion, ids=ids,
+    return _recorded(result, source=source, current_uri=shown, reference_uri=reference_uri, profile=profile,
+                     schema_source=schema_source, champion=champion, ids=ids,
                      model_name=model_name, report_path=report_path)
 
 
-def _drift_on_ray(*, current_uri: str, reference_uri: str, schema_uri: str, model_name: str, rules: Any,
-                  report_out: str, target: str, champion: Any, profile: Any) -> DriftStepResult:
+def _drift_on_ray(*, current_uri: str, shown: str, reference_uri: str, schema_uri: str, model_name: str,
+                  rules: Any, report_out: str, target: str, champion: Any, profile: Any) -> DriftStepResult:
     """:func:`drift_step` with ``engine: ray`` (joining or starting Ray for the check): Ray Data reads and
     sketches the current data, and the reference when it is a file (profiled there by the per-chunk code of
     registration); only a schema inferred from the reference reads the reference here."""
@@ -217,16 +257,16 @@ def _drift_on_ray(*, current_uri: str, reference_uri: str, schema_uri: str, mode
         report_path = report_out or None
         result = current.drift(reference, numeric=numeric, categorical=categorical, policy=rules,
                                report_path=report_path, schema=schema, predict=predict)
-        return _recorded(result, source=resolve(current_uri), current_uri=current_uri, reference_uri=reference_uri,
+        return _recorded(result, source=resolve(current_uri), current_uri=shown, reference_uri=reference_uri,
                          profile=profile, schema_source=schema_source, champion=champion, ids=ids,
                          model_name=model_name, report_path=report_path)
 
 
 def _recorded(result: Any, *, source: Any, current_uri: str, reference_uri: str, profile: Any, schema_source: str,
               champion: Any, ids: list[str], model_name: str, report_path: str | None) -> DriftStepResult:
-    """The step's result, recorded in MLflow with a ``model_name``."""
+    """The step's result, recorded in MLflow with a ``model_name``; ``current_uri`` as shown (redacted)."""
     checked = DriftStepResult(drift=result, data_md5=source.md5, data_version=source.version,
-                              current_uri=redact(current_uri), reference_uri=redact(reference_uri),
+                              current_uri=current_uri, reference_uri=redact(reference_uri),
                               reference_profile=profile is not None, schema_source=schema_source,
                               champion_version=champion.version if champion else None, id_columns=ids)
     if model_name:
@@ -261,18 +301,39 @@ class QualityStepResult:
 
 @step_function
 def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_name: str, policy: dict[str, Any],
-                 report_out: str) -> QualityStepResult:
+                 report_out: str, current_logs_uri: str = "", since: str = "") -> QualityStepResult:
     """Score the champion of ``model_name`` on rows whose labels arrived (``labelled_uri`` holds the schema's
     features and target; or its features, with the labels in ``labels_uri`` joined on ``id_column``), compare
     with its recorded holdout metrics, and record the check in MLflow with Evidently's report
     (:func:`monitoring.records.record_quality_check`); the report is also written to ``report_out`` if given.
 
+    With ``current_logs_uri`` instead of ``labelled_uri`` the rows are the requests served in the ``since`` window
+    (:mod:`monitoring.inference_logs`), the labels joined by ``request_id`` (default) or ``row_id``.
+
     Raises:
-        ValueError: no champion, ``labels_uri`` without ``id_column``, or a metric undefined on enough labels (see
-            :func:`monitoring.quality.check_quality`; too few labels are the verdict ``insufficient_labels``).
+        ValueError: no champion, ``labels_uri`` without ``id_column``, both or neither of ``labelled_uri`` and
+            ``current_logs_uri`` (which needs ``labels_uri`` and ``since``), or a metric undefined on enough labels
+            (see :func:`monitoring.quality.check_quality`; too few labels are the verdict ``insufficient_labels``).
         data.tables.DataFileError: a file is unusable, lacks a column or holds values outside the champion's
             schema; nothing is recorded then.
     """
+    if bool(labelled_uri) == bool(current_logs_uri):
+        raise ValueError("give the rows as labelled_uri (a table) or current_logs_uri (inference logs), one of them")
+    if not current_logs_uri:
+        return _quality(labelled_uri=labelled_uri, shown="", labels_uri=labels_uri, id_column=id_column,
+                        model_name=model_name, policy=policy, report_out=report_out)
+    if not (labels_uri and since):
+        raise ValueError(f"current_logs_uri={redact(current_logs_uri)!r} needs labels_uri (the labels that arrived, "
+                         f"with {ID_COLUMN} or {ROW_COLUMN}) and since (the window, e.g. 7d)")
+    with _served_batch(current_logs_uri, since, "quality") as table:
+        return _quality(labelled_uri=table, shown=f"{redact(current_logs_uri)} (since {since})",
+                        labels_uri=labels_uri, id_column=id_column or ID_COLUMN, model_name=model_name,
+                        policy=policy, report_out=report_out)
+
+
+def _quality(*, labelled_uri: str, shown: str, labels_uri: str, id_column: str, model_name: str,
+             policy: dict[str, Any], report_out: str) -> QualityStepResult:
+    """:func:`quality_step` on the table at ``labelled_uri`` (recorded as ``shown``, else its own name)."""
     from monitoring.quality import check_quality, join_labels, write_quality_report
     rules = QualityPolicy.from_dict(policy)
     if labels_uri and not id_column:
@@ -283,13 +344,14 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     schema = load_schema(champion_schema(model_name))
     target = schema_roles(schema).target
     rows, source = read_table_source(labelled_uri)
-    md5, where, labels_record, unlabelled = source.md5, source.uri, "", 0
+    shown = shown or source.uri
+    md5, where, labels_record, unlabelled = source.md5, shown, "", 0
     if labels_uri:
         labels, labels_source = read_table_source(labels_uri)
-        rows, unlabelled = join_labels(rows, labels, id_column=id_column, target=target, data_uri=source.uri,
+        rows, unlabelled = join_labels(rows, labels, id_column=id_column, target=target, data_uri=shown,
                                        labels_uri=labels_source.uri)
         md5 = hashlib.md5(f"{source.md5}:{labels_source.md5}".encode()).hexdigest()
-        where = f"{source.uri} joined with {labels_source.uri} on '{id_column}'"
+        where = f"{shown} joined with {labels_source.uri} on '{id_column}'"
         labels_record = labels_source.uri
     _require_valid(rows, schema, where)
     predictor = load_version_predictor(model_name, champion.version)
@@ -303,7 +365,7 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
                            baseline=_champion_baseline(champion, predictor, rules.primary_metric))
     progress(f"quality: {model_name} v{champion.version} on {where}: {result.reason}")
     checked = QualityStepResult(quality=result, champion_version=champion.version, data_md5=md5,
-                                labelled_uri=source.uri, labels_uri=labels_record,
+                                labelled_uri=shown, labels_uri=labels_record,
                                 unlabelled_rows=unlabelled)
     with tempfile.TemporaryDirectory(prefix="kfloop-quality-") as tmp:
         report = write_quality_report(report_out or Path(tmp) / "quality_report.html", rows, target=target,
@@ -314,17 +376,16 @@ def quality_step(*, labelled_uri: str, labels_uri: str, id_column: str, model_na
     return checked
 
 
-def retrain_data(*, labelled_uri: str, labels_uri: str, retrain_uri: str) -> str:
-    """The data a retraining after a degraded quality check trains on: ``retrain_uri``, else the labelled rows
-    (which hold the target unless the labels arrived separately).
+def retrain_data(*, rows_uri: str, retrain_uri: str, no_target: str = "") -> str:
+    """The data a retraining after a check trains on: ``retrain_uri``, else the checked rows (``rows_uri``) unless
+    ``no_target`` says why they hold no target.
 
     Raises:
-        ValueError: labels in a separate file and no ``retrain_uri``: the rows alone lack the target.
+        ValueError: ``no_target`` and no ``retrain_uri``: the rows alone lack the target.
     """
-    if retrain_uri or not labels_uri:
-        return retrain_uri or labelled_uri
-    raise ValueError(f"labels_uri={redact(labels_uri)} is set, so {redact(labelled_uri)} holds no target to retrain "
-                     "on: set retrain_uri to the data a retraining trains on")
+    if retrain_uri or not no_target:
+        return retrain_uri or rows_uri
+    raise ValueError(f"{no_target}: set retrain_uri to the data a retraining trains on")
 
 
 def _require_valid(rows, schema, where: str) -> None:

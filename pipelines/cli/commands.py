@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pipelines.cli.operate as operate_cli
 import pipelines.cli.options as options
+import pipelines.cli.serving as serving_cli
 from data.errors import EXIT_FAILED, EXIT_FINDING, EXIT_OK, UsageError
 from data.settings import end_without_final_collection
 from data.redaction import redact
@@ -80,8 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     drift.add_argument("--reference", required=True, help="data the batch is compared with, e.g. the training "
                                                            "data (Parquet or CSV; local path or s3://, gs://, az:// "
                                                            "URI)")
-    drift.add_argument("--current", required=True, help="the new batch to check (Parquet or CSV; local path or "
-                                                         "s3://, gs://, az:// URI)")
+    current = drift.add_mutually_exclusive_group(required=True)
+    current.add_argument("--current", help="the new batch to check (Parquet or CSV; local path or s3://, gs://, "
+                                           "az:// URI)")
+    current.add_argument("--current-logs", help="or the rows the model served: the KServe inference logs under this "
+                                                "folder or s3://, gs://, az:// prefix (the logger's storage URI, or "
+                                                "serve-model --log-dir)")
+    drift.add_argument("--since", help="with --current-logs: the requests logged in this window before now, e.g. "
+                                       "24h, 30m, 7d (default: the settings' drift.logs_since, else 24h)")
     drift.add_argument("--schema", help="pandera schema YAML naming the features (default: the champion's, else one "
                                         "inferred from the reference); id columns are never checked")
     options.add_model(drift, "also check the drift of this registered model's champion predictions, and record "
@@ -101,9 +108,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     quality = command("quality", "the champion's quality on rows whose labels arrived")
     options.add_model(quality)
-    quality.add_argument("--data", required=True, help="rows with the schema's features and, unless --labels, target")
+    rows = quality.add_mutually_exclusive_group(required=True)
+    rows.add_argument("--data", help="rows with the schema's features and, unless --labels, target")
+    rows.add_argument("--current-logs", help="or the rows the model served: the KServe inference logs under this "
+                                             "folder or object prefix (needs --labels keyed by request_id or row_id)")
+    quality.add_argument("--since", help="with --current-logs: the requests logged in this window before now, e.g. "
+                                         "7d (default: the settings' drift.logs_since, else 24h)")
     quality.add_argument("--labels", help="the labels, arrived separately: the id column and the target")
-    quality.add_argument("--join-column", help="column joining --labels to --data (needed with --labels)")
+    quality.add_argument("--join-column", help="column joining --labels to --data (needed with --labels; with "
+                                               "--current-logs: request_id by default, or row_id)")
     options.add_renamed(quality, "--id-column", "--join-column", dest="join_column")
     quality.add_argument("--evidently-report", help="also write Evidently's HTML report here")
     options.add_renamed(quality, "--report", "--evidently-report", dest="evidently_report")
@@ -174,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--open-metrics", action="store_true",
                        help="serve /metrics without its token KFLOOP_METRICS_TOKEN (in-cluster scraping behind a "
                             "NetworkPolicy)")
+    serve.add_argument("--inference-logs", help="also take KServe's payload-logger CloudEvents at POST "
+                                                "/inference-logs (the logger's url) and store them as its blobs under "
+                                                "this folder or s3://, gs://, az:// prefix, for drift --current-logs")
     _add_service_account(serve)
     options.add_settings(serve)
 
@@ -196,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="benchmarks/results/collectives.json",
                        help="JSON results file (default: %(default)s)")
     operate_cli.add_parsers(command)
+    serving_cli.add_parsers(command)
     for parser in sub.choices.values():
         options.add_global_flags(parser, on_subcommand=True)
     return p
@@ -371,12 +388,15 @@ def cmd_drift(args: argparse.Namespace) -> int:
     from monitoring.drift_policy import score_direction
     from monitoring.steps.checks import NO_SCHEMA_SOURCE, drift_step
 
+    if args.since and not args.current_logs:
+        raise UsageError("--since is the window of --current-logs: pass --current-logs URI too, or drop --since")
     settings = options.settings(args)
     model = options.model_name(args, required_default=False)
     if model:  # only a check of the champion's predictions reads (and records to) MLflow
         options.registry_environment(args, model)
     with options.stdout_for_json(args):
-        result = drift_step(current_uri=args.current, reference_uri=args.reference, schema_uri=args.schema or "",
+        result = drift_step(current_uri=args.current or "", current_logs_uri=args.current_logs or "",
+                            since=args.since or "", reference_uri=args.reference, schema_uri=args.schema or "",
                             model_name=model, policy=_drift_policy(args, settings), report_out=args.report or "",
                             target=settings.get("target", ""))
     drift = result.drift
@@ -414,14 +434,23 @@ def cmd_quality(args: argparse.Namespace) -> int:
     from data.settings import activate, load_environment
     from monitoring.steps.checks import quality_step
 
+    from monitoring.drift_policy import DriftPolicy
+
     if args.join_column and not args.labels:
         raise UsageError("--join-column joins --labels to --data: pass --labels FILE too, or drop --join-column")
+    if args.current_logs and not args.labels:
+        raise UsageError("--current-logs holds the served rows, not their labels: pass --labels FILE (with "
+                         "request_id or row_id and the target)")
+    if args.since and not args.current_logs:
+        raise UsageError("--since is the window of --current-logs: pass --current-logs URI too, or drop --since")
     model = options.model_name(args)
-    policy = options.settings(args).get("quality", {})
+    settings = options.settings(args)
+    since = (args.since or DriftPolicy.from_dict(settings.get("drift", {})).logs_since) if args.current_logs else ""
     options.registry_environment(args, model)
     with options.stdout_for_json(args):
-        checked = quality_step(labelled_uri=args.data, labels_uri=args.labels or "", id_column=args.join_column or "",
-                               model_name=model, policy=policy, report_out=args.evidently_report or "")
+        checked = quality_step(labelled_uri=args.data or "", current_logs_uri=args.current_logs or "", since=since,
+                               labels_uri=args.labels or "", id_column=args.join_column or "", model_name=model,
+                               policy=settings.get("quality", {}), report_out=args.evidently_report or "")
     q = checked.quality
     code = EXIT_FINDING if args.fail_on_degraded and q.degraded else EXIT_OK
     if args.json:
@@ -515,6 +544,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from components.run_starters import trigger_store
     from data.settings import activate, load_environment
+    from monitoring.inference_logs import InferenceLogWriter
     from monitoring.metrics import RecordsCollector, registered_models
     from monitoring.trigger import TriggerPolicy
     from monitoring.webhook import AlertScope, AlertWebhook, WebhookAuth
@@ -556,6 +586,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                             default_dataset_uri=settings.get("dataset_uri", "")),
                            policy=policy, start=start,
                            store_for=store_for, metrics=RecordsCollector(models=registered_models, store_for=store_for),
+                           inference_logs=InferenceLogWriter(args.inference_logs) if args.inference_logs else None,
                            max_body_bytes=args.max_body_bytes)
     server = webhook.server(args.port, args.bind)
     if local_runs is not None:  # a stopped server stops the training run it started, on SIGTERM as on Ctrl-C
@@ -609,7 +640,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 COMMANDS = {"demo": cmd_demo, "infer-schema": cmd_infer_schema, "validate": cmd_validate, "train": cmd_train,
             "drift": cmd_drift, "quality": cmd_quality, "run": cmd_run, "compile": cmd_compile, "upload": cmd_upload,
             "schedule": cmd_schedule, "serve": cmd_serve, "render-job": cmd_render_job, "bench": cmd_bench,
-            **operate_cli.COMMANDS}
+            **operate_cli.COMMANDS, **serving_cli.COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

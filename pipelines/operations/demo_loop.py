@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import mlflow
 import pandas as pd
 
 from data.demo import DATA_DIR, ensure_demo_data
@@ -16,6 +15,7 @@ from data.redaction import redact
 from data.settings import activate, load_environment
 from pipelines.local.runs import run_pipeline
 from training.progress import progress
+from training.registry.verified import load_verified
 from training.registry.versions import list_versions
 
 MODEL_NAME = "kfloop-demo"
@@ -32,7 +32,7 @@ def _timed(steps: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
 
 def run_demo(workdir: Path) -> dict[str, Any]:
     """(a) first training, promoted; (b) stable batch: no drift, no retrain; (c) drifted batch: drift, retrain,
-    gate, decision; then the champion loaded with ``mlflow.pyfunc`` predicts. Returns the summary.
+    gate, decision; then the champion loaded with ``load_verified`` (its files checked, then ``mlflow.pyfunc``) predicts. Returns the summary.
 
     The demo owns ``<workdir>/demo`` (MLflow DB, the data store its DVC data is pushed to, trigger state) and
     starts it afresh; ``next_commands`` are the commands that look at its results, as a user types them.
@@ -71,7 +71,7 @@ def next_commands(workdir: Path, tracking_uri: str) -> list[str]:
 
 
 def _predict_with_champion(path) -> dict[str, Any]:
-    model = mlflow.pyfunc.load_model(f"models:/{MODEL_NAME}@champion")
+    model = load_verified(MODEL_NAME, "champion")
     rows = pd.read_parquet(path).head(5)  # whole rows: the model reads its features, the check knows the rest
     out = model.predict(rows)
     return {"model_uri": f"models:/{MODEL_NAME}@champion", "rows": len(rows),

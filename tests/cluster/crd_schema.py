@@ -1,4 +1,5 @@
-"""Validate PyTorchJob / TrainJob / ClusterTrainingRuntime / RayJob / RayCluster bodies against the real CRD openAPIV3Schema in
+"""Validate PyTorchJob / TrainJob / ClusterTrainingRuntime / RayJob / RayCluster / InferenceService / ServingRuntime bodies
+against the real CRD openAPIV3Schema in
 tests/cluster/specs/.
 
 Mirrors what the Kubernetes API server does on create with strict field validation (kubectl's default since
@@ -23,7 +24,8 @@ import yaml
 SPECS = Path(__file__).resolve().parent / "specs"
 CRD_FILES = ("kubeflow.org_pytorchjobs.v1.9.0.yaml", "trainer.kubeflow.org_trainjobs.v2.3.0.yaml",
              "trainer.kubeflow.org_clustertrainingruntimes.v2.3.0.yaml", "ray.io_rayjobs.v1.7.0.yaml",
-             "ray.io_rayclusters.v1.7.0.yaml")
+             "ray.io_rayclusters.v1.7.0.yaml", "serving.kserve.io_inferenceservices.v0.20.0.yaml",
+             "serving.kserve.io_servingruntimes.v0.20.0.yaml")
 
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}

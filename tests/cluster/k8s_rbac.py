@@ -126,14 +126,15 @@ def _path_matches(patterns: list[str], path: str) -> bool:
 
 def _subject_matches(subject: dict, user: User, namespace: str = "") -> bool:
     """Whether a binding's subject is ``user``; a ServiceAccount subject of a RoleBinding without a namespace is in
-    the binding's ``namespace`` (kubernetes ``pkg/registry/rbac/validation/rule.go`` ``appliesToUser``)."""
+    the binding's ``namespace`` and matches the user by name alone, as a user named by a gateway's header does
+    (kubernetes ``pkg/registry/rbac/validation/rule.go`` ``appliesToUser``: ``serviceaccount.MatchesUsername``)."""
     kind = subject.get("kind")
     if kind == "User":
         return subject.get("name") == user.name
     if kind == "Group":
         return subject.get("name") in user.groups
     if kind == "ServiceAccount":
-        return user == service_account_user(subject.get("namespace") or namespace, subject.get("name", ""))
+        return user.name == service_account_user(subject.get("namespace") or namespace, subject.get("name", "")).name
     return False
 
 

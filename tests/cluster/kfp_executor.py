@@ -7,7 +7,8 @@ parameters and the upstream tasks' outputs, its artifacts under the pipeline roo
 kubeflow/pipelines 2.17 (cited where used):
 
 - ``backend/src/v2/driver/driver.go``: the driver resolves a task's inputs (runtime constants, the parent DAG's
-  inputs, upstream output parameters and artifacts), evaluates the condition (a false one skips the sub-DAG) and
+  inputs, upstream output parameters and artifacts), evaluates the condition as CEL (tests/cluster/kfp_expression.py:
+  a false one skips the task or sub-DAG, one that cannot be evaluated fails the task and the run) and
   looks the task up in the cache when ``cachingOptions.enableCache`` is set (``backend/src/v2/cacheutils/cache.go``:
   the key hashes the input parameter values, input artifact names, output spec, image and command); a hit reuses
   the recorded outputs and the task is reported ``SKIPPED``.
@@ -17,8 +18,14 @@ kubeflow/pipelines 2.17 (cited where used):
   (``kfp/local/executor_input_utils.py``, ``placeholder_utils.py``, ``executor_output_utils.py``): used here.
 - ``backend/src/v2/compiler/argocompiler/common.go``: every step pod carries ``KFP_POD_NAME`` and ``KFP_POD_UID``
   (downward API) and the container's own ``env``; the pod runs as the run's service account, in the profile's
-  namespace; a pod labelled ``access-ml-pipeline`` (the PodDefault of multi-user profiles) gets the projected
-  ``pipelines.kubeflow.org`` token at ``/var/run/secrets/kubeflow/pipelines/token``.
+  namespace.
+- Kubeflow's PodDefault admission webhook (kubeflow/kubeflow ``components/admission-webhook/main.go``
+  ``filterPodDefaults``: a PodDefault applies to a pod of its own namespace whose labels its ``spec.selector``
+  matches, ``metav1.LabelSelectorAsSelector``; ``applyPodDefaultsOnPod`` adds its volumes, mounts and env): the
+  PodDefaults given (e.g. deploy/kubeflow-profile.yaml's ``access-ml-pipeline``) project the service-account token
+  of the audience they name at the path they mount; nothing else gives a pod a KFP API token. A PodDefault field
+  this emulation does not apply (volumes other than a projected ``serviceAccountToken``, ``annotations``,
+  ``labels``, ``command``, ...) is refused with its name.
 - ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``) applies the task's Kubernetes platform spec
   (kfp-kubernetes): ``podMetadata`` labels, ``pvcMount`` as a volume of the claim at its ``mountPath``,
   ``secretAsEnv`` as ``secretKeyRef`` env (a missing Secret or key that is not ``optional`` fails the pod with
@@ -55,28 +62,29 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 import docker
 from croniter import croniter
 from google.protobuf import json_format
 from kfp.local import executor_input_utils, executor_output_utils, graph_utils, io, placeholder_utils
-from kfp.local.orchestrator.enhanced_dag_orchestrator import ConditionEvaluator
 from kfp.local.orchestrator.orchestrator_utils import OrchestratorUtils
 from kfp.local.orchestrator.task_spec_utils import build_nested_dag_arguments
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from cluster import kfp_expression
 from cluster.k8s_operator import container_env
 from cluster.k8s_rbac import service_account_user
 from cluster.k8s_server import K8sServer
+from cluster.k8s_store import label_matcher
 from cluster.kfp_server import FINAL_STATES, KfpApiServer, _now, split_spec
 
-TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
-"""Where the ``access-ml-pipeline`` PodDefault projects the ``pipelines.kubeflow.org`` token."""
 TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 """The variable the kfp SDK reads the token's path from (``kfp/client/token_credentials_base.py``)."""
 ACCESS_LABEL = "access-ml-pipeline"
+POD_DEFAULT_FIELDS = {"desc", "selector", "volumes", "volumeMounts", "env"}
+"""The PodDefault ``spec`` fields this emulation applies."""
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Every pod's service-account mount: ``namespace`` (the pod's), ``token`` and ``ca.crt`` (with a cluster)."""
 
@@ -94,7 +102,9 @@ class Pod:
     env: dict[str, str]
     labels: dict[str, str]
     token: str | None
-    """The projected ``pipelines.kubeflow.org`` token, when the pod carries the ``access-ml-pipeline`` label."""
+    """The projected service-account token a PodDefault added, or None."""
+    token_path: str = ""
+    """Where the PodDefault mounts ``token`` in the pod."""
     log: Path
     files: dict[str, str] = field(default_factory=dict)
     """In-pod path -> content: the service-account mount."""
@@ -163,7 +173,7 @@ class DockerEngine:
     def start(self, pod: Pod) -> tuple[Any, Pod]:
         volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"},
                    **{str(host): {"bind": target, "mode": "rw"} for target, host in pod.mounts.items()}}
-        files = {**pod.files, **({TOKEN_PATH: pod.token} if pod.token is not None else {})}
+        files = {**pod.files, **({pod.token_path: pod.token} if pod.token is not None else {})}
         for index, (target, content) in enumerate(sorted(files.items())):
             source = pod.log.with_suffix(f".file{index}")
             source.write_text(content)
@@ -213,15 +223,16 @@ class KfpExecutor:
     """``with KfpApiServer() as kfp, KfpExecutor(kfp, ProcessEngine(root=...), pipeline_root=...):``."""
 
     def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path, namespace: str = "kubeflow",
-                 default_service_account: str = "pipeline-runner", pod_labels: dict[str, str] | None = None,
+                 default_service_account: str = "pipeline-runner", pod_defaults: Sequence[dict] = (),
                  token: str | None = None, cluster: K8sServer | None = None):
         self.server, self.engine, self.cluster = server, engine, cluster
         self.pipeline_root = pipeline_root
         self.namespace, self.default_service_account = namespace, default_service_account
-        self.pod_labels = dict(pod_labels or {})
-        """Labels every step pod carries besides its platform spec's (``access-ml-pipeline: "true"`` mounts the
-        token)."""
+        self.pod_defaults = [_checked_pod_default(d) for d in pod_defaults]
+        """The PodDefaults of the cluster (kubeflow.org/v1alpha1), applied to matching pods."""
         self.token = token
+        """The token a PodDefault projects when the server is single-user; a multi-user server issues each pod's
+        own (its service account, the PodDefault's audience)."""
         self.cache: dict[str, dict[str, Any]] = {}
         self._runs: dict[str, _RunContext] = {}
         self._threads: list[threading.Thread] = []
@@ -248,6 +259,13 @@ class KfpExecutor:
     def submit(self, run: dict) -> None:
         spec, platform = split_spec(run.get("pipeline_spec") or self.server.store.versions[
             run["pipeline_version_reference"]["pipeline_version_id"]]["pipeline_spec"])
+        unmodelled = unemulated_fields(spec, platform)
+        if unmodelled:
+            with self.server.lock:
+                run["error"] = {"code": 3, "message": "the test executor does not emulate " + ", ".join(unmodelled)
+                                + ": it would ignore them", "details": []}
+            self.server.set_run_state(run["run_id"], "FAILED")
+            return
         ctx = _RunContext(run, json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec()),
                           json_format.ParseDict(spec["deploymentSpec"], pipeline_spec_pb2.PipelineDeploymentConfig()),
                           str(self.pipeline_root),
@@ -303,12 +321,7 @@ class KfpExecutor:
             spec = ctx.spec.components[task.component_ref.name]
             if spec.WhichOneof("implementation") == "dag":
                 args = build_nested_dag_arguments(name, task, spec, store)
-                condition = task.trigger_policy.condition
-                sub = io.IOStore(parent=store)
-                for key, value in args.items():
-                    sub.put_parent_input(key, value)
-                if condition and not ConditionEvaluator.evaluate_condition(condition, sub):
-                    self._record(ctx, name, "SKIPPED")  # driver.go: a false condition skips the whole sub-DAG
+                if not self._triggers(ctx, name, task, spec, args):
                     continue
                 outputs = self._run_dag(ctx, spec, args, store, prefix)
             else:
@@ -322,6 +335,8 @@ class KfpExecutor:
         if ctx.canceled.is_set():
             raise Canceled()
         arguments = OrchestratorUtils.make_task_arguments(task.inputs, store)
+        if not self._triggers(ctx, name, task, spec, arguments):
+            return {}
         container = ctx.deployment.executors[spec.executor_label].container
         key = _cache_key(arguments, spec, container) if task.caching_options.enable_cache else None
         if key in self.cache:
@@ -338,14 +353,14 @@ class KfpExecutor:
             unique_pipeline_id=ctx.run["run_id"])
         pod_name, pod_uid = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}", str(uuid.uuid4())
         platform = ctx.kubernetes.get(spec.executor_label, {})
-        labels = {**self.pod_labels, **platform.get("podMetadata", {}).get("labels", {})}
         pod = Pod(name=pod_name, uid=pod_uid, namespace=self.namespace,
                   service_account=ctx.run.get("service_account") or self.default_service_account,
                   image=container.image, command=command,
                   env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": pod_uid, **{e.name: e.value for e in container.env}},
-                  labels=labels, token=self.token if labels.get(ACCESS_LABEL) == "true" else None,
+                  labels=dict(platform.get("podMetadata", {}).get("labels", {})), token=None,
                   log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log",
                   files={f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace})
+        self._admit(pod)
         pod.log.parent.mkdir(parents=True, exist_ok=True)
         detail = self._record(ctx, name, "RUNNING", pod_name=pod_name)
         if self.cluster is not None:
@@ -378,6 +393,51 @@ class KfpExecutor:
         if key is not None:
             self.cache[key] = outputs
         return outputs
+
+    def _triggers(self, ctx: _RunContext, name: str, task: pipeline_spec_pb2.PipelineTaskSpec,
+                  spec: pipeline_spec_pb2.ComponentSpec, arguments: dict[str, Any]) -> bool:
+        """Whether task ``name`` runs: its ``triggerPolicy.condition`` evaluated as the driver does
+        (``driver/dag.go``, ``driver/container.go``: ``expr.Condition`` over the task's executor input); false
+        records it ``SKIPPED``.
+
+        Raises:
+            TaskFailed: the condition cannot be evaluated (the driver returns the error: the task and run fail).
+        """
+        if not task.trigger_policy.condition:
+            return True
+        params = {k: v for k, v in arguments.items() if k in spec.input_definitions.parameters}
+        artifacts = {k: {"artifacts": [{"name": a.name, "uri": a.uri, "metadata": a.metadata} for a in
+                                       (v if isinstance(v, list) else [v])]}
+                     for k, v in arguments.items() if k in spec.input_definitions.artifacts}
+        try:
+            runs = kfp_expression.condition({"inputs": {"parameter_values": params, "artifacts": artifacts}},
+                                            task.trigger_policy.condition)
+        except kfp_expression.ConditionError as err:
+            detail = self._record(ctx, name, "FAILED")
+            with self.server.lock:
+                detail["error"] = {"code": 2, "message": str(err), "details": []}
+            raise TaskFailed(name, str(err)) from None
+        if not runs:
+            self._record(ctx, name, "SKIPPED")
+        return runs
+
+    def _admit(self, pod: Pod) -> None:
+        """The PodDefault admission webhook: each PodDefault of the pod's namespace whose selector matches its labels
+        (``filterPodDefaults``) adds its projected token, mount and env (``applyPodDefaultsOnPod``)."""
+        for default in self.pod_defaults:
+            selector = default["spec"].get("selector") or {}
+            if default["metadata"].get("namespace") != pod.namespace \
+                    or not label_matcher(_selector_string(selector))(pod.labels):
+                continue
+            for volume in default["spec"].get("volumes", []):
+                (source,) = volume["projected"]["sources"]
+                token = source["serviceAccountToken"]
+                (mount,) = [m for m in default["spec"]["volumeMounts"] if m["name"] == volume["name"]]
+                pod.token_path = f"{mount['mountPath'].rstrip('/')}/{token['path']}"
+                pod.token = (self.server.multi_user.service_account_token(
+                    pod.namespace, pod.service_account, audience=token.get("audience", ""))
+                    if self.server.multi_user is not None else self.token)
+            pod.env.update({e["name"]: e["value"] for e in default["spec"].get("env", [])})
 
     def _on_cluster(self, pod: Pod, platform: dict) -> None:
         """Give ``pod`` what the cluster adds: the platform spec's claims and Secret env, the service account's
@@ -441,6 +501,74 @@ class KfpExecutor:
                                         "service_account", "experiment_id") if k in rec}
             self.server.add_run({**body, "display_name": f"{rec['display_name']}-{fire:%Y%m%d%H%M%S}",
                                  "recurring_run_id": rec["recurring_run_id"]})
+
+
+EMULATED = {
+    "spec": {"components", "deploymentSpec", "pipelineInfo", "root", "schemaVersion", "sdkVersion"},
+    "executor": {"container"},
+    "container": {"image", "command", "args", "env"},
+    "component": {"dag", "executorLabel", "inputDefinitions", "outputDefinitions"},
+    "task": {"cachingOptions", "componentRef", "dependentTasks", "inputs", "taskInfo", "triggerPolicy"},
+    "triggerPolicy": {"condition"},
+    "kubernetes": {"podMetadata", "secretAsEnv", "pvcMount"},
+    "podMetadata": {"labels"},
+}
+"""The IR and kfp-kubernetes fields the executor applies, by where they sit: any other (``retryPolicy``,
+``container.resources`` and accelerators, ``triggerPolicy.strategy`` of exit handlers, iterators, node selectors,
+tolerations, image pull secrets, ...) would be silently ignored, so a run using one fails naming it."""
+
+
+def unemulated_fields(spec: dict, platform: dict) -> list[str]:
+    """The fields of a pipeline ``spec`` and its ``platform`` spec that :data:`EMULATED` lacks, as paths."""
+    found = [f"{k}" for k in spec if k not in EMULATED["spec"]]
+    for label, executor in spec.get("deploymentSpec", {}).get("executors", {}).items():
+        found += [f"deploymentSpec.executors.{label}.{k}" for k in executor if k not in EMULATED["executor"]]
+        found += [f"deploymentSpec.executors.{label}.container.{k}" for k in executor.get("container", {})
+                  if k not in EMULATED["container"]]
+    for where, component in [("root", spec.get("root", {})), *((f"components.{n}", c) for n, c in
+                                                                 spec.get("components", {}).items())]:
+        found += [f"{where}.{k}" for k in component if k not in EMULATED["component"]]
+        for name, task in component.get("dag", {}).get("tasks", {}).items():
+            found += [f"{where}.dag.tasks.{name}.{k}" for k in task if k not in EMULATED["task"]]
+            found += [f"{where}.dag.tasks.{name}.triggerPolicy.{k}" for k in task.get("triggerPolicy", {})
+                      if k not in EMULATED["triggerPolicy"]]
+    for name, value in platform.get("platforms", {}).items():
+        if name != "kubernetes":
+            found.append(f"platforms.{name}")
+            continue
+        found += [f"platforms.kubernetes.{k}" for k in value if k != "deploymentSpec"]
+        for label, executor in value.get("deploymentSpec", {}).get("executors", {}).items():
+            where = f"platforms.kubernetes.deploymentSpec.executors.{label}"
+            found += [f"{where}.{k}" for k in executor if k not in EMULATED["kubernetes"]]
+            found += [f"{where}.podMetadata.{k}" for k in executor.get("podMetadata", {})
+                      if k not in EMULATED["podMetadata"]]
+    return found
+
+
+def _checked_pod_default(default: dict) -> dict:
+    """``default`` if it uses only what :meth:`KfpExecutor._admit` applies.
+
+    Raises:
+        ValueError: a field it does not apply, named.
+    """
+    name = default["metadata"]["name"]
+    unknown = sorted(set(default["spec"]) - POD_DEFAULT_FIELDS)
+    for volume in default["spec"].get("volumes", []):
+        sources = volume.get("projected", {}).get("sources", [])
+        if set(volume) != {"name", "projected"} or len(sources) != 1 or set(sources[0]) != {"serviceAccountToken"}:
+            unknown.append(f"volumes[{volume['name']}] (only a projected serviceAccountToken is emulated)")
+    if unknown:
+        raise ValueError(f"PodDefault {name}: spec fields {unknown} are not emulated by the test executor")
+    return default
+
+
+def _selector_string(selector: dict) -> str:
+    """A ``metav1.LabelSelector`` as the selector string ``LabelSelectorAsSelector`` makes of it."""
+    ops = {"In": "{key} in ({values})", "NotIn": "{key} notin ({values})", "Exists": "{key}",
+           "DoesNotExist": "!{key}"}
+    return ",".join([*(f"{k}={v}" for k, v in sorted(selector.get("matchLabels", {}).items())),
+                     *(ops[e["operator"]].format(key=e["key"], values=",".join(e.get("values", [])))
+                       for e in selector.get("matchExpressions", []))])
 
 
 def _fire_times(trigger: dict, since: datetime) -> Iterator[datetime]:

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import yaml
 
 from cluster.k8s_rbac import Authorizer, Identities, User, service_account_user
-from cluster.k8s_store import CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ApiError as K8sApiError, Resource, Store
+from cluster.k8s_store import CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ROLES, ApiError as K8sApiError, Resource, Store
 from cluster.kfp_server import ApiError
 
 KFP_NAMESPACE = "kubeflow"
@@ -94,11 +94,12 @@ class MultiUser:
                 "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole", "name": role}, "subjects": [subject]})
 
     def apply(self, manifest: Path, namespace: str = "") -> None:
-        """``kubectl apply [-n namespace] -f manifest`` (e.g. deploy/kubeflow-profile.yaml): its RoleBindings, which
-        are all the access reviews read."""
+        """``kubectl apply [-n namespace] -f manifest`` (e.g. deploy/kubeflow-profile.yaml): its Roles and
+        RoleBindings, which are all the access reviews read."""
         for doc in yaml.safe_load_all(manifest.read_text()):
-            if doc and doc["kind"] == "RoleBinding":
-                self._rbac.create(ROLE_BINDINGS, doc["metadata"].get("namespace") or namespace, doc)
+            if doc and doc["kind"] in ("Role", "RoleBinding"):
+                self._rbac.create(ROLES if doc["kind"] == "Role" else ROLE_BINDINGS,
+                                  doc["metadata"].get("namespace") or namespace, doc)
 
     def bind(self, namespace: str, user: User, role: str = "kubeflow-edit") -> None:
         """A contributor: ``user`` gets ``role`` in ``namespace`` (a RoleBinding)."""

@@ -21,12 +21,14 @@ from datetime import datetime, timezone
 from email.parser import BytesParser
 from email.policy import HTTP
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+
+from cluster.loopback import Loopback
 
 SWAGGER = json.loads((Path(__file__).parent / "specs" / "kfp_v2beta1.swagger.json").read_text())
 API = "/apis/v2beta1"
@@ -77,6 +79,61 @@ def split_spec(struct: dict) -> tuple[dict, dict]:
     if "pipeline_spec" in struct and "root" not in struct:
         return struct["pipeline_spec"], struct.get("platform_spec") or {}
     return struct, {}
+
+
+_VALUE_KINDS = {"NUMBER_DOUBLE": ("double or integer", "number"), "NUMBER_INTEGER": ("double or integer", "number"),
+                "STRING": ("string", "string"), "BOOLEAN": ("bool", "bool"), "LIST": ("list", "list"),
+                "STRUCT": ("struct", "struct")}
+"""IR parameter type -> (the type upstream's message names, the ``structpb.Value`` kind it requires)."""
+
+
+def _kind(value: Any) -> str:
+    """The ``structpb.Value`` kind a JSON value arrives as."""
+    if isinstance(value, bool):
+        return "bool"
+    return {int: "number", float: "number", str: "string", list: "list", dict: "struct"}.get(type(value), "null")
+
+
+def validate_job_inputs(spec: dict, params: dict[str, Any] | None) -> None:
+    """kubeflow/pipelines ``backend/src/apiserver/template/v2_template.go`` ``validatePipelineJobInputs``: every
+    root parameter without ``isOptional`` or a default is given, each given one has its declared type and, with
+    ``literals``, one of them (``common/util/validate_literal.go``), and no other is given.
+
+    Raises:
+        ValueError: upstream's message.
+    """
+    declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
+    if params is None:
+        if declared:
+            raise ValueError("pipeline requiring input has no parameter(s) provided. Need parameter(s): "
+                             + ", ".join(declared))
+        return
+    for name, param in declared.items():
+        if name not in params:
+            if not param.get("isOptional") and "defaultValue" not in param:
+                raise ValueError(f"parameter {name} is not optional, yet has neither default value nor user "
+                                 "provided value")
+            continue
+        kind = param.get("parameterType", "PARAMETER_TYPE_ENUM_UNSPECIFIED")
+        if kind == "PARAMETER_TYPE_ENUM_UNSPECIFIED":
+            raise ValueError(f"input parameter {name} has unspecified type")
+        if kind == "TASK_FINAL_STATUS":
+            raise ValueError(f"input parameter {name} requires type TASK_FINAL_STATUS, which is invalid for root "
+                             "component")
+        if kind not in _VALUE_KINDS:
+            raise ValueError(f"input parameter {name} requires type unknown")
+        wanted, value_kind = _VALUE_KINDS[kind]
+        if _kind(params[name]) != value_kind:
+            noun = "parameter value is not of number value type" if value_kind == "number" else \
+                f"input parameter is not of {value_kind} value type"
+            raise ValueError(f"input parameter {name} requires type {wanted}, but the {noun}")
+        literals = param.get("literals") or []
+        if literals and not any(_kind(lit) == _kind(params[name]) and lit == params[name] for lit in literals):
+            raise ValueError(f"input parameter {json.dumps(name)} value {params[name]!r} does not match any of the "
+                             f"allowed literal values: {literals}")
+    extra = [name for name in params if name not in declared]
+    if extra:
+        raise ValueError(f"parameter(s) provided are not required by pipeline: {', '.join(extra)}")
 
 
 def _resolve(schema: dict) -> dict:
@@ -211,22 +268,18 @@ class KfpApiServer:
         self.on_run_terminated: Any = None
         """``callable(run_id)`` called by ``TerminateRun`` after the run turned ``CANCELING``."""
         self.lock = threading.RLock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._http = Loopback(self._handler())
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return self._http.url
 
     def __enter__(self) -> KfpApiServer:
-        self._thread.start()
+        self._http.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join()
+        self._http.__exit__()
 
     # -- test controls -------------------------------------------------------------------------------------------
     def set_run_state(self, run_id: str, state: str) -> None:
@@ -401,16 +454,12 @@ class KfpApiServer:
             self._version(ref.get("pipeline_id", ""), ref.get("pipeline_version_id", ""))
         if body.get("experiment_id"):
             self._experiment(body["experiment_id"])
-        params = (body.get("runtime_config") or {}).get("parameters", {})
         stored = body.get("pipeline_spec") or self.store.versions[ref["pipeline_version_id"]]["pipeline_spec"]
         spec, _ = split_spec(stored)
-        declared = spec["root"].get("inputDefinitions", {}).get("parameters", {})
-        unknown = sorted(set(params) - set(declared))
-        if unknown:
-            raise ApiError(HTTPStatus.BAD_REQUEST, f"Invalid input error: unknown pipeline parameter(s) {unknown}")
-        missing = sorted(k for k, d in declared.items() if not d.get("isOptional") and k not in params)
-        if missing:
-            raise ApiError(HTTPStatus.BAD_REQUEST, f"Invalid input error: missing pipeline parameter(s) {missing}")
+        try:
+            validate_job_inputs(spec, (body.get("runtime_config") or {}).get("parameters"))
+        except ValueError as err:
+            raise ApiError(HTTPStatus.BAD_REQUEST, f"Invalid input error: {err}") from None
 
     def _RunService_CreateRun(self, *, body, **_):
         self._reference(body, "run")

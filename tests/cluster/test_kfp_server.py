@@ -9,7 +9,7 @@ import urllib.request
 
 import kfp
 import pytest
-from cluster.kfp_server import KfpApiServer
+from cluster.kfp_server import KfpApiServer, validate_job_inputs
 from kfp import compiler, dsl
 from kfp_server_api.exceptions import ApiException
 
@@ -103,7 +103,8 @@ def test_a_run_must_give_every_required_parameter_and_no_unknown_one(client, ser
     experiment = client.create_experiment("exp")
     args = dict(experiment_id=experiment.experiment_id, job_name="r", pipeline_id=pipeline.pipeline_id,
                 version_id=version.pipeline_version_id)
-    for params, word in (({}, "missing"), ({"text": "a", "colour": "red"}, "unknown")):
+    for params, word in (({}, "parameter text is not optional"),
+                         ({"text": "a", "colour": "red"}, "not required by pipeline: colour")):
         with pytest.raises(ApiException) as err:
             client.run_pipeline(params=params, **args)
         assert err.value.status == 400 and word in err.value.body
@@ -219,3 +220,61 @@ def test_standalone_ignores_namespaces_as_single_user_kfp_does(client, server, p
     assert server.store.pipelines[pipeline.pipeline_id]["namespace"] == ""
     assert [p.pipeline_id for p in client.list_pipelines(namespace="team-a").pipelines] == [pipeline.pipeline_id]
     assert client.create_experiment("kfloop", namespace="team-a").namespace in ("", None)
+
+
+def _root(**parameters: dict) -> dict:
+    return {"root": {"inputDefinitions": {"parameters": parameters}}}
+
+
+@pytest.mark.parametrize("spec, params, error", [
+    # backend/src/apiserver/server/run_server_test.go TestCreateRun: "Invalid V2 - missing parameters", "- extra"
+    (_root(param1={"parameterType": "STRING"}), {},
+     "parameter param1 is not optional, yet has neither default value nor user provided value"),
+    (_root(param1={"parameterType": "STRING"}), {"param1": "world", "param2": 1},
+     "parameter(s) provided are not required by pipeline: param2"),
+    # each branch of validatePipelineJobInputs (template/v2_template.go)
+    (_root(n={"parameterType": "NUMBER_INTEGER"}), {"n": "2"},
+     "input parameter n requires type double or integer, but the parameter value is not of number value type"),
+    (_root(s={"parameterType": "STRING"}), {"s": 3},
+     "input parameter s requires type string, but the input parameter is not of string value type"),
+    (_root(b={"parameterType": "BOOLEAN"}), {"b": "true"},
+     "input parameter b requires type bool, but the input parameter is not of bool value type"),
+    (_root(l={"parameterType": "LIST"}), {"l": {"a": 1}},
+     "input parameter l requires type list, but the input parameter is not of list value type"),
+    (_root(d={"parameterType": "STRUCT"}), {"d": [1]},
+     "input parameter d requires type struct, but the input parameter is not of struct value type"),
+    (_root(u={}), {"u": 1}, "input parameter u has unspecified type"),
+    (_root(f={"parameterType": "TASK_FINAL_STATUS"}), {"f": {}},
+     "input parameter f requires type TASK_FINAL_STATUS, which is invalid for root component"),
+    (_root(a={"parameterType": "STRING"}), None,
+     "pipeline requiring input has no parameter(s) provided. Need parameter(s): a"),
+    (_root(c={"parameterType": "STRING", "literals": ["red", "blue"]}), {"c": "green"},
+     "input parameter \"c\" value 'green' does not match any of the allowed literal values: ['red', 'blue']"),
+])
+def test_run_parameters_are_checked_as_validate_pipeline_job_inputs_does(spec, params, error):
+    with pytest.raises(ValueError) as refused:
+        validate_job_inputs(spec, params)
+    assert str(refused.value) == error
+
+
+@pytest.mark.parametrize("spec, params", [
+    (_root(n={"parameterType": "NUMBER_INTEGER"}, x={"parameterType": "NUMBER_DOUBLE"}), {"n": 2, "x": 0.5}),
+    (_root(o={"parameterType": "STRING", "isOptional": True, "defaultValue": "a"}), {}),
+    (_root(c={"parameterType": "STRING", "literals": ["red", "blue"]}), {"c": "blue"}),
+    ({"root": {}}, None),
+])
+def test_valid_run_parameters_pass(spec, params):
+    validate_job_inputs(spec, params)
+
+
+def test_a_run_with_a_wrongly_typed_parameter_is_refused_at_creation(server, tmp_path):
+    client = kfp.Client(host=server.url, existing_token=TOKEN)
+    package = tmp_path / "echo.yaml"
+    compiler.Compiler().compile(echo_pipeline, str(package))
+    with pytest.raises(ApiException) as refused:
+        client.create_run_from_pipeline_package(str(package), arguments={"text": "hi", "times": "two"})
+    assert refused.value.status == 400
+    assert json.loads(refused.value.body)["message"] == (
+        "Invalid input error: input parameter times requires type double or integer, but the parameter value is not "
+        "of number value type")
+    assert server.store.runs == {}

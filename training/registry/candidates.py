@@ -22,13 +22,17 @@ from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from data.fileio import file_digest
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
+from data.redaction import redact_text
 from data.schema_rules import ON_VIOLATION_MODES, ON_VIOLATION_PARAM, VIOLATIONS_COLUMN
+from data.text import shorten
 from training.gate import Decision, kfp_metrics
 from training.model import Predictor
 from training.model_files import WEIGHTS_FILE
+from training.registry.manifest import MANIFEST_SHA_TAG, MANIFEST_TAG, TamperedModelError, manifest_sha256
 from training.registry.versions import (EVALUATION_ARTIFACT, LINEAGE_ARTIFACT, MODEL_ARTIFACT, MODULE_TAG,
-                                        PYFUNC_MODEL_FILE, SCHEMA_ARTIFACT, WEIGHTS_TAG, Lineage, download_model_dir,
-                                        ensure_registered_model, registry_client, truncate_tag)
+                                        PYFUNC_MODEL_FILE, SCHEMA_ARTIFACT, WEIGHTS_TAG, MAX_TAG_CHARS,
+                                        Lineage, download_model_dir, ensure_registered_model, logged_manifest,
+                                        registry_client)
 
 SERVING_REQUIREMENTS = ("mlflow", "torch", "safetensors", "numpy", "pandas", "pandera", "pyyaml")
 """Distributions the pyfunc model needs at load time, pinned to the installed versions (local part dropped)."""
@@ -40,8 +44,9 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     ``run_id``, the module's sha256 in its ``model_config`` (checked at load), with ``schema.yaml``,
     ``evaluation.json`` (``decision``), ``lineage.json``, the reference ``profile`` of its training data (as
     ``reference_profile.json``, what drift checks of this version compare with), the gate's scalars as ``eval_*``
-    metrics, and the weights' sha256 and lineage as ``kfloop.*`` run tags. Uses the tracking URI MLflow resolves
-    (``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``).
+    metrics, and the weights' sha256, lineage and the sha256 of the logged model's manifest (every file's sha256:
+    :mod:`training.registry.manifest`, read back right after logging) as ``kfloop.*`` run tags. Uses the tracking
+    URI MLflow resolves (``MLFLOW_TRACKING_URI`` / ``mlflow.set_tracking_uri``).
 
     Returns:
         The logged model's URI (``models:/<model_id>``), for :func:`register_candidate`.
@@ -69,6 +74,7 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
             name=MODEL_ARTIFACT, **served_model(model_dir, predictor, schema_file),
             pip_requirements=[f"{d}=={dist_version(d).split('+')[0]}" for d in SERVING_REQUIREMENTS])
     client.log_text(run_id, lineage.schema_yaml, SCHEMA_ARTIFACT)
+    manifest = logged_manifest(info.model_uri, client=client)
     client.log_dict(run_id, decision, EVALUATION_ARTIFACT)
     client.log_dict(run_id, lineage.to_dict(), LINEAGE_ARTIFACT)
     if profile is not None:
@@ -76,23 +82,27 @@ def log_candidate(run_id: str, model_dir: str | Path, *, decision: dict[str, Any
     now_ms = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(f"eval_{k}", v, now_ms, 0) for k, v in scalars.items()],
                      tags=[RunTag(f"kfloop.{k}", v) for k, v in {**lineage.tags(), WEIGHTS_TAG: weights_sha,
-                                                                 MODULE_TAG: module_sha}.items()])
+                                                                 MODULE_TAG: module_sha,
+                                                                 MANIFEST_SHA_TAG: manifest_sha256(manifest)}.items()])
     return info.model_uri
 
 
 def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision: dict[str, Any],
                        lineage: Lineage, client: "mlflow.MlflowClient | None" = None) -> str:
     """Register the candidate logged by :func:`log_candidate` as a new version of ``model_name`` (created if
-    needed), tagged with its decision (``promote``/``reject``), reason, lineage and weights sha256; the full
-    reason is the version's description. Idempotent: a version already registered from ``run_id`` is returned
-    as is. Waits until the version is READY.
+    needed), tagged with its decision (``promote``/``reject``), reason, lineage, weights sha256 and the manifest of
+    its files (:data:`training.registry.manifest.MANIFEST_TAG`, computed again from the stored model and checked
+    against the digest :func:`log_candidate` recorded on the run); the full reason is the version's description.
+    Idempotent: a version already registered from ``run_id`` is returned as is. Waits until the version is READY.
 
     Returns:
         The version number, as a string.
 
     Raises:
-        ValueError: ``decision`` is malformed, or the run carries no weights sha256 (run
+        ValueError: ``decision`` is malformed, the run carries no weights or manifest sha256 (run
             :func:`log_candidate` first); nothing is registered then.
+        training.registry.manifest.TamperedModelError: the stored model's files changed since it was logged;
+            nothing is registered.
         mlflow.exceptions.MlflowException: the version did not become READY, or MLflow refused a call.
     """
     client = registry_client(client)
@@ -103,12 +113,19 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
     run = client.get_run(run_id)
     weights_sha = run.data.tags.get(f"kfloop.{WEIGHTS_TAG}")
     module_sha = run.data.tags.get(f"kfloop.{MODULE_TAG}")
-    if not weights_sha or not module_sha:
-        raise ValueError(f"run {run_id} has no kfloop.{WEIGHTS_TAG} or kfloop.{MODULE_TAG} tag: log the model "
-                         "with log_candidate() before registering it")
-    tags = {"decision": "promote" if gate.blessed else "reject", "reason": truncate_tag(gate.reason),
+    logged_sha = run.data.tags.get(f"kfloop.{MANIFEST_SHA_TAG}")
+    if not weights_sha or not module_sha or not logged_sha:
+        raise ValueError(f"run {run_id} has no kfloop.{WEIGHTS_TAG}, kfloop.{MODULE_TAG} or "
+                         f"kfloop.{MANIFEST_SHA_TAG} tag: log the model with log_candidate() before registering it")
+    manifest = logged_manifest(model_uri, client=client)
+    if manifest_sha256(manifest) != logged_sha:
+        raise TamperedModelError(f"{model_uri}: its files' manifest has sha256 {manifest_sha256(manifest)} but run "
+                                 f"{run_id} recorded {logged_sha} when it was logged; the stored model changed since, "
+                                 "so it is not registered: log it again")
+    tags = {"decision": "promote" if gate.blessed else "reject",
+            "reason": shorten(redact_text(gate.reason), MAX_TAG_CHARS),
             "primary_metric": gate.primary_metric,
-            **lineage.tags(), WEIGHTS_TAG: weights_sha, MODULE_TAG: module_sha,
+            **lineage.tags(), WEIGHTS_TAG: weights_sha, MODULE_TAG: module_sha, MANIFEST_TAG: manifest,
             "kfloop_experiment": client.get_experiment(run.info.experiment_id).name}
     ensure_registered_model(model_name, client=client)
     model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
@@ -118,12 +135,12 @@ def register_candidate(model_name: str, *, run_id: str, model_uri: str, decision
 
 
 def load_version_predictor(model_name: str, version: str) -> "Predictor":
-    """Version ``version`` as a :class:`training.model.Predictor`, from its verified model directory (its
-    logged code is never run).
+    """Version ``version`` as a :class:`training.model.Predictor`, from its verified model directory
+    (:func:`training.registry.versions.download_model_dir`; the logged pyfunc code is never run).
 
     Raises:
-        WeightsMismatchError: the downloaded weights are not the ones recorded at registration.
-        ModelCodeError: the downloaded model module is not the one recorded at registration.
+        ForeignModelError, training.registry.manifest.TamperedModelError: the stored files are not the ones
+            recorded at registration.
     """
     client = registry_client(None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,8 +5,8 @@ is appended to the champion history (:func:`champion_history`) as it happens.
 
 MLflow is reached through ``mlflow.MlflowClient`` (tracking URI from ``MLFLOW_TRACKING_URI`` or
 ``mlflow.set_tracking_uri``); every function that only talks to the registry takes an optional ``client``.
-Models are logged as models-from-code (:mod:`training.pyfunc_model`): nothing is pickled, and a champion is
-scored from its downloaded model directory (:func:`download_model_dir`), never by running logged code.
+Models are logged as models-from-code (:mod:`training.pyfunc_model`): nothing is pickled, and a version is only read
+from a download verified against the manifest recorded at registration (:func:`download_verified`).
 """
 from __future__ import annotations
 
@@ -24,15 +24,19 @@ from typing import Any, Protocol
 import mlflow
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model
-from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST, ErrorCode
+from mlflow.protos.databricks_pb2 import (INVALID_PARAMETER_VALUE, RESOURCE_ALREADY_EXISTS, RESOURCE_DOES_NOT_EXIST,
+                                          ErrorCode)
+from mlflow.store.artifact.models_artifact_repo import REGISTERED_MODEL_META_FILE_NAME
 
-from data.errors import EXIT_SERVICE, KfloopError
-from data.fileio import file_digest, utc_iso
+from data.errors import EXIT_SERVICE, KfloopError, NotFoundError
+from data.fileio import utc_iso
 from data.redaction import redact, redact_text
+from data.text import shorten
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
-from training.model_files import (FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE,
-                                  ModelCodeError)
+from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
 from training.registry.lock import ensure_held
+from training.registry.manifest import (MANIFEST_SHA_TAG, MANIFEST_TAG, check_files, file_manifest, manifest_json,
+                                        manifest_sha256)
 
 CHAMPION_ALIAS = "champion"
 MODEL_ARTIFACT = "model"
@@ -224,10 +228,6 @@ class PromotionResult:
         return asdict(self)
 
 
-class WeightsMismatchError(KfloopError, RuntimeError):
-    """Downloaded weights do not hash to what the registry recorded: the artifact changed after registration."""
-
-
 class ForeignModelError(KfloopError, RuntimeError):
     """A model version kfloop did not log (foreign model code, or weights its run never recorded)."""
 
@@ -238,7 +238,7 @@ def registry_client(client: "mlflow.MlflowClient | None" = None) -> "mlflow.Mlfl
 
 def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = None):
     """The registered model ``model_name`` (an ``mlflow.entities.model_registry.RegisteredModel``), or ``None``
-    when there is none.
+    when there is none (a name MLflow refuses, such as ``a/b``, names none).
 
     Raises:
         mlflow.exceptions.MlflowException: MLflow could not be read.
@@ -246,8 +246,24 @@ def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     try:
         return registry_client(client).get_registered_model(model_name)
     except MlflowException as e:
-        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+        if e.error_code in (ErrorCode.Name(RESOURCE_DOES_NOT_EXIST), ErrorCode.Name(INVALID_PARAMETER_VALUE)):
             return None
+        raise
+
+
+def model_version(model_name: str, version: str | int, *, client: "mlflow.MlflowClient | None" = None):
+    """Version ``version`` of ``model_name`` (an ``mlflow.entities.model_registry.ModelVersion``).
+
+    Raises:
+        NotFoundError: the model has no such version (the message says how to list them).
+        mlflow.exceptions.MlflowException: MLflow could not be read.
+    """
+    try:
+        return registry_client(client).get_model_version(model_name, str(version))
+    except MlflowException as e:
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
+            raise NotFoundError(f"model '{model_name}' has no version {version}: `kfloop history --model "
+                                f"{model_name}` lists its versions") from None
         raise
 
 
@@ -340,69 +356,102 @@ def champion_profile(model_name: str, *, client: "mlflow.MlflowClient | None" = 
     return ReferenceProfile.from_json(mlflow.artifacts.load_text(f"runs:/{champion.run_id}/{PROFILE_ARTIFACT}"))
 
 
-def download_model_dir(model_name: str, version: str, dst: str | Path, *,
-                       client: "mlflow.MlflowClient | None" = None) -> Path:
-    """Download version ``version``'s kfloop model directory (weights, features, model module, description) under
-    ``dst``, for :meth:`training.model.Predictor.load` with the version's :data:`MODULE_TAG`; no code is run.
-
-    Returns:
-        The downloaded model directory.
+def logged_manifest(model_uri: str, *, client: "mlflow.MlflowClient | None" = None) -> str:
+    """The manifest JSON (:func:`training.registry.manifest.manifest_json`) of the logged model ``model_uri``
+    (``models:/<model_id>`` or ``runs:/...``), from a fresh download of all its stored files (a ``models:/`` URI is
+    read at its artifact location: MLflow's download of that URI adds a ``registered_model_meta`` file of its own).
 
     Raises:
-        ValueError: the version has no weights sha256 tag (not registered by kfloop).
-        WeightsMismatchError: the downloaded weights do not match the tag; the download is removed.
-        ModelCodeError: the downloaded model module does not match the version's or the run's sha256 tag; the
-            download is removed.
-        ForeignModelError: the MLmodel points at code other than kfloop's pyfunc model, or the version's run did
-            not record its weights; nothing is downloaded but the MLmodel.
-        FileNotFoundError: the logged model holds no complete model directory.
+        ValueError: the manifest is too long for a tag.
+        mlflow.exceptions.MlflowException: the model cannot be downloaded.
+    """
+    client = registry_client(client)
+    if model_uri.startswith("models:/"):
+        model_uri = client.get_logged_model(model_uri.removeprefix("models:/")).artifact_location
+    with tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=tmp,
+                                                    tracking_uri=client.tracking_uri)
+        return manifest_json(file_manifest(local))
+
+
+def download_verified(model_name: str, version: str, dst: str | Path, *,
+                      client: "mlflow.MlflowClient | None" = None) -> Path:
+    """Download every file of version ``version``'s logged model under ``dst`` and check the copy against the
+    manifest recorded at registration (:mod:`training.registry.manifest`) before anything of it is read: no file
+    changed, missing or added, the manifest the one its run recorded when the model was logged, and its MLmodel
+    pointing at kfloop's pyfunc model and nothing else. Nothing is imported or executed. One file is dropped from
+    the copy unread: ``registered_model_meta`` (the model's name and version), which MLflow writes into a local
+    artifact store whenever ``mlflow.pyfunc.load_model("models:/...")`` reads from it, and which no loader reads.
+
+    Returns:
+        The verified local copy of the logged model (its ``MLmodel`` at the top).
+
+    Raises:
+        ForeignModelError: the version carries no manifest (not registered by
+            :func:`training.registry.candidates.register_candidate`), its manifest is not the one its run recorded,
+            or its MLmodel points at other code; the download is removed.
+        training.registry.manifest.TamperedModelError: a file differs from the manifest (named, with both hashes);
+            the download is removed.
     """
     client = registry_client(client)
     mv = client.get_model_version(model_name, str(version))
-    expected = mv.tags.get(WEIGHTS_TAG)
-    if not expected:
-        raise ValueError(f"{model_name} v{version} has no {WEIGHTS_TAG} tag; refusing to load weights that "
-                         "cannot be verified (register versions with register_candidate())")
+    label = f"{model_name} v{version}"
+    recorded = mv.tags.get(MANIFEST_TAG)
+    if not recorded:
+        raise ForeignModelError(f"{label} has no {MANIFEST_TAG} tag; refusing to load a model whose files cannot be "
+                                "verified (register versions with register_candidate())")
+    run_sha = client.get_run(mv.run_id).data.tags.get(f"kfloop.{MANIFEST_SHA_TAG}") if mv.run_id else None
+    if run_sha != manifest_sha256(recorded):
+        raise ForeignModelError(f"{label}: its {MANIFEST_TAG} tag has sha256 {manifest_sha256(recorded)} but its run "
+                                f"{mv.run_id} recorded {run_sha}; the version was re-tagged after registration or "
+                                "log_candidate() did not log it")
     root = client.get_model_version_download_uri(model_name, str(version)).rstrip("/")
-    dst = Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
-    mlmodel = mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/MLmodel", dst_path=str(dst / ".mlmodel"),
-                                                  tracking_uri=client.tracking_uri)
-    flavor = Model.load(mlmodel).flavors.get("python_function", {})
-    shutil.rmtree(dst / ".mlmodel")
-    code = flavor.get("model_code_path") or flavor.get("python_model") or flavor.get("loader_module")
-    if (flavor.get("loader_module") != CODE_MODEL_LOADER or Path(str(code)).name != PYFUNC_MODEL_FILE.name
-            or flavor.get("code")):
-        raise ForeignModelError(f"{model_name} v{version} ({root}): its MLmodel points at code {code!r} "
-                                f"(code paths {flavor.get('code')}), not kfloop's {PYFUNC_MODEL_FILE.name}; refusing "
-                                "to load a version kfloop did not log")
-    run_sha = client.get_run(mv.run_id).data.tags.get(f"kfloop.{WEIGHTS_TAG}") if mv.run_id else None
-    if run_sha != expected:
-        raise ForeignModelError(f"{model_name} v{version}: its run {mv.run_id} recorded weights sha256 {run_sha}, "
-                                f"the version claims {expected}; refusing a version that log_candidate() did not log")
-    artifacts = flavor.get("artifacts", {})
-    if "model_dir" not in artifacts:
-        raise FileNotFoundError(f"{model_name} v{version} ({root}) was not logged with a kfloop model_dir "
-                                "artifact (log it with log_candidate())")
-    local = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{root}/{artifacts['model_dir']['path']}",
-                                                     dst_path=str(dst), tracking_uri=client.tracking_uri))
-    missing = [f for f in (WEIGHTS_FILE, FEATURES_FILE, MODULE_FILE, MODEL_FILE) if not (local / f).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{model_name} v{version}: downloaded model directory {local} lacks {missing}")
-    actual = file_digest(local / WEIGHTS_FILE)
-    if actual != expected:
-        shutil.rmtree(local)
-        raise WeightsMismatchError(f"{model_name} v{version}: {WEIGHTS_FILE} has sha256 {actual} but the "
-                                   f"registry recorded {expected}; the artifact at {root} was modified after "
-                                   "registration. Re-register the model from its run instead of loading it.")
-    module_sha, recorded = file_digest(local / MODULE_FILE), mv.tags.get(MODULE_TAG)
-    if module_sha != recorded or run_sha is None or \
-            client.get_run(mv.run_id).data.tags.get(f"kfloop.{MODULE_TAG}") != recorded:
-        shutil.rmtree(local)
-        raise ModelCodeError(f"{model_name} v{version}: {MODULE_FILE} has sha256 {module_sha} but the registry "
-                             f"recorded {recorded}; the model code at {root} was modified after registration, so "
-                             "it is not imported. Re-register the model from its run instead of loading it.")
+    target = Path(dst) / "model"
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    try:
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=root, dst_path=str(target),
+                                                         tracking_uri=client.tracking_uri))
+        manifest = json.loads(recorded)
+        if REGISTERED_MODEL_META_FILE_NAME not in manifest:  # MLflow's own note, written into a local store
+            (local / REGISTERED_MODEL_META_FILE_NAME).unlink(missing_ok=True)
+        check_files(local, manifest, label=f"{label} ({redact(root)})")
+        flavor = Model.load(local / "MLmodel").flavors.get("python_function", {})
+        code = flavor.get("model_code_path") or flavor.get("python_model") or flavor.get("loader_module")
+        if (flavor.get("loader_module") != CODE_MODEL_LOADER or Path(str(code)).name != PYFUNC_MODEL_FILE.name
+                or flavor.get("code")):
+            raise ForeignModelError(f"{label} ({redact(root)}): its MLmodel points at code {code!r} (code paths "
+                                    f"{flavor.get('code')}), not kfloop's {PYFUNC_MODEL_FILE.name}; refusing to load "
+                                    "a version kfloop did not log")
+    except BaseException:
+        shutil.rmtree(target)
+        raise
     return local
+
+
+def download_model_dir(model_name: str, version: str, dst: str | Path, *,
+                       client: "mlflow.MlflowClient | None" = None) -> Path:
+    """Version ``version``'s kfloop model directory (weights, features, model module, description) from a verified
+    download under ``dst`` (:func:`download_verified`), for :meth:`training.model.Predictor.load` with the version's
+    :data:`MODULE_TAG`; no code is run.
+
+    Returns:
+        The verified model directory.
+
+    Raises:
+        ForeignModelError, training.registry.manifest.TamperedModelError: as :func:`download_verified`.
+        FileNotFoundError: the logged model holds no complete model directory.
+    """
+    local = download_verified(model_name, version, dst, client=client)
+    artifacts = Model.load(local / "MLmodel").flavors["python_function"].get("artifacts", {})
+    path = artifacts.get("model_dir", {}).get("path")
+    model_dir = local / str(path)
+    missing = [f for f in (WEIGHTS_FILE, FEATURES_FILE, MODULE_FILE, MODEL_FILE) if not (model_dir / f).is_file()]
+    if path is None or missing:
+        raise FileNotFoundError(f"{model_name} v{version}: the verified model {local} holds no complete kfloop model "
+                                f"directory (lacks {missing}); log it with log_candidate()")
+    return model_dir
 
 
 def promote(model_name: str, version: str, *, compared_against: str | None,
@@ -452,11 +501,12 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
             if not verdict.blessed:
                 reason = f"superseded: {changed}; re-check: {verdict.reason}"
                 client.set_model_version_tag(model_name, version, "decision", "superseded")
-                client.set_model_version_tag(model_name, version, "reason", truncate_tag(reason))
+                client.set_model_version_tag(model_name, version, "reason", shorten(redact_text(reason), MAX_TAG_CHARS))
                 return PromotionResult(promoted=False, champion_version=previous, previous_champion=previous,
                                        reason=reason)
             reason = f"{changed}; re-check: {verdict.reason}"
-            client.set_model_version_tag(model_name, version, "recheck_reason", truncate_tag(reason))
+            client.set_model_version_tag(model_name, version, "recheck_reason",
+                                         shorten(redact_text(reason), MAX_TAG_CHARS))
         ensure_held(lock)  # fenced: a lock lost since it was taken moves nothing
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, version)
         _move_champion(client, model_name, version, previous=previous, action="promote", reason=reason,
@@ -505,19 +555,21 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
         move = _move_champion(client, model_name, target, previous=current.version, action="rollback",
                               reason=reason, actor=actor)
         client.set_model_version_tag(model_name, current.version, "rolled_back_at", move.at)
-        client.set_model_version_tag(model_name, current.version, "rollback_reason", truncate_tag(reason))
+        client.set_model_version_tag(model_name, current.version, "rollback_reason",
+                                     shorten(redact_text(reason), MAX_TAG_CHARS))
     return PromotionResult(promoted=True, champion_version=target, previous_champion=current.version,
                            reason=f"rollback: {reason}")
 
 
 def verify_version(model_name: str, version: str, *, client: "mlflow.MlflowClient | None" = None) -> None:
     """Check that ``version`` may serve: READY, blessed (``decision=promote``), logged by a run of the
-    experiment its ``kfloop_experiment`` tag names, and its downloaded weights hash to the sha256 recorded at
-    registration (on the version and on the run).
+    experiment its ``kfloop_experiment`` tag names, and every file of its download matches the manifest recorded at
+    registration (:func:`download_verified`).
 
     Raises:
         ValueError: a check failed; the message names it.
-        WeightsMismatchError: the stored weights changed after registration.
+        ForeignModelError, training.registry.manifest.TamperedModelError: the stored files changed after
+            registration (:func:`download_verified`).
         mlflow.exceptions.MlflowException: the version does not exist.
     """
     client = registry_client(client)
@@ -538,7 +590,7 @@ def verify_version(model_name: str, version: str, *, client: "mlflow.MlflowClien
         raise ValueError(f"{label}: its {WEIGHTS_TAG} tag differs from run {mv.run_id}'s; the version was "
                          "re-tagged after registration")
     with tempfile.TemporaryDirectory() as tmp:
-        download_model_dir(model_name, str(version), Path(tmp), client=client)
+        download_verified(model_name, str(version), Path(tmp), client=client)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -640,12 +692,6 @@ def _unavailable_is_clear(client: "mlflow.MlflowClient", model_name: str):
             "failed); run the same command again once MLflow is back: registration finds the version by run id and "
             "a move already made is recorded, not repeated"
         ) from e
-
-
-def truncate_tag(text: str) -> str:
-    """``text`` as a tag value: redacted (:func:`data.redaction.redact_text`), at most ``MAX_TAG_CHARS``."""
-    text = redact_text(text)
-    return text if len(text) <= MAX_TAG_CHARS else text[:MAX_TAG_CHARS - 3] + "..."
 
 
 def _none(value: str | None) -> str | None:

@@ -1,0 +1,85 @@
+"""Where a registered version's files live in object storage (the ``storageUri`` KServe's storage initializer
+downloads) and the digest of those files."""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+
+from data.errors import NotFoundError
+from data.redaction import redact
+
+PROXIED_SCHEME = "mlflow-artifacts:"
+"""An MLflow server's proxied artifact location: only that server knows the object storage behind it."""
+
+
+@dataclass(frozen=True, slots=True)
+class VersionArtifacts:
+    """A registered version as KServe downloads it."""
+
+    model_name: str
+    version: str
+    storage_uri: str
+    """``s3://...``: the version's MLflow model folder (MLflow 3: ``<experiment>/models/<model_id>/artifacts``)."""
+    digest: str
+    """``sha256:<hex>`` of :func:`tree_digest` over the folder's files."""
+
+
+def resolve_version(model_name: str, *, version: str = "", alias: str = "",
+                    artifacts_destination: str = "") -> VersionArtifacts:
+    """The version (``version`` or ``alias``) of ``model_name``, its concrete ``s3://`` model folder and digest.
+
+    A proxied location (``mlflow-artifacts:/path``) becomes ``<artifacts_destination>/path``, as the MLflow server
+    maps it.
+
+    Raises:
+        NotFoundError: no such version or alias.
+        ValueError: the folder is not in object storage (a local or proxied store without
+            ``serving.artifacts_destination``): KServe cannot download it.
+    """
+    client = mlflow.MlflowClient()
+    try:
+        mv = client.get_model_version(model_name, version) if version else \
+            client.get_model_version_by_alias(model_name, alias)
+    except mlflow.exceptions.MlflowException as exc:
+        raise NotFoundError(f"model {model_name!r} has no {'version ' + version if version else 'alias ' + alias}: "
+                            f"{exc.message}") from exc
+    location = client.get_logged_model(mv.model_id).artifact_location if mv.model_id else \
+        client.get_model_version_download_uri(model_name, mv.version)
+    storage_uri = object_storage_uri(location, artifacts_destination)
+    with tempfile.TemporaryDirectory(prefix="kfloop-digest-") as tmp:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=tmp)
+        digest = tree_digest(Path(local))
+    return VersionArtifacts(model_name=model_name, version=str(mv.version), storage_uri=storage_uri, digest=digest)
+
+
+def object_storage_uri(location: str, artifacts_destination: str = "") -> str:
+    """``location`` as the ``s3://`` URI KServe's storage initializer downloads.
+
+    Raises:
+        ValueError: not in object storage, and not a proxied location with ``artifacts_destination`` given.
+    """
+    if location.startswith(PROXIED_SCHEME) and artifacts_destination:
+        path = location.removeprefix(PROXIED_SCHEME).lstrip("/")
+        location = f"{artifacts_destination.rstrip('/')}/{path}"
+    if not location.startswith("s3://"):
+        fix = ("set serving.artifacts_destination to the MLflow server's --artifacts-destination (s3://...)"
+               if location.startswith(PROXIED_SCHEME) else
+               "register models in an MLflow whose artifact store is S3 (mlflow server --artifacts-destination "
+               "s3://... or an experiment artifact location s3://...)")
+        raise ValueError(f"the version's artifacts are at {redact(location)}, which KServe's storage initializer "
+                         f"cannot download (it needs s3://): {fix}")
+    return location
+
+
+def tree_digest(root: Path) -> str:
+    """``sha256:<hex>`` of the lines ``<sha256 of file>  <path relative to root>`` of every non-empty file under
+    ``root``, sorted by path (``sha256sum`` of the sorted file list): the same for the registry's copy and the
+    storage initializer's ``/mnt/models``, which never downloads empty objects."""
+    lines = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size):
+        lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(root).as_posix()}\n")
+    return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()
