@@ -130,14 +130,15 @@ can_i yes create trainjobs.trainer.kubeflow.org; can_i yes delete trainjobs.trai
 can_i yes get pods; can_i yes list pods; can_i yes watch pods; can_i yes get pods/log; can_i yes list events
 can_i yes get leases.coordination.k8s.io; can_i yes create leases.coordination.k8s.io
 can_i yes update leases.coordination.k8s.io
-can_i yes get configmaps; can_i yes create configmaps; can_i yes update configmaps  # the retrain trigger's state
+can_i yes create configmaps; can_i yes get configmaps/kfloop-trigger-state  # the retrain trigger's state
+can_i yes update configmaps/kfloop-trigger-state
 # KFP v2's driver and launcher in every step pod: the calls backend/src/v2 makes (Role kfloop-pipeline-runner)
 can_i yes create workflowtaskresults.argoproj.io; can_i yes patch workflowtaskresults.argoproj.io
 can_i yes get workflows.argoproj.io; can_i yes get secrets/mlpipeline-minio-artifact
 can_i yes get configmaps/kfp-launcher
 # nothing beyond them: no pod creation or exec, no other Secret or ConfigMap, no RBAC, no cluster-wide reach
 can_i no create pods; can_i no create pods/exec; can_i no delete pods; can_i no update pytorchjobs.kubeflow.org
-can_i no get secrets; can_i no get secrets/kfloop-mlflow; can_i no list configmaps; can_i no watch configmaps
+can_i no get secrets; can_i no get secrets/kfloop-mlflow; can_i no get configmaps; can_i no watch configmaps
 can_i no list secrets; can_i no create secrets; can_i no watch events; can_i no delete leases.coordination.k8s.io
 can_i no create services; can_i no create persistentvolumeclaims; can_i no patch workflows.argoproj.io
 can_i no delete configmaps; can_i no patch configmaps

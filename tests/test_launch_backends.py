@@ -13,7 +13,7 @@ from kubernetes import client
 from components.run_starters import trigger_store
 from cluster.k8s_server import K8sServer
 from monitoring.trigger import TriggerPolicy, TriggerStore, maybe_trigger
-from monitoring.trigger_configmap import STATE_KEY, ConfigMapTriggerStore
+from monitoring.trigger_configmap import ConfigMapTriggerStore
 from monitoring.trigger_registry import RegistryTriggerStore
 from training.launch.backends import (KubernetesBackend, LocalBackend, LocalConfig, RayBackend, RayConfig,
                                       backend_for, backend_named, step_backend)
@@ -62,7 +62,7 @@ def test_the_kubernetes_backend_takes_a_lease_through_its_own_kubeconfig(tmp_pat
         assert type(store) is ConfigMapTriggerStore and store.namespace == "default"
         maybe_trigger(store, model="churn", data_hash="0a", now=1e9, policy=TriggerPolicy(), start=lambda: "run-1")
         kept = client.CoreV1Api(api_client(str(kubeconfig))).read_namespaced_config_map(store.name, "default")
-        assert json.loads(kept.data[STATE_KEY])["models"]["churn"]["fired"][0]["run_id"] == "run-1"
+        assert json.loads(kept.data[store.key])["models"]["churn"]["fired"][0]["run_id"] == "run-1"
     outside = trigger_store(backend, "churn", tmp_path, cluster_api=False)  # kfloop serve --host from a laptop
     assert type(outside) is RegistryTriggerStore and outside.model_name == "churn"
     assert backend.attaches_to_unfinished_run

@@ -16,7 +16,7 @@ from cluster.kubernetes_cluster import grant
 from test_registry_lock import _kfloop_role, _without
 
 from monitoring.trigger import (CAS_TRIES, StateConflict, TriggerPolicy, TriggerStateContended, maybe_trigger)
-from monitoring.trigger_configmap import STATE_KEY, ConfigMapTriggerStore
+from monitoring.trigger_configmap import ConfigMapTriggerStore
 
 NAMESPACE = "ml"
 POLICY = TriggerPolicy(cooldown_seconds=3600, window_seconds=86400)
@@ -98,7 +98,7 @@ def test_two_pods_deciding_at_once_start_exactly_one_run(kubeconfig, tmp_path, e
     assert sorted(r["outcome"] for r in results) == sorted(["fired", "duplicate" if same_data else "cooldown"])
     assert sum(r["conflicts"] for r in results) >= 1  # the loser's write was refused, then it decided again
     (winner,) = [r for r in results if r["outcome"] == "fired"]
-    state = json.loads(_config_map(kubeconfig).data[STATE_KEY])
+    state = json.loads(_config_map(kubeconfig).data[_store(kubeconfig).key])
     assert [(f["run_id"], f["pending"]) for f in state["models"]["churn"]["fired"]] == [(winner["run_id"], False)]
     assert sum(state["models"]["churn"]["counts"].values()) == 2
 
@@ -152,5 +152,5 @@ def test_a_service_account_without_the_grant_is_told_which(server, kubeconfig, t
     grant(admin, NAMESPACE, "kfloop", _without(_kfloop_role(), "configmaps", "create"))
     path = server.write_kubeconfig(tmp_path / "runner", user=service_account_user(NAMESPACE, "kfloop"))
 
-    with pytest.raises(PermissionError, match="needs get, create and update on configmaps in namespace ml"):
+    with pytest.raises(PermissionError, match="needs get, create and update on ConfigMap kfloop-trigger-state in namespace ml"):
         maybe_trigger(_store(path), model="churn", data_hash="0a", now=T0, policy=POLICY, start=lambda: "run-1")

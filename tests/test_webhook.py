@@ -395,8 +395,10 @@ def test_the_deploy_manifest_runs_serve_restricted_with_the_token_from_a_secret(
     docs = {d["kind"]: d for d in yaml.safe_load_all((Path(__file__).parents[1] / "deploy" / "webhook.yaml")
                                                      .read_text())}
     assert set(docs) == {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "NetworkPolicy"}
-    assert docs["Role"]["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                                      "verbs": ["get", "create", "update"]}]  # the trigger state, nothing else
+    assert docs["Role"]["rules"] == [  # the trigger state, nothing else
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["kfloop-trigger-state"],
+         "verbs": ["get", "update"]}]
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     args = build_parser().parse_args(container["args"])
