@@ -47,7 +47,8 @@ ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) a
 `OnFailure` restarts the container in place (restartCount, CrashLoopBackOff); `cleanPodPolicy` and
 `activeDeadlineSeconds` apply; a pod that admission refuses is a `FailedCreatePod` event on the job, which stays
 Created. Scheduling checks the pod's resources against one node's `capacity` less what the bound pods that have not
-ended request: a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees.
+ended request (kube-scheduler's NodeResourcesFit filter, `fit.go` `fitsRequest`, with its `fit_test.go` cases as
+vectors): a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees.
 Images in `unpullable_images` stay in ImagePullBackOff; a pod named in `killed_pods` is SIGKILLed (exit 137) each
 time it starts, reporting the reason given there (`OOMKilled`, or `Error` for a plain kill).
 That is the default runtime (``cluster.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
@@ -178,8 +179,9 @@ class K8sServer:
         workdir: where pod logs, hosts files and emptyDirs go.
         namespace: the kubeconfig's default namespace.
         volumes: PVC claim name -> host dir of that volume.
-        capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, extended
-            resources by name), shared by every pod bound to it; pods that do not fit stay Unschedulable.
+        capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, ``pods`` a count,
+            extended resources by name), shared by every pod bound to it; pods that do not fit stay Unschedulable
+            (kube-scheduler's NodeResourcesFit, ``cluster.k8s_operator.fits_request``).
         operator: run PyTorchJobs as local processes.
         pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
             None: the operator's default ``init-pytorch``.
