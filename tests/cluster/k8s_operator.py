@@ -453,7 +453,8 @@ class _JobController:
     def start_pod(self, rtype: str, index: int) -> None:
         """Create the pod of replica ``rtype`` ``index`` as the operator does, and run it; a pod the API refuses
         (Pod Security admission) is a FailedCreatePod event on the job instead."""
-        pod = operator.pod_template(self.defaulted, rtype, index, self.api.pytorch_init_container_template)
+        pod = operator.pod_template(self.defaulted, rtype, index, self.api.pytorch_init_container_template,
+                                    self.api.pytorch_init_container_image)
         name = pod["metadata"]["name"]
         pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                                                "name": self.name, "uid": self.job["metadata"]["uid"],

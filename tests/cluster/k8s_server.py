@@ -185,13 +185,16 @@ class K8sServer:
         operator: run PyTorchJobs as local processes.
         pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
             None: the operator's default ``init-pytorch``.
+        pytorch_init_container_image: the operator's ``--pytorch-init-container-image`` (default ``alpine:3.10``).
         runtime: what runs the pods' containers: local process groups (default), or
             ``cluster.docker_kubelet.DockerRuntime``'s containers of each pod's image.
     """
 
     def __init__(self, workdir: Path, *, namespace: str = "default", volumes: dict[str, Path] | None = None,
                  capacity: dict[str, float] | None = None, operator: bool = True,
-                 pytorch_init_container_template: str | None = None, runtime: Runtime | None = None):
+                 pytorch_init_container_template: str | None = None,
+                 pytorch_init_container_image: str = pytorchjob_contract.INIT_CONTAINER_IMAGE,
+                 runtime: Runtime | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.namespace = namespace
@@ -201,6 +204,7 @@ class K8sServer:
         """Held while a pod is checked against the node's room and bound to it."""
         self.operator = operator
         self.pytorch_init_container_template = pytorch_init_container_template
+        self.pytorch_init_container_image = pytorch_init_container_image
         self.runtime: Runtime = runtime or ProcessRuntime()
         self.unpullable_images: set[str] = set()
         """Images whose pods stay in ImagePullBackOff."""
