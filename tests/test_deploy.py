@@ -26,9 +26,11 @@ GRANTS = {
     ("", "pods"): {"get", "list", "watch"},
     ("", "pods/log"): {"get"},
     ("", "events"): {"list"},
+    ("", "persistentvolumeclaims"): {"get"},
     ("coordination.k8s.io", "leases"): {"get", "create", "update"},
 }
-"""Exactly what the launcher (jobs, pods, logs, events) and the promotion lock (one Lease) use."""
+"""Exactly what the launcher (jobs, pods, logs, events, the shared claim's access modes) and the promotion lock (one
+Lease) use."""
 
 
 SPECS = Path(__file__).resolve().parent / "cluster" / "specs"
@@ -140,7 +142,8 @@ REPO = DEPLOY.parent
 _VERBS = {"create": "create", "get": "get", "read": "get", "list": "list", "patch": "patch", "replace": "update",
           "delete": "delete"}
 _RESOURCES = {"custom_object": ("kubeflow.org", "pytorchjobs"), "pod": ("", "pods"), "pod_log": ("", "pods/log"),
-              "event": ("", "events"), "lease": ("coordination.k8s.io", "leases")}
+              "event": ("", "events"), "lease": ("coordination.k8s.io", "leases"),
+              "persistent_volume_claim": ("", "persistentvolumeclaims")}
 
 
 def api_calls(source: str) -> set[tuple[str, str, str]]:

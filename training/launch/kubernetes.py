@@ -640,6 +640,35 @@ def in_namespace(body: dict[str, Any], kubeconfig: str) -> dict[str, Any]:
     return {**body, "metadata": {**body["metadata"], "namespace": own_namespace(kubeconfig)}}
 
 
+def check_shared_claim(api, namespace: str, claim: str, pods: int) -> None:
+    """Refuse a job of ``pods`` pods (more than one) on the shared ``claim`` when the claim, read through the API,
+    is not ``ReadWriteMany`` (its bound access modes, else those it asks for): the pods land on several nodes and
+    a ReadWriteOnce volume attaches to one (the others fail with Multi-Attach errors). A claim this process may not
+    read (403) or cannot find (404) goes unchecked, with a log line saying so.
+
+    Raises:
+        ValueError: the claim is visible and not ReadWriteMany (claim, namespace and its modes named).
+        kubernetes.client.ApiException: the API failed otherwise.
+    """
+    if pods < 2:
+        return
+    try:
+        found = client.CoreV1Api(api).read_namespaced_persistent_volume_claim(claim, namespace)
+    except ApiException as exc:
+        if exc.status not in (403, 404):
+            raise
+        progress(f"kubernetes: cannot read persistentvolumeclaim {namespace}/{claim} ({exc.status} {exc.reason}): "
+                 f"its access modes are not checked; the job's {pods} pods need it ReadWriteMany")
+        return
+    modes = (found.status and found.status.access_modes) or found.spec.access_modes or []
+    if "ReadWriteMany" not in modes:
+        raise ValueError(f"persistentvolumeclaim {namespace}/{claim} has accessModes {modes}, but the job's {pods} "
+                         "pods mount it from several nodes, which needs ReadWriteMany (a ReadWriteOnce volume "
+                         "attaches to one node: the other pods fail with Multi-Attach errors); set "
+                         "cluster.shared_volume_claim to a ReadWriteMany claim (NFS, CephFS, EFS, Filestore, "
+                         "Azure Files)")
+
+
 def preflight(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, policy: LaunchPolicy, *,
               pipeline_run_id: str, log_dir: Path, api=None) -> None:
     """Run the collective benchmark (``python -m training.collectives --preflight``) as a job of the training
@@ -691,13 +720,17 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
 
     Raises:
         LaunchError: the job (or the preflight) failed, or the launcher gave up on it and deleted it.
-        ValueError: the cluster has no shared volume, or the job's shape and the cluster do not fit together.
+        ValueError: the cluster has no shared volume, the job's shape and the cluster do not fit together, or the
+            shared claim of a job of several pods is not ReadWriteMany (:func:`check_shared_claim`).
     """
     started = time.monotonic()
     name = job_name_for(pipeline_run_id)
     root = Path(job_dir(name, cluster))
     data_file = "data" + (Path(data).suffix or ".parquet")
     body = job_manifest(config, shape, cluster, run_id=pipeline_run_id, data_file=data_file)
+    api = api_client(policy.kubeconfig)
+    check_shared_claim(api, in_namespace(body, policy.kubeconfig)["metadata"]["namespace"],
+                       cluster.shared_volume_claim, shape.nnodes + (cluster.kind == "rayjob"))  # and a Ray head
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):
         _stage(source, root / target)
@@ -707,7 +740,6 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     atomic_write_json(root / "config.json", config.to_dict())
     if mlflow_run_id:
         atomic_write_text(root / MLFLOW_RUN_ID_FILE, mlflow_run_id)
-    api = api_client(policy.kubeconfig)
     log_dir = Path(log_dir)
     if policy.preflight_min_busbw_gbps:
         preflight(config, shape, cluster, policy, pipeline_run_id=pipeline_run_id, log_dir=log_dir, api=api)
