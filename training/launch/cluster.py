@@ -148,7 +148,8 @@ class ClusterConfig:
     kubeconfig context's, else ``default``; ``kfloop compile|upload|run --namespace`` sets it."""
     image: str = DEFAULT_IMAGE
     """Image with kfloop and its pins installed (deploy/Dockerfile); pin a digest or a tag per release. Unset: the
-    image of the pipeline step that launches the job (``KFLOOP_IMAGE``, the commit's), else the kfloop image."""
+    image of the pipeline step that launches the job (``KFLOOP_IMAGE``, the commit's; its CUDA build, tag
+    ``<tag>-cuda``, when the job asks for NVIDIA GPUs), else the kfloop image."""
     image_pull_policy: str = "IfNotPresent"
     """``IfNotPresent``, ``Always`` or ``Never``."""
     image_pull_secrets: list[str] = field(default_factory=list)
