@@ -259,7 +259,8 @@ def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, i
     pods, inits = record["pods"], record["init_containers"]
     if sorted(p["restarts"] for p in pods) != [0, 1] or {(p["image"], p["exit_code"]) for p in pods} != {(image, 0)}:
         raise AssertionError(f"{job}: expected 2 pods of {image} ending 0, one restarted once: {pods}")
-    if [(p["name"], p["image"], p["user"], p["exit_code"]) for p in inits] != [(f"{job}-worker-0", image, "1000", 0)]:
+    if [(p["name"], p["image"], p["user"].split(":")[0], p["exit_code"]) for p in inits] != [
+            (f"{job}-worker-0", image, "1000", 0)]:
         raise AssertionError(f"{job}: expected the worker's init-pytorch from deploy/operator-restricted-init.yaml "
                              f"(UID 1000) to end 0: {inits}")
     (master,) = [c for c in client.containers.list(all=True, filters={"label": [
