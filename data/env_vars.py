@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-SetBy = Literal["you", "kfloop", "Kubeflow Pipelines", "Kubernetes", "the training operator or torchrun", "CI"]
+SetBy = Literal["you", "kfloop", "Kubeflow Pipelines", "Kubernetes", "the training operator or torchrun", "CI", "the image"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,9 @@ ENV_VARS: tuple[EnvVar, ...] = (
            "sets it at build time (`deploy/Dockerfile`'s `GIT_COMMIT`), else `git rev-parse HEAD`."),
     EnvVar("KFLOOP_IMAGE", "you", "On a CI runner: the step image `kfloop compile` and `upload` put in every step "
            "(the image CI built for this commit). In a step: the step's own image, the training job's default."),
+    EnvVar("KFLOOP_TORCH_BUILD", "the image", "The torch build the image holds, `cpu` or `cuda` (`deploy/Dockerfile`'s "
+           "`VARIANT`, also its label `io.kfloop.torch-build`): the launcher refuses GPU jobs on its own image "
+           "when it says `cpu`."),
     EnvVar("KFLOOP_IMAGE_PULL_SECRETS", "kfloop", "Comma-separated image pull secrets of the step pod "
            "(`kfloop compile --image-pull-secret`), passed on to the training job it launches."),
     EnvVar("KFLOOP_JOB_NAMESPACE", "kfloop", "The training jobs' namespace, set on every compiled step by "

@@ -29,6 +29,9 @@ training job it launches runs the same one; on a CI runner, the image ``kfloop c
 PULL_SECRETS_ENV = "KFLOOP_IMAGE_PULL_SECRETS"
 """Comma-separated image pull secrets of this step's pod (``kfloop compile --image-pull-secret``), passed on to the
 training job it launches."""
+TORCH_BUILD_ENV = "KFLOOP_TORCH_BUILD"
+"""The torch build of the image this process runs in (``cpu``, ``cuda`` or ``rocm``): deploy/Dockerfile bakes it
+from its ``VARIANT`` build argument, with the image label ``io.kfloop.torch-build``."""
 JOB_NAMESPACE_ENV = "KFLOOP_JOB_NAMESPACE"
 """Namespace of the training jobs this step launches, set on every compiled step by ``kfloop compile|upload
 --namespace``; the ``cluster.namespace`` setting wins over it, and without either a job goes in the step pod's own."""
@@ -130,6 +133,11 @@ def own_image() -> tuple[str, tuple[str, ...]]:
     Unlike :func:`load_environment` it creates nothing."""
     secrets = tuple(s for s in os.environ.get(PULL_SECRETS_ENV, "").split(",") if s)
     return os.environ.get(IMAGE_ENV, ""), secrets
+
+
+def own_torch_build() -> str:
+    """The torch build of this process's image (``KFLOOP_TORCH_BUILD``); empty outside a kfloop image."""
+    return os.environ.get(TORCH_BUILD_ENV, "")
 
 
 def own_job_namespace() -> str:

@@ -2,8 +2,10 @@
 
 Every step a container of the commit's image on the KFP test server (tests/cluster/kfp_executor.py's DockerEngine:
 UID 1000, read-only root, the platform spec's Secret env and claim, the service account's token), every training
-pod a container of the same image on the Kubernetes test cluster (tests/cluster/docker_kubelet.py), data in a moto S3
-server, a real ``mlflow server``. The chain: ``kfloop upload``; a first training run on the server, whose training
+pod a container of the same image on the Kubernetes test cluster (tests/cluster/docker_kubelet.py) in a namespace
+labelled as a Kubeflow profile's (Istio injection, Pod Security ``restricted``), the operator's init container from
+deploy/operator-restricted-init.yaml, the shared claim root's and given to the pods by their ``fsGroup``; data in a
+moto S3 server, a real ``mlflow server``. The chain: ``kfloop upload``; a first training run on the server, whose training
 step launches a 2-node PyTorchJob, promotes v1; ``kfloop schedule drift`` fires every few seconds on the batch at
 ``current.parquet``: on the stable batch it starts nothing; on the drifted batch its trigger step (cluster backend,
 projected token) creates a training run through the KFP API, which trains as a PyTorchJob and promotes v2; the next
@@ -32,6 +34,7 @@ import kfp
 import requests
 import s3fs
 import yaml
+from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 from kubernetes import utils as kube_utils
 
@@ -65,11 +68,12 @@ TOKEN = "kfp-e2e-token"
 SECRET = "kfloop-mlflow"
 STEP_USER = "1000:1000"
 """The image's user (deploy/Dockerfile)."""
-INIT_TEMPLATE = """
-- name: init-pytorch
-  image: {image}
-  command: ['sh', '-c', 'err=1;for i in $(seq {{{{.MaxTries}}}}); do if getent hosts {{{{.MasterAddr}}}}; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']"""
-"""The operator's init-container template: the job's own image (nothing is pulled) and ``getent``."""
+RESTRICTED_INIT = yaml.safe_load((REPO / "deploy" / "operator-restricted-init.yaml").read_text())["data"][
+    "initContainer.yaml"]
+"""The operator's ``--pytorch-init-container-template-file`` as deploy/ ships it for restricted namespaces (its
+``--pytorch-init-container-image`` is the job's own image: nothing is pulled)."""
+PROFILE_LABELS = {"istio-injection": "enabled", "pod-security.kubernetes.io/enforce": "restricted"}
+"""What a Kubeflow profile namespace carries: Istio's sidecar injection and the restricted Pod Security profile."""
 WAIT_S = 900
 TRAINING = {"epochs": 30, "batch_size": 32}
 """Small batches, many epochs: the retrain on the drifted batch runs long enough (a few seconds of epochs, each one
@@ -101,10 +105,12 @@ def upload_demo_data(s3: S3Server, scratch: Path) -> tuple[s3fs.S3FileSystem, di
     return fs, {name: f"s3://{BUCKET}/data/{name}" for name in files}
 
 
-def prepare_cluster(cluster: K8sServer, scratch: Path, secret: dict[str, str]) -> None:
-    """As the admin: deploy/rbac.yaml and deploy/webhook.yaml's Role (the trigger state's ConfigMap) in
-    :data:`NAMESPACE`, and the credentials Secret the steps and pods read."""
+def prepare_cluster(cluster: K8sServer, scratch: Path, secret: dict[str, str]) -> dict[str, str]:
+    """As the admin: :data:`NAMESPACE` labelled as a profile's (:data:`PROFILE_LABELS`), deploy/rbac.yaml and
+    deploy/webhook.yaml's Role (the trigger state's ConfigMap) in it, and the credentials Secret the steps and pods
+    read. Returns the namespace's labels."""
     admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(scratch / "admin")))
+    namespace = kube_client.CoreV1Api(admin).patch_namespace(NAMESPACE, {"metadata": {"labels": PROFILE_LABELS}})
     webhook = [d for d in manifests(REPO / "deploy" / "webhook.yaml") if d["kind"] in ("Role", "RoleBinding")]
     for doc in [*manifests(REPO / "deploy" / "rbac.yaml"), *webhook]:
         if doc["kind"] != "ServiceAccount":  # the test server authenticates service accounts by token alone
@@ -112,6 +118,7 @@ def prepare_cluster(cluster: K8sServer, scratch: Path, secret: dict[str, str]) -
     kube_utils.create_from_dict(admin, {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()}})
+    return namespace.metadata.labels
 
 
 def cli(*argv: str) -> dict:
@@ -246,7 +253,8 @@ def retrain_tasks(summary: dict, run_id: str) -> list[dict]:
 def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, image: str) -> int:
     """The trigger's run as the chain requires it: every task a container of ``image`` as :data:`STEP_USER` with a
     read-only root that exited 0; its PyTorchJob's 2 pods containers of ``image`` that ended 0, one of them
-    restarted once after the kill, and the master resumed from a checkpoint past step 0 (returned).
+    restarted once after the kill, the worker's init container the restricted template's (UID 1000), and the master
+    resumed from a checkpoint past step 0 (returned).
 
     Raises:
         AssertionError: naming what differs.
@@ -258,9 +266,14 @@ def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, i
         raise AssertionError(f"the trigger's run has tasks that are not containers of {image} as {STEP_USER} "
                              f"with a read-only root and exit 0: {wrong or tasks}")
     job = job_name_for(run_id)
-    (pods,) = [j["pods"] for j in summary["jobs"] if j["name"] == job]
+    (record,) = [j for j in summary["jobs"] if j["name"] == job]
+    pods, inits = record["pods"], record["init_containers"]
     if sorted(p["restarts"] for p in pods) != [0, 1] or {(p["image"], p["exit_code"]) for p in pods} != {(image, 0)}:
         raise AssertionError(f"{job}: expected 2 pods of {image} ending 0, one restarted once: {pods}")
+    if [(p["name"], p["image"], p["user"].split(":")[0], p["exit_code"]) for p in inits] != [
+            (f"{job}-worker-0", image, "1000", 0)]:
+        raise AssertionError(f"{job}: expected the worker's init-pytorch from deploy/operator-restricted-init.yaml "
+                             f"(UID 1000) to end 0: {inits}")
     (master,) = [c for c in client.containers.list(all=True, filters={"label": [
         f"{POD_LABEL}={job}-master-0", f"{CONTAINER_LABEL}=pytorch"]})]
     log = master.logs().decode(errors="replace")
@@ -290,9 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         mlflow.start()
         say(f"S3 {s3.url}, MLflow {mlflow.url} (artifacts s3://{BUCKET}/mlflow)")
         shared, pipeline_root = root / "shared", root / "pipeline-root"
-        for folder in (shared, pipeline_root):  # written by the pods' UID 1000
-            folder.mkdir()
-            folder.chmod(0o777)
+        pipeline_root.mkdir()
+        pipeline_root.chmod(0o777)  # the object store's stand-in, written by the steps' UID 1000
+        shared.mkdir()
+        os.chown(shared, 0, 1000)  # the claim as provisioned: root's, writable by the steps' group (KFP steps get
+        shared.chmod(0o775)  # no fsGroup); the training pods' fsGroup gives it to their group, setgid
         secret = {"MLFLOW_TRACKING_URI": mlflow.url,
                   **{k: v for k, v in s3.env().items() if k in CREDENTIAL_KEYS}}
         os.environ.update(MLFLOW_TRACKING_URI=mlflow.url, KFP_TOKEN=TOKEN, KFLOOP_BACKEND="kubernetes", **s3.env())
@@ -300,12 +315,15 @@ def main(argv: list[str] | None = None) -> int:
         engine = DockerEngine(pipeline_root=pipeline_root, env={"HOME": "/tmp", "AWS_DEFAULT_REGION": "us-east-1",
                                                                 "AWS_EC2_METADATA_DISABLED": "true"})
         with K8sServer(root / "k8s", namespace=NAMESPACE, volumes={CLAIM: shared}, runtime=runtime,
-                       pytorch_init_container_template=INIT_TEMPLATE.format(image=args.image)) as cluster, \
+                       pytorch_init_container_template=RESTRICTED_INIT,
+                       pytorch_init_container_image=args.image) as cluster, \
                 KfpApiServer(token=TOKEN) as server, \
                 KfpExecutor(server, engine, pipeline_root=pipeline_root, namespace=NAMESPACE,
                             default_service_account="kfloop", pod_defaults=[POD_DEFAULT], token=TOKEN,
                             cluster=cluster):
-            prepare_cluster(cluster, root, secret)
+            labels = prepare_cluster(cluster, root, secret)
+            say(f"namespace {NAMESPACE}: {labels}; the operator's init container from "
+                "deploy/operator-restricted-init.yaml")
             settings = root / "kfloop.yaml"
             settings.write_text(yaml.safe_dump({
                 "model_name": MODEL, "dataset_uri": uris["train.parquet"], "schema_uri": uris["schema.yaml"],
@@ -364,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = {"image": args.image, "commit": commit.removesuffix("-dirty"),
                        "dirty": commit.endswith("-dirty"), "runs": [], "jobs": [],
                        "trigger_decisions": [{k: d[k] for k in ("decision", "reason", "run_id")} for d in decisions],
-                       "suppressed_in_metrics": alert["suppressed"], "champion_version": int(champion)}
+                       "suppressed_in_metrics": alert["suppressed"], "champion_version": int(champion),
+                       "namespace": {"name": NAMESPACE, "labels": labels}}
             for run in summary_runs:
                 started_by = ("schedule" if run.get("recurring_run_id") else
                               "trigger" if run["run_id"] == retrain["run_id"] else
@@ -373,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "started_by": started_by, "tasks": task_records(daemon, run)})
             for run_id in (first["run_id"], retrain["run_id"]):
                 job = job_name_for(run_id)
-                summary["jobs"].append({"kind": "PyTorchJob", "name": job, "pods": pod_records(daemon, f"{job}-")})
+                summary["jobs"].append({"kind": "PyTorchJob", "name": job, "pods": pod_records(daemon, f"{job}-"),
+                                        "init_containers": pod_records(daemon, f"{job}-", "init-pytorch")})
             SUMMARY.write_text(json.dumps(summary, indent=2))
             resumed = check_trigger_run(daemon, summary, retrain["run_id"], args.image)
             say(f"ok in {time.monotonic() - started:.0f} s: {len(summary['runs'])} runs executed as containers on "

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from training.launch.cluster import cuda_image
+
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.y*ml"))
 WORKFLOW = REPO / ".github" / "workflows" / "ci.yaml"
@@ -128,6 +130,11 @@ def test_main_builds_the_commits_image_and_the_upload_uses_it():
     assert image["env"]["KFLOOP_IMAGE_REGISTRY"] == "${{ vars.KFLOOP_IMAGE_REGISTRY }}"
     assert "docker build -f deploy/Dockerfile" in script and 'docker push "$IMAGE"' in script
     assert "--password-stdin" in script
+    # both torch builds, each under its own tag: the CPU one as the commit, the CUDA one as image-ref.sh's `cuda`
+    builds = {s["env"]["IMAGE"]: s["run"] for s in image["steps"] if "docker build" in s.get("run", "")}
+    assert {ref: re.search(r"--build-arg VARIANT=(\w+)", run)[1] for ref, run in builds.items()} == {
+        "${{ steps.ref.outputs.image }}": "cpu", "${{ steps.ref.outputs.cuda }}": "cuda"}
+    assert 'deploy/image-ref.sh "$GITHUB_REPOSITORY_OWNER" "$GITHUB_SHA" cuda' in script
     # the upload takes the image as KFLOOP_IMAGE, so `kfloop upload` checks its tag against the commit; it is
     # computed in the job from the same public values, never a job output GitHub may drop as holding a secret
     kubeflow = jobs["kubeflow"]
@@ -140,9 +147,13 @@ def test_main_builds_the_commits_image_and_the_upload_uses_it():
 @pytest.mark.parametrize("registry, image", [("", "ghcr.io/acme-ml/kfloop:abc123"),
                                              ("registry.example.com/team", "registry.example.com/team/kfloop:abc123")])
 def test_the_image_reference_is_computed_from_public_values(registry, image):
-    proc = subprocess.run([str(REPO / "deploy" / "image-ref.sh"), "Acme-ML", "abc123"], capture_output=True,
-                          text=True, env={"PATH": SEARCH_PATH, "KFLOOP_IMAGE_REGISTRY": registry}, check=True)
-    assert proc.stdout.strip() == image
+    def ref(*variant: str) -> str:
+        return subprocess.run([str(REPO / "deploy" / "image-ref.sh"), "Acme-ML", "abc123", *variant],
+                              capture_output=True, text=True, env={"PATH": SEARCH_PATH, "KFLOOP_IMAGE_REGISTRY": registry},
+                              check=True).stdout.strip()
+
+    assert ref() == ref("cpu") == image
+    assert ref("cuda") == cuda_image(image) == f"{image}-cuda"  # the tag the launcher picks for GPU jobs
 
 
 def test_kind_job_runs_the_cluster_script_on_main_and_by_hand_and_keeps_its_logs_on_failure():

@@ -16,8 +16,9 @@ from kfp.client import KF_PIPELINES_SA_TOKEN_PATH
 from cluster.crd_schema import validate
 from manifest_checks import pods, render_cli, restricted_violations
 
+from data.settings import TORCH_BUILD_ENV
 from monitoring.trigger_configmap import CONFIG_MAP
-from training.launch.cluster import RUN_AS_USER
+from training.launch.cluster import RUN_AS_USER, TORCH_BUILD_LABEL
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 NAMESPACE = "kfloop"
@@ -28,12 +29,13 @@ GRANTS = {
     ("", "pods", ""): {"get", "list", "watch"},
     ("", "pods/log", ""): {"get"},
     ("", "events", ""): {"list"},
+    ("", "persistentvolumeclaims", ""): {"get"},
     ("coordination.k8s.io", "leases", ""): {"get", "create", "update"},
     ("", "configmaps", ""): {"create"},
     ("", "configmaps", CONFIG_MAP): {"get", "update"},
 }
-"""Exactly what the launcher (jobs, pods, logs, events), the promotion lock (one Lease) and the trigger state (one
-ConfigMap per model) use."""
+"""Exactly what the launcher (jobs, pods, logs, events, the shared claim's access modes), the promotion lock (one
+Lease) and the trigger state (one ConfigMap) use."""
 
 
 SPECS = Path(__file__).resolve().parent / "cluster" / "specs"
@@ -174,7 +176,8 @@ REPO = DEPLOY.parent
 _VERBS = {"create": "create", "get": "get", "read": "get", "list": "list", "patch": "patch", "replace": "update",
           "delete": "delete"}
 _RESOURCES = {"custom_object": ("kubeflow.org", "pytorchjobs"), "pod": ("", "pods"), "pod_log": ("", "pods/log"),
-              "event": ("", "events"), "lease": ("coordination.k8s.io", "leases"), "config_map": ("", "configmaps")}
+              "event": ("", "events"), "lease": ("coordination.k8s.io", "leases"),
+              "persistent_volume_claim": ("", "persistentvolumeclaims"), "config_map": ("", "configmaps")}
 
 
 def api_calls(source: str) -> set[tuple[str, str, str]]:
@@ -266,6 +269,57 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
     final_stage = text.rsplit("\nFROM ", 1)[1]
     assert "wheelhouse" not in final_stage and re.search(r"^\s+HOME=/tmp \\$", final_stage, re.M)
     assert "pip check" in final_stage and "ca-certificates" not in text  # never the builder's CA bundle
+
+
+def _dockerfile_run(marker: str) -> str:
+    """The shell script of deploy/Dockerfile's RUN instruction containing ``marker`` (continuations joined)."""
+    text = (DEPLOY / "Dockerfile").read_text().replace("\\\n", "\n")
+    (run,) = [i for i in re.split(r"\n(?=[A-Z]+ )", text) if i.startswith("RUN ") and marker in i]
+    return run.removeprefix("RUN ")
+
+
+def _run_with_stubs(script: str, tmp_path: Path, build_args: dict[str, str], stubs: dict[str, str]):
+    """``script`` under sh with the build arguments as its env (as docker passes ARGs to RUN) and each command of
+    ``stubs`` a script on PATH before the system's."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                          env={**build_args, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("variant, index", [("cpu", "https://download.pytorch.org/whl/cpu"),
+                                            ("cuda", "https://pypi.org/simple"), ("rocm", None)])
+def test_the_dockerfile_installs_the_torch_build_its_variant_names(variant, index, tmp_path):
+    """The torch RUN (online: no wheelhouse) picks the index of ``VARIANT``; ROCm needs its index given."""
+    calls = tmp_path / "pip-calls"
+    proc = _run_with_stubs(_dockerfile_run('case "${VARIANT}" in'), tmp_path,
+                           {"VARIANT": variant, "TORCH": "torch==2.13.0", "TORCH_INDEX_URL": ""},
+                           {"pip": f'echo "$@" >> {calls}', "python3": "exit 0"})
+    if index is None:
+        assert proc.returncode == 1 and "VARIANT=rocm: use cpu or cuda, or give TORCH_INDEX_URL" in proc.stderr
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert calls.read_text() == f"install --index-url {index} torch==2.13.0\n"
+
+
+@pytest.mark.parametrize("variant, installed, ok", [("cpu", "cpu", True), ("cuda", "cuda", True),
+                                                    ("cuda", "cpu", False), ("cpu", "rocm", False)])
+def test_the_dockerfile_refuses_a_torch_build_other_than_its_variant(variant, installed, ok, tmp_path):
+    proc = _run_with_stubs(_dockerfile_run("import torch"), tmp_path, {"VARIANT": variant, "TORCH": "torch==2.13.0"},
+                           {"python": f"echo {installed}"})
+    assert (proc.returncode == 0) == ok, proc.stderr
+    if not ok:
+        assert proc.stderr.strip() == f"VARIANT={variant}, but torch==2.13.0 installed its {installed} build"
+
+
+def test_the_image_names_its_torch_build_in_a_label_and_its_env():
+    final_stage = (DEPLOY / "Dockerfile").read_text().rsplit("\nFROM ", 1)[1]
+    assert re.search(r"^ARG VARIANT=cpu$", final_stage, re.M)
+    assert re.search(rf"^LABEL .*\b{re.escape(TORCH_BUILD_LABEL)}=\$\{{VARIANT\}}$", final_stage, re.M)
+    assert re.search(rf"^\s+{TORCH_BUILD_ENV}=\$\{{VARIANT\}}$", final_stage, re.M)  # what the launcher reads
 
 
 @pytest.mark.skipif(os.environ.get("KFLOOP_KIND_E2E") != "1", reason="cluster test: set KFLOOP_KIND_E2E=1 with "

@@ -5,6 +5,7 @@ builds it and runs this file); skipped otherwise."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,20 @@ INIT_TEMPLATE = f"""
 and ``getent`` (the image has no nslookup)."""
 
 
+BARE = "bare"
+"""A claim as a provisioner leaves a block volume: root's, mode 0755."""
+
+
 @pytest.fixture
 def docker_cluster(tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o777)  # the claim's folder, written by the pods' UID 1000
+    shared, bare = tmp_path / "shared", tmp_path / "bare"
+    for folder in (shared, bare):
+        folder.mkdir()
+        folder.chmod(0o755)
+    os.chown(shared, 0, 1000)  # the launching step (UID/GID 1000, no fsGroup: KFP sets none) writes it first
+    shared.chmod(0o775)
     runtime = DockerRuntime()
-    server = K8sServer(tmp_path / "k8s", volumes={CLAIM: shared}, runtime=runtime,
+    server = K8sServer(tmp_path / "k8s", volumes={CLAIM: shared, BARE: bare}, runtime=runtime,
                        pytorch_init_container_template=INIT_TEMPLATE)
     with server:
         yield Cluster(server, server.write_kubeconfig(tmp_path / "kubeconfig"), shared)
@@ -187,3 +195,32 @@ def test_a_pod_is_a_container_of_its_spec_and_a_killed_one_restarts_in_place(doc
     assert second.attrs["HostConfig"]["Memory"] == 512 * 2**20 and second.attrs["HostConfig"]["NanoCpus"] == 10**9
     assert pod_records(daemon, "probe-") == [{"name": "probe-master-0", "container_id": second.id, "image": IMAGE,
                                               "user": "1000", "exit_code": 0, "restarts": 1}]
+
+
+@pytest.mark.parametrize("fs_group", [None, 1000])
+def test_a_non_root_pod_writes_a_root_owned_claim_only_with_an_fsgroup(fs_group, docker_cluster):
+    """The kubelet gives the volume to the pod's fsGroup (group, setgid folders) and the container that group;
+    without one, a root-owned volume is read-only to UID 1000."""
+    from kubernetes import client
+
+    body = pytorchjob(f"fsgroup-{fs_group or 'none'}", ["python", "-c", "open('/data/written', 'w').write('x')"],
+                      workers=0)
+    pod = body["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    if fs_group:
+        pod["securityContext"]["fsGroup"] = fs_group
+    pod["containers"][0].update(image=IMAGE, volumeMounts=[{"name": "data", "mountPath": "/data"}])
+    pod["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": BARE}}]
+    client.CustomObjectsApi(docker_cluster.api()).create_namespaced_custom_object("kubeflow.org", "v1", "default",
+                                                                                  "pytorchjobs", body)
+    (ended,) = wait_for("the job to end", lambda: [c["type"] for c in docker_cluster.jobs()[0].get(
+        "status", {}).get("conditions", []) if c["type"] in ("Succeeded", "Failed") and c["status"] == "True"],
+        timeout=120)
+    log = client.CoreV1Api(docker_cluster.api()).read_namespaced_pod_log(f"{body['metadata']['name']}-master-0",
+                                                                         "default")
+    bare = docker_cluster.server.volumes[BARE]
+    if fs_group:
+        assert ended == "Succeeded", log
+        assert (bare / "written").stat().st_gid == fs_group and bare.stat().st_mode & 0o2070 == 0o2070
+    else:
+        assert ended == "Failed" and "PermissionError" in log
+        assert not (bare / "written").exists() and bare.stat().st_gid == 0

@@ -21,7 +21,8 @@ from polling import wait_for
 
 from pipelines.cli.commands import main
 from training.config import JobShape, TrainingConfig
-from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy, preflight
+from training.launch.kubernetes import (JobRun, KubernetesSettings, LaunchPolicy, check_image_build,
+                                        check_shared_claim, preflight, train_kubernetes)
 from data.tables import DataFileError
 from training.launch.local import LaunchError
 from training.launch.manifests import job_name_for, render_pytorchjob, training_job_spec
@@ -480,6 +481,78 @@ def test_the_launcher_works_with_the_deployed_roles_and_a_missing_verb_is_403(cl
         'events is forbidden: User "system:serviceaccount:default:kfloop" cannot list resource "events" in API group '
         '"" in the namespace "default"')
     assert [j["metadata"]["name"] for j in cluster.jobs()] == ["as-runner"]  # the launcher deleted its job
+
+
+def test_a_gpu_job_runs_the_cuda_build_of_the_steps_image_and_gpus_on_a_cpu_build_are_refused(cluster, tmp_path,
+                                                                                              monkeypatch):
+    own = "registry.example.com/team/kfloop:abc123"
+    monkeypatch.setenv("KFLOOP_IMAGE", own)  # a compiled step's own image, of the CPU build
+    monkeypatch.setenv("KFLOOP_TORCH_BUILD", "cpu")
+    settings = {k: v for k, v in cluster.settings().items() if k != "image"}
+
+    def picked(**overrides) -> KubernetesSettings:
+        return KubernetesSettings.from_dict({**settings, **overrides})
+
+    assert picked().cluster.image == own
+    assert picked(gpus_per_node=1).cluster.image == f"{own}-cuda"  # ci.yaml's tag of the commit's CUDA build
+    check_image_build(picked(gpus_per_node=1).cluster)
+    check_image_build(picked(gpus_per_node=1, image="elsewhere/trainer:1").cluster)  # a build not known here
+    amd = picked(gpus_per_node=1, gpu_vendor="amd")
+    assert amd.cluster.image == own  # no ROCm build is published: the step's image, refused below
+    explicit = picked(gpus_per_node=1, image=own)
+    for refused in (amd, explicit):
+        with pytest.raises(ValueError) as error:
+            train_kubernetes(tmp_path / "train.parquet", tmp_path / "schema.yaml", model_dir=tmp_path / "model",
+                             config=TrainingConfig(), shape=JobShape(nnodes=1, nproc_per_node=1, backend="kubernetes"),
+                             cluster=refused.cluster, policy=refused.launcher, pipeline_run_id="gpu-on-cpu",
+                             log_dir=tmp_path / "logs")
+        assert str(error.value).startswith(f"cluster.image {own} is torch's CPU build (io.kfloop.torch-build=cpu) "
+                                           "but the job asks for GPUs")
+        assert f"run its CUDA build {own}-cuda (io.kfloop.torch-build=cuda" in str(error.value)
+    assert cluster.jobs() == []
+
+
+def _claim_with_modes(cluster: Cluster, modes: list[str]) -> None:
+    """As the admin: the shared claim replaced by one with ``modes`` (a bound claim's spec is immutable)."""
+    from kubernetes import client
+
+    from cluster.kubernetes_cluster import CLAIM
+
+    core = client.CoreV1Api(cluster.api())
+    core.delete_namespaced_persistent_volume_claim(CLAIM, "default")
+    core.create_namespaced_persistent_volume_claim("default", {"metadata": {"name": CLAIM}, "spec": {
+        "accessModes": modes, "resources": {"requests": {"storage": "1Gi"}}}})
+
+
+def test_a_job_of_several_pods_on_a_claim_that_is_not_readwritemany_is_refused_before_anything_starts(cluster,
+                                                                                                     tmp_path):
+    _claim_with_modes(cluster, ["ReadWriteOnce"])
+    settings = KubernetesSettings.from_dict(cluster.settings())
+    with pytest.raises(ValueError) as refused:
+        train_kubernetes(tmp_path / "train.parquet", tmp_path / "schema.yaml", model_dir=tmp_path / "model",
+                         config=TrainingConfig(), shape=JobShape(nnodes=2, nproc_per_node=1, backend="kubernetes"),
+                         cluster=settings.cluster, policy=settings.launcher, pipeline_run_id="rwo-run",
+                         log_dir=tmp_path / "logs")
+    assert str(refused.value).startswith("persistentvolumeclaim default/kfloop-shared has accessModes "
+                                         "['ReadWriteOnce'], but the job's 2 pods mount it from several nodes")
+    assert cluster.jobs() == [] and list(cluster.shared.iterdir()) == []  # nothing created, nothing staged
+
+
+def test_a_claim_the_launcher_cannot_read_goes_unchecked_with_a_log_line(cluster, tmp_path, capsys):
+    from cluster.kubernetes_cluster import CLAIM
+
+    check_shared_claim(cluster.api(), "default", CLAIM, 2)  # the test cluster's claims are ReadWriteMany
+    check_shared_claim(cluster.api(), "default", "elsewhere", 3)
+    blind = _as_service_account(cluster, tmp_path, [{"metadata": {"name": "jobs-only"}, "rules": [
+        {"apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["create"]}]}])
+    _claim_with_modes(cluster, ["ReadWriteOnce"])
+    check_shared_claim(cluster.api(Path(blind.kubeconfig)), "default", CLAIM, 2)
+    check_shared_claim(cluster.api(), "default", CLAIM, 1)  # one pod: any mode will do
+    assert capsys.readouterr().err.splitlines() == [
+        "[kfloop] kubernetes: cannot read persistentvolumeclaim default/elsewhere (404 Not Found): its access modes are not "
+        "checked; the job's 3 pods need it ReadWriteMany",
+        f"[kfloop] kubernetes: cannot read persistentvolumeclaim default/{CLAIM} (403 Forbidden): its access modes are not "
+        "checked; the job's 2 pods need it ReadWriteMany"]
 
 
 @pytest.mark.parametrize("nnodes, rdma", [(1, False), (2, False), (1, True)])

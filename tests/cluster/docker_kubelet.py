@@ -11,20 +11,30 @@ Taken from the kubelet (kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_contain
   ``readOnlyRootFilesystem``, ``capabilities`` add/drop, ``allowPrivilegeEscalation: false`` as
   ``no-new-privileges``; ``runAsNonRoot`` verified against the image's user (``verifyRunAsNonRoot``: a non-numeric
   or zero user is a CreateContainerConfigError).
-- volumes: a ``persistentVolumeClaim`` is the claim's host folder (``K8sServer.volumes``), bound at every pod that
-  mounts it (``subPath``, ``readOnly``); an ``emptyDir`` a folder of the pod, or a tmpfs of ``sizeLimit`` when its
-  ``medium`` is ``Memory``; a memory ``emptyDir`` at ``/dev/shm`` sizes the container's shm.
+- volumes: a ``persistentVolumeClaim`` is the claim's host folder (``K8sServer.volumes``) as its provisioner left it
+  (owner and mode untouched: a root-owned volume is not writable by a non-root user), bound at every pod that mounts
+  it (``subPath``, ``readOnly``); an ``emptyDir`` a folder of the pod made ``0777`` (``pkg/volume/emptydir/
+  empty_dir.go`` ``defaultPerm``), or a tmpfs of ``sizeLimit`` when its ``medium`` is ``Memory``; a memory
+  ``emptyDir`` at ``/dev/shm`` sizes the container's shm. The pod's ``securityContext.fsGroup`` is applied to both
+  kinds as the kubelet's volume ownership code does (:func:`set_volume_ownership`) and joins the container's
+  supplementary groups with ``supplementalGroups`` (``pkg/kubelet/kuberuntime/security_context.go``
+  ``determineEffectiveSecurityContext``); the claims stand for volumes whose driver supports fsGroup (block volumes;
+  a CSI driver with ``fsGroupPolicy: File``).
 - ``resources.limits`` cpu and memory as the container's CPU quota and memory limit (OOMKilled from the daemon).
 - container names ``k8s_<container>_<pod>_<namespace>_<uid>_<attempt>`` and the ``io.kubernetes.*`` labels,
   ``containerID`` ``docker://<id>``; a container stays after it ends, so its exit code, user and image can be read
   back from the daemon; ``pods/log`` is the container's log as the daemon keeps it.
 
 Differences from a cluster, as in the process kubelet: every pod shares the host network (the test servers listen
-on loopback), so pod names resolve to 127.0.0.1 through each container's ``/etc/hosts`` (the job's hosts file) and
-the hostname stays the host's; no image is pulled: one the daemon lacks is ImagePullBackOff.
+on loopback), so pod names resolve to 127.0.0.1 through each container's ``/etc/hosts`` (the job's hosts file), and
+the cluster DNS's ``nslookup`` is the job's ``bin/nslookup`` answering from it, bound at ``/usr/local/bin/nslookup``
+(the operator's init container asks it for the master); the hostname stays the host's; no image is pulled: one the
+daemon lacks is ImagePullBackOff.
 """
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +50,36 @@ if TYPE_CHECKING:
 
 POD_LABEL, CONTAINER_LABEL = "io.kubernetes.pod.name", "io.kubernetes.container.name"
 """dockershim's labels on every container of a pod (``pkg/kubelet/types/labels.go``)."""
+RW_MASK, RO_MASK, EXEC_MASK = 0o660, 0o440, 0o110
+"""``rwMask``, ``roMask``, ``execMask`` of kubernetes ``pkg/volume/volume_linux.go``."""
+
+
+def set_volume_ownership(root: Path, fs_group: int, *, read_only: bool = False, policy: str = "Always") -> None:
+    """The kubelet's ``SetVolumeOwnership`` (kubernetes ``pkg/volume/volume_linux.go``: ``ChangePermissions``,
+    ``changeFilePermission``, ``skipPermissionChange``): every file and folder under ``root`` gets group
+    ``fs_group`` (``lchown``, owner kept) and its mode or'ed with ``rw`` for the group (``r`` when ``read_only``),
+    folders also ``x`` and setgid, so what the pod creates there belongs to ``fs_group`` too; symlinks are not
+    chmodded. With ``policy`` ``OnRootMismatch`` nothing changes when ``root`` already has that group, those bits and
+    setgid (``requiresPermissionChange``). Like upstream, a file that cannot be changed (here: one removed while
+    walked, as another pod's writer renames its temp files) is skipped, not an error."""
+    mask = RO_MASK if read_only else RW_MASK
+    if policy == "OnRootMismatch":
+        info = root.stat()
+        wanted = mask | EXEC_MASK
+        if info.st_gid == fs_group and stat.S_ISDIR(info.st_mode) and info.st_mode & wanted == wanted \
+                and info.st_mode & stat.S_ISGID:
+            return
+    for folder, dirs, files in os.walk(root):
+        for path in [Path(folder)] + [Path(folder) / name for name in dirs + files]:
+            try:
+                os.lchown(path, -1, fs_group)
+                info = path.lstat()
+                if stat.S_ISLNK(info.st_mode):
+                    continue
+                extra = mask | (stat.S_ISGID | EXEC_MASK if stat.S_ISDIR(info.st_mode) else 0)
+                path.chmod(stat.S_IMODE(info.st_mode) | extra)
+            except FileNotFoundError:
+                continue
 
 
 @dataclass
@@ -122,6 +162,9 @@ class DockerRuntime:
         command, args = ([expand(a, environment) for a in part] if part else part
                          for part in (container.get("command"), container.get("args")))
         hosts = [name for line in job.hosts.read_text().splitlines()[1:] for name in line.split()[1:]]
+        pod_context = pod["spec"].get("securityContext", {})
+        groups = [str(g) for g in ([pod_context["fsGroup"]] if "fsGroup" in pod_context else [])
+                  + pod_context.get("supplementalGroups", [])]
         created = self.client.containers.run(
             container["image"], detach=True, network_mode="host",
             name=f"k8s_{container['name']}_{meta['name']}_{job.namespace}_{meta['uid']}_{attempt}",
@@ -132,6 +175,7 @@ class DockerRuntime:
             read_only=bool(context.get("readOnlyRootFilesystem")),
             cap_drop=capabilities.get("drop") or None, cap_add=capabilities.get("add") or None,
             security_opt=["no-new-privileges"] if context.get("allowPrivilegeEscalation") is False else None,
+            group_add=groups or None,
             mounts=mounts, shm_size=shm_size, extra_hosts={name: "127.0.0.1" for name in hosts},
             nano_cpus=int(quantity(limits["cpu"]) * 1e9) if "cpu" in limits else None,
             mem_limit=int(quantity(limits["memory"])) if "memory" in limits else None,
@@ -168,13 +212,19 @@ class DockerRuntime:
         Raises:
             ValueError: a claim with no host folder, or a volume kind the test cluster does not emulate.
         """
-        mounts, shm_size = [], None
+        mounts = [Mount("/usr/local/bin/nslookup", str(job.bin / "nslookup"), type="bind", read_only=True)]
+        shm_size = None
+        context = pod["spec"].get("securityContext", {})
+        fs_group, policy = context.get("fsGroup"), context.get("fsGroupChangePolicy", "Always")
         for mount, volume in container_volumes(pod, container):
             target, read_only = mount["mountPath"], bool(mount.get("readOnly"))
             if "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 if claim not in job.api.volumes:
                     raise ValueError(f'persistentvolumeclaim "{claim}" not found')
+                if fs_group is not None:
+                    set_volume_ownership(job.api.volumes[claim], fs_group, policy=policy,
+                                         read_only=bool(volume["persistentVolumeClaim"].get("readOnly")))
                 source = job.api.volumes[claim] / mount.get("subPath", "")
                 mounts.append(Mount(target, str(source), type="bind", read_only=read_only))
             else:
@@ -187,7 +237,9 @@ class DockerRuntime:
                 else:
                     folder = job.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
                     folder.mkdir(parents=True, exist_ok=True)
-                    folder.chmod(0o777)  # the kubelet makes emptyDirs 0777 (pkg/volume/emptydir/empty_dir.go perm)
+                    folder.chmod(0o777)  # empty_dir.go setupDir: defaultPerm, whatever the umask
+                    if fs_group is not None:
+                        set_volume_ownership(folder, fs_group)  # empty_dir.go SetUpAt: no change policy
                     mounts.append(Mount(target, str(folder / mount.get("subPath", "")), type="bind",
                                         read_only=read_only))
         return mounts, shm_size

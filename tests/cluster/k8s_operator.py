@@ -111,21 +111,62 @@ def field_value(pod: dict, path: str) -> str:
     return str(value)
 
 
-def pod_requests(pod: dict) -> dict[str, float]:
-    """What the scheduler counts for a pod: requests, or limits where no request is set; the larger of the
-    containers' sum and each init container's (they run one at a time, before the others)."""
-    def requests(container: dict) -> dict[str, float]:
+def pod_requests(pod: dict) -> dict[str, int]:
+    """What the scheduler counts for a pod, in milli-units (``cpu`` in millicores, every other resource in
+    thousandths of its unit, so sums are exact): each container's requests, its limits where no request is set
+    (the API server's defaulting, kubernetes ``pkg/apis/core/v1/defaults.go`` ``SetDefaults_Pod``); the containers
+    summed, and the largest init container where it is larger (kube-scheduler ``computePodResourceRequest``: init
+    containers run one at a time, before the others)."""
+    def requests(container: dict) -> dict[str, int]:
         resources = container.get("resources", {})
-        return {k: quantity(v) for k, v in {**resources.get("limits", {}), **resources.get("requests", {})}.items()}
+        return {k: round(quantity(v) * 1000)
+                for k, v in {**resources.get("limits", {}), **resources.get("requests", {})}.items()}
 
-    wanted: dict[str, float] = {}
+    wanted: dict[str, int] = {}
     for container in pod["spec"].get("containers", []):
         for key, value in requests(container).items():
-            wanted[key] = wanted.get(key, 0.0) + value
+            wanted[key] = wanted.get(key, 0) + value
     for init in pod["spec"].get("initContainers", []):
         for key, value in requests(init).items():
-            wanted[key] = max(wanted.get(key, 0.0), value)
+            wanted[key] = max(wanted.get(key, 0), value)
     return wanted
+
+
+DEFAULT_MAX_PODS = 110
+"""The node's ``pods`` allocatable unless ``capacity`` sets it: the kubelet's ``--max-pods`` default."""
+
+
+def fits_request(pod: dict, bound: list[dict], allocatable: dict[str, float]) -> list[str]:
+    """Why ``pod`` does not fit a node whose ``allocatable`` resources (``cpu`` in cores, ``memory`` and others in
+    their units, ``pods`` a count) are shared with the ``bound`` pods: kube-scheduler's NodeResourcesFit filter
+    (kubernetes ``pkg/scheduler/framework/plugins/noderesources/fit.go``, ``fitsRequest``). ``Too many pods`` when
+    the node holds its ``pods`` already; a pod requesting nothing fits otherwise; then ``Insufficient <resource>``
+    for cpu, memory, ephemeral-storage and each other (extended) resource the pod requests more of than is left, a
+    zero request never counting. Empty when it fits. Not modelled: pod overhead (RuntimeClass), the plugin's
+    ``ignoredResources``/``ignoredResourceGroups`` arguments, DRA-backed extended resources."""
+    reasons = []
+    if len(bound) + 1 > allocatable.get("pods", DEFAULT_MAX_PODS):
+        reasons.append("Too many pods")
+    wanted = {k: v for k, v in pod_requests(pod).items() if k != "pods"}
+    if not any(wanted.values()):
+        return reasons
+    used: dict[str, int] = {}
+    for other in bound:
+        for key, value in pod_requests(other).items():
+            used[key] = used.get(key, 0) + value
+    first = [k for k in ("cpu", "memory", "ephemeral-storage") if k in wanted]
+    for key in first + [k for k in wanted if k not in first]:
+        if wanted[key] > 0 and wanted[key] > round(allocatable.get(key, 0) * 1000) - used.get(key, 0):
+            reasons.append(f"Insufficient {key}")
+    return reasons
+
+
+def unschedulable_message(reasons: list[str]) -> str:
+    """The FailedScheduling message of a pod the one node refused for ``reasons`` (kube-scheduler's
+    ``FitError.Error``, ``pkg/scheduler/framework/types.go``: each reason counted over the nodes, sorted, then the
+    preemption post-filter's verdict)."""
+    return (f"0/1 nodes are available: {', '.join(sorted(f'1 {r}' for r in reasons))}. preemption: 0/1 nodes are "
+            "available: 1 No preemption victims found for incoming pod.")
 
 
 def _terminate(run: _PodRun) -> None:
@@ -412,7 +453,8 @@ class _JobController:
     def start_pod(self, rtype: str, index: int) -> None:
         """Create the pod of replica ``rtype`` ``index`` as the operator does, and run it; a pod the API refuses
         (Pod Security admission) is a FailedCreatePod event on the job instead."""
-        pod = operator.pod_template(self.defaulted, rtype, index, self.api.pytorch_init_container_template)
+        pod = operator.pod_template(self.defaulted, rtype, index, self.api.pytorch_init_container_template,
+                                    self.api.pytorch_init_container_image)
         name = pod["metadata"]["name"]
         pod["metadata"]["ownerReferences"] = [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                                                "name": self.name, "uid": self.job["metadata"]["uid"],
@@ -596,8 +638,7 @@ class _JobController:
                         conditions=[{"type": "PodScheduled", "status": "True", "lastTransitionTime": now()}],
                         hostIP="127.0.0.1", podIP="127.0.0.1")) is not None
             if not reported:
-                message = f"0/1 nodes are available: 1 Insufficient {unfit}. preemption: 0/1 nodes are available: " \
-                          "1 No preemption victims found for incoming pod."
+                message = unschedulable_message(unfit)
                 if self._update_pod(name, lambda p: p["status"].update(conditions=[
                         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
                          "lastTransitionTime": now()}])) is None:
@@ -617,20 +658,17 @@ class _JobController:
                 return False  # deleted while it waited
         return False
 
-    def _unfit(self, pod: dict) -> str | None:
-        """The first resource the node lacks for this pod, next to the pods bound to it that have not ended."""
-        allocated: dict[str, float] = {}
+    def _unfit(self, pod: dict) -> list[str]:
+        """:func:`fits_request` of this pod on the node, next to the pods bound to it that have not ended."""
+        bound = []
         for other in self.api.store.list(PODS, None)[0]:
             status = other.get("status") or {}
-            bound = any(c["type"] == "PodScheduled" and c["status"] == "True" for c in status.get("conditions", []))
-            if bound and status.get("phase") not in ("Succeeded", "Failed") and \
+            scheduled = any(c["type"] == "PodScheduled" and c["status"] == "True"
+                            for c in status.get("conditions", []))
+            if scheduled and status.get("phase") not in ("Succeeded", "Failed") and \
                     other["metadata"]["uid"] != pod["metadata"]["uid"]:
-                for key, value in pod_requests(other).items():
-                    allocated[key] = allocated.get(key, 0.0) + value
-        for key, value in pod_requests(pod).items():
-            if value + allocated.get(key, 0.0) > self.api.capacity.get(key, 0.0):
-                return key
-        return None
+                bound.append(other)
+        return fits_request(pod, bound, self.api.capacity)
 
     def _waiting(self, name: str, container: dict, reason: str, message: str) -> None:
         self._update_pod(name, lambda p: p["status"].update(containerStatuses=[{

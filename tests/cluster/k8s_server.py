@@ -7,6 +7,8 @@ cluster admin, or of any user or service account):
 * custom objects `pytorchjobs` (`kubeflow.org/v1`), `trainjobs` (`trainer.kubeflow.org/v1alpha1`), `rayjobs` and
   `rayclusters` (`ray.io/v1`), and core
   `pods` (read-only for clients), `pods/log`, `events`, `secrets` (`stringData` stored as base64 `data`),
+  `persistentvolumeclaims` (one per claim of `volumes`; a created one checked as the API server's
+  `ValidatePersistentVolumeClaimSpec` does; no update or patch: a bound claim's spec is immutable),
   `namespaces`, `configmaps`, `leases` (`coordination.k8s.io/v1`) and RBAC's `roles`, `clusterroles`, `rolebindings`,
   `clusterrolebindings`: create / get / list / merge-patch / replace / delete, with `resourceVersion` (a replace
   carrying a stale one gets 409 Conflict, the compare-and-set a Lease lock relies on; a Lease time not in
@@ -47,7 +49,8 @@ ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) a
 `OnFailure` restarts the container in place (restartCount, CrashLoopBackOff); `cleanPodPolicy` and
 `activeDeadlineSeconds` apply; a pod that admission refuses is a `FailedCreatePod` event on the job, which stays
 Created. Scheduling checks the pod's resources against one node's `capacity` less what the bound pods that have not
-ended request: a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees.
+ended request (kube-scheduler's NodeResourcesFit filter, `fit.go` `fitsRequest`, with its `fit_test.go` cases as
+vectors): a pod that does not fit stays Pending/Unschedulable with a FailedScheduling event until room frees.
 Images in `unpullable_images` stay in ImagePullBackOff; a pod named in `killed_pods` is SIGKILLed (exit 137) each
 time it starts, reporting the reason given there (`OOMKilled`, or `Error` for a plain kill).
 That is the default runtime (``cluster.k8s_operator.ProcessRuntime``); ``runtime=DockerRuntime()``
@@ -82,9 +85,9 @@ from cluster.crd_schema import printer_columns, validate as validate_crd
 from cluster.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
 from cluster.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
-from cluster.k8s_validation import aggregate, webhook_denied
-from cluster.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PODS, PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES,
-                             SECRETS, TRAINJOBS, ApiError,
+from cluster.k8s_validation import aggregate, claim_refusal, webhook_denied
+from cluster.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PODS, PYTORCHJOBS,
+                             RAYCLUSTERS, RAYJOBS, RESOURCES, SECRETS, TRAINJOBS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sServer"]
@@ -177,19 +180,24 @@ class K8sServer:
     Args:
         workdir: where pod logs, hosts files and emptyDirs go.
         namespace: the kubeconfig's default namespace.
-        volumes: PVC claim name -> host dir of that volume.
-        capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, extended
-            resources by name), shared by every pod bound to it; pods that do not fit stay Unschedulable.
+        volumes: PVC claim name -> host dir of that volume; each claim is also a PersistentVolumeClaim object in
+            ``namespace``, Bound, ``ReadWriteMany`` (replace it through the API to give it other access modes).
+        capacity: the one node's allocatable resources (``cpu`` in cores, ``memory`` in bytes, ``pods`` a count,
+            extended resources by name), shared by every pod bound to it; pods that do not fit stay Unschedulable
+            (kube-scheduler's NodeResourcesFit, ``cluster.k8s_operator.fits_request``).
         operator: run PyTorchJobs as local processes.
         pytorch_init_container_template: the operator's ``--pytorch-init-container-template-file`` (its text);
             None: the operator's default ``init-pytorch``.
+        pytorch_init_container_image: the operator's ``--pytorch-init-container-image`` (default ``alpine:3.10``).
         runtime: what runs the pods' containers: local process groups (default), or
             ``cluster.docker_kubelet.DockerRuntime``'s containers of each pod's image.
     """
 
     def __init__(self, workdir: Path, *, namespace: str = "default", volumes: dict[str, Path] | None = None,
                  capacity: dict[str, float] | None = None, operator: bool = True,
-                 pytorch_init_container_template: str | None = None, runtime: Runtime | None = None):
+                 pytorch_init_container_template: str | None = None,
+                 pytorch_init_container_image: str = pytorchjob_contract.INIT_CONTAINER_IMAGE,
+                 runtime: Runtime | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.namespace = namespace
@@ -199,6 +207,7 @@ class K8sServer:
         """Held while a pod is checked against the node's room and bound to it."""
         self.operator = operator
         self.pytorch_init_container_template = pytorch_init_container_template
+        self.pytorch_init_container_image = pytorch_init_container_image
         self.runtime: Runtime = runtime or ProcessRuntime()
         self.unpullable_images: set[str] = set()
         """Images whose pods stay in ImagePullBackOff."""
@@ -218,6 +227,11 @@ class K8sServer:
         for name in dict.fromkeys(("default", "kube-system", namespace)):
             self.store.create(NAMESPACES, "", {"metadata": {"name": name,
                                                             "labels": {"kubernetes.io/metadata.name": name}}})
+        for claim in self.volumes:
+            self.store.create(PERSISTENT_VOLUME_CLAIMS, namespace, {
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim},
+                "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}},
+                "status": {"phase": "Bound", "accessModes": ["ReadWriteMany"], "capacity": {"storage": "1Gi"}}})
         if operator:
             trainer_operator.install_runtimes(self.store)
         self._runs: dict[tuple[str, str], _PodRun] = {}
@@ -463,6 +477,9 @@ class K8sServer:
         _check_micro_times(resource, body)
         if resource is SECRETS:
             _encode_string_data(body)
+        if resource is PERSISTENT_VOLUME_CLAIMS and (refusal := claim_refusal(body)):
+            raise ApiError(422, "Invalid", refusal, {"name": body["metadata"].get("name", ""),
+                                                     "kind": "PersistentVolumeClaim"})
         if resource is PYTORCHJOBS:
             _admit_pytorchjob(body)
         if resource is TRAINJOBS:

@@ -53,10 +53,13 @@ RESOURCES = (
     Resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"),
     Resource("ray.io", "v1", "rayjobs", "RayJob", crd=True),
     Resource("ray.io", "v1", "rayclusters", "RayCluster", crd=True),
+    Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim",
+             verbs=("create", "delete", "get", "list", "watch")),
     Resource("", "v1", "configmaps", "ConfigMap"),
 )
 (PYTORCHJOBS, TRAINJOBS, PODS, EVENTS, SECRETS, LEASES, NAMESPACES, ROLES, CLUSTER_ROLES, ROLE_BINDINGS,
- CLUSTER_ROLE_BINDINGS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, RAYJOBS, RAYCLUSTERS, CONFIGMAPS) = RESOURCES
+ CLUSTER_ROLE_BINDINGS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, RAYJOBS, RAYCLUSTERS,
+ PERSISTENT_VOLUME_CLAIMS, CONFIGMAPS) = RESOURCES
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 

@@ -82,3 +82,26 @@ def service_refusal(name: str) -> str | None:
     kubernetes ``pkg/apis/core/validation/validation.go``), None when it is a valid name."""
     problems = dns1035_label_errors(name)
     return invalid_object("Service", name, [invalid("metadata.name", name, p) for p in problems]) if problems else None
+
+
+ACCESS_MODES = ("ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod")
+"""``supportedAccessModes`` (kubernetes ``pkg/apis/core/validation/validation.go``), sorted as ``NotSupported``
+lists them."""
+
+
+def claim_refusal(claim: dict) -> str | None:
+    """The API server's refusal of a PersistentVolumeClaim (``ValidatePersistentVolumeClaimSpec``, kubernetes
+    ``pkg/apis/core/validation/validation.go``: at least one access mode, each supported, ``ReadWriteOncePod``
+    alone; a ``resources.requests.storage``), None when it passes. Selectors, data sources and volume modes are
+    not checked."""
+    spec = claim.get("spec") or {}
+    modes = spec.get("accessModes") or []
+    errors = [required("spec.accessModes", "at least 1 access mode is required")] if not modes else []
+    errors += [not_supported("spec.accessModes", mode, list(ACCESS_MODES)) for mode in modes
+               if mode not in ACCESS_MODES]
+    if "ReadWriteOncePod" in modes and len(modes) > 1:
+        errors.append(forbidden("spec.accessModes", "may not use ReadWriteOncePod with other access modes"))
+    if "storage" not in ((spec.get("resources") or {}).get("requests") or {}):
+        errors.append(required("spec.resources[storage]"))
+    name = (claim.get("metadata") or {}).get("name", "")
+    return invalid_object("PersistentVolumeClaim", name, errors) if errors else None

@@ -23,7 +23,8 @@ Cited files (paths in that repository):
   ``pkg/config/config.go``; 100 tries, ``PyTorchInitContainerMaxTriesDefault``) that loops on
   ``nslookup <job>-master-0``. It sets no securityContext, so the restricted Pod Security profile rejects it, and
   its requests are below its limits, so the pod is not Guaranteed QoS. The operator's
-  ``--pytorch-init-container-template-file`` replaces that template (``cmd/training-operator.v1/main.go``).
+  ``--pytorch-init-container-template-file`` replaces that template and ``--pytorch-init-container-image`` its
+  image (``cmd/training-operator.v1/main.go``).
 * ``pkg/controller.v1/common/pod.go`` (``createNewPod``), ``job_controller.go`` (``GenLabels``), ``util.go``
   (``GenGeneralName``), ``pkg/apis/kubeflow.org/v1/common_types.go``: pods and headless services
   (``service.go``) are named ``<job>-<type lowercased>-<index>`` and labelled
@@ -169,15 +170,16 @@ DEFAULT_INIT_CONTAINER_TEMPLATE = """
 ``--pytorch-init-container-template-file``."""
 
 
-def init_containers(job: dict, rtype: str, template: str | None = None) -> list[dict[str, Any]]:
+def init_containers(job: dict, rtype: str, template: str | None = None,
+                    image: str = INIT_CONTAINER_IMAGE) -> list[dict[str, Any]]:
     """``setInitContainer``: the init containers of ``template`` (the operator's template file, else the default)
-    on Worker pods of a job with a Master, its ``{{.MasterAddr}}``, ``{{.InitContainerImage}}`` and
-    ``{{.MaxTries}}`` filled in."""
+    on Worker pods of a job with a Master, its ``{{.MasterAddr}}``, ``{{.InitContainerImage}}`` (``image``: the
+    operator's ``--pytorch-init-container-image``) and ``{{.MaxTries}}`` filled in."""
     if rtype != "Worker" or "Master" not in job["spec"]["pytorchReplicaSpecs"]:
         return []
     text = (template or DEFAULT_INIT_CONTAINER_TEMPLATE).replace(
         "{{.MasterAddr}}", replica_name(job["metadata"]["name"], "Master", 0)).replace(
-        "{{.InitContainerImage}}", INIT_CONTAINER_IMAGE).replace("{{.MaxTries}}", str(INIT_CONTAINER_MAX_TRIES))
+        "{{.InitContainerImage}}", image).replace("{{.MaxTries}}", str(INIT_CONTAINER_MAX_TRIES))
     return yaml.safe_load(text)
 
 
@@ -195,15 +197,17 @@ def pod_restart_policy(replica_restart_policy: str) -> str:
     return "Never" if replica_restart_policy == "ExitCode" else replica_restart_policy
 
 
-def pod_template(job: dict, rtype: str, index: int, init_template: str | None = None) -> dict[str, Any]:
+def pod_template(job: dict, rtype: str, index: int, init_template: str | None = None,
+                 init_image: str = INIT_CONTAINER_IMAGE) -> dict[str, Any]:
     """``createNewPod`` + ``SetClusterSpec``: the pod (metadata and spec) the operator creates for replica ``rtype``
-    ``index`` of a defaulted job (``init_template``: the operator's init container template file, if any)."""
+    ``index`` of a defaulted job (``init_template``: the operator's init container template file, if any;
+    ``init_image``: its init container image)."""
     rspec = job["spec"]["pytorchReplicaSpecs"][rtype]
     template = copy.deepcopy(rspec["template"])
     meta, spec = template.get("metadata") or {}, template["spec"]
     for container in spec["containers"]:
         container["env"] = list(container.get("env") or []) + pod_env(job, rtype, index)
-    spec["initContainers"] = list(spec.get("initContainers") or []) + init_containers(job, rtype, init_template)
+    spec["initContainers"] = list(spec.get("initContainers") or []) + init_containers(job, rtype, init_template, init_image)
     if not spec["initContainers"]:
         del spec["initContainers"]
     spec["restartPolicy"] = pod_restart_policy(rspec["restartPolicy"])

@@ -1,8 +1,13 @@
-"""The test cluster's kubelet: ``$(VAR)`` expansion as the kubelet does it, and the volume and env forms it does not
-emulate refused by name (CreateContainerConfigError), never dropped."""
+"""The test cluster's kubelet: ``$(VAR)`` expansion as the kubelet does it, a pod's ``fsGroup`` applied to its volumes
+as the kubelet's volume ownership code does, and the volume and env forms it does not emulate refused by name
+(CreateContainerConfigError), never dropped."""
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
+from cluster.docker_kubelet import set_volume_ownership
 from cluster.k8s_operator import expand
 from cluster.kubernetes_cluster import PYTHON, pytorchjob
 from polling import wait_for
@@ -31,6 +36,42 @@ EXPAND_VECTORS = [
 @pytest.mark.parametrize("text, want", EXPAND_VECTORS)
 def test_expansion_follows_the_kubelets_own_cases(text, want):
     assert expand(text, _ENV) == want
+
+
+def _provisioned(tmp_path):
+    """A volume as a provisioner leaves it: a root-owned folder 0755 holding a file 0644 and a link to it."""
+    root = tmp_path / "volume"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "data").write_text("x")
+    (root / "link").symlink_to(root / "sub" / "data")
+    for path, mode in ((root, 0o755), (root / "sub", 0o755), (root / "sub" / "data", 0o644)):
+        os.chown(path, 0, 0)
+        path.chmod(mode)
+    return root
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's group to another needs root, as the kubelet has")
+def test_fsgroup_gives_the_volume_to_the_group_with_setgid_folders(tmp_path):
+    root = _provisioned(tmp_path)
+    set_volume_ownership(root, 2000)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) | (p.stat().st_mode & stat.S_ISGID)
+             for p in (root, root / "sub", root / "sub" / "data")}
+    assert modes == {"volume": 0o2775, "sub": 0o2775, "data": 0o664}
+    assert {p.lstat().st_gid for p in (root, root / "sub", root / "sub" / "data", root / "link")} == {2000}
+    assert {p.stat().st_uid for p in (root, root / "sub")} == {0}  # the owner stays
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's group to another needs root, as the kubelet has")
+def test_a_read_only_volume_gets_read_bits_and_on_root_mismatch_skips_a_volume_already_given(tmp_path):
+    root = _provisioned(tmp_path)
+    set_volume_ownership(root, 2000, read_only=True)
+    assert stat.S_IMODE((root / "sub" / "data").stat().st_mode) == 0o644
+    (root / "sub" / "later").write_text("y")
+    os.chown(root / "sub" / "later", 0, 0)
+    set_volume_ownership(root, 2000, read_only=True, policy="OnRootMismatch")
+    assert (root / "sub" / "later").stat().st_gid == 0  # the root matched: nothing walked
+    set_volume_ownership(root, 2000, read_only=True)
+    assert (root / "sub" / "later").stat().st_gid == 2000
 
 
 def _waiting_message(cluster, pod: str) -> str:

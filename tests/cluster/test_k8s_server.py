@@ -87,3 +87,28 @@ def test_kubectl_lists_the_jobs_of_the_test_server(cluster):
     as_json = subprocess.run(["kubectl", "--kubeconfig", str(cluster.kubeconfig), "get", "pytorchjob",
                               "seen-by-kubectl", "-o", "json"], capture_output=True, text=True, timeout=60)
     assert json.loads(as_json.stdout)["spec"]["nprocPerNode"] == "1", as_json.stderr
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}, None),
+    ({"resources": {"requests": {"storage": "1Gi"}}},
+     'PersistentVolumeClaim "claim" is invalid: spec.accessModes: Required value: at least 1 access mode is required'),
+    ({"accessModes": ["ReadWriteOncePod", "ReadWriteMany", "Shared"]},
+     'PersistentVolumeClaim "claim" is invalid: [spec.accessModes: Unsupported value: "Shared": supported values: '
+     '"ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", spec.accessModes: Forbidden: may not use '
+     'ReadWriteOncePod with other access modes, spec.resources[storage]: Required value]'),
+])
+def test_claims_are_served_with_their_access_modes_and_refused_as_the_api_server_refuses_them(spec, message, cluster):
+    from kubernetes import client
+
+    from cluster.kubernetes_cluster import CLAIM
+
+    core = client.CoreV1Api(cluster.api())
+    assert core.read_namespaced_persistent_volume_claim(CLAIM, "default").status.access_modes == ["ReadWriteMany"]
+    body = {"metadata": {"name": "claim"}, "spec": spec}
+    if message is None:
+        assert core.create_namespaced_persistent_volume_claim("default", body).spec.access_modes == ["ReadWriteMany"]
+        return
+    with pytest.raises(client.ApiException) as refused:
+        core.create_namespaced_persistent_volume_claim("default", body)
+    assert refused.value.status == 422 and status_of(refused.value)["message"] == message

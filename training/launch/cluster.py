@@ -21,6 +21,25 @@ NCCL_DEBUG_LEVELS = ("", "VERSION", "WARN", "INFO", "TRACE")
 ASYNC_ERROR_HANDLING = (1, 2, 3)
 """``TORCH_NCCL_ASYNC_ERROR_HANDLING`` modes that tear a hung NCCL job down; 0 would leave ranks hanging forever."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TORCH_BUILD_LABEL = "io.kfloop.torch-build"
+"""The image label naming its torch build (``cpu``, ``cuda``, ``rocm``): deploy/Dockerfile sets it from ``VARIANT``,
+with the same value as ``KFLOOP_TORCH_BUILD`` in the image's environment."""
+CUDA_TAG_SUFFIX = "-cuda"
+"""The tag suffix of an image's CUDA build: .github/workflows/ci.yaml pushes ``<tag>`` (``VARIANT=cpu``) and
+``<tag>-cuda`` (``VARIANT=cuda``) of each commit (deploy/image-ref.sh)."""
+
+
+def cuda_image(image: str) -> str:
+    """The reference of ``image``'s CUDA build: its tag with :data:`CUDA_TAG_SUFFIX` (``latest`` when untagged);
+    ``image`` itself when it already is one or is pinned by digest."""
+    if "@" in image or image.endswith(CUDA_TAG_SUFFIX):
+        return image
+    name, _, tag = image.rpartition(":")
+    if not name or "/" in tag:  # no tag (a colon of the registry's port only)
+        return f"{image}:latest{CUDA_TAG_SUFFIX}"
+    return f"{name}:{tag}{CUDA_TAG_SUFFIX}"
+
+
 JOB_KINDS = ("pytorchjob", "trainjob", "rayjob")
 """``cluster.kind``: a PyTorchJob (Training Operator v1.9), a TrainJob (Kubeflow Trainer v2.3) or a RayJob (KubeRay
 v1.7)."""
@@ -129,7 +148,8 @@ class ClusterConfig:
     kubeconfig context's, else ``default``; ``kfloop compile|upload|run --namespace`` sets it."""
     image: str = DEFAULT_IMAGE
     """Image with kfloop and its pins installed (deploy/Dockerfile); pin a digest or a tag per release. Unset: the
-    image of the pipeline step that launches the job (``KFLOOP_IMAGE``, the commit's), else the kfloop image."""
+    image of the pipeline step that launches the job (``KFLOOP_IMAGE``, the commit's; its CUDA build, tag
+    ``<tag>-cuda``, when the job asks for NVIDIA GPUs), else the kfloop image."""
     image_pull_policy: str = "IfNotPresent"
     """``IfNotPresent``, ``Always`` or ``Never``."""
     image_pull_secrets: list[str] = field(default_factory=list)

@@ -46,10 +46,10 @@ from urllib3.exceptions import HTTPError
 
 from data import storage
 from data.fileio import atomic_copy, atomic_write_json, atomic_write_text
-from data.settings import own_image, own_job_namespace, section_from_dict, section_mapping
+from data.settings import own_image, own_job_namespace, own_torch_build, section_from_dict, section_mapping
 from data.tables import DEFAULT_LIMITS, DataFileError
 from training.config import JobShape, TrainingConfig
-from training.launch.cluster import ClusterConfig
+from training.launch.cluster import CUDA_TAG_SUFFIX, TORCH_BUILD_LABEL, ClusterConfig, cuda_image
 from training.launch.jobspec import JobSpec
 from training.launch.kube_client import FOLLOW_TIMEOUT, REQUEST_TIMEOUT, api_client, own_namespace, watch_timeout
 from training.launch.local import LaunchError, TrainResult, exit_on_sigterm
@@ -181,8 +181,9 @@ class LaunchPolicy:
 class KubernetesSettings:
     """kfloop.yaml's ``cluster:`` section (the pipeline's ``cluster_config``): the job's :class:`ClusterConfig`
     fields, and the :class:`LaunchPolicy` under the ``launcher`` key. Unless ``cluster.image`` names one, the job
-    runs the image of the process that launches it (``KFLOOP_IMAGE``: a compiled step's own image); the pods also
-    get that step's image pull secrets (``KFLOOP_IMAGE_PULL_SECRETS``) besides ``cluster.image_pull_secrets``."""
+    runs the image of the process that launches it (``KFLOOP_IMAGE``: a compiled step's own image), or that image's
+    CUDA build (:func:`~training.launch.cluster.cuda_image`) when the job asks for NVIDIA GPUs; the pods also get
+    that step's image pull secrets (``KFLOOP_IMAGE_PULL_SECRETS``) besides ``cluster.image_pull_secrets``."""
 
     cluster: ClusterConfig
     """Where and how the job runs."""
@@ -199,14 +200,17 @@ class KubernetesSettings:
         settings = dict(section_mapping(d, "cluster", [*(f.name for f in fields(ClusterConfig)), "launcher"]))
         launcher = dict(settings.pop("launcher", None) or {})
         image, secrets = own_image()  # the launching step's: the job runs the commit's image the step runs
-        if image and "image" not in settings:
+        own = bool(image) and "image" not in settings
+        if own:
             settings["image"] = image
         if own_job_namespace() and not settings.get("namespace"):  # kfloop compile --namespace
             settings["namespace"] = own_job_namespace()
         if secrets:
             settings["image_pull_secrets"] = list(dict.fromkeys([*settings.get("image_pull_secrets", []), *secrets]))
-        return cls(cluster=ClusterConfig.from_dict(settings),
-                   launcher=section_from_dict(LaunchPolicy, launcher, "cluster.launcher"))
+        cluster = ClusterConfig.from_dict(settings)
+        if own and cluster.uses_gpus and cluster.gpu_vendor == "nvidia":  # the commit's CUDA build, beside its own
+            cluster = replace(cluster, image=cuda_image(image))
+        return cls(cluster=cluster, launcher=section_from_dict(LaunchPolicy, launcher, "cluster.launcher"))
 
 
 # ------------------------------------------------------------------------------------------------ one job
@@ -656,6 +660,55 @@ def in_namespace(body: dict[str, Any], kubeconfig: str) -> dict[str, Any]:
     return {**body, "metadata": {**body["metadata"], "namespace": own_namespace(kubeconfig)}}
 
 
+def check_image_build(cluster: ClusterConfig) -> None:
+    """Refuse a job that asks for GPUs on an image whose torch build is known to be CPU: the launching step's own
+    image (its ``KFLOOP_TORCH_BUILD``, baked with the label ``io.kfloop.torch-build``) when the job runs it. A tag
+    ending in ``-cuda`` counts as a CUDA build; any other image's build is not known here (no registry is read) and
+    goes unchecked.
+
+    Raises:
+        ValueError: GPUs on a CPU build (the image and both builds named, with the fix).
+    """
+    if not cluster.uses_gpus or cluster.image.endswith(CUDA_TAG_SUFFIX) or cluster.image != own_image()[0]:
+        return
+    build = own_torch_build()
+    if build == "cpu":
+        raise ValueError(f"cluster.image {cluster.image} is torch's CPU build ({TORCH_BUILD_LABEL}=cpu) but the job "
+                         f"asks for GPUs ({cluster.accelerator[0] if cluster.accelerator else 'MIG/shared GPUs'}): "
+                         "torchrun would train on the CPU while holding them, and Ray Train's nccl backend fails; run "
+                         f"its CUDA build {cuda_image(cluster.image)} ({TORCH_BUILD_LABEL}=cuda, deploy/Dockerfile "
+                         "VARIANT=cuda; leave cluster.image unset and the launcher picks it)")
+
+
+def check_shared_claim(api, namespace: str, claim: str, pods: int) -> None:
+    """Refuse a job of ``pods`` pods (more than one) on the shared ``claim`` when the claim, read through the API,
+    is not ``ReadWriteMany`` (its bound access modes, else those it asks for): the pods land on several nodes and
+    a ReadWriteOnce volume attaches to one (the others fail with Multi-Attach errors). A claim this process may not
+    read (403) or cannot find (404) goes unchecked, with a log line saying so.
+
+    Raises:
+        ValueError: the claim is visible and not ReadWriteMany (claim, namespace and its modes named).
+        kubernetes.client.ApiException: the API failed otherwise.
+    """
+    if pods < 2:
+        return
+    try:
+        found = client.CoreV1Api(api).read_namespaced_persistent_volume_claim(claim, namespace)
+    except ApiException as exc:
+        if exc.status not in (403, 404):
+            raise
+        progress(f"kubernetes: cannot read persistentvolumeclaim {namespace}/{claim} ({exc.status} {exc.reason}): "
+                 f"its access modes are not checked; the job's {pods} pods need it ReadWriteMany")
+        return
+    modes = (found.status and found.status.access_modes) or found.spec.access_modes or []
+    if "ReadWriteMany" not in modes:
+        raise ValueError(f"persistentvolumeclaim {namespace}/{claim} has accessModes {modes}, but the job's {pods} "
+                         "pods mount it from several nodes, which needs ReadWriteMany (a ReadWriteOnce volume "
+                         "attaches to one node: the other pods fail with Multi-Attach errors); set "
+                         "cluster.shared_volume_claim to a ReadWriteMany claim (NFS, CephFS, EFS, Filestore, "
+                         "Azure Files)")
+
+
 def preflight(config: TrainingConfig, shape: JobShape, cluster: ClusterConfig, policy: LaunchPolicy, *,
               pipeline_run_id: str, log_dir: Path, api=None) -> None:
     """Run the collective benchmark (``python -m training.collectives --preflight``) as a job of the training
@@ -707,13 +760,19 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
 
     Raises:
         LaunchError: the job (or the preflight) failed, or the launcher gave up on it and deleted it.
-        ValueError: the cluster has no shared volume, or the job's shape and the cluster do not fit together.
+        ValueError: the cluster has no shared volume, the job's shape and the cluster do not fit together, the job
+            asks for GPUs on a CPU build of torch (:func:`check_image_build`), or the shared claim of a job of
+            several pods is not ReadWriteMany (:func:`check_shared_claim`).
     """
     started = time.monotonic()
     name = job_name_for(pipeline_run_id)
     root = Path(job_dir(name, cluster))
     data_file = "data" + (Path(data).suffix or ".parquet")
     body = job_manifest(config, shape, cluster, run_id=pipeline_run_id, data_file=data_file)
+    check_image_build(cluster)
+    api = api_client(policy.kubeconfig)
+    check_shared_claim(api, in_namespace(body, policy.kubeconfig)["metadata"]["namespace"],
+                       cluster.shared_volume_claim, shape.nnodes + (cluster.kind == "rayjob"))  # and a Ray head
     root.mkdir(parents=True, exist_ok=True)
     for source, target in ((data, data_file), (schema, "schema.yaml")):
         _stage(source, root / target)
@@ -723,7 +782,6 @@ def train_kubernetes(data: str | Path, schema: str | Path, *, model_dir: str | P
     atomic_write_json(root / "config.json", config.to_dict())
     if mlflow_run_id:
         atomic_write_text(root / MLFLOW_RUN_ID_FILE, mlflow_run_id)
-    api = api_client(policy.kubeconfig)
     log_dir = Path(log_dir)
     if policy.preflight_min_busbw_gbps:
         preflight(config, shape, cluster, policy, pipeline_run_id=pipeline_run_id, log_dir=log_dir, api=api)
