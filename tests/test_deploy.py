@@ -259,7 +259,7 @@ def test_dockerfile_runs_as_the_numeric_user_the_pods_expect():
     # dependency hash-checked (the CPU torch too; a CUDA or ROCm torch comes from its own index)
     kfloop_at = text.index("pip install --require-hashes $links -r /src/lock/runtime.txt")
     assert text.index("--find-links /wheelhouse -r /src/lock/torch-cpu.txt") < kfloop_at
-    assert text.index("--extra-index-url https://download.pytorch.org/whl/cpu") < kfloop_at
+    assert text.index("--extra-index-url \"$cpu_index\" -r /src/lock/torch-cpu.txt") < kfloop_at
     installs = re.findall(r"pip install [^;]*", text)
     assert all("--require-hashes" in i or '"${TORCH}"' in i or "/dist/*.whl" in i for i in installs), installs
     assert re.search(r"^ARG VARIANT=cpu$", text, re.M) and "cuda)" in text
@@ -302,7 +302,9 @@ def test_the_dockerfile_installs_the_torch_build_its_variant_names(variant, inde
         assert proc.returncode == 1 and "VARIANT=rocm: use cpu or cuda, or give TORCH_INDEX_URL" in proc.stderr
     else:
         assert proc.returncode == 0, proc.stderr
-        assert calls.read_text() == f"install --index-url {index} torch==2.13.0\n"
+        want = (f"install --require-hashes --no-deps --extra-index-url {index} -r /src/lock/torch-cpu.txt"
+                if variant == "cpu" else f"install --index-url {index} torch==2.13.0")  # CPU: the hashed lock
+        assert calls.read_text() == want + "\n"
 
 
 @pytest.mark.parametrize("variant, installed, ok", [("cpu", "cpu", True), ("cuda", "cuda", True),
