@@ -2,8 +2,9 @@
 PYTHON ?= python3.11
 VENV ?= .venv
 # torch first, pinned by hash (CPU build; another build: TORCH_LOCK=a file pinning it, TORCH_INDEX=its index), then
-# everything else from lock/dev.txt, pinned with hashes (`make lock` regenerates both kfloop locks from pyproject.toml)
-TORCH_LOCK ?= lock/torch-cpu.txt
+# everything else from deploy/lock/dev.txt, pinned with hashes (`make lock` regenerates both kfloop locks from
+# pyproject.toml)
+TORCH_LOCK ?= deploy/lock/torch-cpu.txt
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 UV_VERSION := 0.9.5
 BIN := $(VENV)/bin
@@ -18,12 +19,13 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet --require-hashes --no-deps --extra-index-url $(TORCH_INDEX) -r $(TORCH_LOCK)
-	$(BIN)/pip install --quiet --require-hashes -r lock/dev.txt
+	$(BIN)/pip install --quiet --require-hashes -r deploy/lock/dev.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	$(BIN)/pip check
 
-# The locks, from pyproject.toml with a pinned uv (in a throwaway venv): lock/dev.txt (runtime, ray and dev extras:
-# `make setup`, `make audit`) and lock/runtime.txt (runtime and ray: the image), the same versions in both, every
+# The locks, from pyproject.toml with a pinned uv (in a throwaway venv): deploy/lock/dev.txt (runtime, ray and dev
+# extras:
+# `make setup`, `make audit`) and deploy/lock/runtime.txt (runtime and ray: the image), the same versions in both, every
 # file's sha256 on PyPI, for Linux x86_64 and Python 3.11, resolved against $(TORCH_LOCK)'s torch (fetched by pip,
 # hash-checked, and excluded from both locks).
 LOCK_COMPILE = "$$tools/bin/uv" pip compile pyproject.toml --quiet --generate-hashes --python-version 3.11 \
@@ -33,8 +35,9 @@ lock:
 	tools=$$(mktemp -d) && $(PYTHON) -m venv "$$tools" && "$$tools/bin/pip" install --quiet "uv==$(UV_VERSION)" && \
 		"$$tools/bin/pip" download --quiet --no-deps --require-hashes --extra-index-url $(TORCH_INDEX) \
 			-r $(TORCH_LOCK) -d "$$tools/torch" && \
-		$(LOCK_COMPILE) --extra dev -o lock/dev.txt && \
-		$(LOCK_COMPILE) --extra ray -c lock/dev.txt -o lock/runtime.txt; rc=$$?; rm -rf "$$tools"; test $$rc -eq 0
+		$(LOCK_COMPILE) --extra dev -o deploy/lock/dev.txt && \
+		$(LOCK_COMPILE) --extra ray -c deploy/lock/dev.txt -o deploy/lock/runtime.txt; rc=$$?; rm -rf "$$tools"; \
+		test $$rc -eq 0
 
 demo:
 	$(BIN)/kfloop demo
@@ -78,7 +81,7 @@ chaos:
 # +cpu dropped), from PyPI's advisory data; --strict fails the audit when a pin cannot be looked up (an unreachable
 # service never passes silently).
 audit:
-	cat lock/dev.txt $(TORCH_LOCK) | sed 's/+[A-Za-z0-9.]* / /' | \
+	cat deploy/lock/dev.txt $(TORCH_LOCK) | sed 's/+[A-Za-z0-9.]* / /' | \
 		$(BIN)/pip-audit --strict --progress-spinner off --disable-pip --require-hashes -r /dev/stdin
 
 bench:

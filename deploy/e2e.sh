@@ -93,18 +93,18 @@ main() {
 
   # The wheelhouse: every file the image needs, the locks' (hash-checked here and again in the build) and the build
   # backend, downloaded here (pip's mirrors and find-links), installed offline.
-  key=$(cat lock/torch-cpu.txt lock/runtime.txt pyproject.toml | sha256sum | cut -c1-16)
+  key=$(cat deploy/lock/torch-cpu.txt deploy/lock/runtime.txt pyproject.toml | sha256sum | cut -c1-16)
   wheelhouse=$CACHE/wheelhouse-$key
   if [ ! -e "$wheelhouse/.complete" ]; then
-    step wheelhouse "lock/torch-cpu.txt, lock/runtime.txt and the build backend"
+    step wheelhouse "deploy/lock/torch-cpu.txt, deploy/lock/runtime.txt and the build backend"
     mkdir -p "$wheelhouse"
     for previous in "$CACHE"/wheelhouse-*/; do  # wheels kept from the last pins: pip downloads only what changed
       [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
     done
     rm -f "$wheelhouse/.complete"
-    "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r lock/torch-cpu.txt
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r deploy/lock/torch-cpu.txt
     # an sdist (kfp-server-api is published as one) stays one: its hash is the locked one; the build makes the wheel
-    "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r lock/runtime.txt
+    "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r deploy/lock/runtime.txt
     "$PYTHON" -m pip download -qq -d "$wheelhouse" "$(sed -n 's/^requires = \["\(.*\)"\]$/\1/p' pyproject.toml)"
     touch "$wheelhouse/.complete"
     took wheelhouse "$(du -sh "$wheelhouse" | cut -f1)"

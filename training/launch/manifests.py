@@ -38,7 +38,8 @@ the submitter's pods; the rendering sets it on the Ray cluster's pod templates t
 RAY_SUBMITTER = "ray-job-submitter"
 """The submitter's container name (KubeRay v1.7.0 ``utils/constant.go`` ``SubmitterContainerName``)."""
 RAY_PACKAGE = "ray"
-"""The distribution whose pin in kfloop's ``ray`` extra is the Ray of the image (lock/runtime.txt, with that extra)."""
+"""The distribution whose pin in kfloop's ``ray`` extra is the Ray of the image (deploy/lock/runtime.txt, with that
+extra)."""
 TRAINER_NODE = "node"
 """Name of the trainer's replicated job and container in Trainer's torch runtimes (``constants.Node``)."""
 RUNTIME_PATCH_MANAGER = "kfloop.dev/launcher"
