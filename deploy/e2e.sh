@@ -118,7 +118,7 @@ main() {
   context=$(mktemp -d)
   git ls-files -co --exclude-standard -z | tar --null -T - -c | tar -x -C "$context"
   find "$wheelhouse" -maxdepth 1 \( -name '*.whl' -o -name '*.tar.gz' -o -name '*.zip' \) \
-    -exec cp -al {} "$context/deploy/wheelhouse/" +
+    -exec cp -al -t "$context/deploy/wheelhouse/" {} +
   docker build --quiet -f deploy/Dockerfile -t "$IMAGE" --build-arg PYTHON_IMAGE="$BASE_IMAGE" \
     --build-arg GIT_COMMIT="$COMMIT" "$context" >/dev/null
   rm -rf "$context"
