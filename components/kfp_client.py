@@ -39,7 +39,7 @@ from urllib3 import Retry
 from urllib3.connection import HTTPConnection
 from urllib3.exceptions import MaxRetryError
 
-from data.errors import KfloopError
+from data.errors import EXIT_SERVICE, KfloopError
 from data.redaction import redact
 from data.settings import CODE_ROOT, section_from_dict
 from monitoring.trigger import RunInFlight
@@ -73,6 +73,8 @@ HEALTHZ_PATH = "/apis/v2beta1/healthz"
 
 class KfpUnreachable(KfloopError, ConnectionError):
     """The KFP API did not answer its health check within the deadline; no client was made."""
+
+    exit_code = EXIT_SERVICE
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -132,7 +132,7 @@ class RunInFlight(KfloopError, RuntimeError):
     """Raised by a ``start()`` callback that did not start a run because one is already pending or running."""
 
 
-class StateConflict(Exception):
+class StateConflict(KfloopError, RuntimeError):
     """Raised by a store's ``_write`` when the document changed since the version it was read at."""
 
 

@@ -93,4 +93,4 @@ def test_the_scanner_finds_each_kind_of_read():
     assert read["MLFLOW_ENABLE_TELEMETRY"].startswith("data/settings.py:")  # os.environ.setdefault("...", ...)
     assert "KFP_TOKEN" in read and "KFLOOP_WEBHOOK_TOKEN" in read  # two modules' TOKEN_ENV constants
     assert "LOCAL_WORLD_SIZE" in read  # environ.get(...) on a mapping parameter
-    assert "AWS_SESSION_TOKEN" in read  # a tuple constant (training/ray_train.py's WORKER_ENV)
+    assert read["PET_MASTER_PORT"].startswith("training/launch/jobspec.py")  # a tuple constant (OPERATOR_ENV)

@@ -146,7 +146,8 @@ LAZY_IMPORTS = {
     "monitoring.steps.checks": {"monitoring.drift", "monitoring.quality",  # Evidently: the step that checks loads it
                                 "data.ray_cluster", "monitoring.ray_drift"},  # Ray (the ray extra): engine: ray only
     "training.steps.register": {"data.ray_blocks", "data.ray_cluster"},  # Ray (the ray extra): engine: ray profiles
-    "training.steps.promote": {"training.steps.evaluate"},  # torch and the gate: only to re-decide (champion moved)
+    "training.steps.promote": {"training.steps.evaluate"},
+    "training.registry.versions": {"training.registry.lock"},  # the kubernetes client (the Lease): only to move an alias  # torch and the gate: only to re-decide (champion moved)
     "training.train": {"mlflow",  # only rank 0 of a run that logs pays for the import
                        "training.linear"},  # scikit-learn: only rank 0, to fit the linear baseline at the end
 }

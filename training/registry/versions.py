@@ -34,7 +34,6 @@ from data.redaction import redact, redact_text
 from data.text import shorten
 from data.profiles import PROFILE_ARTIFACT, ReferenceProfile
 from training.model_files import FEATURES_FILE, MODEL_FILE, MODULE_FILE, MODULE_SHA256_KEY, WEIGHTS_FILE
-from training.registry.lock import ensure_held
 from training.registry.manifest import (MANIFEST_SHA_TAG, MANIFEST_TAG, check_files, file_manifest, manifest_json,
                                         manifest_sha256)
 
@@ -478,6 +477,8 @@ def promote(model_name: str, version: str, *, compared_against: str | None,
     """
     client = registry_client(client)
     version, compared_against = str(version), (str(compared_against) if compared_against else None)
+    from training.registry.lock import ensure_held  # Kubernetes' client: only where an alias moves
+
     with lock, _unavailable_is_clear(client, model_name):
         mv = client.get_model_version(model_name, version)
         if mv.tags.get("decision") != "promote":
@@ -532,6 +533,8 @@ def rollback(model_name: str, *, to: str | None = None, reason: str, actor: str,
     if not reason.strip():
         raise ValueError("a rollback needs a reason (--reason TEXT): it is recorded in the champion history")
     client = registry_client(client)
+    from training.registry.lock import ensure_held  # Kubernetes' client: only where an alias moves
+
     with lock, _unavailable_is_clear(client, model_name):
         current = get_champion(model_name, client=client)
         if current is None:
