@@ -182,12 +182,15 @@ def _multi_user(client: Any) -> bool:
 
 def _answers(host: str, seconds: int) -> None:
     """Raise :class:`KfpUnreachable` unless the KFP API at ``host`` answers ``GET`` :data:`HEALTHZ_PATH` within
-    ``seconds`` (to connect, and again to answer): any HTTP answer, even a refusal, shows it answers."""
+    ``seconds`` (to connect, and again to answer): any HTTP answer, even a refusal, shows it answers. A connection
+    that fails at once (refused, no such host) raises urllib3's own error, which names its reason."""
     pool = urllib3.PoolManager(ca_certs=certifi.where(), retries=False,
                                timeout=urllib3.Timeout(connect=seconds, read=seconds))
     try:
         pool.request("GET", host.rstrip("/") + HEALTHZ_PATH, preload_content=True)
-    except urllib3.exceptions.HTTPError as err:
+    except urllib3.exceptions.NewConnectionError:  # a ConnectTimeoutError by class, but no wait: refused at once
+        raise
+    except urllib3.exceptions.TimeoutError as err:
         raise KfpUnreachable(f"the KFP API at {redact(host)} did not answer its health check within {seconds} s "
                              f"({type(err).__name__}): check --host, KF_PIPELINES_ENDPOINT or kfp.host, and that "
                              "KFP is up") from None

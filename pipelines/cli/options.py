@@ -193,10 +193,11 @@ _ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")]+)")
 
 def _unreachable(exc: BaseException) -> ServiceError:
     """One line for a connection that failed: the URL (without credentials) and the OS's reason."""
-    pool = getattr(exc, "pool", None)
-    conn = getattr(exc, "conn", None)
+    conn = getattr(exc, "conn", None)  # urllib3's NewConnectionError: the connection (its pool is the same object)
+    pool = None if conn is not None else getattr(exc, "pool", None)
+    scheme = "https" if isinstance(conn, urllib3.connection.HTTPSConnection) else "http"
     where = (f"{pool.scheme}://{pool.host}:{pool.port}" if pool is not None else
-             f"{conn.host}:{conn.port}" if conn is not None else "the service")
+             f"{scheme}://{conn.host}:{conn.port}" if conn is not None else "the service")
     reason = _ERRNO.search(str(exc))
     why = reason.group(1).strip() if reason else type(getattr(exc, "reason", exc)).__name__
     error = ServiceError(f"cannot reach {redact(where)} ({why})")
