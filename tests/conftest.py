@@ -5,9 +5,11 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -157,29 +159,32 @@ def step_cluster(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def ray_head(tmp_path_factory):
+def ray_head():
     """A real Ray head on loopback with 2 CPUs (two training workers) and token authentication (Ray's default), in
     its own process group, stopped with the module; this process (and so every driver it starts) holds the token
     (:data:`RAY_AUTH_TOKEN`). A head that exits or never answers fails the fixture with its own output and the
     tails of its session's logs. Its workers take ports from the OS: Ray's default worker range (10002-19999) overlaps
     :func:`free_port`'s, and ``ray start`` refuses a head port inside it."""
-    with _ray_head(tmp_path_factory.mktemp("ray"), os.environ) as address:
+    with _ray_head("ray", os.environ) as address:
         yield address
 
 
 @pytest.fixture(scope="module")
-def ray_head_with_s3(tmp_path_factory, s3_server):
+def ray_head_with_s3(s3_server):
     """:func:`ray_head` whose node holds the S3 server's ``AWS_*`` credentials in its environment, as a KubeRay pod
     holds them from its Secret (a Ray job's runtime env carries none)."""
-    with _ray_head(tmp_path_factory.mktemp("ray-s3"), {**os.environ, **s3_server.env()}) as address:
+    with _ray_head("ray-s3", {**os.environ, **s3_server.env()}) as address:
         yield address
 
 
 @contextlib.contextmanager
-def _ray_head(temp: Path, env: Mapping[str, str]) -> Iterator[str]:
-    """A Ray head (see :func:`ray_head`) whose processes get ``env``; its address."""
+def _ray_head(name: str, env: Mapping[str, str]) -> Iterator[str]:
+    """A Ray head (see :func:`ray_head`) whose processes get ``env``; its address. Its temp dir is a new short one
+    (``/tmp/<name>-XXXXXXXX``), removed after: Ray's sockets live there, an AF_UNIX path holds at most 107 bytes, and
+    pytest's temp paths under xdist (``.../pytest-N/popen-gwN/...``) leave too few for Ray's session names."""
+    temp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
     port, ray = free_port(), str(Path(sys.executable).with_name("ray"))
-    log = temp.parent / f"{temp.name}-head.log"
+    log = temp / "head.log"
     with log.open("wb") as out:
         head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
                                  f"--ray-client-server-port={free_port()}", "--min-worker-port=0",
@@ -197,11 +202,14 @@ def _ray_head(temp: Path, env: Mapping[str, str]) -> Iterator[str]:
         wait_for("the Ray head", answers, timeout=180, interval=1.0)
     except AssertionError as error:
         _stop(head)
-        raise AssertionError(f"{error}\n{_ray_logs(log, temp)}") from None
+        logs = _ray_logs(log, temp)
+        shutil.rmtree(temp, ignore_errors=True)
+        raise AssertionError(f"{error}\n{logs}") from None
     try:
         yield address
     finally:
         _stop(head)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _stop(head: subprocess.Popen) -> None:
