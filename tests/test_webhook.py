@@ -455,7 +455,6 @@ def test_kfloop_serve_answers_alerts_within_their_scope_and_logs_json_lines(kfp,
                 pytest.fail(f"kfloop serve did not start: {''.join(seen)}")
             if seen[-1].startswith("{") and json.loads(seen[-1])["event"] == "listening":
                 port = json.loads(seen[-1])["port"]
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         for method, path, body, token in (
                 ("POST", "/alerts", {"model": "churn", "reason": "drift"}, HOOK_TOKEN),
                 ("POST", "/alerts", {}, "wrong"),
@@ -463,11 +462,14 @@ def test_kfloop_serve_answers_alerts_within_their_scope_and_logs_json_lines(kfp,
                 ("POST", "/alerts", {"model": "churn", "reason": "x", "dataset_uri": "s3://other/x.parquet"},
                  HOOK_TOKEN),
                 ("GET", "/metrics", None, METRICS_TOKEN)):
+            # a connection each: a refused token is answered before the body is read, and the server then closes the
+            # connection (the unread body makes the close a reset that can cut a reused connection's next answer)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
             conn.request(method, path, body=None if body is None else json.dumps(body),
                          headers={"Authorization": f"Bearer {token}"})
             answer = conn.getresponse()
             answers.append((answer.status, answer.read().decode()))
-        conn.close()
+            conn.close()
     finally:
         proc.terminate()
         proc.wait(timeout=60)
