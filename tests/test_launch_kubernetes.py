@@ -229,8 +229,13 @@ def test_rendered_pytorchjob_trains_to_a_registered_candidate_with_the_operators
 
     name = job_name_for("run-train-1")
     core = client.CoreV1Api(cluster.api())
-    pods = {p.metadata.name: p
-            for p in core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items}
+
+    def ended_pods():  # the job succeeds on its master's exit (Training Operator v1.9 pytorchjob_controller.go
+        # UpdateJobStatus); a worker may still be exiting when the step returns
+        listed = core.list_namespaced_pod("default", label_selector=f"{JOB_NAME_LABEL}={name}").items
+        return {p.metadata.name: p for p in listed} if all(p.status.phase != "Running" for p in listed) else None
+
+    pods = wait_for("the job's pods to end", ended_pods)
     assert set(pods) == {f"{name}-master-0", f"{name}-worker-0"}
     # the operator's env (Training Operator v1.9 envvar.go/master.go; tests/cluster/pytorchjob_contract.py), appended
     # after the job's own: the node rank, 2 replicas x nprocPerNode "2", no elastic policy
