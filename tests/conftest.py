@@ -17,7 +17,7 @@ from typing import Iterator, Mapping
 import pytest
 
 from polling import wait_for
-from training.launch.local import free_port
+from cluster.server_process import free_ports
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
@@ -164,7 +164,7 @@ def ray_head():
     its own process group, stopped with the module; this process (and so every driver it starts) holds the token
     (:data:`RAY_AUTH_TOKEN`). A head that exits or never answers fails the fixture with its own output and the
     tails of its session's logs. Its workers take ports from the OS: Ray's default worker range (10002-19999) overlaps
-    :func:`free_port`'s, and ``ray start`` refuses a head port inside it."""
+    :func:`free_ports`'s, and ``ray start`` refuses a head port inside it."""
     with _ray_head("ray", os.environ) as address:
         yield address
 
@@ -183,11 +183,11 @@ def _ray_head(name: str, env: Mapping[str, str]) -> Iterator[str]:
     (``/tmp/<name>-XXXXXXXX``), removed after: Ray's sockets live there, an AF_UNIX path holds at most 107 bytes, and
     pytest's temp paths under xdist (``.../pytest-N/popen-gwN/...``) leave too few for Ray's session names."""
     temp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
-    port, ray = free_port(), str(Path(sys.executable).with_name("ray"))
+    (port, client_port), ray = free_ports(2), str(Path(sys.executable).with_name("ray"))
     log = temp / "head.log"
     with log.open("wb") as out:
         head = subprocess.Popen([ray, "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
-                                 f"--ray-client-server-port={free_port()}", "--min-worker-port=0",
+                                 f"--ray-client-server-port={client_port}", "--min-worker-port=0",
                                  "--max-worker-port=0", "--num-cpus=2",
                                  "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
                                 start_new_session=True, stdout=out, stderr=subprocess.STDOUT, env=dict(env))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 from binaries import require_binary
-from cluster.server_process import free_port, start_server, stop_group
+from cluster.server_process import free_ports, start_server, stop_group
 from polling import wait_for
 from quality_runs import record_quality_check
 
@@ -147,7 +147,7 @@ def test_a_drifted_check_starts_one_training_run_through_prometheus_and_alertman
     for path, token in ((token_file, HOOK_TOKEN), (metrics_token_file, METRICS_TOKEN)):
         path.write_text(token)
         path.chmod(0o600)
-    hook_port, alertmanager_port, prometheus_port = free_port(), free_port(), free_port()
+    hook_port, alertmanager_port, prometheus_port = free_ports(3)
     env = {**os.environ, "KFLOOP_WEBHOOK_TOKEN": HOOK_TOKEN, "KFLOOP_METRICS_TOKEN": METRICS_TOKEN}
     processes = []
     try:

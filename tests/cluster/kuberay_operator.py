@@ -91,7 +91,7 @@ from cluster.k8s_operator import _JobController, quantity
 from cluster.k8s_store import PODS, RAYCLUSTERS, RAYJOBS, SECRETS, ApiError, Resource, now
 from cluster.kuberay_validation import (Invalid, parse_generic, validate_raycluster_metadata, validate_raycluster_spec,
                                       validate_rayjob)
-from cluster.server_process import free_port
+from cluster.server_process import free_ports
 
 if TYPE_CHECKING:
     from cluster.k8s_server import K8sServer
@@ -265,10 +265,7 @@ class RayClusterController(_JobController):
         """Each Ray pod's last readiness probe: when (monotonic) and why it failed ("" when it passed)."""
         self.temp_root = Path(tempfile.mkdtemp(prefix="kr-", dir="/var/tmp"))
         """Each Ray node's ``--temp-dir`` lives under this short path (Unix socket paths hold 107 bytes)."""
-        ports: set[int] = set()
-        while len(ports) < 3:
-            ports.add(free_port())
-        self.gcs_port, self.dashboard_port, self.client_port = sorted(ports)
+        self.gcs_port, self.dashboard_port, self.client_port = free_ports(3)
         self.service = f"{self.name}-head-svc"  # GenerateHeadServiceName(RayClusterCRD, ...)
         self.fqdn = f"{self.service}.{namespace}.svc.{CLUSTER_DOMAIN}"  # GenerateFQDNServiceName
         self._write_pod_files([f"{self.fqdn} {self.service}"])
@@ -461,7 +458,8 @@ class RayClusterController(_JobController):
         params["block"] = "true"
         params.setdefault("dashboard-agent-listen-port", str(AGENT_PORT))
         # this host's network and disk (module docstring): free ports, loopback, a session dir of the node's own
-        params.update({"metrics-export-port": str(free_port()), "dashboard-agent-listen-port": str(free_port()),
+        metrics_port, agent_port = free_ports(2)
+        params.update({"metrics-export-port": str(metrics_port), "dashboard-agent-listen-port": str(agent_port),
                        "node-ip-address": "127.0.0.1", "min-worker-port": "0", "max-worker-port": "0",
                        "temp-dir": str(self.temp_root / name.rsplit("-", 1)[1]), "disable-usage-stats": "true"})
         if node_type == "head":

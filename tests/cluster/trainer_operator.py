@@ -31,7 +31,6 @@ import copy
 import math
 import re
 import secrets
-import socket
 import threading
 import uuid
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from cluster.k8s_operator import _JobController, quantity
+from cluster.server_process import free_port
 from cluster.k8s_store import CLUSTER_TRAINING_RUNTIMES, PODS, TRAINING_RUNTIMES, TRAINJOBS, ApiError, Store, now
 from cluster.k8s_validation import (DNS1035_LABEL_MAX_LENGTH, aggregate, dns1035_label_errors, invalid, invalid_object,
                                   max_len_error, webhook_denied)
@@ -325,19 +325,13 @@ def trainer_job(trainjob: dict, runtime: dict, port: int) -> tuple[dict, dict, d
     return metadata, jobset, job, num_nodes
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class TrainJobController(_JobController):
     """Trainer's reconcile of one TrainJob, JobSet's and the Job controller's for its trainer Job; the pods run on
     the kubelet of :class:`cluster.k8s_operator._JobController`."""
 
     def __init__(self, api: K8sServer, namespace: str, trainjob: dict, runtime: dict):
         self._setup(api, namespace, trainjob)
-        self.port = _free_port()
+        self.port = free_port()  # the rendezvous port: below the ephemeral range
         self.jobset_metadata, jobset, self.trainer, self.num_nodes = trainer_job(trainjob, runtime, self.port)
         self.jobset_refusal = jobset_problems(self.name, jobset["replicatedJobs"])
         """What JobSet's webhook says against the JobSet; non-empty: no JobSet, no pods."""
