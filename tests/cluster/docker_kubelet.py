@@ -54,14 +54,18 @@ RW_MASK, RO_MASK, EXEC_MASK = 0o660, 0o440, 0o110
 """``rwMask``, ``roMask``, ``execMask`` of kubernetes ``pkg/volume/volume_linux.go``."""
 
 
-def set_volume_ownership(root: Path, fs_group: int, *, read_only: bool = False, policy: str = "Always") -> None:
+def set_volume_ownership(root: Path, fs_group: int | None, *, read_only: bool = False,
+                         policy: str = "Always") -> None:
     """The kubelet's ``SetVolumeOwnership`` (kubernetes ``pkg/volume/volume_linux.go``: ``ChangePermissions``,
     ``changeFilePermission``, ``skipPermissionChange``): every file and folder under ``root`` gets group
     ``fs_group`` (``lchown``, owner kept) and its mode or'ed with ``rw`` for the group (``r`` when ``read_only``),
     folders also ``x`` and setgid, so what the pod creates there belongs to ``fs_group`` too; symlinks are not
     chmodded. With ``policy`` ``OnRootMismatch`` nothing changes when ``root`` already has that group, those bits and
     setgid (``requiresPermissionChange``). Like upstream, a file that cannot be changed (here: one removed while
-    walked, as another pod's writer renames its temp files) is skipped, not an error."""
+    walked, as another pod's writer renames its temp files) is skipped, not an error. No ``fs_group``: nothing
+    changes. Upstream's own cases are ported in tests/cluster/test_k8s_kubelet.py."""
+    if fs_group is None:
+        return
     mask = RO_MASK if read_only else RW_MASK
     if policy == "OnRootMismatch":
         info = root.stat()
@@ -222,9 +226,8 @@ class DockerRuntime:
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 if claim not in job.api.volumes:
                     raise ValueError(f'persistentvolumeclaim "{claim}" not found')
-                if fs_group is not None:
-                    set_volume_ownership(job.api.volumes[claim], fs_group, policy=policy,
-                                         read_only=bool(volume["persistentVolumeClaim"].get("readOnly")))
+                set_volume_ownership(job.api.volumes[claim], fs_group, policy=policy,
+                                     read_only=bool(volume["persistentVolumeClaim"].get("readOnly")))
                 source = job.api.volumes[claim] / mount.get("subPath", "")
                 mounts.append(Mount(target, str(source), type="bind", read_only=read_only))
             else:
@@ -238,8 +241,7 @@ class DockerRuntime:
                     folder = job.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
                     folder.mkdir(parents=True, exist_ok=True)
                     folder.chmod(0o777)  # empty_dir.go setupDir: defaultPerm, whatever the umask
-                    if fs_group is not None:
-                        set_volume_ownership(folder, fs_group)  # empty_dir.go SetUpAt: no change policy
+                    set_volume_ownership(folder, fs_group)  # empty_dir.go SetUpAt: no change policy
                     mounts.append(Mount(target, str(folder / mount.get("subPath", "")), type="bind",
                                         read_only=read_only))
         return mounts, shm_size

@@ -7,7 +7,7 @@ import os
 import stat
 
 import pytest
-from cluster.docker_kubelet import set_volume_ownership
+from cluster.docker_kubelet import EXEC_MASK, RW_MASK, set_volume_ownership
 from cluster.k8s_operator import expand
 from cluster.kubernetes_cluster import PYTHON, pytorchjob
 from polling import wait_for
@@ -72,6 +72,77 @@ def test_a_read_only_volume_gets_read_bits_and_on_root_mismatch_skips_a_volume_a
     assert (root / "sub" / "later").stat().st_gid == 0  # the root matched: nothing walked
     set_volume_ownership(root, 2000, read_only=True)
     assert (root / "sub" / "later").stat().st_gid == 2000
+
+
+# kubernetes pkg/volume/volume_linux_test.go (commit 030880a5dc54), TestSkipPermissionChange's cases: policy, the
+# root's group is fsGroup, the root has rw+x for the group, the root has setgid; whether the walk is skipped
+SKIP_PERMISSION_VECTORS = [
+    (None, False, False, False, False), ("Always", False, False, False, False), ("Always", True, False, False, False),
+    (None, True, False, False, False), ("OnRootMismatch", False, False, False, False),
+    ("OnRootMismatch", True, False, False, False), ("OnRootMismatch", True, True, False, False),
+    ("OnRootMismatch", True, True, True, True),
+]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's group to another needs root, as the kubelet has")
+@pytest.mark.parametrize("policy, gid_match, permission_match, sgid_match, skipped", SKIP_PERMISSION_VECTORS)
+def test_on_root_mismatch_skips_the_walk_only_as_the_kubelets_cases_say(
+        tmp_path, policy, gid_match, permission_match, sgid_match, skipped):
+    root = tmp_path / "volume"
+    root.mkdir(mode=0o700)
+    gid = root.stat().st_gid
+    mask = RW_MASK | (EXEC_MASK if permission_match else 0) | (stat.S_ISGID if sgid_match else 0)
+    root.chmod(stat.S_IMODE(root.stat().st_mode) | mask)
+    inside = root / "file"
+    inside.write_text("x")
+    inside.chmod(0o600)
+    set_volume_ownership(root, gid if gid_match else gid + 3000, **({"policy": policy} if policy else {}))
+    assert (stat.S_IMODE(inside.stat().st_mode) == 0o600) == skipped
+
+
+def _directory_permission(path) -> bool:
+    """volume_linux_test.go ``verifyDirectoryPermission`` (read-write): rw+x for the group and setgid."""
+    mode = path.lstat().st_mode
+    wanted = RW_MASK | EXEC_MASK
+    return stat.S_IMODE(mode) & wanted == wanted and bool(mode & stat.S_ISGID)
+
+
+# volume_linux_test.go TestSetVolumeOwnershipMode's cases: policy, the root's mode set up, the rogue folder's mode;
+# whether the rogue folder ends with the kubelet's permissions
+OWNERSHIP_MODE_VECTORS = [
+    ("Always", "valid", "no setgid", True),
+    ("OnRootMismatch", "valid", RW_MASK, False),
+    ("OnRootMismatch", 0o770, RW_MASK, True),
+]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's group to another needs root, as the kubelet has")
+@pytest.mark.parametrize("policy, root_mode, rogue_mode, fixed", OWNERSHIP_MODE_VECTORS)
+def test_set_volume_ownership_mode_follows_the_kubelets_cases(tmp_path, policy, root_mode, rogue_mode, fixed):
+    root = tmp_path / "volume"
+    root.mkdir(mode=0o700)
+    mode = stat.S_IMODE(root.stat().st_mode)
+    root.chmod(mode | RW_MASK | stat.S_ISGID | EXEC_MASK if root_mode == "valid" else root_mode)
+    rogue = root / "roguedir"
+    rogue.mkdir()
+    rogue.chmod(mode & ~stat.S_ISGID if rogue_mode == "no setgid" else rogue_mode)
+    set_volume_ownership(root, root.stat().st_gid, policy=policy)
+    assert _directory_permission(rogue) == fixed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's group to another needs root, as the kubelet has")
+@pytest.mark.parametrize("fs_group, link", [(None, False), (3000, False), (3000, True)])
+def test_set_volume_ownership_owner_follows_the_kubelets_cases(tmp_path, fs_group, link):
+    """volume_linux_test.go TestSetVolumeOwnershipOwner: fsGroup nil changes nothing; 3000 gives a file and a symlink
+    (lchown) the group, the owner kept."""
+    (tmp_path / "file.txt").touch(mode=0o755)
+    checked = tmp_path / "file.txt"
+    if link:
+        checked = tmp_path / "file_link.txt"
+        checked.symlink_to(tmp_path / "file.txt")
+    set_volume_ownership(tmp_path, fs_group)
+    assert (checked.lstat().st_uid, checked.lstat().st_gid) == (os.geteuid(), os.getgid() if fs_group is None
+                                                                else fs_group)
 
 
 def _waiting_message(cluster, pod: str) -> str:
