@@ -16,6 +16,15 @@ DNS1035_LABEL_ERROR = ("a DNS-1035 label must consist of lower case alphanumeric
 """``dns1035LabelErrMsg`` through ``RegexError`` with its examples (the double space is upstream's)."""
 
 
+DNS1123_SUBDOMAIN_MAX_LENGTH = 253
+"""``DNS1123SubdomainMaxLength``."""
+_DNS1123_SUBDOMAIN_FMT = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+DNS1123_SUBDOMAIN_ERROR = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+                           "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex "
+                           f"used for validation is '{_DNS1123_SUBDOMAIN_FMT}')")
+"""``dns1123SubdomainErrorMsg`` through ``RegexError`` with its example."""
+
+
 def max_len_error(length: int) -> str:
     """``MaxLenError``."""
     return f"must be no more than {length} characters"
@@ -28,6 +37,16 @@ def dns1035_label_errors(value: str) -> list[str]:
         errors.append(max_len_error(DNS1035_LABEL_MAX_LENGTH))
     if not _DNS1035_LABEL.fullmatch(value):
         errors.append(DNS1035_LABEL_ERROR)
+    return errors
+
+
+def dns1123_subdomain_errors(value: str) -> list[str]:
+    """``IsDNS1123Subdomain``: the length error first, then the format error (each when it applies)."""
+    errors = []
+    if len(value) > DNS1123_SUBDOMAIN_MAX_LENGTH:
+        errors.append(max_len_error(DNS1123_SUBDOMAIN_MAX_LENGTH))
+    if not re.fullmatch(_DNS1123_SUBDOMAIN_FMT, value):
+        errors.append(DNS1123_SUBDOMAIN_ERROR)
     return errors
 
 
@@ -87,21 +106,57 @@ def service_refusal(name: str) -> str | None:
 ACCESS_MODES = ("ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod")
 """``supportedAccessModes`` (kubernetes ``pkg/apis/core/validation/validation.go``), sorted as ``NotSupported``
 lists them."""
+VOLUME_MODES = ("Block", "Filesystem")
+"""``supportedVolumeModes``."""
+SELECTOR_OPERATORS = {"In": True, "NotIn": True, "Exists": False, "DoesNotExist": False}
+"""apimachinery ``ValidateLabelSelectorRequirement``: each operator, and whether it needs ``values``."""
+CLAIM_FIELDS_NOT_EMULATED = ("dataSource", "dataSourceRef", "volumeAttributesClassName")
+"""Claim fields the test cluster neither checks nor provisions from: refused by name, never accepted unread."""
+
+
+def _selector_errors(selector: dict, path: str) -> list[str]:
+    """``metav1validation.ValidateLabelSelector``'s requirement checks (an operator it knows; ``values`` given for
+    ``In``/``NotIn``, absent for ``Exists``/``DoesNotExist``)."""
+    errors = []
+    for i, requirement in enumerate(selector.get("matchExpressions") or []):
+        at, operator = f"{path}.matchExpressions[{i}]", requirement.get("operator")
+        if operator not in SELECTOR_OPERATORS:
+            errors.append(invalid(f"{at}.operator", operator, "not a valid selector operator"))
+        elif SELECTOR_OPERATORS[operator] != bool(requirement.get("values")):
+            errors.append(required(f"{at}.values", "must be specified when `operator` is 'In' or 'NotIn'")
+                          if SELECTOR_OPERATORS[operator] else
+                          forbidden(f"{at}.values", "may not be specified when `operator` is 'Exists' or "
+                                                    "'DoesNotExist'"))
+    return errors
 
 
 def claim_refusal(claim: dict) -> str | None:
     """The API server's refusal of a PersistentVolumeClaim (``ValidatePersistentVolumeClaimSpec``, kubernetes
     ``pkg/apis/core/validation/validation.go``: at least one access mode, each supported, ``ReadWriteOncePod``
-    alone; a ``resources.requests.storage``), None when it passes. Selectors, data sources and volume modes are
-    not checked."""
+    alone; a ``resources.requests.storage`` greater than zero (``ValidatePositiveQuantityValue``); the selector's
+    requirements; a DNS-1123 ``storageClassName`` (``ValidateClassName``); a supported ``volumeMode``), None when it
+    passes. :data:`CLAIM_FIELDS_NOT_EMULATED` are refused. Upstream's cases (``validation_test.go``
+    ``testValidatePVC``) are ported in tests/cluster/test_k8s_server.py."""
     spec = claim.get("spec") or {}
     modes = spec.get("accessModes") or []
     errors = [required("spec.accessModes", "at least 1 access mode is required")] if not modes else []
+    errors += _selector_errors(spec["selector"], "spec.selector") if spec.get("selector") else []
     errors += [not_supported("spec.accessModes", mode, list(ACCESS_MODES)) for mode in modes
                if mode not in ACCESS_MODES]
     if "ReadWriteOncePod" in modes and len(modes) > 1:
         errors.append(forbidden("spec.accessModes", "may not use ReadWriteOncePod with other access modes"))
-    if "storage" not in ((spec.get("resources") or {}).get("requests") or {}):
+    storage = ((spec.get("resources") or {}).get("requests") or {}).get("storage")
+    if storage is None:
         errors.append(required("spec.resources[storage]"))
+    elif (amount := float(re.match(r"[+-]?[0-9.]*", str(storage))[0] or "0")) <= 0:
+        errors.append(invalid("spec.resources[storage]", "0" if amount == 0 else str(storage),
+                              "must be greater than zero"))
+    if spec.get("storageClassName"):
+        errors += [invalid("spec.storageClassName", spec["storageClassName"], problem)
+                   for problem in dns1123_subdomain_errors(spec["storageClassName"])]
+    if "volumeMode" in spec and spec["volumeMode"] not in VOLUME_MODES:
+        errors.append(not_supported("spec.volumeMode", spec["volumeMode"], list(VOLUME_MODES)))
+    errors += [forbidden(f"spec.{name}", "not emulated by the test cluster") for name in CLAIM_FIELDS_NOT_EMULATED
+               if name in spec]
     name = (claim.get("metadata") or {}).get("name", "")
     return invalid_object("PersistentVolumeClaim", name, errors) if errors else None

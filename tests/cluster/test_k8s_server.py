@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 from cluster.k8s_server import JOB_NAME_LABEL
+from cluster.k8s_validation import DNS1123_SUBDOMAIN_ERROR, claim_refusal
 from cluster.kubernetes_cluster import PYTHON, pytorchjob, status_of
 from polling import wait_for
 
@@ -89,10 +90,46 @@ def test_kubectl_lists_the_jobs_of_the_test_server(cluster):
     assert json.loads(as_json.stdout)["spec"]["nprocPerNode"] == "1", as_json.stderr
 
 
+_GOOD_CLAIM = {"selector": {"matchExpressions": [{"key": "key2", "operator": "Exists"}]},
+               "accessModes": ["ReadWriteOnce", "ReadOnlyMany"], "resources": {"requests": {"storage": "10G"}},
+               "storageClassName": "valid", "volumeMode": "Filesystem"}
+# kubernetes pkg/apis/core/validation/validation_test.go testValidatePVC's spec scenarios (commit b1ce15c54586):
+# name, the spec, whether the API server refuses it (the metadata and feature-gated scenarios are not ported)
+PVC_VECTORS = [
+    ("good-claim", _GOOD_CLAIM, False),
+    ("with-read-write-once-pod", {"accessModes": ["ReadWriteOncePod"], "resources": {"requests": {"storage": "10G"}}},
+     False),
+    ("with-read-write-once-pod-and-others", {"accessModes": ["ReadWriteOncePod", "ReadWriteMany"],
+                                             "resources": {"requests": {"storage": "10G"}}}, True),
+    ("invalid-claim-zero-capacity", {**_GOOD_CLAIM, "resources": {"requests": {"storage": "0G"}}}, True),
+    ("invalid-label-selector", {**_GOOD_CLAIM, "selector": {"matchExpressions": [
+        {"key": "key2", "operator": "InvalidOp", "values": ["value1", "value2"]}]}}, True),
+    ("invalid-accessmode", {"accessModes": ["fakemode"], "resources": {"requests": {"storage": "10G"}}}, True),
+    ("no-access-modes", {"resources": {"requests": {"storage": "10G"}}}, True),
+    ("no-resource-requests", {"accessModes": ["ReadWriteOnce"]}, True),
+    ("invalid-resource-requests", {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"memory": "10G"}}},
+     True),
+    ("negative-storage-request", {**_GOOD_CLAIM, "resources": {"requests": {"storage": "-10G"}}}, True),
+    ("zero-storage-request", {**_GOOD_CLAIM, "resources": {"requests": {"storage": "0G"}}}, True),
+    ("invalid-storage-class-name", {**_GOOD_CLAIM, "storageClassName": "-invalid-"}, True),
+    ("invalid-volume-mode", {**_GOOD_CLAIM, "volumeMode": "fakeVolumeMode"}, True),
+]
+
+
+@pytest.mark.parametrize("name, spec, refused", PVC_VECTORS)
+def test_claims_are_checked_as_the_api_servers_own_cases_say(name, spec, refused):
+    assert (claim_refusal({"metadata": {"name": "foo"}, "spec": spec}) is not None) == refused, name
+
+
 @pytest.mark.parametrize("spec, message", [
     ({"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}, None),
     ({"resources": {"requests": {"storage": "1Gi"}}},
      'PersistentVolumeClaim "claim" is invalid: spec.accessModes: Required value: at least 1 access mode is required'),
+    ({"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "0G"}}, "storageClassName": "-x",
+      "dataSource": {"kind": "PersistentVolumeClaim", "name": "pvc1"}},
+     'PersistentVolumeClaim "claim" is invalid: [spec.resources[storage]: Invalid value: "0": must be greater than '
+     'zero, spec.storageClassName: Invalid value: "-x": ' + DNS1123_SUBDOMAIN_ERROR + ', spec.dataSource: '
+     'Forbidden: not emulated by the test cluster]'),
     ({"accessModes": ["ReadWriteOncePod", "ReadWriteMany", "Shared"]},
      'PersistentVolumeClaim "claim" is invalid: [spec.accessModes: Unsupported value: "Shared": supported values: '
      '"ReadOnlyMany", "ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod", spec.accessModes: Forbidden: may not use '
