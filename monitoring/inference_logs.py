@@ -65,8 +65,6 @@ UNKNOWN_VERSION = "unknown"
 _DTYPES = {"BOOL": "bool", "BYTES": "str", "FP16": "float64", "FP32": "float64", "FP64": "float64",
            **{f"{p}INT{b}": "int64" for p in ("", "U") for b in (8, 16, 32, 64)}}
 """Open Inference Protocol v2 datatypes and the column type each decodes to."""
-_DATATYPES = {"b": "BOOL", "i": "INT64", "u": "UINT64", "f": "FP64", "O": "BYTES", "U": "BYTES"}
-"""numpy dtype kinds and the datatype :func:`encode_table` sends them as."""
 _SINCE = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 
@@ -367,25 +365,6 @@ def decode_table(body: bytes, tensors: str, where: str) -> pd.DataFrame:
             raise InferenceLogError(where, f"{at}.name", f"{name!r} names two tensors")
         columns[name] = _column(data, _DTYPES[datatype], where, f"{at} ({name!r}, {datatype})")
     return pd.DataFrame(columns)
-
-
-def encode_table(rows: pd.DataFrame) -> dict[str, Any]:
-    """``rows`` as an Open Inference Protocol v2 request, one input per column, ``parameters.content_type: pd``
-    (what a client sends for a table; :func:`decode_table` reads it back).
-
-    Raises:
-        ValueError: a column of a type v2 has no datatype for (dates, mixed objects): named.
-    """
-    inputs = []
-    for name in rows.columns:
-        column = rows[name]
-        datatype = _DATATYPES.get(column.dtype.kind)
-        if datatype is None or (datatype == "BYTES" and not column.dropna().map(type).eq(str).all()):
-            raise ValueError(f"column {name!r} ({column.dtype}) has no Open Inference Protocol datatype: send "
-                             "numbers, booleans or text")
-        data = column.astype(object).where(column.notna(), None).tolist()
-        inputs.append({"name": str(name), "shape": [len(rows)], "datatype": datatype, "data": data})
-    return {"parameters": {"content_type": "pd"}, "inputs": inputs}
 
 
 def _column(data: list, kind: str, where: str, at: str) -> pd.Series:

@@ -12,14 +12,19 @@ import pytest
 
 from cli_run import cli
 from monitoring.inference_logs import (REQUEST_TYPE, RESPONSE_TYPE, InferenceLogError, InferenceLogWriter, LogRecord,
-                                       decode_table, encode_table, read_inference_logs, records_from_blob,
+                                       decode_table, read_inference_logs, records_from_blob,
                                        write_partitioned)
 from monitoring.steps.checks import drift_step
 from training.serving import MODEL_NAME_ANNOTATION, MODEL_VERSION_ANNOTATION
+from training.serving.table import table_request
 
 SCHEMA = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"
 NOW = datetime(2026, 12, 6, 12, 0, tzinfo=timezone.utc)
-v2_request = encode_table
+
+
+def v2_request(rows: pd.DataFrame) -> dict:
+    """``rows`` as the JSON body a v2 client sends for them."""
+    return table_request(rows, "churn").to_rest()[0]
 
 
 def v2_response(predictions: list) -> dict:
@@ -107,10 +112,10 @@ def test_an_unreadable_record_is_named_with_its_field_and_value(tmp_path, case, 
 def test_a_table_encoded_as_a_v2_request_decodes_to_the_same_table(demo_files):
     rows = pd.read_parquet(demo_files["batch_stable.parquet"]).head(300)
     rows.loc[3, "age"] = None  # an integer column with a null comes back as Parquet reads it: float
-    back = decode_table(json.dumps(encode_table(rows)).encode(), "inputs", "x")
+    back = decode_table(json.dumps(v2_request(rows)).encode(), "inputs", "x")
     pd.testing.assert_frame_equal(back, rows.astype({"age": "float64"}))
     with pytest.raises(ValueError, match="column 'when'"):
-        encode_table(pd.DataFrame({"when": pd.to_datetime(["2026-12-06"])}))
+        v2_request(pd.DataFrame({"when": pd.to_datetime(["2026-12-06"])}))
 
 
 def test_logs_in_object_storage(s3_bucket):

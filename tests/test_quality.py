@@ -12,10 +12,11 @@ import pandas as pd
 import pytest
 
 from data.errors import EXIT_DATA_FILE
-from monitoring.inference_logs import InferenceLogWriter, encode_table
+from monitoring.inference_logs import InferenceLogWriter
 from monitoring.records import QUALITY_REPORT_ARTIFACT, quality_checks
 from pipelines.cli.commands import main
 from training.registry.versions import QUALITY_REPORT_URI_TAG
+from training.serving.table import table_request
 
 MODEL = "quality-test"
 FAST = ["--set", "quality.bootstrap_samples=200"]
@@ -108,7 +109,7 @@ def test_labels_join_served_predictions_by_request_id_as_they_join_the_table(cha
     labels = []
     for i in range(0, len(rows), 20):
         part = rows.iloc[i:i + 20]
-        rid = writer.log(None, encode_table(part.drop(columns=["churned"])), None, model=MODEL, version=1,
+        rid = writer.log(None, table_request(part.drop(columns=["churned"]), MODEL).to_rest()[0], None, model=MODEL, version=1,
                          received=start + timedelta(seconds=i))
         labels += [{"row_id": f"{rid}/{j}", "customer_id": cid, "churned": y}
                    for j, (cid, y) in enumerate(zip(part["customer_id"], part["churned"]))]
