@@ -69,20 +69,15 @@ def cmd_serve_model(args: argparse.Namespace) -> int:
     # kserve's model_server parses the process's argv when imported (kserve 0.21.0 kserve/model_server.py:225,
     # parse_known_args): kfloop's flags are not its flags
     del sys.argv[1:]
+    from training.registry.versions import model_version
     from training.serving.predictor import KfloopPredictor, serve
 
     if source.alias:  # the logs name the version that answered, not the alias that moves
-        source = replace(source, version=_aliased_version(source.model_name, source.alias), alias="")
+        source = replace(source, version=str(model_version(source.model_name, source.alias).version), alias="")
     hook = _inference_logger(args.log_dir, source) if args.log_dir else None
     serve(KfloopPredictor(source.model_name, source, on_inference=hook), http_port=args.port,
           grpc_port=args.grpc_port)
     return 0
-
-
-def _aliased_version(model: str, alias: str) -> str:
-    from training.registry.versions import registry_client
-
-    return str(registry_client().get_model_version_by_alias(model, alias).version)
 
 
 def _inference_logger(log_dir: str, source):

@@ -7,7 +7,7 @@ import tempfile
 
 import mlflow
 
-from training.registry.versions import download_verified, registry_client
+from training.registry.versions import download_verified, model_version, registry_client
 
 
 def load_verified(model_name: str, ref: str, *, client: "mlflow.MlflowClient | None" = None
@@ -22,10 +22,10 @@ def load_verified(model_name: str, ref: str, *, client: "mlflow.MlflowClient | N
             names it with both hashes); no code of the model ran.
         training.registry.versions.ForeignModelError: the version has no manifest, a manifest its run did not
             record, or an MLmodel pointing at other code.
-        mlflow.exceptions.MlflowException: no such version or alias.
+        data.errors.NotFoundError: no such version or alias.
     """
     client = registry_client(client)
-    version = ref if ref.isdigit() else client.get_model_version_by_alias(model_name, ref).version
+    version = model_version(model_name, ref, client=client).version
     with tempfile.TemporaryDirectory() as tmp:
         local = download_verified(model_name, str(version), tmp, client=client)
         return mlflow.pyfunc.load_model(str(local))

@@ -250,19 +250,24 @@ def registered_model(model_name: str, *, client: "mlflow.MlflowClient | None" = 
         raise
 
 
-def model_version(model_name: str, version: str | int, *, client: "mlflow.MlflowClient | None" = None):
-    """Version ``version`` of ``model_name`` (an ``mlflow.entities.model_registry.ModelVersion``).
+def model_version(model_name: str, ref: str | int, *, client: "mlflow.MlflowClient | None" = None):
+    """Version ``ref`` of ``model_name`` (an ``mlflow.entities.model_registry.ModelVersion``): a version number, or
+    an alias such as ``champion`` resolved to the version it names now.
 
     Raises:
-        NotFoundError: the model has no such version (the message says how to list them).
+        NotFoundError: the model has no such version or alias (the message says how to list them).
         mlflow.exceptions.MlflowException: MLflow could not be read.
     """
+    ref = str(ref)
+    client = registry_client(client)
     try:
-        return registry_client(client).get_model_version(model_name, str(version))
+        return client.get_model_version(model_name, ref) if ref.isdigit() else \
+            client.get_model_version_by_alias(model_name, ref)
     except MlflowException as e:
-        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST):
-            raise NotFoundError(f"model '{model_name}' has no version {version}: `kfloop history --model "
-                                f"{model_name}` lists its versions") from None
+        missing_alias = not ref.isdigit() and e.error_code == ErrorCode.Name(INVALID_PARAMETER_VALUE)
+        if e.error_code == ErrorCode.Name(RESOURCE_DOES_NOT_EXIST) or missing_alias:
+            raise NotFoundError(f"model '{model_name}' has no {'version' if ref.isdigit() else 'alias'} {ref}: "
+                                f"`kfloop history --model {model_name}` lists its versions") from None
         raise
 
 

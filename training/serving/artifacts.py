@@ -9,8 +9,8 @@ from pathlib import Path
 
 import mlflow
 
-from data.errors import NotFoundError
 from data.redaction import redact
+from training.registry.versions import model_version
 
 PROXIED_SCHEME = "mlflow-artifacts:"
 """An MLflow server's proxied artifact location: only that server knows the object storage behind it."""
@@ -36,17 +36,12 @@ def resolve_version(model_name: str, *, version: str = "", alias: str = "",
     maps it.
 
     Raises:
-        NotFoundError: no such version or alias.
+        data.errors.NotFoundError: no such version or alias.
         ValueError: the folder is not in object storage (a local or proxied store without
             ``serving.artifacts_destination``): KServe cannot download it.
     """
     client = mlflow.MlflowClient()
-    try:
-        mv = client.get_model_version(model_name, version) if version else \
-            client.get_model_version_by_alias(model_name, alias)
-    except mlflow.exceptions.MlflowException as exc:
-        raise NotFoundError(f"model {model_name!r} has no {'version ' + version if version else 'alias ' + alias}: "
-                            f"{exc.message}") from exc
+    mv = model_version(model_name, version or alias, client=client)
     location = client.get_logged_model(mv.model_id).artifact_location if mv.model_id else \
         client.get_model_version_download_uri(model_name, mv.version)
     storage_uri = object_storage_uri(location, artifacts_destination)
