@@ -13,7 +13,8 @@ Written from kserve at tag v0.20.0 and cited by file and function, never from kf
   ``kserve-container`` with the model's resources; ``ReplacePlaceholders``: ``{{.Name}}`` is the InferenceService's
   name), ``buildObjectMeta`` (labels and annotations of runtime < isvc < predictor, plus
   ``serving.kserve.io/inferenceservice`` and ``component: predictor``), ``PredictorServiceName`` (``<isvc>-predictor``).
-* ``components/component.go``: the logger's internal annotations (``serving.kserve.io/enable-logger`` ...).
+* ``components/component.go`` ``addLoggerAnnotations``: the logger's ``internal.serving.kserve.io/logger*`` pod
+  annotations (so a logger change is a new revision).
 * ``reconcilers/knative/ksvc_reconciler.go`` ``createKnativeService``: traffic targets. With ``canaryTrafficPercent``
   and a rolled-out revision: the latest revision at P percent (tag ``latest`` under
   ``serving.kserve.io/enable-tag-routing``) and, under 100, the last rolled-out revision at 100 - P (tag ``prev``);
@@ -106,8 +107,10 @@ if TYPE_CHECKING:
 WEBHOOK = "inferenceservice.kserve-webhook-server.validator"
 ISVC_LABEL, COMPONENT_LABEL, ENDPOINT_LABEL = "serving.kserve.io/inferenceservice", "component", "endpoint"
 """``InferenceServicePodLabelKey``, ``KServiceComponentLabel``, ``KServiceEndpointLabel`` (pkg/constants)."""
-SERVICE_LABEL, CONFIGURATION_LABEL, REVISION_LABEL = ("serving.knative.dev/service", "serving.knative.dev/configuration",
-                                                      "serving.knative.dev/revision")
+SERVICE_LABEL, CONFIGURATION_LABEL, REVISION_LABEL = (
+    "serving.knative.dev/service", "serving.knative.dev/configuration", "serving.knative.dev/revision")
+INTERNAL = "internal.serving.kserve.io"
+"""``InferenceServiceInternalAnnotationsPrefix``: the logger's pod annotations (``addLoggerAnnotations``)."""
 TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 """``EnableRoutingTagAnnotationKey``."""
 CONTAINER, INITIALIZER = "kserve-container", "storage-initializer"
@@ -121,7 +124,8 @@ LOGGER_SERVICE_ACCOUNT = "logger-sa"
 REQUEST_TYPE = "org.kubeflow.serving.inference.request"
 RESPONSE_TYPE = "org.kubeflow.serving.inference.response"
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-S3_ANNOTATIONS = {"serving.kserve.io/s3-region": "AWS_DEFAULT_REGION", "serving.kserve.io/s3-verifyssl": "S3_VERIFY_SSL"}
+S3_ANNOTATIONS = {"serving.kserve.io/s3-region": "AWS_DEFAULT_REGION",
+                  "serving.kserve.io/s3-verifyssl": "S3_VERIFY_SSL"}
 S3_ENDPOINT_ANNOTATION, S3_HTTPS_ANNOTATION = "serving.kserve.io/s3-endpoint", "serving.kserve.io/s3-usehttps"
 REQUEUE_SECONDS = 0.25
 """The longest the controller waits between reconciles when nothing in the store changes (it also probes)."""
@@ -296,6 +300,13 @@ class InferenceServiceController(_JobController):
         logger = self._logger(predictor.get("logger"))
         annotations = {**(runtime.get("annotations") or {}), **(meta.get("annotations") or {}),
                        **(predictor.get("annotations") or {})}
+        if logger:  # component.go addLoggerAnnotations: a logger change is a template change, so a new revision
+            annotations.update({f"{INTERNAL}/logger": "true", f"{INTERNAL}/logger-mode": logger["mode"],
+                                **({f"{INTERNAL}/logger-sink-url": logger["url"]} if logger["url"] else {}),
+                                **({f"{INTERNAL}/logger-metadata-headers": ",".join(logger["headers"])}
+                                   if logger["headers"] else {}),
+                                **({f"{INTERNAL}/logger-metadata-annotations": ",".join(logger["annotations"])}
+                                   if logger["annotations"] else {})})
         labels = {**(runtime.get("labels") or {}), **(meta.get("labels") or {}), **(predictor.get("labels") or {}),
                   ISVC_LABEL: meta["name"], COMPONENT_LABEL: "predictor"}
         return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}, logger

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.error
+import sys
+import threading
 import urllib.request
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -19,12 +21,12 @@ import pytest
 from kserve.protocol.infer_type import InferResponse
 from kubernetes import client
 from polling import wait_for
-from serving_versions import register_version
+from serving_versions import register_version, tracking
 
 from cluster.k8s_store import INFERENCESERVICES, PODS
 from cluster.kserve_operator import INITIALIZER, MODEL_MOUNT, REVISION_LABEL
 from cluster.kubernetes_cluster import CLAIM, status_of
-from monitoring.inference_logs import read_inference_logs
+from monitoring.inference_logs import REQUEST_TYPE, RESPONSE_TYPE, read_inference_logs, record_from_cloudevent
 from training.launch.cluster import ClusterConfig
 from training.serving import MODEL_VERSION_ANNOTATION
 from training.serving.artifacts import VersionArtifacts
@@ -37,6 +39,18 @@ MODELS_BUCKET = "kserve-models"
 SECRET, ACCOUNT = "kfloop-s3", "kfloop-serving"
 READY_TIMEOUT_S = 180
 GROUP, VERSION, PLURAL = "serving.kserve.io", "v1beta1", "inferenceservices"
+ECHO = """import http.server, sys
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+"""
+"""A predictor answering each POST with its body: the logger's tests need no model."""
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +58,10 @@ def model(mlflow_server, s3_server, tmp_path_factory):
     """A registered version's MLflow model folder, uploaded to the S3 test server under ``v1/`` and ``v2/`` (two
     storage URIs of one model) and as ``broken/`` (an MLmodel that is no model); the folder and holdout rows."""
     root = tmp_path_factory.mktemp("kserve-model")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
-        mlflow.set_tracking_uri(mlflow_server.url)
-        experiment_id = mlflow.MlflowClient().create_experiment("kfloop-kserve-emulation")
+    with tracking(mlflow_server.url, "kfloop-kserve-emulation") as experiment_id:
         version, rows = register_version(MODEL, experiment_id=experiment_id, root=root)
         folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{MODEL}/{version}",
                                                           dst_path=str(root / "model")))
-        mlflow.set_tracking_uri(None)
     env = s3_server.env()
     s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                       aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
@@ -256,3 +266,63 @@ def test_what_kserve_refuses_or_the_emulation_does_not_model_is_named(kserve):
     condition = wait_for("the refusal", lambda: _condition(_get(custom), "PredictorReady"))
     assert condition["reason"] == "NotEmulated" and "spec.predictor.model.storageUri='gs://bucket/model'" in \
         condition["message"]
+
+
+@pytest.fixture
+def events():
+    """A CloudEvents sink on loopback: its URL and the (headers, body) of each POST it received."""
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    class Sink(BaseHTTPRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002
+            pass
+
+        def do_POST(self):
+            received.append((dict(self.headers.items()), self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/events", received
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_logger_sends_cloudevents_of_the_modes_requests_or_responses(cluster, events):
+    url, received = events
+    custom = client.CustomObjectsApi(cluster.api())
+    custom.create_namespaced_custom_object(GROUP, "v1alpha1", "default", "servingruntimes", {
+        "apiVersion": f"{GROUP}/v1alpha1", "kind": "ServingRuntime", "metadata": {"name": "echo"},
+        "spec": {"supportedModelFormats": [{"name": "echo"}], "protocolVersions": ["v2"],
+                 "containers": [{"name": "kserve-container", "image": "python:3.11",
+                                 "command": [sys.executable, "-c", ECHO], "args": ["8080"],
+                                 "ports": [{"containerPort": 8080}]}]}})
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService",
+        "metadata": {"name": MODEL, "annotations": {MODEL_VERSION_ANNOTATION: "7"}},
+        "spec": {"predictor": {"model": {"modelFormat": {"name": "echo"}, "runtime": "echo",
+                                         "storageUri": f"pvc://{CLAIM}/echo"},
+                               "logger": {"mode": "request", "url": url,
+                                          "metadataAnnotations": [MODEL_VERSION_ANNOTATION]}}}})
+    isvc = _wait_ready(custom, f"{MODEL}-predictor-00001")
+
+    def post(request_id: str) -> bytes:
+        request = urllib.request.Request(isvc["status"]["url"] + "/v2/models/m/infer", data=b'{"inputs": []}',
+                                         headers={"Content-Type": "application/json", "Ce-Id": request_id})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.read()
+
+    assert post("ev-1") == b'{"inputs": []}'
+    records = [record_from_cloudevent(h, b, "sink") for h, b in received]
+    assert [(r.id, r.type, r.body) for r in records] == [("ev-1", REQUEST_TYPE, b'{"inputs": []}')]
+    assert records[0].annotations == {MODEL_VERSION_ANNOTATION: "7"}
+    assert (records[0].inference_service, records[0].component) == (MODEL, "predictor")
+
+    _patch(custom, {"logger": {"mode": "response"}})  # a logger change is a new revision
+    isvc = _wait_ready(custom, f"{MODEL}-predictor-00002")
+    del received[:]
+    post("ev-2")
+    assert [(r.id, r.type) for r in (record_from_cloudevent(h, b, "sink") for h, b in received)] == [
+        ("ev-2", RESPONSE_TYPE)]
