@@ -25,7 +25,7 @@ from serving_versions import register_version, tracking
 
 from cluster.k8s_store import INFERENCESERVICES, PODS
 from cluster.kserve_operator import INITIALIZER, MODEL_MOUNT, REVISION_LABEL
-from cluster.kubernetes_cluster import CLAIM, status_of
+from cluster.kubernetes_cluster import CLAIM, s3_service_account, status_of
 from monitoring.inference_logs import REQUEST_TYPE, RESPONSE_TYPE, read_inference_logs, record_from_cloudevent
 from training.launch.cluster import ClusterConfig
 from training.serving import MODEL_VERSION_ANNOTATION
@@ -79,15 +79,7 @@ def kserve(cluster, s3_server, s3_bucket):
     """The cluster with kfloop's ServingRuntime, the S3 Secret and the service account naming it, and the
     CustomObjectsApi; inference logs go to ``s3://<s3_bucket>/inference``."""
     api = cluster.api()
-    core = client.CoreV1Api(api)
-    endpoint = s3_server.env()["AWS_ENDPOINT_URL"].removeprefix("http://")
-    core.create_namespaced_secret("default", {
-        "metadata": {"name": SECRET, "annotations": {"serving.kserve.io/s3-endpoint": endpoint,
-                                                     "serving.kserve.io/s3-usehttps": "0"}},
-        "stringData": {"AWS_ACCESS_KEY_ID": s3_server.env()["AWS_ACCESS_KEY_ID"],
-                       "AWS_SECRET_ACCESS_KEY": s3_server.env()["AWS_SECRET_ACCESS_KEY"]}})
-    core.create_namespaced_service_account("default", {"metadata": {"name": ACCOUNT},
-                                                       "secrets": [{"name": SECRET}]})
+    s3_service_account(api, s3_server.env(), ACCOUNT, SECRET)
     settings = ServingSettings(log_uri=f"s3://{s3_bucket}/inference", service_account=ACCOUNT)
     custom = client.CustomObjectsApi(api)
     custom.create_namespaced_custom_object(GROUP, "v1alpha1", "default", "servingruntimes",
