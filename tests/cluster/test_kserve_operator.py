@@ -218,16 +218,21 @@ def test_a_canary_takes_its_share_then_rolls_back_and_is_promoted(kserve, model)
 
 
 def test_a_failing_predictor_never_becomes_ready(kserve, model):
-    _, custom, settings = kserve
+    cluster, custom, settings = kserve
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
                                            _isvc(settings, f"s3://{MODELS_BUCKET}/broken"))
     failed = wait_for("the revision's failure", lambda: (c := _condition(_get(custom), "PredictorReady"))
                       and c["status"] == "False" and c, timeout=READY_TIMEOUT_S, interval=0.2)
     assert failed["reason"] == "RevisionFailed" and f"{MODEL}-predictor-00001" in failed["message"]
+    assert "Container failed with:" in failed["message"]  # the log's tail (FallbackToLogsOnError)
     isvc = _get(custom)
     assert _condition(isvc, "Ready")["status"] == "False"
     assert "url" not in isvc["status"] and _predictor(isvc)["traffic"] == []
     assert "latestReadyRevision" not in _predictor(isvc)
+
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, MODEL)  # its pods go with it
+    assert cluster.server.store.list(PODS, "default", f"{REVISION_LABEL}={MODEL}-predictor-00001")[0] == []
+    assert cluster.server.live_pids() == []
 
 
 def test_a_model_on_a_claim_is_mounted_without_the_storage_initializer(kserve, model):
