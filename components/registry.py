@@ -1,4 +1,5 @@
-"""Registry steps: every candidate becomes a version; only ``promote`` moves ``champion``."""
+"""Registry steps: every candidate becomes a version; only ``promote`` moves ``champion`` (and ``rollout`` moves it
+back when the new champion fails on KServe)."""
 from kfp.dsl import Artifact, Dataset, Input, Model
 
 from components.base import kfloop_component
@@ -32,3 +33,15 @@ def promote(model_name: str, version: str, report: Input[Artifact], model: Input
     return promote_step(model_name=model_name, version=version, compared_against=report.metadata["champion_version"],
                         model_dir=model.path, holdout_path=holdout_data.path, holdout_sha256=holdout_sha256,
                         policy=from_struct(promotion_policy)).promoted
+
+
+@kfloop_component
+def rollout(model_name: str, version: str, promoted: bool, holdout_data: Input[Dataset], serving_config: dict,
+            cluster_config: dict) -> str:
+    """With ``serving.rollout``: the new champion on KServe as a canary, smoke-tested with the holdout's first rows,
+    then given all traffic, or traffic and ``champion`` rolled back; returns the outcome."""
+    from data.settings import from_struct
+    from training.steps.rollout import rollout_step
+
+    return rollout_step(model_name=model_name, version=version, promoted=promoted, holdout_path=holdout_data.path,
+                        serving=from_struct(serving_config), cluster=from_struct(cluster_config))

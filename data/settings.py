@@ -43,7 +43,7 @@ KFP_WORKSPACE = Path("/kfp-workspace")
 """Where KFP mounts a pipeline's workspace volume in its steps (``kfp.dsl.constants.WORKSPACE_MOUNT_PATH``)."""
 SECTION_PARAMETERS = {"training": "training_config", "model": "model_config", "promotion": "promotion_policy",
                       "drift": "drift_policy", "quality": "quality_policy", "trigger": "trigger_policy",
-                      "cluster": "cluster_config", "data_store": "data_store_config"}
+                      "cluster": "cluster_config", "data_store": "data_store_config", "serving": "serving_config"}
 """Each section of ``kfloop.yaml`` -> the pipeline's dict parameter that carries it."""
 
 

@@ -69,7 +69,7 @@ PINNED_KEYS: dict[str, str] = {
 SETTINGS_KEYS = {*SECTIONS, *SHARED_KEYS, *PINNED_KEYS}
 """Every top-level key of kfloop.yaml / ``--set``."""
 
-TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", "drift", *SHAPE_PARAMETERS,
+TRAINING_KEYS = {"training", "model", "promotion", "cluster", "data_store", "drift", "serving", *SHAPE_PARAMETERS,
                  "holdout_fraction", "seed"}
 """Settings the drift and quality pipelines hand to the training runs they trigger (``drift``: its engine builds
 the reference profile at registration)."""

@@ -1,9 +1,10 @@
-"""The training pipeline: validate -> split -> train -> evaluate vs champion -> register -> promote if blessed."""
+"""The training pipeline: validate -> split -> train -> evaluate vs champion -> register -> promote if blessed ->
+roll out on KServe (``serving.rollout``)."""
 from kfp import dsl
 
 from components.data import split_holdout, validate_data
 from components.evaluation import evaluate_vs_champion
-from components.registry import promote, register_candidate
+from components.registry import promote, register_candidate, rollout
 from components.training import launch_training
 from data.holdout import DEFAULT_HOLDOUT_FRACTION, DEFAULT_SPLIT_SEED
 from data.settings import DEFAULT_MODEL_NAME
@@ -16,7 +17,7 @@ DEFAULT_SHAPE = JobShape()
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Validate data, train with DDP, gate against the champion, "
-                                              "register every candidate, promote the blessed one.")
+                                              "register every candidate, promote the blessed one, roll it out.")
 def training_pipeline(
     dataset_uri: str,
     schema_uri: str = "",
@@ -34,6 +35,7 @@ def training_pipeline(
     cluster_config: dict = {},
     data_store_config: dict = {},
     drift_policy: dict = {},
+    serving_config: dict = {},
 ) -> str:
     validated = validate_data(dataset_uri=dataset_uri, schema_uri=schema_uri, target=target, model_name=model_name,
                               task=task)
@@ -61,9 +63,12 @@ def training_pipeline(
                                     pipeline_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
     registered.set_display_name("register candidate")
     with dsl.If(gate.outputs["Output"] == True, name="blessed"):  # noqa: E712 (KFP condition, not Python)
-        promote(model_name=model_name, version=registered.output, report=gate.outputs["report"],
-                model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
-                holdout_sha256=split.outputs["Output"], promotion_policy=promotion_policy
-                ).set_display_name("promote to champion")
+        promoted = promote(model_name=model_name, version=registered.output, report=gate.outputs["report"],
+                           model=trained.outputs["model"], holdout_data=split.outputs["holdout_data"],
+                           holdout_sha256=split.outputs["Output"], promotion_policy=promotion_policy)
+        promoted.set_display_name("promote to champion")
+        rollout(model_name=model_name, version=registered.output, promoted=promoted.output,
+                holdout_data=split.outputs["holdout_data"], serving_config=serving_config,
+                cluster_config=cluster_config).set_display_name("roll out on KServe")
     kubernetes_options.apply(gpu_step=trained)
     return registered.output

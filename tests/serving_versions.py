@@ -4,10 +4,13 @@ flags real violations)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
 import pandas as pd
+import pytest
 from test_registry_versions import TARGET, Env, build_model, make_frame
 
 from data.validation import infer_schema, schema_to_yaml
@@ -27,3 +30,15 @@ def register_version(name: str, *, experiment_id: str, root: Path) -> tuple[str,
     uri = log_candidate(run_id, env.good, decision=decision, lineage=lineage)
     version = register_candidate(name, run_id=run_id, model_uri=uri, decision=decision, lineage=lineage)
     return version, holdout.drop(columns=[TARGET])
+
+
+@contextmanager
+def tracking(url: str, experiment: str) -> Iterator[str]:
+    """MLflow (the environment and the client) pointed at ``url`` while inside; the id of a new ``experiment``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", url)
+        mlflow.set_tracking_uri(url)
+        try:
+            yield mlflow.MlflowClient().create_experiment(experiment)
+        finally:
+            mlflow.set_tracking_uri(None)

@@ -160,7 +160,8 @@ def test_steps_that_read_data_or_the_champion_compile_with_caching_off(tmp_path)
     current champion: those steps must never be served from the cache by default (the golden files show it)."""
     training, drift = (_stable(GOLDEN / f"{name}.yaml") for name in ("training", "drift"))
     assert _caching(training) == {"validate-data": False, "split-holdout": False, "launch-training": False,
-                                  "evaluate-vs-champion": False, "register-candidate": False, "promote": False}
+                                  "evaluate-vs-champion": False, "register-candidate": False, "promote": False,
+                                  "rollout": False}
     assert _caching(drift) == {"check-drift": False, "trigger-retraining": False}
     assert _caching(_stable(GOLDEN / "quality.yaml")) == {"check-quality": False, "trigger-retraining": False}
 

@@ -96,9 +96,8 @@ def test_gpu_nodes_run_one_process_per_device_in_the_dry_run_and_the_launch_alik
 
 
 def test_every_section_has_one_pipeline_parameter():
-    # but ``kfp`` (how pods reach the KFP API): it is pinned with the training version the trigger step starts; and
-    # ``serving``, read by ``kfloop render-serving`` only until a pipeline step deploys (issue 42's rollout step)
-    assert set(SECTIONS) - {"kfp", "serving"} == set(SECTION_PARAMETERS)
+    # but ``kfp`` (how pods reach the KFP API): it is pinned with the training version the trigger step starts
+    assert set(SECTIONS) - {"kfp"} == set(SECTION_PARAMETERS)
     declared = {name for pipeline in PIPELINES.values() for name in pipeline.component_spec.inputs}
     assert set(SECTION_PARAMETERS.values()) <= declared
 

@@ -387,7 +387,8 @@ def test_the_server_executes_an_uploaded_training_run_that_registers_a_version(e
     states = {t["display_name"]: t["state"] for t in run["run_details"]["task_details"]}
     assert {k: v for k, v in states.items() if k != "condition-1"} == {
         "validate-data": "SUCCEEDED", "split-holdout": "SUCCEEDED", "launch-training": "SUCCEEDED",
-        "evaluate-vs-champion": "SUCCEEDED", "register-candidate": "SUCCEEDED", "promote": "SUCCEEDED"}, states
+        "evaluate-vs-champion": "SUCCEEDED", "register-candidate": "SUCCEEDED", "promote": "SUCCEEDED",
+        "rollout": "SUCCEEDED"}, states  # serving.rollout is off: the rollout step does nothing
     assert summary["model_name"] == "executed" and summary["model_version"] == "1" and summary["promoted"] is True
 
 

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from kserve.inference_client import InferenceGRPCClient, InferenceRESTClient, RESTConfig
 from polling import wait_for
-from serving_versions import register_version
+from serving_versions import register_version, tracking
 
 from cluster.server_process import free_port
 from data.schema_rules import DEFAULT_LIMITS
@@ -36,14 +36,10 @@ START_TIMEOUT_S = 120
 def registered(mlflow_server, tmp_path_factory):
     """Version 1 of :data:`MODEL` on the shared MLflow server, and the pyfunc every consumer loads."""
     root = tmp_path_factory.mktemp("serving")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
-        mlflow.set_tracking_uri(mlflow_server.url)
-        experiment_id = mlflow.MlflowClient().create_experiment("kfloop-serving")
+    with tracking(mlflow_server.url, "kfloop-serving") as experiment_id:
         version, rows = register_version(MODEL, experiment_id=experiment_id, root=root)
         mlflow.MlflowClient().set_registered_model_alias(MODEL, "champion", version)  # served by --alias champion
         yield version, mlflow.pyfunc.load_model(f"models:/{MODEL}/{version}"), rows
-        mlflow.set_tracking_uri(None)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ def add_parsers(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     options.add_json(history)
     options.add_settings(history)
 
-    rollback = command("rollback", "move champion back (default: to the champion it replaced)")
+    rollback = command("rollback", "move champion back (default: to the champion it replaced), and its traffic on "
+                                   "KServe with serving.rollout")
     options.add_model(rollback)
     rollback.add_argument("--to", help="version to make champion")
     rollback.add_argument("--reason", required=True, help="why; recorded in the champion history")
@@ -76,12 +77,32 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
     model = _model(args)
     result = rollback_champion(model, to=args.to, reason=args.reason, env=options.registry_environment(args, model))
+    served = _serve_rolled_back(args, model, result["champion_version"])
+    if served:
+        result["serving_revision"] = served
     if args.json:
         options.print_json(result)
     else:
         print(f"{result['model_name']}: champion v{result['previous_champion']} -> v{result['champion_version']} "
-              f"({result['reason']})")
+              f"({result['reason']})" + (f"; all traffic on {served}" if served else ""))
     return 0
+
+
+def _serve_rolled_back(args: argparse.Namespace, model: str, version: str) -> str:
+    """With ``serving.rollout``: the InferenceService moved to ``version`` too (all its traffic); the revision
+    serving it, else ""."""
+    from training.launch.kube_client import api_client
+    from training.launch.kubernetes import KubernetesSettings
+    from training.serving.rollout import serve_champion
+    from training.serving.settings import ServingSettings
+
+    settings = options.settings(args)
+    serving = ServingSettings.from_dict(settings.get("serving"))
+    if not serving.rollout:
+        return ""
+    kubernetes = KubernetesSettings.from_dict(dict(settings.get("cluster", {})))
+    return serve_champion(model, version, serving=serving, cluster=kubernetes.cluster,
+                          api=api_client(kubernetes.launcher.kubeconfig))
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

@@ -59,7 +59,9 @@ TrainJobs run the way Kubeflow Trainer v2.3.0 runs them: tests/cluster/trainer_o
 JobSet and Job controllers, cited from their source); the server holds Trainer's default ClusterTrainingRuntime.
 RayJobs and RayClusters run the way KubeRay v1.7.0 runs them: tests/cluster/kuberay_operator.py (the RayJob and
 RayCluster controllers, the submitter's Job; the pods run `ray start` and `ray job submit`, cited from KubeRay's
-source). A pod without `restartPolicy` gets the API server's default, `Always`.
+source). InferenceServices run the way KServe v0.20.0 runs them in Knative mode: tests/cluster/kserve_operator.py
+(its webhook, the predictor and ingress reconcilers, revisions, the traffic split behind a loopback route at
+`status.url`, the payload logger). A pod without `restartPolicy` gets the API server's default, `Always`.
 """
 from __future__ import annotations
 
@@ -80,14 +82,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from cluster import istio_injection, kuberay_operator, pod_security, pytorchjob_contract, tls, trainer_operator
+from cluster import (istio_injection, kserve_operator, kuberay_operator, pod_security, pytorchjob_contract, tls,
+                     trainer_operator)
 from cluster.crd_schema import printer_columns, validate as validate_crd
 from cluster.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
 from cluster.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
 from cluster.k8s_validation import aggregate, claim_refusal, webhook_denied
-from cluster.k8s_store import (_BY_PATH, EVENTS, LEASES, NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PODS, PYTORCHJOBS,
-                             RAYCLUSTERS, RAYJOBS, RESOURCES, SECRETS, TRAINJOBS, ApiError,
+from cluster.k8s_store import (_BY_PATH, EVENTS, INFERENCESERVICES, LEASES, NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PODS,
+                             PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES, SECRETS, TRAINJOBS, ApiError,
                              Resource, Store, field_matcher, label_matcher, merge_patch, now)
 
 __all__ = ["JOB_NAME_LABEL", "REPLICA_INDEX_LABEL", "REPLICA_TYPE_LABEL", "K8sServer"]
@@ -486,6 +489,8 @@ class K8sServer:
             return trainer_operator.create(self, namespace, body)
         if resource in (RAYJOBS, RAYCLUSTERS):
             return kuberay_operator.create(self, resource, namespace, body)
+        if resource is INFERENCESERVICES:
+            return kserve_operator.create(self, namespace, body)
         obj = self.store.create(resource, namespace, body)
         if resource is PYTORCHJOBS and self.operator:
             self.start_controller(PYTORCHJOBS, namespace, _JobController(self, namespace, obj))
@@ -562,6 +567,8 @@ class K8sServer:
                 self._validate(resource, candidate)
                 if resource is PYTORCHJOBS:
                     _admit_pytorchjob(candidate, current)
+                if resource is INFERENCESERVICES:
+                    kserve_operator.admit(candidate)
             return updated
 
         _check_micro_times(resource, body)
@@ -582,6 +589,8 @@ class K8sServer:
             trainer_operator.deleted(self, namespace, name)
         elif resource in (RAYJOBS, RAYCLUSTERS):
             kuberay_operator.deleted(self, resource, namespace, name)
+        elif resource is INFERENCESERVICES:
+            kserve_operator.deleted(self, namespace, name)
         elif resource is PODS:
             run = self._runs.pop((namespace, name), None)
             if run:

@@ -56,10 +56,13 @@ RESOURCES = (
     Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim",
              verbs=("create", "delete", "get", "list", "watch")),
     Resource("", "v1", "configmaps", "ConfigMap"),
+    Resource("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService", crd=True),
+    Resource("serving.kserve.io", "v1alpha1", "servingruntimes", "ServingRuntime", crd=True),
+    Resource("", "v1", "serviceaccounts", "ServiceAccount"),
 )
 (PYTORCHJOBS, TRAINJOBS, PODS, EVENTS, SECRETS, LEASES, NAMESPACES, ROLES, CLUSTER_ROLES, ROLE_BINDINGS,
  CLUSTER_ROLE_BINDINGS, CLUSTER_TRAINING_RUNTIMES, TRAINING_RUNTIMES, RAYJOBS, RAYCLUSTERS,
- PERSISTENT_VOLUME_CLAIMS, CONFIGMAPS) = RESOURCES
+ PERSISTENT_VOLUME_CLAIMS, CONFIGMAPS, INFERENCESERVICES, SERVINGRUNTIMES, SERVICE_ACCOUNTS) = RESOURCES
 _BY_PATH = {(r.group, r.version, r.plural): r for r in RESOURCES}
 
 

@@ -76,6 +76,21 @@ def grant(api, namespace: str, service_account: str, role: dict) -> None:
         "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]})
 
 
+def s3_service_account(api, s3_env: dict[str, str], account: str, secret: str, namespace: str = "default") -> None:
+    """As the admin (``api``): a Secret of the S3 test server's keys, annotated with its endpoint as KServe reads it
+    (``serving.kserve.io/s3-endpoint``, ``s3-usehttps: "0"``), and service account ``account`` naming it (what
+    KServe's storage initializer and payload logger take their credentials from)."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    core.create_namespaced_secret(namespace, {
+        "metadata": {"name": secret, "annotations": {
+            "serving.kserve.io/s3-endpoint": s3_env["AWS_ENDPOINT_URL"].removeprefix("http://"),
+            "serving.kserve.io/s3-usehttps": "0"}},
+        "stringData": {key: s3_env[key] for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": account}, "secrets": [{"name": secret}]})
+
+
 def status_of(exc) -> dict:
     """The Status body of a `kubernetes` ApiException."""
     return json.loads(exc.body)

@@ -23,6 +23,8 @@ MODEL_MOUNT = "/mnt/models"
 """Where KServe's storage initializer puts the model (``constants.DefaultModelLocalMountPath``)."""
 HTTP_PORT = 8080
 """The port KServe routes to (``constants.InferenceServiceDefaultHttpPort``)."""
+GRPC_PORT = 8081
+"""The gRPC port of KServe's model servers (``kserve.constants.DEFAULT_GRPC_PORT``), named in the runtime's args."""
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
 """Annotation choosing Knative (revisions, ``canaryTrafficPercent``) or Standard mode."""
 LOG_STORE_PATH = "payloads"
@@ -70,7 +72,8 @@ def serving_runtime(serving: ServingSettings, cluster: ClusterConfig) -> dict[st
         "image": cluster.image,
         "imagePullPolicy": cluster.image_pull_policy,
         "command": ["kfloop"],
-        "args": ["serve-model", "--model", "{{.Name}}", "--model-dir", MODEL_MOUNT, "--port", str(HTTP_PORT)],
+        "args": ["serve-model", "--model", "{{.Name}}", "--model-dir", MODEL_MOUNT, "--port", str(HTTP_PORT),
+                 "--grpc-port", str(GRPC_PORT)],
         "ports": [{"containerPort": HTTP_PORT, "protocol": "TCP"}],
         "securityContext": {"runAsNonRoot": True, "runAsUser": cluster.run_as_user,
                             "runAsGroup": cluster.run_as_user, "allowPrivilegeEscalation": False,

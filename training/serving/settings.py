@@ -40,6 +40,14 @@ class ServingSettings:
     istio_sidecar: bool = True
     """``sidecar.istio.io/inject`` of the predictor pod: true in a Kubeflow profile, whose mesh (mTLS) carries the
     requests; a serving pod never completes, so the training pods' reason to opt out does not apply."""
+    rollout: bool = False
+    """Roll each new champion out on KServe right after the training pipeline promotes it (its ``rollout`` step):
+    a canary at ``canary_percent``, smoke-tested with the holdout's first rows, then given all the traffic, or
+    rolled back (traffic and ``champion``)."""
+    canary_percent: int = 10
+    """Share of the requests (1-99) the new champion's canary answers while the rollout checks it."""
+    rollout_timeout_seconds: float = 600.0
+    """How long the rollout waits for the canary to become Ready before it rolls back."""
 
     def __post_init__(self) -> None:
         if self.log_uri and not self.log_uri.startswith("s3://"):
@@ -54,6 +62,12 @@ class ServingSettings:
             if not _QUANTITY.match(str(getattr(self, name))):
                 raise ValueError(f"serving.{name}={getattr(self, name)!r}: use a Kubernetes quantity such as "
                                  + ("'1' or '500m'" if name == "cpu" else "'2Gi'"))
+        if not 0 < self.canary_percent < 100:
+            raise ValueError(f"serving.canary_percent={self.canary_percent!r}: use a share of the traffic from 1 "
+                             "to 99")
+        if not self.rollout_timeout_seconds > 0:
+            raise ValueError(f"serving.rollout_timeout_seconds={self.rollout_timeout_seconds!r}: use a positive "
+                             "number of seconds")
         for name in ("log_storage_key", "service_account"):
             if not getattr(self, name):
                 raise ValueError(f"serving.{name} is empty: name the {name.replace('_', ' ')}")
