@@ -33,9 +33,11 @@ GRANTS = {
     ("coordination.k8s.io", "leases", ""): {"get", "create", "update"},
     ("", "configmaps", ""): {"create"},
     ("", "configmaps", CONFIG_MAP): {"get", "update"},
+    ("serving.kserve.io", "inferenceservices", ""): {"create", "get", "patch"},
+    ("serving.kserve.io", "servingruntimes", ""): {"create", "get", "patch"},
 }
 """Exactly what the launcher (jobs, pods, logs, events, the shared claim's access modes), the promotion lock (one
-Lease) and the trigger state (one ConfigMap) use."""
+Lease), the trigger state (one ConfigMap) and the rollout step (its InferenceService and ServingRuntime) use."""
 
 
 SPECS = Path(__file__).resolve().parent / "cluster" / "specs"
