@@ -380,9 +380,8 @@ def column_problems(rules: RuleSet, columns: Iterable[str], required: Iterable[s
 def _flagged(scored: pd.DataFrame, messages: np.ndarray) -> pd.DataFrame:
     """``scored`` plus :data:`VIOLATIONS_COLUMN`; the other columns are ``scored``'s own, not copies (copying them
     would cost more than the check)."""
-    out = scored.copy(deep=False)
-    out[VIOLATIONS_COLUMN] = messages
-    return out
+    flags = pd.Series(messages, index=scored.index, dtype=object, copy=False)
+    return pd.DataFrame({**dict(scored.items()), VIOLATIONS_COLUMN: flags}, copy=False)
 
 
 def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFrame, mode: str, *,
