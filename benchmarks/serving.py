@@ -10,7 +10,10 @@ The model is the demo's MLP shape on the demo features (weights untrained: speed
 with the pyfunc, artifacts and signature :func:`training.registry.log_candidate` logs, and loaded back with
 ``mlflow.pyfunc.load_model``. Each figure is the best of ``--repeat`` calls. On a loaded machine the end-to-end
 rows per second are noisy, so the check's own time (the loaded model's column and row checks on the same rows,
-adding the flags column) is reported too, as a share of a predict call without it. Goal: the check costs <= 10% of that call at every size.
+adding the flags column) is reported too, as a share of a predict call without it. The check is timed on the rows as
+predict hands them to it: text features dictionary-encoded (:func:`training.features.dictionary_encoded`), which
+predict does with or without the check, for the model's one-hot encoding. Goal (issue 42): the check costs <= 10% of
+that call at 100,000 rows, and ideally at every size; the run prints whether it is met.
 
 The v2 figures are client-side wall times of ``POST /v2/models/<name>/infer`` over one kept-alive HTTP connection,
 the request bodies encoded beforehand (kserve's ``InferRequest.to_rest``), after one warm-up request per size: JSON
@@ -40,7 +43,7 @@ from data.generate import write_demo
 from data.schema_rules import apply_violation_mode
 from data.validation import load_schema, schema_roles
 from training.config import ModelSpec
-from training.features import FeatureTransform, target_classes
+from training.features import FeatureTransform, dictionary_encoded, target_classes
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
 from training.launch.local import free_port
@@ -48,6 +51,7 @@ from training.registry.candidates import served_model
 from training.serving.table import table_request
 
 OVERHEAD_GOAL = 0.10
+GOAL_ROWS = 100_000
 V2_MODEL = "bench"
 START_TIMEOUT_S = 180
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "data" / "schema.yaml"
@@ -157,7 +161,8 @@ def v2_sizes(model_dir: Path, train: pd.DataFrame, features: list[str], sizes: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="What serving costs: the schema check's share of a pyfunc predict "
+                                                 "call, and the v2 endpoint's latency and rows/s.")
     parser.add_argument("--rows", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--v2-rows", type=int, nargs="*", default=[1, 100, 10_000],
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.rows:
             rows = train[features].sample(n, replace=True, random_state=n).reset_index(drop=True)
             bad = with_violations(rows, 0.01, seed=n)
+            encoded = dictionary_encoded(bad, list(served.predictor.transform.categorical))
             flagged = model.predict(bad)["schema_violations"]
             scored = model.predict(bad, params={"on_schema_violation": "ignore"})
             assert ((flagged != "").to_numpy() == (bad["region"] == "atlantis").to_numpy()).all()
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 "plain": lambda: model.predict(rows, params={"on_schema_violation": "ignore"}),
                 "checked": lambda: model.predict(rows, params={"on_schema_violation": "flag"}),
                 "checked_bad": lambda: model.predict(bad, params={"on_schema_violation": "flag"}),
-                "check_only": lambda: apply_violation_mode(rules, bad, scored, "flag", required=features)},
+                "check_only": lambda: apply_violation_mode(rules, encoded, scored, "flag", required=features)},
                 args.repeat)
             plain, checked, checked_bad = (n / seconds[k] for k in ("plain", "checked", "checked_bad"))
             share = seconds["check_only"] / seconds["plain"]
@@ -196,12 +202,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n:>8} {plain:>16,.0f} {checked:>13,.0f} {checked_bad:>14,.0f} "
                   f"{seconds['check_only'] * 1000:>9.1f} {share:>7.1%}")
         within = all(s["check_share"] <= OVERHEAD_GOAL for s in sizes)
-        print(f"check's share of a predict call within {OVERHEAD_GOAL:.0%} at every size: {within}")
+        at_goal = next((s for s in sizes if s["rows"] == GOAL_ROWS), None)
+        goal_met = None if at_goal is None else at_goal["check_share"] <= OVERHEAD_GOAL
+        print(f"goal: the check <= {OVERHEAD_GOAL:.0%} of a predict call at {GOAL_ROWS:,} rows: "
+              + ("not measured (add it to --rows)" if at_goal is None else
+                 f"{'met' if goal_met else 'NOT met'} ({at_goal['check_share']:.1%})"))
+        print(f"within {OVERHEAD_GOAL:.0%} at every size: {within}")
         v2 = v2_sizes(Path(tmp) / "pyfunc", train, features, args.v2_rows, args.v2_requests,
                       Path(tmp) / "serve-model.log") if args.v2_rows else []
-    result = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                          "torch_threads": torch.get_num_threads()},
-              "sizes": sizes, "overhead_goal": OVERHEAD_GOAL, "within_goal": within, "v2_endpoint": v2}
+    result = {"machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(),
+                          "python": platform.python_version(), "torch_threads": torch.get_num_threads()},
+              "sizes": sizes, "overhead_goal": OVERHEAD_GOAL, "goal_rows": GOAL_ROWS, "goal_met": goal_met,
+              "within_goal": within, "v2_endpoint": v2}
     atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0

@@ -80,11 +80,11 @@ class RuleSet:
     def row_messages(self, df: pd.DataFrame, *, max_chars: int | None = None) -> np.ndarray:
         """Per row: ``""`` when clean, else ``column: problem`` per failed rule joined by ``"; "``, each value shown
         to :data:`MAX_VALUE_CHARS`; a message over ``max_chars`` is cut there (:func:`data.text.shorten`)."""
-        out = np.full(len(df), "", dtype=object)
+        out = np.empty(len(df), dtype=object)
+        out.fill("")  # np.full is slower for objects
         touched = np.zeros(len(df), dtype=bool)
         for failed in self.check(df):
-            column, describe = failed.rule.column, failed.rule.describe
-            texts = np.array([f"{column}: {describe(v)}" for v in failed.values], dtype=object)
+            texts = _texts(failed.rule, failed.values.to_numpy())
             before = out[failed.positions]
             out[failed.positions] = np.where(before == "", texts, before + "; " + texts)
             touched[failed.positions] = True
@@ -138,20 +138,20 @@ class _ColumnRules:
         positions = np.flatnonzero(~null) if null.any() else np.arange(len(array))
         values = array[positions] if len(positions) < len(array) else array
         if self.wrong_type is not None:
-            numbers = values.astype("float64") if values.dtype.kind in "iuf" else \
+            numbers = values.astype("float64", copy=False) if values.dtype.kind in "iuf" else \
                 pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype="float64",
                                                                                       na_value=np.nan)
-            if values.dtype.kind in "iu":  # integers are finite whole numbers
-                infinite = bad = np.zeros(len(numbers), dtype=bool)
-            else:
+            if values.dtype.kind not in "iu":  # integers are finite whole numbers
                 infinite = np.isinf(numbers)
                 bad = np.isnan(numbers)
                 if self.values == "whole number":
                     bad |= ~bad & ~infinite & (np.mod(numbers, 1) != 0)
-            failures.append(_failed(self.wrong_type, positions[bad], array, series))
-            failures.append(_failed(self.infinite, positions[infinite], array, series))
-            keep = ~(bad | infinite)
-            positions, values = positions[keep], numbers[keep]
+                failures.append(_failed(self.wrong_type, positions[bad], array, series))
+                failures.append(_failed(self.infinite, positions[infinite], array, series))
+                keep = ~(bad | infinite)
+                if not keep.all():  # copies only when a value is dropped
+                    positions, numbers = positions[keep], numbers[keep]
+            values = numbers
         elif self.values == "text" and values.dtype.kind not in "OUS":
             values = values.astype(str)
         for rule in self.checks:
@@ -189,20 +189,34 @@ class _ColumnRules:
     def _check_categories(self, series: pd.Series) -> list[RuleFailures]:
         """The null rule on a Categorical's codes, then each check on its categories (the dictionary) once, taken
         to the rows by their codes."""
-        codes = series.cat.codes.to_numpy()
-        null = codes < 0
-        nulls = np.flatnonzero(null)
-        failures = [] if self.null is None or not len(nulls) else [
-            RuleFailures(self.null, nulls, pd.Series(None, index=series.index[nulls], dtype=object))]
-        categories = pd.Series(series.cat.categories)
-        categories = categories.astype(str).to_numpy() if self.values == "text" else categories.to_numpy()
-        positions = np.flatnonzero(~null)
+        codes, categories = series.array.codes, series.array.categories  # views, not the .cat accessor's copies
+        nulls = np.flatnonzero(codes < 0) if self.null is not None else ()
+        failures = [RuleFailures(self.null, nulls, pd.Series(None, index=series.index[nulls], dtype=object))] \
+            if len(nulls) else []
+        if self.values == "text" and categories.inferred_type != "string":
+            categories = categories.astype(str)
+        categories = categories.to_numpy()
         for rule in self.checks:
-            failed = positions[np.asarray(rule.fails(categories), dtype=bool)[codes[positions]]]
+            failing = np.flatnonzero(np.asarray(rule.fails(categories), dtype=bool))
+            failed = np.flatnonzero(np.isin(codes, failing)) if len(failing) else ()
             if len(failed):
                 failures.append(RuleFailures(rule, failed, pd.Series(categories[codes[failed]],
                                                                      index=series.index[failed], dtype=object)))
-        return [failed for failed in failures if failed is not None]
+        return failures
+
+
+def _texts(rule: Rule, values: np.ndarray) -> np.ndarray:
+    """``column: problem`` for each of ``values`` (:attr:`Rule.describe`), each distinct value described once:
+    numbers told apart by their bits (``-0.0`` is shown apart from ``0.0``), text and whole numbers by value; other
+    values one by one (``1``, ``1.0`` and ``True`` are equal but shown apart)."""
+    if values.dtype == np.float64:
+        codes, distinct = pd.factorize(values.view(np.int64))
+        distinct = distinct.view(np.float64)
+    elif pd.api.types.infer_dtype(values, skipna=False) in ("string", "integer"):
+        codes, distinct = pd.factorize(values)
+    else:
+        codes, distinct = np.arange(len(values)), values
+    return np.array([f"{rule.column}: {rule.describe(v)}" for v in distinct], dtype=object)[codes]
 
 
 def _failed(rule: Rule, positions: np.ndarray, array: np.ndarray, series: pd.Series) -> RuleFailures | None:
@@ -363,12 +377,20 @@ def column_problems(rules: RuleSet, columns: Iterable[str], required: Iterable[s
             *(f"unexpected column {name!r}" for name in columns if name not in rules.known)]
 
 
+def _flagged(scored: pd.DataFrame, messages: np.ndarray) -> pd.DataFrame:
+    """``scored`` plus :data:`VIOLATIONS_COLUMN`; the other columns are ``scored``'s own, not copies (copying them
+    would cost more than the check)."""
+    flags = pd.Series(messages, index=scored.index, dtype=object, copy=False)
+    return pd.DataFrame({**dict(scored.items()), VIOLATIONS_COLUMN: flags}, copy=False)
+
+
 def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFrame, mode: str, *,
                          required: Iterable[str] = (), limits: ServingLimits = DEFAULT_LIMITS) -> pd.DataFrame:
     """``scored`` (one output row per input row) as ``mode`` asks: with :data:`VIOLATIONS_COLUMN` (``flag``),
     unchanged (``ignore``), or unchanged once the columns are the schema's and every row is clean (``error``).
     Under ``flag`` a missing ``required`` column or one the schema does not know is listed once, on the first row,
-    every other row saying :data:`SEE_FIRST_ROW`; every message is cut to ``limits.max_message_chars``.
+    every other row saying :data:`SEE_FIRST_ROW`; every message is cut to ``limits.max_message_chars``. The frame
+    returned shares ``scored``'s columns.
 
     Raises:
         ValueError: ``mode`` is not one of :data:`ON_VIOLATION_MODES`.
@@ -392,10 +414,10 @@ def apply_violation_mode(rules: RuleSet, rows: pd.DataFrame, scored: pd.DataFram
         shared[:1] = listed
         messages = np.where(messages == "", shared, shared + "; " + messages)
         messages[:1] = [shorten(text, cap) for text in messages[:1]]
-        return scored.assign(**{VIOLATIONS_COLUMN: messages})
+        return _flagged(scored, messages)
     messages = rules.row_messages(rows, max_chars=cap)
     if mode == "flag":
-        return scored.assign(**{VIOLATIONS_COLUMN: messages})
+        return _flagged(scored, messages)
     bad = np.flatnonzero(messages != "")
     if len(bad):
         named = "; ".join(f"row {rows.index[i]!r}: {messages[i]}" for i in bad[:MAX_ROWS_NAMED])

@@ -14,6 +14,7 @@ from monitoring.drift_policy import DriftPolicy
 from data.schema_rules import (SEE_FIRST_ROW, RuleSet, SchemaViolationError, ServingLimits,
                                apply_violation_mode)
 from data.validation import load_schema, schema_roles, validate
+from training.features import dictionary_encoded
 
 SCHEMA = load_schema(Path(__file__).resolve().parents[1] / "data" / "schema.yaml")
 
@@ -45,6 +46,36 @@ def test_the_row_from_the_issue_is_flagged_with_both_violations(stable):
     assert messages[5] == "tenure_months: -3 below min 0"
     assert messages[6] == "plan: unseen category 'gold'"
     assert list(messages[[0, 7, 8, 9]]) == ["", "", "", ""]
+
+
+def test_dictionary_encoded_text_columns_are_flagged_and_refused_as_the_raw_ones(stable):
+    """The served model checks its text features dictionary-encoded: the same rows, the same messages."""
+    df = broken(stable)
+    df["payment_method"] = df["payment_method"].map(np.str_)  # numpy strings are text too
+    df = df.astype({"plan": object})
+    df.loc[8, "plan"] = 7  # a number: plan stays as it is
+    categorical = schema_roles(SCHEMA).categorical
+    encoded = dictionary_encoded(df, categorical)
+    assert {c for c in categorical if isinstance(encoded[c].dtype, pd.CategoricalDtype)} == \
+        {"contract", "payment_method", "region"}
+    rules = RuleSet(SCHEMA)
+    assert rules.row_messages(encoded).tolist() == rules.row_messages(df).tolist()
+    assert rules.row_messages(encoded)[8] == "plan: unseen category 7"
+    scored = pd.DataFrame({"prediction": np.zeros(len(df), dtype=int)}, index=df.index)
+    errors = []
+    for rows in (df, encoded):
+        with pytest.raises(SchemaViolationError) as raised:
+            apply_violation_mode(rules, rows, scored, "error")
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] and "row 1: monthly_charges: 1e+09 above max 200.0" in errors[0]
+
+
+def test_equal_values_that_look_different_are_each_shown_as_they_are():
+    schema = pa.DataFrameSchema({"x": pa.Column(float, pa.Check.gt(0)), "s": pa.Column(str, pa.Check.isin(["a"]))})
+    df = pd.DataFrame({"x": [-0.0, 0.0, -0.0, 1.0], "s": np.array([1, True, 1.0, "a"], dtype=object)})
+    assert RuleSet(schema).row_messages(df).tolist() == [
+        "x: -0 below min 0; s: unseen category 1", "x: 0 below min 0; s: unseen category True",
+        "x: -0 below min 0; s: unseen category 1.0", ""]
 
 
 def test_validate_and_serving_flag_the_same_rows_for_the_same_rules(stable):

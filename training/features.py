@@ -88,6 +88,28 @@ def vocabulary_codes(column: pd.Series, vocabulary: list[str]) -> np.ndarray:
     return pd.Categorical(column.astype("string"), categories=vocabulary).codes
 
 
+def dictionary_encoded(df: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``df`` with each of ``columns`` that holds Python strings and nulls (object dtype) as a pandas Categorical of
+    the same values: hashed once per row here, so :func:`vocabulary_codes` and the schema check
+    (:mod:`data.schema_rules`) then work once per category. A column holding anything else (numbers, lists) stays as
+    it is, so each consumer sees those values unchanged."""
+    encoded = {}
+    for name in columns:
+        if name in df.columns and df[name].dtype == object:
+            try:
+                codes, categories = pd.factorize(df[name].to_numpy())
+            except TypeError:  # an unhashable value
+                continue
+            if all(isinstance(value, str) for value in categories):
+                encoded[name] = pd.Categorical.from_codes(codes, categories, validate=False)
+    if not encoded:
+        return df
+    out = df.copy(deep=False)
+    for name, values in encoded.items():
+        out[name] = values
+    return out
+
+
 MEDIAN_SAMPLE = 100_000
 """Values per numeric column kept to estimate its median while fitting in one pass: the median is exact up to this
 many non-null values, and within about 0.4% of a standard deviation (one standard error) beyond."""

@@ -18,6 +18,7 @@ import pandas as pd
 
 from data.schema_rules import RuleSet, apply_violation_mode, check_mode, check_rows
 from data.validation import load_schema
+from training.features import dictionary_encoded
 from training.model import Predictor
 from training.model_files import MODULE_SHA256_KEY, ModelCodeError
 
@@ -63,10 +64,12 @@ class KfloopPyfunc(mlflow.pyfunc.PythonModel):
 
         Nulls and categories unseen in training are handled by the model's preprocessing, and so is a missing
         feature column (as nulls); the check flags it on every row (``error``: names it), and so a column the schema
-        does not know, which the model ignores.
+        does not know, which the model ignores. The text feature columns are dictionary-encoded once
+        (:func:`training.features.dictionary_encoded`), for the model and the check alike.
         """
         mode = check_mode(params)
         check_rows(len(model_input))
+        model_input = dictionary_encoded(model_input, list(self.predictor.transform.categorical))
         missing = [name for name in self.features if name not in model_input.columns]
         rows = model_input.assign(**dict.fromkeys(missing)) if missing else model_input
         if self.predictor.task == "regression":
