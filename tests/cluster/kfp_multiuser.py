@@ -72,11 +72,13 @@ class MultiUser:
     kfp_namespace: str = KFP_NAMESPACE
     reviews: list[AccessReview] = field(default_factory=list)
     """Every SubjectAccessReview, in order."""
+    tokens: Identities = field(default_factory=Identities)
+    """What a TokenReview asks: the Kubernetes test server's issued tokens (``K8sServer.identities``) when given,
+    so a pod's projected token is one the cluster issued; else tokens of this server's own."""
 
     def __post_init__(self) -> None:
         self._operation = ""
         self._rbac = Store()
-        self._tokens = Identities()
         self._audiences: dict[str, tuple[str, ...]] = {}
         roles = [d for d in yaml.safe_load_all(CLUSTER_ROLES_FILE.read_text()) if d]
         for role in [*roles, *KUBEFLOW_ROLES]:
@@ -112,7 +114,7 @@ class MultiUser:
 
     def service_account_token(self, namespace: str, name: str, *, audience: str = TOKEN_AUDIENCE) -> str:
         """A token of service account ``namespace/name`` with ``audience`` (a projected token)."""
-        token = self._tokens.issue(service_account_user(namespace, name))
+        token = self.tokens.issue(service_account_user(namespace, name))
         self._audiences[token] = (audience,)
         return token
 
@@ -127,7 +129,7 @@ class MultiUser:
             return User(headers[USERID_HEADER], ("system:authenticated",))
         token = (headers.get("authorization") or "").removeprefix("Bearer ").strip()
         try:
-            user = self._tokens.authenticate(f"Bearer {token}")
+            user = self.tokens.authenticate(f"Bearer {token}")
         except K8sApiError:
             user = None
         if user is None or TOKEN_AUDIENCE not in self._audiences.get(token, ()):
