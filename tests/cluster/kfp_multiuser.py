@@ -18,7 +18,8 @@
   pipeline's namespace (``canAccessPipelineVersion``).
 * Experiments (``server/experiment_server.go`` ``canAccessExperiment``): an empty namespace is 400 "An experiment
   cannot have an empty namespace in multi-user mode".
-* Runs (``server/run_server.go`` ``createRun``, ``listRuns``, ``canAccessRun``) and recurring runs
+* Runs (``server/run_server.go`` ``createRun``, ``listRuns``, ``canAccessRun``; ``TerminateRun`` reviews verb
+  ``terminate``) and recurring runs
   (``server/job_server.go``, resource ``jobs``): the namespace is the experiment's; creating one without an
   experiment is 400 "Experiment id can not be empty in multi-user mode"
   (``resource_manager.go`` ``GetValidExperimentNamespacePair``); listing with neither namespace nor experiment is
@@ -227,9 +228,9 @@ _CHECKS: dict[str, _Check] = {
         h, q.get("namespace", ""), "list", "experiments", "An experiment"),
     "RunService_CreateRun": lambda mu, st, pp, q, b, h: mu._namespaced(
         h, _experiment_namespace(st, b.get("experiment_id", ""), "run"), "create", "runs", "A run"),
-    "RunService_GetRun": lambda mu, st, pp, q, b, h: mu._namespaced(
+    **{f"RunService_{op}Run": (lambda verb: lambda mu, st, pp, q, b, h: mu._namespaced(
         h, st.experiments.get(_found(st.runs, pp["run_id"], "Run").get("experiment_id", ""), {}).get(
-            "namespace", ""), "get", "runs", "A run"),
+            "namespace", ""), verb, "runs", "A run"))(verb) for op, verb in (("Get", "get"), ("Terminate", "terminate"))},
     "RunService_ListRuns": lambda mu, st, pp, q, b, h: mu._namespaced(
         h, _list_namespace(st, q), "list", "runs", "A run"),
     "RecurringRunService_CreateRecurringRun": lambda mu, st, pp, q, b, h: mu._namespaced(
