@@ -3,10 +3,12 @@
 #
 # Needs root (apt-get, debootstrap, dockerd) and no registry: a Debian 12 base made with debootstrap from the
 # mirror apt uses, the kfloop image built on it from deploy/Dockerfile with a wheelhouse (offline inside the
-# build), then tests/e2e_chain.py runs the chain on the KFP test server (steps as containers, UID 1000, read-only
-# root) and the Kubernetes test cluster (PyTorchJob pods as containers), against a moto S3 server and a real
-# `mlflow server`: upload, first training, scheduled drift, trigger, a killed training pod, champion v2, cooldown,
-# an alert through `kfloop serve`; it writes e2e-summary.json.
+# build), then tests/e2e_chain.py runs the chain on the KFP test server in multi-user mode (steps as containers, UID
+# 1000, read-only root; CI through the gateway) and the Kubernetes test cluster (PyTorchJob pods as containers) in a
+# profile namespace, against a moto S3 server and a real `mlflow server`: upload, first training (a second refused
+# while it runs), scheduled drift, trigger, a killed training pod, a fire finding the retrain in flight, champion v2,
+# cooldown, an alert through `kfloop serve` whose run is cancelled mid-training (its job deleted); it writes
+# e2e-summary.json after every check.
 #
 # The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
 # docker data root (base image, build layers), the wheelhouse (keyed by the locks). On a cold cache

@@ -50,6 +50,7 @@ a process has no in-pod paths, so it gets neither claims nor the service-account
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -66,6 +67,7 @@ from typing import Any, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 import docker
+import requests
 from croniter import croniter
 from google.protobuf import json_format
 from kfp.local import executor_input_utils, executor_output_utils, graph_utils, io, placeholder_utils
@@ -192,10 +194,22 @@ class DockerEngine:
         return code
 
     def stop(self, handle: tuple[Any, Pod]) -> None:
+        """A deleted pod's end: Argo's emissary, PID 1 of a step's main container
+        (``cmd/argoexec/commands/emissary.go``), forwards the SIGTERM to its command's process group, and the kubelet
+        kills what still runs after the pod's grace period. Here the command's ``sh`` is PID 1 (which ignores a
+        SIGTERM it has no handler for), so every other process of the container gets it, then the container is
+        killed after :data:`TERMINATION_GRACE_SECONDS`."""
+        container = handle[0]
         try:
-            handle[0].kill()
-        except docker.errors.APIError:  # it ended meanwhile
-            pass
+            container.exec_run(["sh", "-c", "kill -TERM -1"])
+            container.wait(timeout=TERMINATION_GRACE_SECONDS)
+        except (docker.errors.APIError, requests.exceptions.RequestException):  # ended meanwhile, or past the grace
+            with contextlib.suppress(docker.errors.APIError):
+                container.kill()
+
+
+TERMINATION_GRACE_SECONDS = 30
+"""A pod's ``terminationGracePeriodSeconds`` by default (Kubernetes ``DefaultTerminationGracePeriodSeconds``)."""
 
 
 class Canceled(Exception):
@@ -500,7 +514,8 @@ class KfpExecutor:
             body = {k: rec[k] for k in ("pipeline_version_reference", "pipeline_spec", "runtime_config",
                                         "service_account", "experiment_id") if k in rec}
             self.server.add_run({**body, "display_name": f"{rec['display_name']}-{fire:%Y%m%d%H%M%S}",
-                                 "recurring_run_id": rec["recurring_run_id"]})
+                                 "recurring_run_id": rec["recurring_run_id"]},
+                                created_by=self.server.store.created_by.get(rec["recurring_run_id"]))
 
 
 EMULATED = {
