@@ -34,13 +34,13 @@ per replica, made as tests/cluster/pytorchjob_contract.py says the operator make
 every container, the `init-pytorch` init container of workers), admitted like any pod, and one local process
 group per container that runs: the init containers in order, then the `pytorch` container (others are not run;
 an injected `istio-proxy` is reported running until the pod is deleted),
-each with its own `command` + `args` (`$(VAR)` expanded), its env (`secretKeyRef` and `fieldRef` resolved; other
-env forms, `envFrom`, and volumes other than claims, emptyDirs and projected ones are a CreateContainerConfigError naming the
-field) and a minimal
-image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image holds). Pod names
-resolve like a cluster's headless services do: each pod process runs in its own mount and UTS namespaces
-(`unshare`; hostname = pod name) with a private `/etc/hosts` mapping every pod of its job (`<job>-master-0`,
-`<job>-worker-<i>`) to 127.0.0.1 (`nslookup` answers from it), so `MASTER_ADDR` stays the operator's value.
+each with its own `command` + `args` (`$(VAR)` expanded), its env (`secretKeyRef` and `fieldRef` resolved; other env
+forms, `envFrom`, and volumes other than claims, emptyDirs and projected ones are a CreateContainerConfigError
+naming the field) and a minimal image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test,
+which the image holds). Pod names resolve like a cluster's headless services do: each pod process runs in its own
+mount and UTS namespaces (`unshare`; hostname = pod name) with a private `/etc/hosts` mapping every pod of its job
+(`<job>-master-0`, `<job>-worker-<i>`) to 127.0.0.1 (`nslookup` answers from it), so `MASTER_ADDR` stays the
+operator's value.
 Differences from a cluster, all deliberate: all pods share the host network, so the operator's port 23456
 (declared or defaulted `pytorchjob-port`, or an elastic `rdzvPort` of 23456) becomes a free host port per job,
 while any other declared port is used as it is; `volumeMounts` are mapped by rewriting the mount path prefix in

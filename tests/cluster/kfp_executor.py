@@ -32,11 +32,12 @@ kubeflow/pipelines 2.17 (cited where used):
   deploy/kubeflow-profile.yaml's ``access-ml-pipeline``, project the service-account token of the audience they name;
   nothing else gives a pod a KFP API token), Istio's injection and Pod Security; a refusal fails the task with the
   API's message (the main container's security context, :data:`USER_CONTAINER_SECURITY`, satisfies ``restricted``
-  only with the admin's non-root defaults). The cluster's kubelet (its ``runtime``: processes, or containers of the image) runs the pod, and
-  the task ends with the main container (Argo's ``assessNodeStatus``: an Istio sidecar may keep the pod Running);
-  the task records ``pod_name``, the pod's log is the ``pods/log`` API's. Every pod mounts its service account's
-  token, ``ca.crt`` and namespace at ``/var/run/secrets/kubernetes.io/serviceaccount`` and has
-  ``KUBERNETES_SERVICE_HOST``/``PORT`` (what Kubernetes' ServiceAccount admission and kubelet add).
+  only with the admin's non-root defaults). The cluster's kubelet (its ``runtime``: processes, or containers of the
+  image) runs the pod, and the task ends with the main container (Argo's ``assessNodeStatus``: an Istio sidecar
+  may keep the pod Running); the task records ``pod_name`` (and as ``child_tasks[].pod_name``), the pod's log is
+  the ``pods/log`` API's. Every pod mounts its service account's token, ``ca.crt`` and namespace at
+  ``/var/run/secrets/kubernetes.io/serviceaccount`` and has ``KUBERNETES_SERVICE_HOST``/``PORT`` (what Kubernetes'
+  ServiceAccount admission and kubelet add).
 - ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``, ``initPodSpecPatch``) applies the task's Kubernetes
   platform spec (kfp-kubernetes): ``podMetadata`` labels, ``pvcMount`` as a volume of the claim at its
   ``mountPath``, ``secretAsEnv`` as ``secretKeyRef`` env (a missing Secret or key that is not ``optional`` fails
@@ -44,8 +45,9 @@ kubeflow/pipelines 2.17 (cited where used):
 - ``backend/src/apiserver/resource/resource_manager.go`` (``TerminateRun``): a terminated run is ``CANCELING``
   until its pods stop, then ``CANCELED``; a failed task fails the run with its error.
 - ``backend/src/crd/controller/scheduledworkflow/`` (``util/cron_schedule.go``, ``util/periodic_schedule.go``,
-  ``scheduled_workflow.go``): cron with six fields (seconds first, robfig/cron) or every ``interval_second``; ``max_concurrency`` caps the schedule's active runs (a fire while
-  at the cap is skipped); ``no_catchup`` starts only the latest missed fire, else every missed fire runs.
+  ``scheduled_workflow.go``): cron with six fields (seconds first, robfig/cron) or every ``interval_second``;
+  ``max_concurrency`` caps the schedule's active runs (a fire while at the cap is skipped); ``no_catchup`` starts
+  only the latest missed fire, else every missed fire runs.
 
 Without a cluster, an engine runs each step: :class:`DockerEngine` as a container of the image the IR names,
 :class:`ProcessEngine` as a subprocess (its own process group) with the pod's environment, the checkout's
@@ -256,8 +258,9 @@ class _RunContext:
 class KfpExecutor:
     """``with KfpApiServer() as kfp, KfpExecutor(kfp, ProcessEngine(root=...), pipeline_root=...):``."""
 
-    def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path | str, namespace: str = "kubeflow",
-                 default_service_account: str = "pipeline-runner", pod_defaults: Sequence[dict] = (),
+    def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path | str,
+                 namespace: str = "kubeflow", default_service_account: str = "pipeline-runner",
+                 pod_defaults: Sequence[dict] = (),
                  token: str | None = None, cluster: K8sServer | None = None, object_store: str = "",
                  security_defaults: dict[str, Any] | None = None):
         """
@@ -285,8 +288,8 @@ class KfpExecutor:
             raise ValueError(f"pipeline root {pipeline_root}: the cluster's kubelet runs containers, which cannot see "
                              "a host folder; use an s3:// pipeline root")
         self.object_store = object_store if remote else ""
-        self.security_defaults = dict(security_defaults or {})
         """The object store's endpoint when the pipeline root is in it; "" for a host folder."""
+        self.security_defaults = dict(security_defaults or {})
         self.namespace, self.default_service_account = namespace, default_service_account
         self.pod_defaults = [poddefault_webhook.checked(d) for d in pod_defaults]
         """The PodDefaults of the cluster (kubeflow.org/v1alpha1): with a cluster its admission applies them."""

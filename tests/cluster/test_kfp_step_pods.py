@@ -11,8 +11,10 @@ import kfp
 import pytest
 import s3fs
 import yaml
+from cluster.docker_kubelet import DockerRuntime
 from cluster.k8s_server import K8sServer
-from cluster.kfp_executor import ACCESS_LABEL, OBJECT_STORE_SECRET, KfpExecutor, ProcessEngine
+from cluster.kfp_executor import (ACCESS_LABEL, OBJECT_STORE_SECRET, KfpExecutor, ProcessEngine,
+                                  unemulated_fields)
 from cluster.kfp_server import KfpApiServer
 from cluster.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from kfp import compiler, dsl
@@ -43,7 +45,9 @@ def token_of(tag: str, out: dsl.Output[dsl.Artifact]):
 
 @dsl.pipeline(name="labelled")
 def labelled_pipeline():
-    kfp_k8s.add_pod_label(token_of(tag="with").set_caching_options(False), ACCESS_LABEL, "true")
+    labelled = token_of(tag="with").set_caching_options(False).set_cpu_limit("1").set_memory_request("64M")
+    kfp_k8s.add_pod_label(labelled, ACCESS_LABEL, "true")
+    kfp_k8s.set_image_pull_secrets(labelled, ["registry-creds"])
     token_of(tag="without").set_caching_options(False)
 
 
@@ -123,6 +127,10 @@ def test_a_step_is_a_pod_the_poddefault_admission_gives_its_token_only_when_labe
     assert "volume-kf-pipeline-token" in [v.name for v in with_token.spec.volumes]
     assert "volume-kf-pipeline-token" not in [v.name for v in without.spec.volumes]
     assert {p.spec.service_account_name for p in by_task.values()} == {"kfloop"}
+    resources = with_token.spec.containers[0].resources
+    assert (resources.limits, resources.requests) == ({"cpu": "1"}, {"memory": "64M"})
+    assert [s.name for s in with_token.spec.image_pull_secrets] == ["registry-creds"]
+    assert (without.spec.containers[0].resources, without.spec.image_pull_secrets) == (None, None)
     assert {p.status.phase for p in by_task.values()} == {"Succeeded"}
     log = core.read_namespaced_pod_log(with_token.metadata.name, NAMESPACE)
     assert f"step with in pod {with_token.metadata.name}" in log
@@ -226,3 +234,28 @@ def test_an_artifact_passes_between_two_tasks_through_an_s3_pipeline_root(tmp_pa
         assert not (tmp_path / "root").exists()
     finally:
         s3.stop()
+
+
+def test_resources_and_pull_secrets_are_applied_only_by_step_pods(tmp_path):
+    path = tmp_path / "labelled.yaml"
+    compiler.Compiler().compile(labelled_pipeline, str(path))
+    spec, platform = yaml.safe_load_all(path.read_text())
+
+    assert unemulated_fields(spec, platform) == [
+        "deploymentSpec.executors.exec-token-of.container.resources",
+        "platforms.kubernetes.deploymentSpec.executors.exec-token-of.imagePullSecret"]
+    assert unemulated_fields(spec, platform, pods=True) == []
+
+
+def test_an_object_store_root_needs_step_pods_and_a_host_root_a_process_kubelet(tmp_path):
+    with KfpApiServer() as server, K8sServer(tmp_path / "k8s", runtime=DockerRuntime(client=None)) as containers:
+        with pytest.raises(ValueError) as no_pods:
+            KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=f"s3://{BUCKET}/root",
+                        object_store="http://127.0.0.1:1")
+        with pytest.raises(ValueError) as hidden:
+            KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=tmp_path / "root", cluster=containers)
+
+    assert str(no_pods.value) == (f"pipeline root s3://{BUCKET}/root: an object-store root needs the cluster's step "
+                                  "pods and the object store's endpoint (KfpExecutor(cluster=..., object_store=URL))")
+    assert str(hidden.value) == (f"pipeline root {tmp_path / 'root'}: the cluster's kubelet runs containers, which "
+                                 "cannot see a host folder; use an s3:// pipeline root")
