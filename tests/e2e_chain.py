@@ -1,26 +1,31 @@
 """The retraining chain as one (``make e2e`` runs it after building the image; see deploy/e2e.sh).
 
-Every step a container of the commit's image on the KFP test server in multi-user mode (tests/cluster/kfp_executor.py's
-DockerEngine: UID 1000, read-only root, the platform spec's Secret env and claim, its service account's token issued
-by the cluster), every training pod a container of the same image on the Kubernetes test cluster
-(tests/cluster/docker_kubelet.py), all in the profile namespace :data:`NAMESPACE` (Istio injection, Pod Security
-``restricted``; the operator's init container from deploy/operator-restricted-init.yaml, the shared claim root's and
-given to the pods by their ``fsGroup``); data in a moto S3 server, a real ``mlflow server``. KFP authenticates as
-Kubeflow does (tests/cluster/kfp_multiuser.py): CI (``kfloop upload``, ``run``, ``schedule``) through the gateway
+Every step a Pod of the KFP test server in multi-user mode (tests/cluster/kfp_executor.py with the cluster), created
+through the Kubernetes test cluster as Argo's ``kubeflow/argo`` service account and admitted by its API server (RBAC,
+the PodDefault webhook, Istio's injection, Pod Security ``restricted``, which KFP's executor security context passes
+with the admin's non-root defaults, :data:`STEP_SECURITY`), run by the cluster's Docker kubelet
+(tests/cluster/docker_kubelet.py) as a container of the commit's image (the platform spec's Secret env and claim,
+the service account's token issued by the cluster, the command under Argo's emissary, tests/cluster/
+argo_emissary.py); the pipeline root ``s3://`` :data:`BUCKET` ``/pipeline-root``, moved by the pods' launcher
+(tests/cluster/kfp_launcher.py) with the namespace's ``mlpipeline-minio-artifact`` keys. Every training pod a
+container of the same image on the same cluster, all in the profile namespace :data:`NAMESPACE` (the operator's init
+container from deploy/operator-restricted-init.yaml, the shared claim root's and given to the training pods by their
+``fsGroup``); data in a moto S3 server, a real ``mlflow server``. KFP authenticates as Kubeflow does
+(tests/cluster/kfp_multiuser.py): CI (``kfloop upload``, ``run``, ``schedule``) through the gateway
 (tests/cluster/kfp_gateway.py) with a GitHub OIDC token, deploy/github-oidc.yaml's contributor; the trigger step with
 the token deploy/kubeflow-profile.yaml's PodDefault projects, ``kfloop serve`` with its account's, both by
 TokenReview against the cluster; each allowed by the RoleBindings deploy/ ships.
 
-The chain: ``kfloop upload``; a first training run, whose training step launches a 2-node PyTorchJob, promotes v1
-(a second ``kfloop run training`` meanwhile is refused: one is in flight); ``kfloop schedule drift`` fires every
-5 s on the batch at ``current.parquet``: on the stable batch it starts nothing; on the drifted batch its trigger
-step creates a training run through the KFP API, whose worker is killed mid-epoch and resumes from a checkpoint,
-and which promotes v2; a fire meanwhile (the schedule's policy has no cooldown) finds it in flight; the next
-schedule's fire, inside the cooldown, starts nothing and ``kfloop serve``'s ``/metrics`` counts it; an alert posted
-to ``kfloop serve`` creates a training run, cancelled once its job trains: the step gets SIGTERM, the launcher
-deletes its job. ``e2e-summary.json`` at the repository root is deleted at the start and rewritten after every check
-from what the Docker daemon, the cluster, the servers and MLflow hold (``passed`` true only at the end; on a failure
-its ``error``); the last line printed sums it up.
+The chain: ``kfloop upload``; a first training run, whose training step launches a 2-node PyTorchJob, promotes v1 (a
+second ``kfloop run training`` meanwhile is refused: one is in flight); ``kfloop schedule drift`` fires every 5 s on
+the batch at ``current.parquet``: on the stable batch it starts nothing; on the drifted batch its trigger step creates
+a training run through the KFP API, whose worker is killed mid-epoch and resumes from a checkpoint, and which promotes
+v2; a fire meanwhile (the schedule's policy has no cooldown) finds it in flight; the next schedule's fire, inside the
+cooldown, starts nothing and ``kfloop serve``'s ``/metrics`` counts it; an alert posted to ``kfloop serve`` creates a
+training run, cancelled once its job trains: its step pod is deleted, the emissary forwards the kubelet's SIGTERM to
+the step, whose launcher deletes its job. ``e2e-summary.json`` at the repository root is deleted at the start and
+rewritten after every check from what the Docker daemon, the cluster, the servers and MLflow hold (``passed`` true
+only at the end; on a failure its ``error``); the last line printed sums it up.
 
     python tests/e2e_chain.py --image kfloop:SHA    (DOCKER_HOST names the daemon)
 """
@@ -53,7 +58,7 @@ from data.generate import write_demo
 from cluster.docker_kubelet import CONTAINER_LABEL, POD_LABEL, DockerRuntime, pod_records
 from cluster.k8s_rbac import manifests, service_account_user
 from cluster.k8s_server import K8sServer
-from cluster.kfp_executor import SERVICE_ACCOUNT_DIR, DockerEngine, KfpExecutor
+from cluster.kfp_executor import MAIN, OBJECT_STORE_SECRET, KfpExecutor
 from cluster.kfp_gateway import Gateway, JwtIssuer, jwt_rules
 from cluster.kfp_multiuser import MultiUser
 from cluster.kfp_server import FINAL_STATES, KfpApiServer
@@ -91,7 +96,10 @@ OWNER = "kfloop-owner@example.com"
 """The profile's owner (its ``namespaceAdmin``)."""
 SECRET = "kfloop-mlflow"
 STEP_USER = "1000:1000"
-"""The image's user (deploy/Dockerfile)."""
+"""The image's user (deploy/Dockerfile), which the admin's security defaults make every step pod's."""
+STEP_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}
+"""KFP's ``pipeline-install-config`` security defaults as the admin sets them for a restricted profile: the step
+pods' main container runs as :data:`STEP_USER`, non-root."""
 RESTRICTED_INIT = yaml.safe_load((REPO / "deploy" / "operator-restricted-init.yaml").read_text())["data"][
     "initContainer.yaml"]
 """The operator's ``--pytorch-init-container-template-file`` as deploy/ ships it for restricted namespaces (its
@@ -132,8 +140,9 @@ def upload_demo_data(s3: S3Server, scratch: Path) -> tuple[s3fs.S3FileSystem, di
 
 def prepare_cluster(admin: kube_client.ApiClient, secret: dict[str, str]) -> dict[str, str]:
     """As the admin (``admin``): :data:`NAMESPACE` labelled as a profile's (:data:`PROFILE_LABELS`),
-    deploy/rbac.yaml and deploy/webhook.yaml's Role (the trigger state's ConfigMap) in it, and the credentials
-    Secret the steps and pods read. Returns the namespace's labels."""
+    deploy/rbac.yaml and deploy/webhook.yaml's Role (the trigger state's ConfigMap) in it, the credentials Secret
+    the steps and pods read, and the object store's keys for KFP's launcher (``mlpipeline-minio-artifact``, which
+    KFP's profile controller copies into a profile). Returns the namespace's labels."""
     namespace = kube_client.CoreV1Api(admin).patch_namespace(NAMESPACE, {"metadata": {"labels": PROFILE_LABELS}})
     webhook = [d for d in manifests(REPO / "deploy" / "webhook.yaml") if d["kind"] in ("Role", "RoleBinding")]
     for doc in [*manifests(REPO / "deploy" / "rbac.yaml"), *webhook]:
@@ -142,6 +151,9 @@ def prepare_cluster(admin: kube_client.ApiClient, secret: dict[str, str]) -> dic
     kube_utils.create_from_dict(admin, {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()}})
+    kube_utils.create_from_dict(admin, {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": OBJECT_STORE_SECRET, "namespace": NAMESPACE},
+        "stringData": {"accesskey": secret["AWS_ACCESS_KEY_ID"], "secretkey": secret["AWS_SECRET_ACCESS_KEY"]}})
     return namespace.metadata.labels
 
 
@@ -196,18 +208,16 @@ def final(server: KfpApiServer, run_id: str, timeout_s: float = WAIT_S) -> dict:
     return run
 
 
-def task_records(client: docker.DockerClient, cluster: K8sServer, core: kube_client.CoreV1Api,
-                 run: dict) -> list[dict]:
-    """Each task of ``run``: its pod (:func:`task_pod`) beside its container as the daemon holds it (skipped tasks
-    had none)."""
+def task_records(client: docker.DockerClient, core: kube_client.CoreV1Api, run: dict) -> list[dict]:
+    """Each task of ``run``: its step pod as the cluster holds it (:func:`task_pod`) beside its ``main`` container
+    as the daemon holds it (the Docker kubelet's; skipped tasks had neither)."""
     records = []
     for task in run.get("run_details", {}).get("task_details", []):
         record = {"name": task["display_name"], "state": task["state"]}
         if "pod_name" in task:
-            attrs = client.containers.get(task["pod_name"]).attrs
-            record.update(pod=task_pod(cluster, core, attrs), container_id=attrs["Id"], image=attrs["Config"]["Image"],
-                          user=attrs["Config"]["User"], read_only=attrs["HostConfig"]["ReadonlyRootfs"],
-                          exit_code=attrs["State"]["ExitCode"])
+            (container,) = pod_records(client, task["pod_name"], MAIN)
+            record.update(pod=task_pod(core, task["pod_name"]), container_id=container["container_id"],
+                          image=container["image"], user=container["user"], exit_code=container["exit_code"])
         records.append(record)
     return records
 
@@ -219,16 +229,38 @@ def trigger_state(api: Any) -> dict:
     return ConfigMapTriggerStore(MODEL, api=api, namespace=NAMESPACE).load()["models"].get(MODEL, {})
 
 
-def task_pod(cluster: K8sServer, core: kube_client.CoreV1Api, attrs: dict) -> dict:
-    """The step pod a task's container was: its name, and the namespace and service account of the token the
-    cluster mounted in it (a TokenReview of it, by the cluster that issued it), with that namespace's Pod Security
-    level (its ``pod-security.kubernetes.io/enforce`` label)."""
-    mounts = {m["Destination"]: m["Source"] for m in attrs["Mounts"]}
-    token = Path(mounts[f"{SERVICE_ACCOUNT_DIR}/token"]).read_text()
-    _, _, namespace, account = cluster.identities.authenticate(f"Bearer {token}").name.split(":")
-    labels = core.read_namespace(namespace).metadata.labels or {}
-    return {"name": attrs["Config"]["Labels"]["kfloop.run_pod"], "namespace": namespace, "service_account": account,
+def task_pod(core: kube_client.CoreV1Api, name: str) -> dict:
+    """Step pod ``name`` as the cluster holds it: its namespace and service account, the Pod Security level it was
+    admitted under (its namespace's ``pod-security.kubernetes.io/enforce`` label); ``deleted`` when the cluster no
+    longer has it (a terminated run's)."""
+    try:
+        pod = core.read_namespaced_pod(name, NAMESPACE)
+    except kube_client.ApiException as err:
+        if err.status != 404:
+            raise
+        return {"name": name, "deleted": True}
+    labels = core.read_namespace(pod.metadata.namespace).metadata.labels or {}
+    return {"name": name, "namespace": pod.metadata.namespace, "service_account": pod.spec.service_account_name,
             "pod_security": labels.get(PSA_ENFORCE)}
+
+
+def step_pods(runs: list[dict], cancelled: str) -> dict:
+    """What the runs' tasks say of their step pods (:func:`task_records`): every one in :data:`NAMESPACE` as service
+    account ``kfloop``, admitted under the profile's Pod Security level; only the terminated run ``cancelled`` may
+    have had its pods deleted. Returns ``step_pods`` for the summary.
+
+    Raises:
+        AssertionError: naming the pods that differ.
+    """
+    pods = [(run["id"], task["pod"]) for run in runs for task in run["tasks"] if "pod" in task]
+    level = PROFILE_LABELS[PSA_ENFORCE]
+    wrong = [pod for run_id, pod in pods if (run_id != cancelled if pod.get("deleted") else (
+        pod["namespace"], pod["service_account"], pod["pod_security"]) != (NAMESPACE, "kfloop", level))]
+    if wrong or not pods:
+        raise AssertionError(f"expected every task a pod of {NAMESPACE} as kfloop admitted under Pod Security "
+                             f"{level} (only {cancelled}'s deleted): {wrong or pods}")
+    return {"count": len(pods), "namespace": NAMESPACE, "service_account": "kfloop", "pod_security": level,
+            "deleted": [pod["name"] for _, pod in pods if pod.get("deleted")]}
 
 
 def in_flight(api: kube_client.ApiClient, server: KfpApiServer, retrain: str) -> int:
@@ -309,7 +341,8 @@ def alert_through_serve(root: Path, server: KfpApiServer, cluster: K8sServer, us
 def cancel_mid_training(client: docker.DockerClient, server: KfpApiServer, kfp_api: kfp.Client,
                         custom: kube_client.CustomObjectsApi, run_id: str) -> dict:
     """Terminate run ``run_id`` (through the gateway, as CI would) once its job's master trains: the executor
-    stops the training step's pod (SIGTERM, then the grace period), the launcher deletes its job. Returns
+    deletes the training step's pod, the kubelet's SIGTERM reaches the step through Argo's emissary, and the
+    launcher deletes its job. Returns
     ``cancelled_run``: the run's and its training task's final states, the job and ``job_deleted`` as the cluster
     answers after the run ended."""
     job = job_name_for(run_id)
@@ -335,8 +368,8 @@ def retrain_tasks(summary: dict, run_id: str) -> list[dict]:
 
 
 def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, image: str) -> int:
-    """The trigger's run as the chain requires it: every task a container of ``image`` as :data:`STEP_USER` with a
-    read-only root that exited 0; its PyTorchJob's 2 pods containers of ``image`` that ended 0, one of them
+    """The trigger's run as the chain requires it: every task a step pod whose ``main`` container, of ``image``, ran
+    as :data:`STEP_USER` and exited 0; its PyTorchJob's 2 pods containers of ``image`` that ended 0, one of them
     restarted once after the kill, the worker's init container the restricted template's (UID 1000), and the master
     resumed from a checkpoint past step 0 (returned).
 
@@ -344,11 +377,10 @@ def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, i
         AssertionError: naming what differs.
     """
     tasks = retrain_tasks(summary, run_id)
-    wrong = [t for t in tasks if (t.get("image"), t.get("user"), t.get("read_only"), t.get("exit_code")) !=
-             (image, STEP_USER, True, 0)]
+    wrong = [t for t in tasks if (t.get("image"), t.get("user"), t.get("exit_code")) != (image, STEP_USER, 0)]
     if wrong or len(tasks) < 6:
-        raise AssertionError(f"the trigger's run has tasks that are not containers of {image} as {STEP_USER} "
-                             f"with a read-only root and exit 0: {wrong or tasks}")
+        raise AssertionError(f"the trigger's run has tasks that are not step pods of {image} as {STEP_USER} "
+                             f"exiting 0: {wrong or tasks}")
     job = job_name_for(run_id)
     (record,) = [j for j in summary["jobs"] if j["name"] == job]
     pods, inits = record["pods"], record["init_containers"]
@@ -417,9 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         fs.copy(uris["batch_stable.parquet"], current)
         mlflow.start()
         say(f"S3 {s3.url}, MLflow {mlflow.url} (artifacts s3://{BUCKET}/mlflow)")
-        shared, pipeline_root = root / "shared", root / "pipeline-root"
-        pipeline_root.mkdir()
-        pipeline_root.chmod(0o777)  # the object store's stand-in, written by the steps' UID 1000
+        shared = root / "shared"
         shared.mkdir()
         os.chown(shared, 0, 1000)  # the claim as provisioned: root's, writable by the steps' group (KFP steps get
         shared.chmod(0o775)  # no fsGroup); the training pods' fsGroup gives it to their group, setgid
@@ -430,8 +460,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(MLFLOW_TRACKING_URI=mlflow.url, KFP_TOKEN=ci_token, KFLOOP_BACKEND="kubernetes",
                           **s3.env())
         runtime = DockerRuntime()
-        engine = DockerEngine(pipeline_root=pipeline_root, env={"HOME": "/tmp", "AWS_DEFAULT_REGION": "us-east-1",
-                                                                "AWS_EC2_METADATA_DISABLED": "true"})
         with contextlib.ExitStack() as stack:
             cluster = stack.enter_context(K8sServer(
                 root / "k8s", namespace=NAMESPACE, volumes={CLAIM: shared}, runtime=runtime,
@@ -439,9 +467,10 @@ def main(argv: list[str] | None = None) -> int:
             users = profile_users(cluster)
             server = stack.enter_context(KfpApiServer(multi_user=users))
             gateway = stack.enter_context(Gateway(server.url, issuers=[github], rules=jwt_rules(GITHUB_OIDC)))
-            stack.enter_context(KfpExecutor(server, engine, pipeline_root=pipeline_root, namespace=NAMESPACE,
+            stack.enter_context(KfpExecutor(server, None, pipeline_root=f"s3://{BUCKET}/pipeline-root",
+                                            object_store=s3.url, namespace=NAMESPACE,
                                             default_service_account="kfloop", pod_defaults=[POD_DEFAULT],
-                                            cluster=cluster))
+                                            cluster=cluster, security_defaults=STEP_SECURITY))
             admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(root / "admin")))
             core, custom = kube_client.CoreV1Api(admin), kube_client.CustomObjectsApi(admin)
             labels = prepare_cluster(admin, secret)
@@ -534,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
                      "recurring_run_id": run.get("recurring_run_id"),
                      "created_by": server.store.created_by.get(run["run_id"]),
                      "service_account": run.get("service_account"),
-                     "tasks": task_records(daemon, cluster, core, run)} for run in runs_of(server)]
+                     "tasks": task_records(daemon, core, run)} for run in runs_of(server)]
             creators = {r["id"]: r["created_by"] for r in runs}
             trigger_sa = service_account_user(NAMESPACE, "kfloop").name
             expected = {first["run_id"]: CI_USER, retrain: trigger_sa,
@@ -548,15 +577,16 @@ def main(argv: list[str] | None = None) -> int:
                      "pods": pod_records(daemon, f"{job_name_for(run_id)}-"),
                      "init_containers": pod_records(daemon, f"{job_name_for(run_id)}-", "init-pytorch")}
                     for run_id in (first["run_id"], retrain)]
-            summary.check("runs", runs=runs, jobs=jobs)
+            summary.check("runs", runs=runs, jobs=jobs, step_pods=step_pods(runs, alert["run_id"]))
             resumed = check_trigger_run(daemon, summary.data, retrain, args.image)
             summary.check("trigger_run", resumed_from_step=resumed)
             summary.passed()
-            say(f"ok in {time.monotonic() - started:.0f} s: {len(runs)} runs executed as containers in {NAMESPACE} "
-                f"on the multi-user KFP test server; the trigger's run: {len(retrain_tasks(summary.data, retrain))} "
-                f"tasks as {STEP_USER} with a read-only root, a PyTorchJob of 2 pods of {args.image} (the killed "
-                f"one restarted once, resumed from checkpoint step {resumed}); fires in flight "
-                f"{decisions['counts']['in_flight']}; champion v{champion}; then cooldown; the alert's run "
+            say(f"ok in {time.monotonic() - started:.0f} s: {len(runs)} runs on the multi-user KFP test server, "
+                f"{summary.data['step_pods']['count']} step pods admitted in {NAMESPACE} under Pod Security "
+                f"{summary.data['step_pods']['pod_security']}; the trigger's run: "
+                f"{len(retrain_tasks(summary.data, retrain))} tasks as {STEP_USER}, a PyTorchJob of 2 pods of "
+                f"{args.image} (the killed one restarted once, resumed from checkpoint step {resumed}); fires in "
+                f"flight {decisions['counts']['in_flight']}; champion v{champion}; then cooldown; the alert's run "
                 f"cancelled mid-training, its job deleted; {SUMMARY.name}")
     except BaseException as err:
         summary.fail(err)
@@ -565,8 +595,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if runtime is not None:
             runtime.remove_all()
-        for container in docker.from_env().containers.list(all=True, filters={"label": "kfloop.run_pod"}):
-            container.remove(force=True)
         if mlflow is not None:
             mlflow.stop()
         s3.stop()

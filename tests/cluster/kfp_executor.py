@@ -24,18 +24,19 @@ kubeflow/pipelines 2.17 (cited where used):
   read back from it.
 - Argo's workflow controller creates each step pod (``backend/src/v2/compiler/argocompiler/container.go``,
   ``common.go``: the ``main`` container with ``KFP_POD_NAME`` and ``KFP_POD_UID`` from the downward API and the
-  container's own ``env``, ``/kfp-launcher`` an emptyDir; the pod runs as the run's service account in the profile's
-  namespace). With a cluster (``KfpExecutor(cluster=K8sServer)``) the pod is created through the cluster's API as
-  the controller's own ServiceAccount ``kubeflow/argo`` (RBAC: KFP's manifests bind Argo's ClusterRole to it,
-  :func:`install_argo`), so the API server's admission applies: the PodDefault webhook (tests/cluster/
-  pod_defaults.py, kubeflow/kubeflow ``components/admission-webhook/main.go``: the PodDefaults given, e.g.
-  deploy/kubeflow-profile.yaml's ``access-ml-pipeline``, project the service-account token of the audience they name;
-  nothing else gives a pod a KFP API token), Istio's injection and Pod Security; a refusal fails the task with the
-  API's message (the main container's security context, :data:`USER_CONTAINER_SECURITY`, satisfies ``restricted``
-  only with the admin's non-root defaults). The cluster's kubelet (its ``runtime``: processes, or containers of the
-  image) runs the pod, and the task ends with the main container (Argo's ``assessNodeStatus``: an Istio sidecar
-  may keep the pod Running); the task records ``pod_name`` (and as ``child_tasks[].pod_name``), the pod's log is
-  the ``pods/log`` API's. Every pod mounts its service account's token, ``ca.crt`` and namespace at
+  container's own ``env``, its command run by Argo's emissary (tests/cluster/argo_emissary.py, ``argoexec emissary --
+  CMD``: a deleted pod's SIGTERM reaches the command's process group), ``/kfp-launcher`` an emptyDir; the pod runs as
+  the run's service account in the profile's namespace). With a cluster (``KfpExecutor(cluster=K8sServer)``) the pod is
+  created through the cluster's API as the controller's own ServiceAccount ``kubeflow/argo`` (RBAC: KFP's manifests bind
+  Argo's ClusterRole to it, :func:`install_argo`), so the API server's admission applies: the PodDefault webhook
+  (tests/cluster/pod_defaults.py, kubeflow/kubeflow ``components/admission-webhook/main.go``: the PodDefaults given,
+  e.g. deploy/kubeflow-profile.yaml's ``access-ml-pipeline``, project the service-account token of the audience they
+  name; nothing else gives a pod a KFP API token), Istio's injection and Pod Security; a refusal fails the task with the
+  API's message (the main container's security context, :data:`USER_CONTAINER_SECURITY`, satisfies ``restricted`` only
+  with the admin's non-root defaults). The cluster's kubelet (its ``runtime``: processes, or containers of the image)
+  runs the pod, and the task ends with the main container (Argo's ``assessNodeStatus``: an Istio sidecar may keep the
+  pod Running); the task records ``pod_name`` (and as ``child_tasks[].pod_name``), the pod's log is the ``pods/log``
+  API's. Every pod mounts its service account's token, ``ca.crt`` and namespace at
   ``/var/run/secrets/kubernetes.io/serviceaccount`` and has ``KUBERNETES_SERVICE_HOST``/``PORT`` (what Kubernetes'
   ServiceAccount admission and kubelet add).
 - ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``, ``initPodSpecPatch``) applies the task's Kubernetes
@@ -126,6 +127,8 @@ LAUNCHER_DIR = "/kfp-launcher"
 """The launcher's emptyDir in a step pod (``argocompiler/container.go``), where it keeps the executor output."""
 LAUNCHER = (Path(__file__).parent / "kfp_launcher.py").read_text()
 """tests/cluster/kfp_launcher.py, the step pod's launcher with an object-store root."""
+EMISSARY = (Path(__file__).parent / "argo_emissary.py").read_text()
+"""tests/cluster/argo_emissary.py, the main container's entry (Argo's ``argoexec emissary -- CMD``)."""
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Every pod's service-account mount: ``namespace`` (the pod's), ``token`` and ``ca.crt`` (with a cluster)."""
 
@@ -272,7 +275,7 @@ class _RunContext:
 class KfpExecutor:
     """``with KfpApiServer() as kfp, KfpExecutor(kfp, ProcessEngine(root=...), pipeline_root=...):``."""
 
-    def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path | str,
+    def __init__(self, server: KfpApiServer, engine: Engine | None, *, pipeline_root: Path | str,
                  namespace: str = "kubeflow", default_service_account: str = "pipeline-runner",
                  pod_defaults: Sequence[dict] = (),
                  token: str | None = None, cluster: K8sServer | None = None, object_store: str = "",
@@ -282,17 +285,21 @@ class KfpExecutor:
             pipeline_root: a host folder, or ``s3://bucket/prefix`` (``minio://`` too) of the object store at
                 ``object_store`` (its S3 endpoint URL), which needs ``cluster``: the step pods' launcher moves the
                 artifacts, with the namespace's :data:`OBJECT_STORE_SECRET` keys.
+            engine: what runs each step as a process or container without a ``cluster`` (unused with one).
             cluster: the Kubernetes test cluster the step pods are created in and run by; None: the ``engine``
-                runs each step as a process or container.
+                runs each step.
             security_defaults: the admin's ``defaultSecurityContextRunAsUser``, ``...RunAsGroup``,
                 ``...RunAsNonRoot`` of ``pipeline-install-config``, as ``runAsUser``, ``runAsGroup``,
                 ``runAsNonRoot``: set on every step pod's main container.
 
         Raises:
-            ValueError: an object-store root without a cluster or endpoint, a host-folder root with a cluster
-                whose kubelet runs containers (they cannot see it), a PodDefault field not emulated.
+            ValueError: neither an engine nor a cluster, an object-store root without a cluster or endpoint, a
+                host-folder root with a cluster whose kubelet runs containers (they cannot see it), a PodDefault
+                field not emulated.
         """
         self.server, self.engine, self.cluster = server, engine, cluster
+        if engine is None and cluster is None:
+            raise ValueError("KfpExecutor needs an engine or a cluster to run the steps")
         self.pipeline_root = pipeline_root
         remote = str(pipeline_root).split("://", 1)[0] in LOCAL_PREFIXES
         if remote and (cluster is None or not object_store):
@@ -440,10 +447,13 @@ class KfpExecutor:
         pod_name = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}"
         platform = ctx.kubernetes.get(spec.executor_label, {})
         detail = self._record(ctx, name, "RUNNING", pod_name=pod_name, child_tasks=[{"pod_name": pod_name}])
-        if self.cluster is None:
-            error = self._run_on_engine(ctx, pod_name, container, command, platform)
-        else:
-            error = self._run_step_pod(ctx, pod_name, container, command, platform)
+        try:
+            if self.cluster is None:
+                error = self._run_on_engine(ctx, pod_name, container, command, platform)
+            else:
+                error = self._run_step_pod(ctx, pod_name, container, command, platform)
+        except Canceled:  # the run terminated (CANCELED below), or else its pod vanished (Argo: "pod deleted")
+            error = "pod deleted"
         with self.server.lock:
             detail["end_time"] = _now()
             if ctx.canceled.is_set():
@@ -544,10 +554,11 @@ class KfpExecutor:
                   container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec, command: list[str],
                   platform: dict) -> dict:
         """The step pod as Argo creates it from KFP's compiled workflow and the driver's pod spec patch (see the
-        module docstring): the run's service account, ``restartPolicy: Never``, the ``main`` container with
-        ``KFP_POD_NAME``/``KFP_POD_UID`` (downward API), the container's env and resources, the platform spec's
-        labels, Secret env, claims and image pull secrets; the service-account mount and API address Kubernetes
-        adds; with an object-store root the launcher's folders and the object store's credentials."""
+        module docstring): the run's service account, ``restartPolicy: Never``, the ``main`` container running the
+        command under Argo's emissary (:data:`EMISSARY`) with ``KFP_POD_NAME``/``KFP_POD_UID`` (downward API), the
+        container's env and resources, the platform spec's labels, Secret env, claims and image pull secrets; the
+        service-account mount and API address Kubernetes adds; with an object-store root the launcher's folders and the
+        object store's credentials."""
         api = urlsplit(self.cluster.url)
         env = [{"name": "KFP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                {"name": "KFP_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
@@ -577,7 +588,8 @@ class KfpExecutor:
                       for var, key in (("AWS_ACCESS_KEY_ID", "accesskey"), ("AWS_SECRET_ACCESS_KEY", "secretkey"))),
                     {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"},
                     {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
-        main = {"name": MAIN, "image": container.image, "command": command, "env": env, "volumeMounts": mounts,
+        main = {"name": MAIN, "image": container.image, "command": ["python3", "-c", EMISSARY, "--", *command],
+                "env": env, "volumeMounts": mounts,
                 "securityContext": {**USER_CONTAINER_SECURITY, **self.security_defaults}}
         resources = _resources(container.resources)
         if resources:

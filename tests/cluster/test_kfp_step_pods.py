@@ -64,6 +64,27 @@ def long_pipeline():
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
+def clean_up_on_sigterm(marker: str):
+    import signal
+    import sys
+    import time
+
+    def stop(signum, _frame):
+        with open(marker, "w") as f:
+            f.write(f"cleaned up after signal {signum}")
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    open(f"{marker}.ready", "w").close()
+    time.sleep(600)
+
+
+@dsl.pipeline(name="cleanup")
+def cleanup_pipeline(marker: str):
+    clean_up_on_sigterm(marker=marker).set_caching_options(False)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def produce(word: str, data: dsl.Output[dsl.Dataset]):
     with open(data.path, "w") as f:
         f.write(f"{word} through the object store")
@@ -204,7 +225,21 @@ def test_terminating_a_run_deletes_its_running_step_pod(served, tmp_path):
     assert core.list_namespaced_pod(NAMESPACE).items == []
     assert cluster.live_pids() == []
     task = tasks(client.get_run(run_id))["wait-long"]
-    assert (task.pod_name, [c.pod_name for c in task.child_tasks]) == (pod.metadata.name, [pod.metadata.name])
+    assert (task.state, task.pod_name, [c.pod_name for c in task.child_tasks]) == (
+        "CANCELED", pod.metadata.name, [pod.metadata.name])
+
+
+def test_a_deleted_step_pods_sigterm_reaches_its_command_through_the_emissary(served, tmp_path):
+    """emissary.go: the command runs in a process group of its own, and the SIGTERM the kubelet sends the
+    container's entry on the pod's deletion is forwarded to that group: the command's handler cleans up."""
+    _, client, _, _ = served
+    marker = tmp_path / "cleaned-up"
+    run_id = start(client, cleanup_pipeline, tmp_path, marker=str(marker))
+    wait_for("the step's SIGTERM handler", lambda: Path(f"{marker}.ready").exists())
+    client.terminate_run(run_id)
+
+    assert finish(client, run_id).state == "CANCELED"
+    assert marker.read_text() == "cleaned up after signal 15"
 
 
 def test_an_artifact_passes_between_two_tasks_through_an_s3_pipeline_root(tmp_path, monkeypatch):
@@ -247,14 +282,18 @@ def test_resources_and_pull_secrets_are_applied_only_by_step_pods(tmp_path):
     assert unemulated_fields(spec, platform, pods=True) == []
 
 
-def test_an_object_store_root_needs_step_pods_and_a_host_root_a_process_kubelet(tmp_path):
+def test_the_executor_needs_a_runner_step_pods_for_an_object_store_root_and_a_process_kubelet_for_a_host_one(
+        tmp_path):
     with KfpApiServer() as server, K8sServer(tmp_path / "k8s", runtime=DockerRuntime(client=None)) as containers:
+        with pytest.raises(ValueError) as nothing_runs:
+            KfpExecutor(server, None, pipeline_root=tmp_path / "root")
         with pytest.raises(ValueError) as no_pods:
             KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=f"s3://{BUCKET}/root",
                         object_store="http://127.0.0.1:1")
         with pytest.raises(ValueError) as hidden:
             KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=tmp_path / "root", cluster=containers)
 
+    assert str(nothing_runs.value) == "KfpExecutor needs an engine or a cluster to run the steps"
     assert str(no_pods.value) == (f"pipeline root s3://{BUCKET}/root: an object-store root needs the cluster's step "
                                   "pods and the object store's endpoint (KfpExecutor(cluster=..., object_store=URL))")
     assert str(hidden.value) == (f"pipeline root {tmp_path / 'root'}: the cluster's kubelet runs containers, which "
