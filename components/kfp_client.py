@@ -66,6 +66,8 @@ REQUEST_TIMEOUT_SECONDS = 30
 """Each KFP API call gives up waiting on the server after this long (connecting, sending, each read)."""
 REQUEST_RETRIES = 2
 """Connection failures, and read failures of reads (never of a run's creation), are retried this often."""
+WAIT_TRANSIENT_RETRIES = 5
+""":func:`wait` asks again after this many transient errors in a row (5xx, no connection), then fails."""
 HEALTHZ_PATH = "/apis/v2beta1/healthz"
 """What ``kfp.Client()`` asks at construction, with no deadline of its own (kfp 2.17 ``Client.__init__`` calls
 ``get_kfp_healthz``, five tries of an unbounded request): :func:`connect` asks it first, within its deadline."""
@@ -303,26 +305,45 @@ def experiment_id(client: Any, name: str, namespace: str | None = None) -> str:
     return client.create_experiment(name, namespace=namespace).experiment_id
 
 
+def run_name(version: VersionRef) -> str:
+    """A run's default name: ``<pipeline> <version> <time>``."""
+    return f"{version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def create_run(client: Any, version: VersionRef, params: dict[str, Any], *, experiment: str = DEFAULT_EXPERIMENT,
                namespace: str | None = None, display_name: str = "", service_account: str | None = None) -> Any:
     """Start a run of the uploaded ``version`` (a reference, not an inline spec) in ``experiment``; its pods run as
     ``service_account`` (default :data:`DEFAULT_SERVICE_ACCOUNT`)."""
-    name = display_name or f"{version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
+    name = display_name or run_name(version)
     return client.run_pipeline(experiment_id(client, experiment, namespace), name, params=params,
                                pipeline_id=version.pipeline_id, version_id=version.pipeline_version_id,
                                service_account=service_account or DEFAULT_SERVICE_ACCOUNT)
 
 
 def wait(client: Any, run_id: str, *, poll_seconds: float = 5.0, timeout_seconds: float | None = None) -> Any:
-    """Poll the run until it ends, reporting each state change as a progress line; returns the final run.
+    """Poll the run until it ends, reporting each state change as a progress line; returns the final run (a failed
+    one too: the caller judges it). A transient error of a poll (a 5xx answer, e.g. a gateway's 502 while KFP's API
+    server restarts, or no connection) is retried up to :data:`WAIT_TRANSIENT_RETRIES` times in a row, after
+    ``poll_seconds`` doubled on each retry.
 
     Raises:
         TimeoutError: still not finished after ``timeout_seconds``.
+        ApiException, MaxRetryError: a 4xx answer, or more transient errors in a row than the bound.
     """
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
     last = None
+    failures = 0
     while True:
-        run = client.get_run(run_id)
+        try:
+            run = client.get_run(run_id)
+        except (ApiException, MaxRetryError) as err:
+            if (isinstance(err, ApiException) and (err.status or 0) < 500) or failures >= WAIT_TRANSIENT_RETRIES:
+                raise
+            failures += 1
+            progress(f"run {run_id}: {_transient(err)}; asking again ({failures}/{WAIT_TRANSIENT_RETRIES})")
+            time.sleep(poll_seconds * 2 ** failures)
+            continue
+        failures = 0
         if run.state != last:
             progress(f"run {run_id}: {run.state}")
             last = run.state
@@ -331,6 +352,13 @@ def wait(client: Any, run_id: str, *, poll_seconds: float = 5.0, timeout_seconds
         if deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"run {run_id} still {run.state} after {timeout_seconds} s")
         time.sleep(poll_seconds)
+
+
+def _transient(err: ApiException | MaxRetryError) -> str:
+    """A transient error of :func:`wait`'s poll, in a few words."""
+    if isinstance(err, ApiException):
+        return f"KFP answered {err.status} {err.reason}"
+    return f"no connection to KFP ({type(err.reason).__name__})"
 
 
 def runs_in_flight(client: Any, pipeline_id: str, *, experiment: str = DEFAULT_EXPERIMENT,
@@ -344,8 +372,9 @@ def runs_in_flight(client: Any, pipeline_id: str, *, experiment: str = DEFAULT_E
 
 def start_training(client: Any, version: VersionRef, params: dict[str, Any], *,
                    experiment: str = DEFAULT_EXPERIMENT, namespace: str | None = None,
-                   service_account: str | None = None) -> str:
+                   service_account: str | None = None, display_name: str = "") -> str:
     """Start a training run of ``version`` unless one of that pipeline is already in flight; returns its run id.
+    Its name: ``display_name``, else ``retrain <version> <time>``.
 
     Raises:
         TrainingInFlight: a run is pending or running (its id is in the message).
@@ -354,7 +383,8 @@ def start_training(client: Any, version: VersionRef, params: dict[str, Any], *,
     if busy:
         raise TrainingInFlight(busy[0].run_id, busy[0].state)
     return create_run(client, version, params, experiment=experiment, namespace=namespace,
-                      display_name=f"retrain {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}",
+                      display_name=display_name or
+                      f"retrain {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}",
                       service_account=service_account).run_id
 
 

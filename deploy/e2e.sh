@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # `make e2e`: the retraining chain as one, every step and every training pod a container of this commit's image.
 #
-# Needs root (apt-get, debootstrap, dockerd) and no registry: a Debian 12 base made with debootstrap from the
-# mirror apt uses, the kfloop image built on it from deploy/Dockerfile with a wheelhouse (offline inside the
-# build), then tests/e2e_chain.py runs the chain on the KFP test server (steps as containers, UID 1000, read-only
-# root) and the Kubernetes test cluster (PyTorchJob pods as containers), against a moto S3 server and a real
-# `mlflow server`: upload, first training, scheduled drift, trigger, a killed training pod, champion v2, cooldown,
-# an alert through `kfloop serve`; it writes e2e-summary.json.
+# Needs root (apt-get, debootstrap, dockerd) and no registry: a Debian 12 base made with debootstrap from the mirror
+# apt uses, the kfloop image built on it from deploy/Dockerfile with a wheelhouse (offline inside the build), then
+# tests/e2e_chain.py runs the chain on the KFP test server in multi-user mode (CI through the gateway) and the
+# Kubernetes test cluster in a profile namespace (every step a Pod admitted under Pod Security restricted, UID 1000,
+# with an s3:// pipeline root; PyTorchJob pods; all containers of the image on the Docker kubelet), against a moto S3
+# server and a real `mlflow server`: upload, first training (a second refused while it runs), scheduled drift,
+# trigger, a killed training pod, a fire finding the retrain in flight, champion v2, cooldown, an alert through
+# `kfloop serve` whose run is cancelled mid-training (its job deleted); it writes e2e-summary.json after every check.
 #
 # The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
 # docker data root (base image, build layers), the wheelhouse (keyed by the locks). On a cold cache
@@ -132,8 +134,8 @@ main() {
   step chain "tests/e2e_chain.py"
   PYTHONPATH=$ROOT "$PYTHON" tests/e2e_chain.py --image "$IMAGE"
   took chain
-  # the KFP test server's Docker engine and the Kubernetes test cluster's Docker kubelet on this image: each task
-  # and each training pod a container, as its user, read-only root
+  # the KFP test server's Docker engine (no cluster) and the Kubernetes test cluster's Docker kubelet on this image:
+  # each task and each training pod a container, as its user, read-only root
   step docker-tests "tests/test_kfp_executor_docker.py tests/test_docker_kubelet.py"
   KFLOOP_E2E_IMAGE=$IMAGE "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kfp_executor_docker.py \
     tests/test_docker_kubelet.py

@@ -1,16 +1,31 @@
 """The retraining chain as one (``make e2e`` runs it after building the image; see deploy/e2e.sh).
 
-Every step a container of the commit's image on the KFP test server (tests/cluster/kfp_executor.py's DockerEngine:
-UID 1000, read-only root, the platform spec's Secret env and claim, the service account's token), every training
-pod a container of the same image on the Kubernetes test cluster (tests/cluster/docker_kubelet.py) in a namespace
-labelled as a Kubeflow profile's (Istio injection, Pod Security ``restricted``), the operator's init container from
-deploy/operator-restricted-init.yaml, the shared claim root's and given to the pods by their ``fsGroup``; data in a
-moto S3 server, a real ``mlflow server``. The chain: ``kfloop upload``; a first training run on the server, whose training
-step launches a 2-node PyTorchJob, promotes v1; ``kfloop schedule drift`` fires every few seconds on the batch at
-``current.parquet``: on the stable batch it starts nothing; on the drifted batch its trigger step (cluster backend,
-projected token) creates a training run through the KFP API, which trains as a PyTorchJob and promotes v2; the next
-fire, inside the cooldown, starts nothing and ``/metrics`` counts it. Writes ``e2e-summary.json`` at the repository
-root from what the Docker daemon and the servers hold; its last line printed sums it up.
+Every step a Pod of the KFP test server in multi-user mode (tests/cluster/kfp_executor.py with the cluster), created
+through the Kubernetes test cluster as Argo's ``kubeflow/argo`` service account and admitted by its API server (RBAC,
+the PodDefault webhook, Istio's injection, Pod Security ``restricted``, which KFP's executor security context passes
+with the admin's non-root defaults, :data:`STEP_SECURITY`), run by the cluster's Docker kubelet
+(tests/cluster/docker_kubelet.py) as a container of the commit's image (the platform spec's Secret env and claim,
+the service account's token issued by the cluster, the command under Argo's emissary, tests/cluster/
+argo_emissary.py); the pipeline root ``s3://`` :data:`BUCKET` ``/pipeline-root``, moved by the pods' launcher
+(tests/cluster/kfp_launcher.py) with the namespace's ``mlpipeline-minio-artifact`` keys. Every training pod a
+container of the same image on the same cluster, all in the profile namespace :data:`NAMESPACE` (the operator's init
+container from deploy/operator-restricted-init.yaml, the shared claim root's and given to the training pods by their
+``fsGroup``); data in a moto S3 server, a real ``mlflow server``. KFP authenticates as Kubeflow does
+(tests/cluster/kfp_multiuser.py): CI (``kfloop upload``, ``run``, ``schedule``) through the gateway
+(tests/cluster/kfp_gateway.py) with a GitHub OIDC token, deploy/github-oidc.yaml's contributor; the trigger step with
+the token deploy/kubeflow-profile.yaml's PodDefault projects, ``kfloop serve`` with its account's, both by
+TokenReview against the cluster; each allowed by the RoleBindings deploy/ ships.
+
+The chain: ``kfloop upload``; a first training run, whose training step launches a 2-node PyTorchJob, promotes v1 (a
+second ``kfloop run training`` meanwhile is refused: one is in flight); ``kfloop schedule drift`` fires every 5 s on
+the batch at ``current.parquet``: on the stable batch it starts nothing; on the drifted batch its trigger step creates
+a training run through the KFP API, whose worker is killed mid-epoch and resumes from a checkpoint, and which promotes
+v2; a fire meanwhile (the schedule's policy has no cooldown) finds it in flight; the next schedule's fire, inside the
+cooldown, starts nothing and ``kfloop serve``'s ``/metrics`` counts it; an alert posted to ``kfloop serve`` creates a
+training run, cancelled once its job trains: its step pod is deleted, the emissary forwards the kubelet's SIGTERM to
+the step, whose launcher deletes its job. ``e2e-summary.json`` at the repository root is deleted at the start and
+rewritten after every check from what the Docker daemon, the cluster, the servers and MLflow hold (``passed`` true
+only at the end; on a failure its ``error``); the last line printed sums it up.
 
     python tests/e2e_chain.py --image kfloop:SHA    (DOCKER_HOST names the daemon)
 """
@@ -37,19 +52,24 @@ import yaml
 from kubernetes import client as kube_client
 from kubernetes import config as kube_config
 from kubernetes import utils as kube_utils
+from mlflow import MlflowClient
 
 from data.generate import write_demo
 from cluster.docker_kubelet import CONTAINER_LABEL, POD_LABEL, DockerRuntime, pod_records
 from cluster.k8s_rbac import manifests, service_account_user
 from cluster.k8s_server import K8sServer
-from cluster.kfp_executor import DockerEngine, KfpExecutor
+from cluster.kfp_executor import MAIN, OBJECT_STORE_SECRET, KfpExecutor
+from cluster.kfp_gateway import Gateway, JwtIssuer, jwt_rules
+from cluster.kfp_multiuser import MultiUser
 from cluster.kfp_server import FINAL_STATES, KfpApiServer
 from cluster.kubernetes_cluster import CLAIM
 from cluster.mlflow_server import MlflowServer
 from cluster.s3_server import S3Server
 from cluster.server_process import free_port, start_server, stop_group
+from monitoring.trigger_configmap import ConfigMapTriggerStore
 from pipelines.cli.commands import main as kfloop
 from training.launch.cluster import CREDENTIAL_KEYS
+from training.launch.kubernetes import JOB_KINDS
 from training.launch.manifests import job_name_for
 from training.registry.lock import NAMESPACE_ENV as LEASE_NAMESPACE_ENV
 from training.registry.versions import list_versions
@@ -59,20 +79,33 @@ SUMMARY = REPO / "e2e-summary.json"
 BUCKET = "kfloop-e2e"
 MODEL = "kfloop-e2e"
 NAMESPACE = "kfloop"
-"""Where KFP runs the steps and the steps run their jobs: deploy/rbac.yaml's namespace and service account."""
+"""The Kubeflow profile where KFP runs the steps and the steps run their jobs: deploy/'s namespace (its RoleBindings,
+the PodDefault), the service account ``kfloop``."""
 (POD_DEFAULT,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "kubeflow-profile.yaml").read_text())
                   if d["kind"] == "PodDefault"]
 """The profile's ``access-ml-pipeline`` PodDefault: the only way a step pod (the trigger) gets its KFP token."""
-TOKEN = "kfp-e2e-token"
-"""The ``pipelines.kubeflow.org`` token the KFP test server accepts (projected into the step pods)."""
+GITHUB_OIDC = REPO / "deploy" / "github-oidc.yaml"
+((GITHUB_RULE,),) = [d["spec"]["jwtRules"] for d in yaml.safe_load_all(GITHUB_OIDC.read_text())
+                     if d["kind"] == "RequestAuthentication"]
+GITHUB_ISSUER, (GITHUB_AUDIENCE,) = GITHUB_RULE["issuer"], GITHUB_RULE["audiences"]
+((CI_USER,),) = [[s["name"] for s in d["subjects"]] for d in yaml.safe_load_all(GITHUB_OIDC.read_text())
+                 if d["kind"] == "RoleBinding"]
+"""CI's identity: the ``sub`` of a GitHub Actions OIDC token, which deploy/github-oidc.yaml makes a contributor of
+the profile and which the gateway passes to KFP as ``kubeflow-userid``."""
+OWNER = "kfloop-owner@example.com"
+"""The profile's owner (its ``namespaceAdmin``)."""
 SECRET = "kfloop-mlflow"
 STEP_USER = "1000:1000"
-"""The image's user (deploy/Dockerfile)."""
+"""The image's user (deploy/Dockerfile), which the admin's security defaults make every step pod's."""
+STEP_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000}
+"""KFP's ``pipeline-install-config`` security defaults as the admin sets them for a restricted profile: the step
+pods' main container runs as :data:`STEP_USER`, non-root."""
 RESTRICTED_INIT = yaml.safe_load((REPO / "deploy" / "operator-restricted-init.yaml").read_text())["data"][
     "initContainer.yaml"]
 """The operator's ``--pytorch-init-container-template-file`` as deploy/ ships it for restricted namespaces (its
 ``--pytorch-init-container-image`` is the job's own image: nothing is pulled)."""
-PROFILE_LABELS = {"istio-injection": "enabled", "pod-security.kubernetes.io/enforce": "restricted"}
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
+PROFILE_LABELS = {"istio-injection": "enabled", PSA_ENFORCE: "restricted"}
 """What a Kubeflow profile namespace carries: Istio's sidecar injection and the restricted Pod Security profile."""
 WAIT_S = 900
 TRAINING = {"epochs": 30, "batch_size": 32}
@@ -105,11 +138,11 @@ def upload_demo_data(s3: S3Server, scratch: Path) -> tuple[s3fs.S3FileSystem, di
     return fs, {name: f"s3://{BUCKET}/data/{name}" for name in files}
 
 
-def prepare_cluster(cluster: K8sServer, scratch: Path, secret: dict[str, str]) -> dict[str, str]:
-    """As the admin: :data:`NAMESPACE` labelled as a profile's (:data:`PROFILE_LABELS`), deploy/rbac.yaml and
-    deploy/webhook.yaml's Role (the trigger state's ConfigMap) in it, and the credentials Secret the steps and pods
-    read. Returns the namespace's labels."""
-    admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(scratch / "admin")))
+def prepare_cluster(admin: kube_client.ApiClient, secret: dict[str, str]) -> dict[str, str]:
+    """As the admin (``admin``): :data:`NAMESPACE` labelled as a profile's (:data:`PROFILE_LABELS`),
+    deploy/rbac.yaml and deploy/webhook.yaml's Role (the trigger state's ConfigMap) in it, the credentials Secret
+    the steps and pods read, and the object store's keys for KFP's launcher (``mlpipeline-minio-artifact``, which
+    KFP's profile controller copies into a profile). Returns the namespace's labels."""
     namespace = kube_client.CoreV1Api(admin).patch_namespace(NAMESPACE, {"metadata": {"labels": PROFILE_LABELS}})
     webhook = [d for d in manifests(REPO / "deploy" / "webhook.yaml") if d["kind"] in ("Role", "RoleBinding")]
     for doc in [*manifests(REPO / "deploy" / "rbac.yaml"), *webhook]:
@@ -118,7 +151,22 @@ def prepare_cluster(cluster: K8sServer, scratch: Path, secret: dict[str, str]) -
     kube_utils.create_from_dict(admin, {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET, "namespace": NAMESPACE},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in secret.items()}})
+    kube_utils.create_from_dict(admin, {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": OBJECT_STORE_SECRET, "namespace": NAMESPACE},
+        "stringData": {"accesskey": secret["AWS_ACCESS_KEY_ID"], "secretkey": secret["AWS_SECRET_ACCESS_KEY"]}})
     return namespace.metadata.labels
+
+
+def profile_users(cluster: K8sServer) -> MultiUser:
+    """KFP's multi-user mode over the profile :data:`NAMESPACE`: its TokenReviews answered by the cluster (the
+    tokens it issued), the RoleBindings a profile makes (its owner, ``default-editor``) and those deploy/ ships:
+    kubeflow-profile.yaml's (the trigger's account starts runs), webhook.yaml's (``kfloop serve``'s) and
+    github-oidc.yaml's (CI's GitHub identity)."""
+    users = MultiUser(tokens=cluster.identities)
+    users.add_profile(NAMESPACE, owner=OWNER)
+    for manifest in ("kubeflow-profile.yaml", "webhook.yaml", "github-oidc.yaml"):
+        users.apply(REPO / "deploy" / manifest, NAMESPACE)
+    return users
 
 
 def cli(*argv: str) -> dict:
@@ -160,34 +208,82 @@ def final(server: KfpApiServer, run_id: str, timeout_s: float = WAIT_S) -> dict:
     return run
 
 
-def task_records(client: docker.DockerClient, run: dict) -> list[dict]:
-    """Each task of ``run`` as the daemon holds its container (skipped tasks had none)."""
+def task_records(client: docker.DockerClient, core: kube_client.CoreV1Api, run: dict) -> list[dict]:
+    """Each task of ``run``: its step pod as the cluster holds it (:func:`task_pod`) beside its ``main`` container
+    as the daemon holds it (the Docker kubelet's; skipped tasks had neither)."""
     records = []
     for task in run.get("run_details", {}).get("task_details", []):
         record = {"name": task["display_name"], "state": task["state"]}
         if "pod_name" in task:
-            attrs = client.containers.get(task["pod_name"]).attrs
-            record.update(container_id=attrs["Id"], image=attrs["Config"]["Image"], user=attrs["Config"]["User"],
-                          read_only=attrs["HostConfig"]["ReadonlyRootfs"], exit_code=attrs["State"]["ExitCode"])
+            (container,) = pod_records(client, task["pod_name"], MAIN)
+            record.update(pod=task_pod(core, task["pod_name"]), container_id=container["container_id"],
+                          image=container["image"], user=container["user"], exit_code=container["exit_code"])
         records.append(record)
     return records
 
 
-def trigger_decisions(client: docker.DockerClient, runs: list[dict]) -> list[dict]:
-    """The trigger step's decision in each drift run that reached it, as its container logged it
-    (``trigger: fired, run ID: REASON`` or ``trigger: skipped: REASON``)."""
-    decisions = []
-    for run in runs:
-        for task in run.get("run_details", {}).get("task_details", []):
-            if task["display_name"] != "trigger-retraining" or "pod_name" not in task:
-                continue
-            log = client.containers.get(task["pod_name"]).logs().decode(errors="replace")
-            (line,) = [line.split("trigger: ", 1)[1] for line in log.splitlines() if "] trigger: " in line]
-            head, _, reason = line.partition(": ")
-            fired = head.startswith("fired, run ")
-            decisions.append({"drift_run": run["run_id"], "decision": "fired" if fired else reason.split(":")[0],
-                              "reason": reason, "run_id": head.removeprefix("fired, run ") if fired else None})
-    return decisions
+def trigger_state(api: Any) -> dict:
+    """The model's trigger state as the registry keeps it on the cluster (ConfigMap ``kfloop-trigger-state``, which
+    the trigger steps and ``kfloop serve`` write): ``fired`` (each with its run id), ``counts`` by outcome,
+    ``last_check``; ``{}`` before the first decision."""
+    return ConfigMapTriggerStore(MODEL, api=api, namespace=NAMESPACE).load()["models"].get(MODEL, {})
+
+
+def task_pod(core: kube_client.CoreV1Api, name: str) -> dict:
+    """Step pod ``name`` as the cluster holds it: its namespace and service account, the Pod Security level it was
+    admitted under (its namespace's ``pod-security.kubernetes.io/enforce`` label); ``deleted`` when the cluster no
+    longer has it (a terminated run's)."""
+    try:
+        pod = core.read_namespaced_pod(name, NAMESPACE)
+    except kube_client.ApiException as err:
+        if err.status != 404:
+            raise
+        return {"name": name, "deleted": True}
+    labels = core.read_namespace(pod.metadata.namespace).metadata.labels or {}
+    return {"name": name, "namespace": pod.metadata.namespace, "service_account": pod.spec.service_account_name,
+            "pod_security": labels.get(PSA_ENFORCE)}
+
+
+def step_pods(runs: list[dict], cancelled: str) -> dict:
+    """What the runs' tasks say of their step pods (:func:`task_records`): every one in :data:`NAMESPACE` as service
+    account ``kfloop``, admitted under the profile's Pod Security level; only the terminated run ``cancelled`` may
+    have had its pods deleted. Returns ``step_pods`` for the summary.
+
+    Raises:
+        AssertionError: naming the pods that differ.
+    """
+    pods = [(run["id"], task["pod"]) for run in runs for task in run["tasks"] if "pod" in task]
+    level = PROFILE_LABELS[PSA_ENFORCE]
+    wrong = [pod for run_id, pod in pods if (run_id != cancelled if pod.get("deleted") else (
+        pod["namespace"], pod["service_account"], pod["pod_security"]) != (NAMESPACE, "kfloop", level))]
+    if wrong or not pods:
+        raise AssertionError(f"expected every task a pod of {NAMESPACE} as kfloop admitted under Pod Security "
+                             f"{level} (only {cancelled}'s deleted): {wrong or pods}")
+    return {"count": len(pods), "namespace": NAMESPACE, "service_account": "kfloop", "pod_security": level,
+            "deleted": [pod["name"] for _, pod in pods if pod.get("deleted")]}
+
+
+def in_flight(api: kube_client.ApiClient, server: KfpApiServer, retrain: str) -> int:
+    """How many fires found a training run in flight, per the trigger state.
+
+    Raises:
+        AssertionError: the retrain ``retrain`` ended before one did.
+    """
+    count = trigger_state(api).get("counts", {}).get("in_flight", 0)
+    if not count and server.store.runs[retrain]["state"] in FINAL_STATES:
+        raise AssertionError(f"the trigger's training run {retrain} ended before a fire found it in flight")
+    return count
+
+
+def cluster_job(custom: kube_client.CustomObjectsApi, name: str) -> dict | None:
+    """Job ``name`` of :data:`NAMESPACE` as the cluster holds it (whichever kind the launcher made), or None."""
+    for kind in JOB_KINDS.values():
+        try:
+            return custom.get_namespaced_custom_object(kind.group, kind.version, NAMESPACE, kind.plural, name)
+        except kube_client.ApiException as err:
+            if err.status != 404:
+                raise
+    return None
 
 
 def kill_mid_epoch(client: docker.DockerClient, shared: Path, job: str) -> str:
@@ -201,19 +297,20 @@ def kill_mid_epoch(client: docker.DockerClient, shared: Path, job: str) -> str:
     return container.id
 
 
-def alert_through_serve(root: Path, server: KfpApiServer, cluster: K8sServer, target: list[str], commit: str) -> dict:
-    """``kfloop serve`` on the server path, as its service account ``kfloop-webhook`` would in the cluster (the
-    trigger state is the ConfigMap the drift run's trigger step wrote): ``/metrics`` (its own token) counts the drift
-    run's cooldown; an
-    Alertmanager alert posted to ``/alerts`` creates a training run on the KFP server, stopped once a task of it
-    runs (its training is the trigger's). Returns the run's ``run_id`` and the ``suppressed`` count scraped."""
+def alert_through_serve(root: Path, server: KfpApiServer, cluster: K8sServer, users: MultiUser, target: list[str],
+                        commit: str) -> dict:
+    """``kfloop serve`` on the server path, as its service account ``kfloop-webhook`` would in the cluster (its KFP
+    token and kubeconfig that account's; the trigger state is the ConfigMap the drift runs' trigger steps wrote):
+    ``/metrics`` (its own token) counts the drift run's cooldown; an Alertmanager alert posted to ``/alerts``
+    creates a training run on the KFP server. Returns the run's ``run_id`` and the ``suppressed`` count scraped."""
     port = free_port()
     hook, scrape = "e2e-webhook-token", "e2e-metrics-token"
     kubeconfig = cluster.write_kubeconfig(root / "webhook-kubeconfig",
                                           user=service_account_user(NAMESPACE, "kfloop-webhook"))
     env = {**os.environ, "KFLOOP_WEBHOOK_TOKEN": hook, "KFLOOP_METRICS_TOKEN": scrape, "KFLOOP_BACKEND": "kubernetes",
-           "KUBECONFIG": str(kubeconfig), LEASE_NAMESPACE_ENV: NAMESPACE}
-    before = {r["run_id"] for r in runs_of(server)}
+           "KUBECONFIG": str(kubeconfig), LEASE_NAMESPACE_ENV: NAMESPACE,
+           "KFP_TOKEN": users.service_account_token(NAMESPACE, "kfloop-webhook")}
+    before = set(server.store.runs)
     serve = start_server([sys.executable, "-m", "pipelines", "serve", "--port", str(port), "--bind", "127.0.0.1",
                           *target, "--set", "trigger.cooldown_seconds=0"],  # the receiver's own policy: no cooldown
                          health_url=f"http://127.0.0.1:{port}/healthz", log_path=root / "serve.log", env=env,
@@ -236,13 +333,33 @@ def alert_through_serve(root: Path, server: KfpApiServer, cluster: K8sServer, ta
     finally:
         stop_group(serve)
     (run,) = wait_until("the alert's run", lambda: [r for r in runs_of(server) if r["run_id"] not in before])
-    wait_until("a task of the alert's run to run", lambda: server.store.runs[run["run_id"]].get(
-        "run_details", {}).get("task_details"))
-    kfp.Client(host=server.url, existing_token=TOKEN).terminate_run(run["run_id"])
-    wait_until("the alert's run to stop", lambda: server.store.runs[run["run_id"]]["state"] == "CANCELED")
-    say(f"an alert posted to kfloop serve created run {run['run_id']} on the KFP server (stopped once running); "
-        f"/metrics counted {suppressed:.0f} cooldown suppression(s)")
+    say(f"an alert posted to kfloop serve created run {run['run_id']} on the KFP server; /metrics counted "
+        f"{suppressed:.0f} cooldown suppression(s)")
     return {"run_id": run["run_id"], "suppressed": suppressed}
+
+
+def cancel_mid_training(client: docker.DockerClient, server: KfpApiServer, kfp_api: kfp.Client,
+                        custom: kube_client.CustomObjectsApi, run_id: str) -> dict:
+    """Terminate run ``run_id`` (through the gateway, as CI would) once its job's master trains: the executor
+    deletes the training step's pod, the kubelet's SIGTERM reaches the step through Argo's emissary, and the
+    launcher deletes its job. Returns
+    ``cancelled_run``: the run's and its training task's final states, the job and ``job_deleted`` as the cluster
+    answers after the run ended."""
+    job = job_name_for(run_id)
+    kind = wait_until(f"{job} on the cluster", lambda: (cluster_job(custom, job) or {}).get("kind"))
+    wait_until(f"{job}'s master to train", lambda: client.containers.list(filters={"label": [
+        f"{POD_LABEL}={job}-master-0", f"{CONTAINER_LABEL}=pytorch"]}), poll_s=0.2)
+    kfp_api.terminate_run(run_id)
+    wait_until(f"run {run_id} to stop", lambda: server.store.runs[run_id]["state"] in FINAL_STATES)
+    run = server.store.runs[run_id]
+    tasks = {t["display_name"]: t["state"] for t in run["run_details"]["task_details"]}
+    record = {"run_id": run_id, "state": run["state"], "training_task": tasks.get("launch-training"), "job": job,
+              "kind": kind, "job_deleted": cluster_job(custom, job) is None}
+    if (record["state"], record["training_task"], record["job_deleted"]) != ("CANCELED", "CANCELED", True):
+        raise AssertionError(f"run {run_id} cancelled mid-training: expected it and its training task CANCELED and "
+                             f"its job deleted by the launcher: {record}, tasks {tasks}")
+    say(f"run {run_id} cancelled mid-training: its launcher deleted {kind} {job}")
+    return record
 
 
 def retrain_tasks(summary: dict, run_id: str) -> list[dict]:
@@ -251,8 +368,8 @@ def retrain_tasks(summary: dict, run_id: str) -> list[dict]:
 
 
 def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, image: str) -> int:
-    """The trigger's run as the chain requires it: every task a container of ``image`` as :data:`STEP_USER` with a
-    read-only root that exited 0; its PyTorchJob's 2 pods containers of ``image`` that ended 0, one of them
+    """The trigger's run as the chain requires it: every task a step pod whose ``main`` container, of ``image``, ran
+    as :data:`STEP_USER` and exited 0; its PyTorchJob's 2 pods containers of ``image`` that ended 0, one of them
     restarted once after the kill, the worker's init container the restricted template's (UID 1000), and the master
     resumed from a checkpoint past step 0 (returned).
 
@@ -260,11 +377,10 @@ def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, i
         AssertionError: naming what differs.
     """
     tasks = retrain_tasks(summary, run_id)
-    wrong = [t for t in tasks if (t.get("image"), t.get("user"), t.get("read_only"), t.get("exit_code")) !=
-             (image, STEP_USER, True, 0)]
+    wrong = [t for t in tasks if (t.get("image"), t.get("user"), t.get("exit_code")) != (image, STEP_USER, 0)]
     if wrong or len(tasks) < 6:
-        raise AssertionError(f"the trigger's run has tasks that are not containers of {image} as {STEP_USER} "
-                             f"with a read-only root and exit 0: {wrong or tasks}")
+        raise AssertionError(f"the trigger's run has tasks that are not step pods of {image} as {STEP_USER} "
+                             f"exiting 0: {wrong or tasks}")
     job = job_name_for(run_id)
     (record,) = [j for j in summary["jobs"] if j["name"] == job]
     pods, inits = record["pods"], record["init_containers"]
@@ -285,12 +401,43 @@ def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, i
     return step
 
 
+class Summary:
+    """``e2e-summary.json`` as the chain goes: deleted at the start; rewritten whole (a rename: never half-written)
+    after every check, with the checks passed so far in ``checks``; ``passed`` is false until every check passed;
+    a failure writes its ``error``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.unlink(missing_ok=True)
+        self.data: dict[str, Any] = {"passed": False, "checks": []}
+
+    def check(self, name: str, **fields: Any) -> None:
+        self.data.update(fields)
+        self.data["checks"].append(name)
+        self._write()
+
+    def fail(self, error: BaseException) -> None:
+        self.data["error"] = f"{type(error).__name__}: {error}"
+        self._write()
+
+    def passed(self) -> None:
+        self.data["passed"] = True
+        self._write()
+
+    def _write(self) -> None:
+        partial = self.path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(self.data, indent=2))
+        partial.replace(self.path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--image", required=True, help="the kfloop image every step and training pod runs")
     args = parser.parse_args(argv)
+    summary = Summary(SUMMARY)
     daemon = docker.from_env()
-    commit = daemon.images.get(args.image).labels["GIT_COMMIT"]  # deploy/image-commit.sh's, via the build
+    image = daemon.images.get(args.image)
+    commit = image.labels["GIT_COMMIT"]  # deploy/image-commit.sh's, via the build
     root = Path(tempfile.mkdtemp(prefix="kfloop-e2e-"))
     started = time.monotonic()
     s3 = S3Server(root=root).start()
@@ -302,114 +449,152 @@ def main(argv: list[str] | None = None) -> int:
         fs.copy(uris["batch_stable.parquet"], current)
         mlflow.start()
         say(f"S3 {s3.url}, MLflow {mlflow.url} (artifacts s3://{BUCKET}/mlflow)")
-        shared, pipeline_root = root / "shared", root / "pipeline-root"
-        pipeline_root.mkdir()
-        pipeline_root.chmod(0o777)  # the object store's stand-in, written by the steps' UID 1000
+        shared = root / "shared"
         shared.mkdir()
         os.chown(shared, 0, 1000)  # the claim as provisioned: root's, writable by the steps' group (KFP steps get
         shared.chmod(0o775)  # no fsGroup); the training pods' fsGroup gives it to their group, setgid
         secret = {"MLFLOW_TRACKING_URI": mlflow.url,
                   **{k: v for k, v in s3.env().items() if k in CREDENTIAL_KEYS}}
-        os.environ.update(MLFLOW_TRACKING_URI=mlflow.url, KFP_TOKEN=TOKEN, KFLOOP_BACKEND="kubernetes", **s3.env())
+        github = JwtIssuer(GITHUB_ISSUER)
+        ci_token = github.token({"sub": CI_USER, "aud": GITHUB_AUDIENCE})
+        os.environ.update(MLFLOW_TRACKING_URI=mlflow.url, KFP_TOKEN=ci_token, KFLOOP_BACKEND="kubernetes",
+                          **s3.env())
         runtime = DockerRuntime()
-        engine = DockerEngine(pipeline_root=pipeline_root, env={"HOME": "/tmp", "AWS_DEFAULT_REGION": "us-east-1",
-                                                                "AWS_EC2_METADATA_DISABLED": "true"})
-        with K8sServer(root / "k8s", namespace=NAMESPACE, volumes={CLAIM: shared}, runtime=runtime,
-                       pytorch_init_container_template=RESTRICTED_INIT,
-                       pytorch_init_container_image=args.image) as cluster, \
-                KfpApiServer(token=TOKEN) as server, \
-                KfpExecutor(server, engine, pipeline_root=pipeline_root, namespace=NAMESPACE,
-                            default_service_account="kfloop", pod_defaults=[POD_DEFAULT], token=TOKEN,
-                            cluster=cluster):
-            labels = prepare_cluster(cluster, root, secret)
-            say(f"namespace {NAMESPACE}: {labels}; the operator's init container from "
-                "deploy/operator-restricted-init.yaml")
+        with contextlib.ExitStack() as stack:
+            cluster = stack.enter_context(K8sServer(
+                root / "k8s", namespace=NAMESPACE, volumes={CLAIM: shared}, runtime=runtime,
+                pytorch_init_container_template=RESTRICTED_INIT, pytorch_init_container_image=args.image))
+            users = profile_users(cluster)
+            server = stack.enter_context(KfpApiServer(multi_user=users))
+            gateway = stack.enter_context(Gateway(server.url, issuers=[github], rules=jwt_rules(GITHUB_OIDC)))
+            stack.enter_context(KfpExecutor(server, None, pipeline_root=f"s3://{BUCKET}/pipeline-root",
+                                            object_store=s3.url, namespace=NAMESPACE,
+                                            default_service_account="kfloop", pod_defaults=[POD_DEFAULT],
+                                            cluster=cluster, security_defaults=STEP_SECURITY))
+            admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(root / "admin")))
+            core, custom = kube_client.CoreV1Api(admin), kube_client.CustomObjectsApi(admin)
+            labels = prepare_cluster(admin, secret)
+            summary.check("cluster", image=args.image, image_id=image.id, commit=commit.removesuffix("-dirty"),
+                          dirty=commit.endswith("-dirty"), multi_user=server.multi_user is not None,
+                          namespace={"name": NAMESPACE, "labels": labels})
+            say(f"namespace {NAMESPACE}: {labels}; KFP multi-user, CI through the gateway as {CI_USER}")
             settings = root / "kfloop.yaml"
             settings.write_text(yaml.safe_dump({
                 "model_name": MODEL, "dataset_uri": uris["train.parquet"], "schema_uri": uris["schema.yaml"],
                 "current_uri": current, "nnodes": 2, "nproc_per_node": 1, "backend": "kubernetes",
                 "training": {"max_restarts": 1, **TRAINING}, "promotion": {"floor": 0.6},
-                "trigger": {"cooldown_seconds": 3600}, "kfp": {"host": server.url},
+                "trigger": {"cooldown_seconds": 3600}, "kfp": {"host": server.url},  # in the cluster: KFP itself
                 "cluster": {"image": args.image, "namespace": NAMESPACE, "cpu": "1", "memory": "2Gi",
                             "shm_size": "64Mi", "shared_volume_claim": CLAIM, "shared_mount_path": str(shared),
                             "credentials_secret": SECRET, "launcher": {"poll_seconds": 1}}}))
-            target = ["--host", server.url, "--config", str(settings), "--pipeline-version", commit]  # the image's code
-            cli("upload", *target, "--image", args.image)
-            say(f"uploaded {len(server.store.pipelines)} pipelines, version {commit[:12]}")
+            # CI: through the gateway, in the profile's namespace, the pipelines of the image's code
+            target = ["--config", str(settings), "--namespace", NAMESPACE, "--pipeline-version", commit]
+            ci = ["--host", gateway.url, *target]
+            cli("upload", *ci, "--image", args.image)
+            summary.check("upload", pipelines=len(server.store.pipelines))
+            say(f"uploaded {len(server.store.pipelines)} pipelines, version {commit[:12]}, through the gateway")
 
-            first = cli("run", "training", *target)
+            first = cli("run", "training", *ci)
+            refused = kfloop(["run", "training", *ci, "--json"])
+            if refused == 0 or trainings(server) != [first["run_id"]]:
+                raise AssertionError(f"a second `kfloop run training` while {first['run_id']} is in flight "
+                                     f"exited {refused} with runs {trainings(server)}")
+            summary.check("ci_run_refused_in_flight", ci_run_refused_in_flight={"exit_code": refused,
+                                                                                "in_flight": first["run_id"]})
             final(server, first["run_id"])
             versions = list_versions(MODEL)
             if [v["champion"] for v in versions] != [True]:
                 raise AssertionError(f"the first training run did not promote v1: {versions}")
-            say(f"first training run {first['run_id']} promoted v1 ({time.monotonic() - started:.0f} s)")
+            summary.check("first_training", first_run=first["run_id"])
+            say(f"first training run {first['run_id']} promoted v1; a second one meanwhile was refused "
+                f"({time.monotonic() - started:.0f} s)")
 
-            schedule = cli("schedule", "drift", *target, "--cron", "*/5 * * * * *")
-            recurring = schedule["recurring_run_id"]
+            # the schedule's own policy: no cooldown, one-second windows: a fire on the batch the retrain runs on
+            # decides to retrain again, and the run in flight says no
+            eager = ["--set", "trigger.cooldown_seconds=0", "--set", "trigger.window_seconds=1"]
+            recurring = cli("schedule", "drift", *ci, "--cron", "*/5 * * * * *", *eager)["recurring_run_id"]
             stable = final(server, wait_until("a drift run", lambda: [
                 r["run_id"] for r in runs_of(server, recurring_run_id=recurring)])[0])
             if trainings(server) != [first["run_id"]] or len(list_versions(MODEL)) != 1:
                 raise AssertionError("a fire on the stable batch started something")
+            summary.check("stable_batch", stable_drift_run=stable["run_id"])
             say(f"drift run {stable['run_id']} on the stable batch started nothing")
 
             fs.copy(uris["batch_drifted.parquet"], current)
-            retrain = {"run_id": wait_until("the trigger's training run", lambda: trainings(server)[1:])[0]}
-            cli("schedule", "drift", *target, "--disable")
-            killed = kill_mid_epoch(daemon, shared, job_name_for(retrain["run_id"]))
+            (fired,) = wait_until("the trigger's training run", lambda: [
+                f for f in trigger_state(admin).get("fired", []) if f["run_id"]])
+            retrain = fired["run_id"]
+            killed = kill_mid_epoch(daemon, shared, job_name_for(retrain))
             say(f"killed the worker's container {killed[:12]} of the trigger's training job mid-run")
-            final(server, retrain["run_id"])
-            versions = list_versions(MODEL)
-            champion = next(v["version"] for v in versions if v["champion"])
+            wait_until("a fire while the retrain is in flight", lambda: in_flight(admin, server, retrain))
+            cli("schedule", "drift", *ci, "--disable")
+            summary.check("in_flight", retrain_run=retrain)
+            final(server, retrain)
+            champion = MlflowClient().get_model_version_by_alias(MODEL, "champion").version
             if champion != "2":
-                raise AssertionError(f"the trigger's training run did not promote v2: {versions}")
-            say(f"the trigger's training run {retrain['run_id']} promoted v2 ({time.monotonic() - started:.0f} s)")
+                raise AssertionError(f"the trigger's training run did not promote v2: {list_versions(MODEL)}")
+            summary.check("retrain", champion_version=int(champion))
+            say(f"the trigger's training run {retrain} promoted v2 ({time.monotonic() - started:.0f} s)")
 
             fs.copy(uris["batch_stable.parquet"], current)  # the data moves again (v2 trained on the drifted batch)
-            recurring = cli("schedule", "drift", *target, "--cron", "*/5 * * * * *")["recurring_run_id"]
+            recurring = cli("schedule", "drift", *ci, "--cron", "*/5 * * * * *")["recurring_run_id"]
             after = final(server, wait_until("a drift run after v2", lambda: [
                 r["run_id"] for r in runs_of(server, recurring_run_id=recurring)])[0])
-            cli("schedule", "drift", *target, "--disable")
-            decisions = trigger_decisions(daemon, runs_of(server))
-            fired = [d for d in decisions if d["decision"] == "fired"]  # fires while it trained: in_flight
-            if len(fired) != 1 or decisions[-1]["decision"] != "cooldown" or \
-                    trainings(server) != [first["run_id"], retrain["run_id"]]:
-                raise AssertionError(f"expected one fire, then a cooldown that starts nothing: {decisions}")
+            cli("schedule", "drift", *ci, "--disable")
+            state = trigger_state(admin)
+            decisions = {"counts": state["counts"], "last_check": state["last_check"],
+                         "fired": [{k: f[k] for k in ("run_id", "data_hash", "at")} for f in state["fired"]]}
+            held = [f["run_id"] for f in decisions["fired"] if f["run_id"] in server.store.runs]
+            if held != [retrain] or len(decisions["fired"]) != 1 or not state["counts"].get("in_flight") or \
+                    not state["last_check"]["reason"].startswith("cooldown") or \
+                    trainings(server) != [first["run_id"], retrain]:
+                raise AssertionError(f"expected one fire (the retrain), fires in flight, then a cooldown that "
+                                     f"starts nothing: {decisions}")
+            summary.check("cooldown", trigger_decisions=decisions)
             say(f"drift run {after['run_id']} found drift again inside the cooldown and started nothing")
 
-            alert = alert_through_serve(root, server, cluster, target, commit)
-            summary_runs = runs_of(server)
+            alert = alert_through_serve(root, server, cluster, users, ["--host", server.url, *target], commit)
+            summary.check("alert", suppressed_in_metrics=alert["suppressed"], alert_run=alert["run_id"])
+            cancelled = cancel_mid_training(daemon, server, kfp.Client(host=gateway.url, existing_token=ci_token),
+                                            custom, alert["run_id"])
+            summary.check("cancelled_run", cancelled_run=cancelled)
 
-            summary = {"image": args.image, "commit": commit.removesuffix("-dirty"),
-                       "dirty": commit.endswith("-dirty"), "runs": [], "jobs": [],
-                       "trigger_decisions": [{k: d[k] for k in ("decision", "reason", "run_id")} for d in decisions],
-                       "suppressed_in_metrics": alert["suppressed"], "champion_version": int(champion),
-                       "namespace": {"name": NAMESPACE, "labels": labels}}
-            for run in summary_runs:
-                started_by = ("schedule" if run.get("recurring_run_id") else
-                              "trigger" if run["run_id"] == retrain["run_id"] else
-                              "alert" if run["run_id"] == alert["run_id"] else "upload")
-                summary["runs"].append({"id": run["run_id"], "pipeline": run["display_name"], "state": run["state"],
-                                        "started_by": started_by, "tasks": task_records(daemon, run)})
-            for run_id in (first["run_id"], retrain["run_id"]):
-                job = job_name_for(run_id)
-                summary["jobs"].append({"kind": "PyTorchJob", "name": job, "pods": pod_records(daemon, f"{job}-"),
-                                        "init_containers": pod_records(daemon, f"{job}-", "init-pytorch")})
-            SUMMARY.write_text(json.dumps(summary, indent=2))
-            resumed = check_trigger_run(daemon, summary, retrain["run_id"], args.image)
-            say(f"ok in {time.monotonic() - started:.0f} s: {len(summary['runs'])} runs executed as containers on "
-                f"the KFP test server (started by {sorted({r['started_by'] for r in summary['runs']})}); the "
-                f"trigger's run: {len(retrain_tasks(summary, retrain['run_id']))} tasks as {STEP_USER} with a "
-                f"read-only root, a PyTorchJob of 2 pods of {args.image} (the killed one restarted once, resumed "
-                f"from checkpoint step {resumed}); champion v{champion}; then "
-                f"{summary['trigger_decisions'][-1]['decision']}; the alert's run on the server; {SUMMARY.name}")
-    except BaseException:
+            runs = [{"id": run["run_id"], "pipeline": run["display_name"], "state": run["state"],
+                     "recurring_run_id": run.get("recurring_run_id"),
+                     "created_by": server.store.created_by.get(run["run_id"]),
+                     "service_account": run.get("service_account"),
+                     "tasks": task_records(daemon, core, run)} for run in runs_of(server)]
+            creators = {r["id"]: r["created_by"] for r in runs}
+            trigger_sa = service_account_user(NAMESPACE, "kfloop").name
+            expected = {first["run_id"]: CI_USER, retrain: trigger_sa,
+                        alert["run_id"]: service_account_user(NAMESPACE, "kfloop-webhook").name}
+            wrong = {k: creators.get(k) for k, v in expected.items() if creators.get(k) != v}
+            wrong.update({r["id"]: r["created_by"] for r in runs if r["recurring_run_id"] and r["created_by"] != CI_USER})
+            if wrong or {r["service_account"] for r in runs} != {"kfloop"}:
+                raise AssertionError(f"runs created by others than expected ({expected}, the schedule's {CI_USER}) "
+                                     f"or not as service account kfloop: {wrong}, {runs}")
+            jobs = [{"kind": cluster_job(custom, job_name_for(run_id))["kind"], "name": job_name_for(run_id),
+                     "pods": pod_records(daemon, f"{job_name_for(run_id)}-"),
+                     "init_containers": pod_records(daemon, f"{job_name_for(run_id)}-", "init-pytorch")}
+                    for run_id in (first["run_id"], retrain)]
+            summary.check("runs", runs=runs, jobs=jobs, step_pods=step_pods(runs, alert["run_id"]))
+            resumed = check_trigger_run(daemon, summary.data, retrain, args.image)
+            summary.check("trigger_run", resumed_from_step=resumed)
+            summary.passed()
+            say(f"ok in {time.monotonic() - started:.0f} s: {len(runs)} runs on the multi-user KFP test server, "
+                f"{summary.data['step_pods']['count']} step pods admitted in {NAMESPACE} under Pod Security "
+                f"{summary.data['step_pods']['pod_security']}; the trigger's run: "
+                f"{len(retrain_tasks(summary.data, retrain))} tasks as {STEP_USER}, a PyTorchJob of 2 pods of "
+                f"{args.image} (the killed one restarted once, resumed from checkpoint step {resumed}); fires in "
+                f"flight {decisions['counts']['in_flight']}; champion v{champion}; then cooldown; the alert's run "
+                f"cancelled mid-training, its job deleted; {SUMMARY.name}")
+    except BaseException as err:
+        summary.fail(err)
         print(f"e2e: failed; logs under {root}", file=sys.stderr)
         raise
     finally:
         if runtime is not None:
             runtime.remove_all()
-        for container in docker.from_env().containers.list(all=True, filters={"label": "kfloop.run_pod"}):
-            container.remove(force=True)
         if mlflow is not None:
             mlflow.stop()
         s3.stop()

@@ -172,7 +172,7 @@ def test_a_poddefault_field_the_executor_does_not_apply_is_refused_by_name(tmp_p
         KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=tmp_path, pod_defaults=[secret])
     assert str(refused.value) == ("PodDefault access-ml-pipeline: spec fields ['annotations', 'volumes[creds] (only "
                                   "a projected serviceAccountToken is emulated)'] are not emulated by the test "
-                                  "executor")
+                                  "cluster")
 
 
 @pytest.mark.parametrize("condition, error", [

@@ -88,7 +88,9 @@ def hanging_pipeline():
     hang().set_caching_options(False)
 
 
-def test_terminating_a_run_kills_its_container(tmp_path, monkeypatch):
+def test_terminating_a_run_stops_its_step_with_sigterm(tmp_path, monkeypatch):
+    """The step's command gets SIGTERM (its ``sh``, PID 1, would ignore it), as Argo's emissary forwards it: the
+    container exits 143 (128 + SIGTERM) within the grace period, not 137 (SIGKILL)."""
     monkeypatch.setenv("HOME", str(tmp_path))
     root = tmp_path / "root"
     root.mkdir()
@@ -106,5 +108,5 @@ def test_terminating_a_run_kills_its_container(tmp_path, monkeypatch):
         run = kfp_client.wait(client, run_id, poll_seconds=0.05, timeout_seconds=120)
 
     container = daemon.containers.get(pod)
-    assert run.state == "CANCELED" and container.status == "exited" and container.attrs["State"]["ExitCode"] != 0
+    assert run.state == "CANCELED" and container.status == "exited" and container.attrs["State"]["ExitCode"] == 143
     container.remove()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
+from kfp_server_api import ApiException
 from cluster.k8s_rbac import service_account_user
 from cluster.kfp_multiuser import MultiUser
 from cluster.kfp_server import KfpApiServer
@@ -19,6 +21,7 @@ from pipelines.cli.commands import main
 TOKEN = "kfp-test-token-7c1e"
 COMMIT = "3f2a9c0d1e4b5a6978c0d1e2f3a4b5c6d7e8f901"
 DRIFT_SETTINGS = ["--set", "current_uri=s3://bucket/batch.parquet"]
+TRAINING_SETTINGS = ["--set", "dataset_uri=s3://bucket/train.parquet"]
 PROFILE = "kfloop"
 REPO = Path(__file__).resolve().parents[1]
 """The profile namespace of deploy/rbac.yaml and deploy/kubeflow-profile.yaml."""
@@ -589,3 +592,66 @@ def test_a_push_re_points_the_models_one_drift_schedule_at_its_version(kfp, caps
     assert pinned == {"kfloop-drift-check-churn": later, "kfloop-drift-check-fraud": COMMIT}
     drift = {v["pipeline_version_id"]: v["name"] for v in kfp.store.versions.values()}
     assert drift[by_name["kfloop-drift-check-churn"]["pipeline_version_reference"]["pipeline_version_id"]] == later
+
+
+def test_wait_asks_again_after_a_gateway_502_and_still_returns_a_failed_run(kfp, capsys):
+    upload(kfp, capsys)
+    client = kfp_client.connect(kfp.url)
+    ref = kfp_client.find_version(client, "kfloop-drift", COMMIT, kfp.namespace)
+    run = kfp_client.create_run(client, ref, {"current_uri": "x.parquet"}, namespace=kfp.namespace)
+    kfp.script_states(["RUNNING", "FAILED"], run_id=run.run_id)
+    kfp.answer_next(HTTPStatus.BAD_GATEWAY)
+
+    final = kfp_client.wait(client, run.run_id, poll_seconds=0.01, timeout_seconds=60)
+
+    assert final.state == "FAILED"
+    assert f"run {run.run_id}: KFP answered 502 Bad Gateway; asking again (1/" in capsys.readouterr().err
+
+
+def test_wait_gives_up_after_its_bound_of_transient_errors(kfp, capsys):
+    upload(kfp, capsys)
+    client = kfp_client.connect(kfp.url)
+    ref = kfp_client.find_version(client, "kfloop-drift", COMMIT, kfp.namespace)
+    run = kfp_client.create_run(client, ref, {"current_uri": "x.parquet"}, namespace=kfp.namespace)
+    kfp.answer_next(HTTPStatus.SERVICE_UNAVAILABLE, kfp_client.WAIT_TRANSIENT_RETRIES + 1)
+
+    with pytest.raises(ApiException) as failed:
+        kfp_client.wait(client, run.run_id, poll_seconds=0.001, timeout_seconds=60)
+
+    assert failed.value.status == 503 and kfp.injected == []
+
+
+def test_wait_does_not_retry_a_refusal(kfp, capsys):
+    upload(kfp, capsys)
+    client = kfp_client.connect(kfp.url)
+
+    with pytest.raises(ApiException) as failed:
+        kfp_client.wait(client, "no-such-run", poll_seconds=0.01, timeout_seconds=60)
+
+    assert failed.value.status == 404
+    assert len([r for r in kfp.requests if r.path.endswith("/runs/no-such-run")]) == 1
+
+
+def test_run_training_is_refused_while_a_training_run_is_in_flight(kfp, capsys):
+    upload(kfp, capsys)
+    code, out, err = cli(capsys, "run", "training", *kfp.target, "--json", *TRAINING_SETTINGS)
+    assert code == 0, err
+    first = json.loads(out)["run_id"]
+
+    code, out, err = cli(capsys, "run", "training", *kfp.target, "--json", *TRAINING_SETTINGS)
+
+    assert code != 0 and f"training run {first} is PENDING: not starting a second one" in err
+    assert [r["run_id"] for r in kfp.store.runs.values()] == [first]
+    kfp.set_run_state(first, "SUCCEEDED")
+    code, out, err = cli(capsys, "run", "training", *kfp.target, "--json", *TRAINING_SETTINGS)
+    assert code == 0 and json.loads(out)["run_id"] != first
+
+
+def test_the_server_records_who_created_each_run(kfp, capsys):
+    upload(kfp, capsys)
+    code, out, err = cli(capsys, "run", "training", *kfp.target, "--json", *TRAINING_SETTINGS)
+    assert code == 0, err
+    run_id = json.loads(out)["run_id"]
+    expected = {run_id: service_account_user("ci", "kfloop-deployer").name} if kfp.namespace else {}
+    assert kfp.store.created_by == expected
+    assert kfp.store.runs[run_id]["service_account"] == "kfloop"

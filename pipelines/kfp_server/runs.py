@@ -146,6 +146,7 @@ def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str |
 
     Raises:
         LookupError: the version is not uploaded.
+        TrainingInFlight: (training) a training run of the pipeline is pending or running: none is started.
         RunFailed: the run ended in another state than SUCCEEDED (``wait`` only).
     """
     name_ = version_name(version)
@@ -153,7 +154,12 @@ def run_remote(name: str, settings: dict[str, Any], host: str, *, version: str |
     ref = kfp_client.find_version(client, PIPELINE_NAMES[name], name_, namespace)
     params = remote_params(name, settings, client, version=name_, namespace=namespace,
                            service_account=service_account)
-    run = kfp_client.create_run(client, ref, params, namespace=namespace, service_account=service_account)
+    if name == "training":  # refused while a training run is in flight, as the trigger's and the alert's are
+        run = client.get_run(kfp_client.start_training(client, ref, params, namespace=namespace,
+                                                       service_account=service_account,
+                                                       display_name=kfp_client.run_name(ref)))
+    else:
+        run = kfp_client.create_run(client, ref, params, namespace=namespace, service_account=service_account)
     if wait:
         run = kfp_client.wait(client, run.run_id, poll_seconds=poll_seconds)
     summary = {"run_id": run.run_id, "state": run.state, "pipeline": name, "pipeline_id": ref.pipeline_id,

@@ -15,7 +15,8 @@ Taken from the kubelet (kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_contain
   (owner and mode untouched: a root-owned volume is not writable by a non-root user), bound at every pod that mounts
   it (``subPath``, ``readOnly``); an ``emptyDir`` a folder of the pod made ``0777`` (``pkg/volume/emptydir/
   empty_dir.go`` ``defaultPerm``), or a tmpfs of ``sizeLimit`` when its ``medium`` is ``Memory``; a memory
-  ``emptyDir`` at ``/dev/shm`` sizes the container's shm. The pod's ``securityContext.fsGroup`` is applied to both
+  ``emptyDir`` at ``/dev/shm`` sizes the container's shm; a ``projected`` volume is a read-only folder of its files
+  (``k8s_operator.projected_folder``). The pod's ``securityContext.fsGroup`` is applied to both
   kinds as the kubelet's volume ownership code does (:func:`set_volume_ownership`) and joins the container's
   supplementary groups with ``supplementalGroups`` (``pkg/kubelet/kuberuntime/security_context.go``
   ``determineEffectiveSecurityContext``); the claims stand for volumes whose driver supports fsGroup (block volumes;
@@ -43,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 import docker
 from docker.types import Mount
 
-from cluster.k8s_operator import STOP_GRACE_SECONDS, Container, container_env, container_volumes, expand, quantity
+from cluster.k8s_operator import (STOP_GRACE_SECONDS, Container, container_env, container_volumes, expand,
+                                  projected_folder, quantity)
 
 if TYPE_CHECKING:
     from cluster.k8s_operator import _JobController
@@ -230,6 +232,8 @@ class DockerRuntime:
                                      read_only=bool(volume["persistentVolumeClaim"].get("readOnly")))
                 source = job.api.volumes[claim] / mount.get("subPath", "")
                 mounts.append(Mount(target, str(source), type="bind", read_only=read_only))
+            elif "projected" in volume:
+                mounts.append(Mount(target, str(projected_folder(job, pod, volume)), type="bind", read_only=True))
             else:
                 empty = volume["emptyDir"] or {}
                 size = int(quantity(empty["sizeLimit"])) if "sizeLimit" in empty else None

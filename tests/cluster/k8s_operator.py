@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,7 +202,7 @@ def expand(text: str, env: dict[str, str]) -> str:
     return "".join(out)
 
 
-SUPPORTED_VOLUMES = ("persistentVolumeClaim", "emptyDir")
+SUPPORTED_VOLUMES = ("persistentVolumeClaim", "emptyDir", "projected")
 """Volume kinds the test cluster's kubelets mount; a pod with any other is refused, never run without it."""
 
 
@@ -224,6 +226,39 @@ def container_volumes(pod: dict, container: dict) -> list[tuple[dict, dict]]:
                              f"emulated by the test cluster's kubelet (only {', '.join(SUPPORTED_VOLUMES)})")
         found.append((mount, volume))
     return found
+
+
+def projected_folder(job: "_JobController", pod: dict, volume: dict) -> Path:
+    """A ``projected`` volume written as the kubelet's projection does (kubernetes ``pkg/volume/projected/
+    projected.go`` ``collectData``) into a folder of the pod: a ``serviceAccountToken`` source the pod's service
+    account's token for its ``audience`` (``K8sServer.service_account_token``: TokenRequest), the
+    ``kube-root-ca.crt`` ConfigMap's ``ca.crt`` the cluster's CA, a ``downwardAPI`` item its ``fieldRef``'s value.
+
+    Raises:
+        ValueError: another source (``secret``, other ConfigMaps), named.
+    """
+    folder = job.dir / pod["metadata"]["name"] / "projected" / volume["name"]
+    folder.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+    for source in volume["projected"].get("sources", []):
+        if "serviceAccountToken" in source:
+            token = source["serviceAccountToken"]
+            files[token["path"]] = job.api.service_account_token(
+                job.namespace, pod["spec"].get("serviceAccountName") or "default", token.get("audience", ""))
+        elif source.get("configMap", {}).get("name") == "kube-root-ca.crt":
+            files.update({item["path"]: job.api.ca_pem.decode() for item in source["configMap"]["items"]})
+        elif "downwardAPI" in source:
+            files.update({item["path"]: field_value(pod, item["fieldRef"]["fieldPath"])
+                          for item in source["downwardAPI"]["items"]})
+        else:
+            raise ValueError(f"spec.volumes[{volume['name']}].projected source {sorted(source)} is not emulated by "
+                             "the test cluster's kubelet (only serviceAccountToken, the kube-root-ca.crt ConfigMap "
+                             "and downwardAPI)")
+    for path, content in files.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(content)
+        (folder / path).chmod(0o644)
+    return folder
 
 
 def container_env(api: K8sServer, namespace: str, pod: dict, container: dict,
@@ -700,6 +735,8 @@ def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str]
             volume or env form the test cluster does not emulate.
     """
     mounts = _mounts(job, pod, container)
+    rooted = [(path, host) for path, host in mounts if not Path("/", *Path(path).parts[1:2]).exists()]
+    mounts = [m for m in mounts if m not in rooted]
 
     def local(text: str) -> str:
         if any(text == p or text.startswith(p + "/") for p in IMAGE_PATHS):
@@ -718,10 +755,27 @@ def _process(job: _JobController, pod: dict, container: dict) -> tuple[list[str]
     argv = [local(expand(a, own)) for a in container.get("command", []) + container.get("args", [])]
     if not argv:
         raise ValueError("the container has no command (the test server runs no image entrypoints)")
-    script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
-    wrapper = [*_unshare_prefix(), "sh", "-c", script, str(job.hosts), pod["metadata"]["name"]]
     cwd = local(container.get("workingDir", "")) or str(job.dir)
+    script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && ' + (
+        _rooted_exec(Path(tempfile.mkdtemp(prefix="root-", dir=job.dir)), rooted, cwd) if rooted else 'exec "$@"')
+    wrapper = [*_unshare_prefix(), "sh", "-c", script, str(job.hosts), pod["metadata"]["name"]]
     return wrapper + argv, env, cwd
+
+
+CHROOT = shutil.which("chroot", path="/usr/sbin:/sbin:/usr/bin:/bin") or "chroot"
+"""``chroot`` by its path: a pod's ``PATH`` lacks the sbin folders."""
+
+
+def _rooted_exec(root: Path, rooted: list[tuple[str, Path]], cwd: str) -> str:
+    """Shell text that runs ``"$@"`` in ``cwd`` chrooted into ``root``: the host's top-level folders bound there
+    (``mount --rbind``, links copied), and each mount whose path's top-level folder the host lacks (``/s3``,
+    ``/kfp-launcher``) bound at that path, so the container sees it where the pod spec mounts it."""
+    top = shlex.quote(str(root))
+    binds = " && ".join(f"mkdir -p {shlex.quote(f'{root}{target}')} && mount --bind {shlex.quote(str(host))} "
+                        f"{shlex.quote(f'{root}{target}')}" for target, host in rooted)
+    return (f'for d in /*; do n="${{d#/}}"; if [ -L "$d" ]; then ln -s "$(readlink "$d")" {top}/"$n"; '
+            f'elif [ -d "$d" ]; then mkdir {top}/"$n" && mount --rbind "$d" {top}/"$n"; fi; done && {binds} && '
+            f'exec {CHROOT} {top} sh -c \'cd "$0" && exec "$@"\' {shlex.quote(cwd)} "$@"')
 
 
 
@@ -734,6 +788,8 @@ def _mounts(job: _JobController, pod: dict, container: dict) -> list[tuple[str, 
             if claim not in job.api.volumes:
                 raise ValueError(f'persistentvolumeclaim "{claim}" not found')
             host = job.api.volumes[claim]
+        elif "projected" in volume:
+            host = projected_folder(job, pod, volume)
         else:
             host = job.dir / pod["metadata"]["name"] / "emptydir" / mount["name"]
             host.mkdir(parents=True, exist_ok=True)

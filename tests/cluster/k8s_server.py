@@ -19,7 +19,9 @@ cluster admin, or of any user or service account):
   event with code 410 Expired when N is older than the retained history, as the API server sends it).
 * authentication and RBAC authorisation of every request by the roles and bindings it holds
   (tests/cluster/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
-  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls; Istio's sidecar
+  resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls (and a
+  controller's pod creations, :meth:`K8sServer.create_pod` with its ``user``); Kubeflow's PodDefault webhook
+  (tests/cluster/pod_defaults.py) on every pod created; Istio's sidecar
   injection into pods of namespaces labelled `istio-injection: enabled` (tests/cluster/istio_injection.py: the
   sidecar outlives the app container, so such a pod stays Running) and Pod Security admission of pods in namespaces
   labelled `pod-security.kubernetes.io/enforce` (tests/cluster/pod_security.py).
@@ -32,18 +34,20 @@ per replica, made as tests/cluster/pytorchjob_contract.py says the operator make
 every container, the `init-pytorch` init container of workers), admitted like any pod, and one local process
 group per container that runs: the init containers in order, then the `pytorch` container (others are not run;
 an injected `istio-proxy` is reported running until the pod is deleted),
-each with its own `command` + `args` (`$(VAR)` expanded), its env (`secretKeyRef` and `fieldRef` resolved; other
-env forms, `envFrom`, and volumes other than claims and emptyDirs are a CreateContainerConfigError naming the
-field) and a minimal
-image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test, which the image holds). Pod names
-resolve like a cluster's headless services do: each pod process runs in its own mount and UTS namespaces
-(`unshare`; hostname = pod name) with a private `/etc/hosts` mapping every pod of its job (`<job>-master-0`,
-`<job>-worker-<i>`) to 127.0.0.1 (`nslookup` answers from it), so `MASTER_ADDR` stays the operator's value.
+each with its own `command` + `args` (`$(VAR)` expanded), its env (`secretKeyRef` and `fieldRef` resolved; other env
+forms, `envFrom`, and volumes other than claims, emptyDirs and projected ones are a CreateContainerConfigError
+naming the field) and a minimal image env (`PATH`, `HOME`, `HOSTNAME`; `PYTHONPATH` at the checkout under test,
+which the image holds). Pod names resolve like a cluster's headless services do: each pod process runs in its own
+mount and UTS namespaces (`unshare`; hostname = pod name) with a private `/etc/hosts` mapping every pod of its job
+(`<job>-master-0`, `<job>-worker-<i>`) to 127.0.0.1 (`nslookup` answers from it), so `MASTER_ADDR` stays the
+operator's value.
 Differences from a cluster, all deliberate: all pods share the host network, so the operator's port 23456
 (declared or defaulted `pytorchjob-port`, or an elastic `rdzvPort` of 23456) becomes a free host port per job,
 while any other declared port is used as it is; `volumeMounts` are mapped by rewriting the mount path prefix in
 command, args, env values and workingDir to a host dir (a PVC claim -> the dir given in `volumes`, an emptyDir
--> a fresh dir per pod); a securityContext is checked by admission but not applied to the process.
+-> a fresh dir per pod, a projected volume -> a folder of its files); a mount whose top-level folder the host lacks
+(``/s3``, ``/kfp-launcher``) is bound at its own path instead, in a root of the host's folders the process is
+chrooted into; a securityContext is checked by admission but not applied to the process.
 Job status follows the operator: conditions Created, Running, Restarting, Succeeded, Failed; `restartPolicy:
 ExitCode` recreates a pod whose exit code is >= 128 (backoffLimit not applied) and fails the job on 1..127;
 `OnFailure` restarts the container in place (restartCount, CrashLoopBackOff); `cleanPodPolicy` and
@@ -78,16 +82,16 @@ import uuid
 
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
-from cluster import (istio_injection, kserve_operator, kuberay_operator, pod_security, pytorchjob_contract, tls,
-                     trainer_operator)
+from cluster import (istio_injection, kserve_operator, kuberay_operator, pod_defaults, pod_security,
+                     pytorchjob_contract, tls, trainer_operator)
 from cluster.crd_schema import printer_columns, validate as validate_crd
 from cluster.k8s_operator import (JOB_NAME_LABEL, REPLICA_INDEX_LABEL, REPLICA_TYPE_LABEL, ProcessRuntime, Runtime,
                                 _JobController, _PodRun, _terminate, quantity)
-from cluster.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User
+from cluster.k8s_rbac import ADMIN_USER, BOOTSTRAP, Access, Authorizer, Identities, User, service_account_user
 from cluster.k8s_validation import aggregate, claim_refusal, webhook_denied
 from cluster.k8s_store import (_BY_PATH, EVENTS, INFERENCESERVICES, LEASES, NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PODS,
                              PYTORCHJOBS, RAYCLUSTERS, RAYJOBS, RESOURCES, SECRETS, TRAINJOBS, ApiError,
@@ -220,6 +224,12 @@ class K8sServer:
         """``METHOD path -> status`` of every request answered, in order."""
         self.received: list[tuple[str, str, bytes]] = []
         """``(METHOD, path, body as sent)`` of every request with a body, in order."""
+        self.pod_defaults: list[dict] = []
+        """The PodDefaults (kubeflow.org/v1alpha1, checked by ``pod_defaults.checked``) the admission webhook applies
+        to the pods created (tests/cluster/pod_defaults.py)."""
+        self.token_audiences: dict[str, Callable[[str, str], str]] = {}
+        """Audience -> issuer of a service account's token (namespace, name) the service of that audience accepts;
+        any other audience gets a token of this API server (:meth:`service_account_token`)."""
         self.accesses: list[Access] = []
         """Every authenticated request's authorization attributes, its user and RBAC's answer, in order."""
         self.store = Store()
@@ -288,6 +298,11 @@ class K8sServer:
         return Path(path)
 
     # -- test helpers (what a test reads besides the API)
+
+    def pod_log(self, namespace: str, name: str) -> str:
+        """The pod's container log so far ("" before it started), as ``GET pods/log`` answers it."""
+        run = self._runs.get((namespace, name))
+        return run.log.read_text(errors="replace") if run is not None and run.log.exists() else ""
 
     def live_pids(self) -> list[int]:
         """Host pids of pod containers still running."""
@@ -509,14 +524,28 @@ class K8sServer:
             controller.stop()
         return controller
 
-    def create_pod(self, namespace: str, pod: dict) -> dict:
-        """Admit (Istio's sidecar injection where the namespace has it, tests/cluster/istio_injection.py; then Pod
-        Security of the namespace's ``pod-security.kubernetes.io/enforce`` label) and store a pod, as the API server
-        does for the operator's pod creations.
+    def service_account_token(self, namespace: str, name: str, audience: str = "") -> str:
+        """A token of service account ``namespace/name`` for ``audience`` (TokenRequest, as the kubelet asks it for a
+        projected ``serviceAccountToken``): the audience's issuer in :attr:`token_audiences`, else this server's."""
+        issuer = self.token_audiences.get(audience)
+        return issuer(namespace, name) if issuer else self.identities.issue(service_account_user(namespace, name))
+
+    def create_pod(self, namespace: str, pod: dict, *, user: User | None = None) -> dict:
+        """Admit and store a pod, as the API server does for a controller's pod creation: RBAC's ``create pods`` of
+        ``user`` (a controller's service account; None: an operator of this server, not authorized), recorded in
+        :attr:`accesses`; the mutating webhooks, Kubeflow's PodDefaults (tests/cluster/pod_defaults.py) and Istio's
+        sidecar injection where the namespace has it (tests/cluster/istio_injection.py); then Pod Security of the
+        namespace's ``pod-security.kubernetes.io/enforce`` label.
 
         Raises:
-            ApiError: 403 Forbidden when the namespace's Pod Security level refuses the pod.
+            ApiError: 403 Forbidden when RBAC denies ``user`` or the namespace's Pod Security level refuses the pod.
         """
+        if user is not None:
+            self.accesses.append(Access(user, "create", "", "pods", namespace, "", "POST",
+                                        f"/api/v1/namespaces/{namespace}/pods",
+                                        self.authorizer.allows(user, "create", "", "pods", namespace, None)))
+            self.authorizer.authorize(user, "create", PODS, None, namespace, None)
+        pod_defaults.apply(self.pod_defaults, namespace, pod)
         try:
             labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}
         except ApiError:

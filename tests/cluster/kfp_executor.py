@@ -15,41 +15,54 @@ kubeflow/pipelines 2.17 (cited where used):
 - ``backend/src/v2/component/launcher_v2.go``: the launcher builds the executor input (input artifacts by URI,
   output artifact URIs under ``<pipeline_root>/<run>/<task>/``), runs the command with the placeholders replaced,
   and reads the outputs back. kfp.local builds and reads the same executor input
-  (``kfp/local/executor_input_utils.py``, ``placeholder_utils.py``, ``executor_output_utils.py``): used here.
-- ``backend/src/v2/compiler/argocompiler/common.go``: every step pod carries ``KFP_POD_NAME`` and ``KFP_POD_UID``
-  (downward API) and the container's own ``env``; the pod runs as the run's service account, in the profile's
-  namespace.
-- Kubeflow's PodDefault admission webhook (kubeflow/kubeflow ``components/admission-webhook/main.go``
-  ``filterPodDefaults``: a PodDefault applies to a pod of its own namespace whose labels its ``spec.selector``
-  matches, ``metav1.LabelSelectorAsSelector``; ``applyPodDefaultsOnPod`` adds its volumes, mounts and env): the
-  PodDefaults given (e.g. deploy/kubeflow-profile.yaml's ``access-ml-pipeline``) project the service-account token
-  of the audience they name at the path they mount; nothing else gives a pod a KFP API token. A PodDefault field
-  this emulation does not apply (volumes other than a projected ``serviceAccountToken``, ``annotations``,
-  ``labels``, ``command``, ...) is refused with its name.
-- ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``) applies the task's Kubernetes platform spec
-  (kfp-kubernetes): ``podMetadata`` labels, ``pvcMount`` as a volume of the claim at its ``mountPath``,
-  ``secretAsEnv`` as ``secretKeyRef`` env (a missing Secret or key that is not ``optional`` fails the pod with
-  the kubelet's CreateContainerConfigError). Every pod mounts its service account's token, ``ca.crt`` and
-  namespace at ``/var/run/secrets/kubernetes.io/serviceaccount`` and has ``KUBERNETES_SERVICE_HOST``/``PORT``
-  (Kubernetes' ServiceAccount admission and kubelet), which is how a step reaches the cluster's API.
+  (``kfp/local/executor_input_utils.py``, ``placeholder_utils.py``, ``executor_output_utils.py``): used here. With
+  an object-store pipeline root (``s3://bucket/prefix``, ``minio://``) the step pod's command is wrapped in
+  tests/cluster/kfp_launcher.py, which downloads the input artifacts to their local paths (``/s3/...``,
+  ``/minio/...``: kfp ``dsl/types/artifact_types.py``) before the command and uploads the outputs after it, with
+  the object store's keys from the namespace's ``mlpipeline-minio-artifact`` Secret
+  (``backend/src/v2/objectstore/object_store.go``); the executor output and parameter files go there too, and are
+  read back from it.
+- Argo's workflow controller creates each step pod (``backend/src/v2/compiler/argocompiler/container.go``,
+  ``common.go``: the ``main`` container with ``KFP_POD_NAME`` and ``KFP_POD_UID`` from the downward API and the
+  container's own ``env``, its command run by Argo's emissary (tests/cluster/argo_emissary.py, ``argoexec emissary --
+  CMD``: a deleted pod's SIGTERM reaches the command's process group), ``/kfp-launcher`` an emptyDir; the pod runs as
+  the run's service account in the profile's namespace). With a cluster (``KfpExecutor(cluster=K8sServer)``) the pod is
+  created through the cluster's API as the controller's own ServiceAccount ``kubeflow/argo`` (RBAC: KFP's manifests bind
+  Argo's ClusterRole to it, :func:`install_argo`), so the API server's admission applies: the PodDefault webhook
+  (tests/cluster/pod_defaults.py, kubeflow/kubeflow ``components/admission-webhook/main.go``: the PodDefaults given,
+  e.g. deploy/kubeflow-profile.yaml's ``access-ml-pipeline``, project the service-account token of the audience they
+  name; nothing else gives a pod a KFP API token), Istio's injection and Pod Security; a refusal fails the task with the
+  API's message (the main container's security context, :data:`USER_CONTAINER_SECURITY`, satisfies ``restricted`` only
+  with the admin's non-root defaults). The cluster's kubelet (its ``runtime``: processes, or containers of the image)
+  runs the pod, and the task ends with the main container (Argo's ``assessNodeStatus``: an Istio sidecar may keep the
+  pod Running); the task records ``pod_name`` (and as ``child_tasks[].pod_name``), the pod's log is the ``pods/log``
+  API's. Every pod mounts its service account's token, ``ca.crt`` and namespace at
+  ``/var/run/secrets/kubernetes.io/serviceaccount`` and has ``KUBERNETES_SERVICE_HOST``/``PORT`` (what Kubernetes'
+  ServiceAccount admission and kubelet add).
+- ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``, ``initPodSpecPatch``) applies the task's Kubernetes
+  platform spec (kfp-kubernetes): ``podMetadata`` labels, ``pvcMount`` as a volume of the claim at its
+  ``mountPath``, ``secretAsEnv`` as ``secretKeyRef`` env (a missing Secret or key that is not ``optional`` fails
+  the pod with the kubelet's CreateContainerConfigError), ``imagePullSecret``, and the container's ``resources``.
 - ``backend/src/apiserver/resource/resource_manager.go`` (``TerminateRun``): a terminated run is ``CANCELING``
   until its pods stop, then ``CANCELED``; a failed task fails the run with its error.
 - ``backend/src/crd/controller/scheduledworkflow/`` (``util/cron_schedule.go``, ``util/periodic_schedule.go``,
-  ``scheduled_workflow.go``): cron with six fields (seconds first, robfig/cron) or every ``interval_second``; ``max_concurrency`` caps the schedule's active runs (a fire while
-  at the cap is skipped); ``no_catchup`` starts only the latest missed fire, else every missed fire runs.
+  ``scheduled_workflow.go``): cron with six fields (seconds first, robfig/cron) or every ``interval_second``;
+  ``max_concurrency`` caps the schedule's active runs (a fire while at the cap is skipped); ``no_catchup`` starts
+  only the latest missed fire, else every missed fire runs.
 
-The platform spec and the service-account mount need the Kubernetes test cluster the pods run in
-(``KfpExecutor(cluster=K8sServer)``: its claims' folders, its Secrets, tokens it issues); without one they are not
-applied and the engine's ``env`` stands in for the Secrets.
-
-Engines: :class:`DockerEngine` runs each task as a container of the image the IR names (``make e2e``);
-:class:`ProcessEngine` runs a task's command as a subprocess (its own process group) with the pod's
-environment; the checkout's virtualenv stands in for the image. A pod file (the projected token) is written under
-the pod's directory and its path given by the variable the kfp SDK reads for it (``KF_PIPELINES_SA_TOKEN_PATH``);
-a process has no in-pod paths, so it gets neither claims nor the service-account mount.
+Without a cluster, an engine runs each step: :class:`DockerEngine` as a container of the image the IR names,
+:class:`ProcessEngine` as a subprocess (its own process group) with the pod's environment, the checkout's
+virtualenv standing in for the image. The executor then applies the PodDefaults itself (a token file under the
+pod's directory, its path in ``KF_PIPELINES_SA_TOKEN_PATH``, the variable the kfp SDK reads), but not the
+platform spec's Secrets, claims, pull secrets or resources (a run using the last two fails naming them); the
+engine's ``env`` stands in for the Secrets, and the pipeline root must be a host folder.
 """
 from __future__ import annotations
 
+import base64
+import contextlib
+import copy
+import functools
 import hashlib
 import itertools
 import json
@@ -62,10 +75,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 from urllib.parse import urlsplit
 
 import docker
+import requests
+import s3fs
 from croniter import croniter
 from google.protobuf import json_format
 from kfp.local import executor_input_utils, executor_output_utils, graph_utils, io, placeholder_utils
@@ -74,17 +89,46 @@ from kfp.local.orchestrator.task_spec_utils import build_nested_dag_arguments
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from cluster import kfp_expression
-from cluster.k8s_operator import container_env
+from cluster import pod_defaults as poddefault_webhook
+from cluster.k8s_operator import ProcessRuntime, _JobController
 from cluster.k8s_rbac import service_account_user
 from cluster.k8s_server import K8sServer
-from cluster.k8s_store import label_matcher
+from cluster.k8s_store import CLUSTER_ROLE_BINDINGS, CLUSTER_ROLES, PODS, SECRETS, ApiError
+from cluster.kfp_multiuser import TOKEN_AUDIENCE
 from cluster.kfp_server import FINAL_STATES, KfpApiServer, _now, split_spec
 
 TOKEN_PATH_ENV = "KF_PIPELINES_SA_TOKEN_PATH"
 """The variable the kfp SDK reads the token's path from (``kfp/client/token_credentials_base.py``)."""
 ACCESS_LABEL = "access-ml-pipeline"
-POD_DEFAULT_FIELDS = {"desc", "selector", "volumes", "volumeMounts", "env"}
-"""The PodDefault ``spec`` fields this emulation applies."""
+MAIN = "main"
+"""The step pod's container (Argo's main container)."""
+FAILED_WAITING = ("CreateContainerConfigError",)
+"""A waiting reason of the main container that fails the node (Argo's ``assessNodeStatus``)."""
+ARGO_USER = service_account_user("kubeflow", "argo")
+"""Who creates the step pods: Argo's workflow controller, the ``argo`` ServiceAccount of KFP's manifests
+(``manifests/kustomize/third-party/argo``), not the run's service account, which the pod runs as."""
+ARGO_CLUSTER_ROLE = {"metadata": {"name": "argo-cluster-role"}, "rules": [
+    {"apiGroups": [""], "resources": ["pods", "pods/exec"],
+     "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get", "watch"]}]}
+"""The pod rules of Argo's ``argo-cluster-role`` (its workflow-controller ClusterRole in KFP's manifests)."""
+USER_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                           "seccompProfile": {"type": "RuntimeDefault"}}
+"""The main container's security context (``argocompiler/security_context.go``
+``applySecurityContextToExecutorTemplate``: not ``runAsNonRoot``, as a user's image may run as root; the pod gets
+the ``RuntimeDefault`` seccomp profile): a restricted namespace refuses the pod unless the admin's defaults
+(``KfpExecutor(security_defaults=...)``) make it non-root."""
+OBJECT_STORE_SECRET = "mlpipeline-minio-artifact"
+"""The Secret KFP's launcher reads the object store's ``accesskey`` and ``secretkey`` from
+(``backend/src/v2/objectstore/object_store.go``)."""
+LOCAL_PREFIXES = {"s3": "/s3/", "minio": "/minio/"}
+"""The local path prefix of an artifact URI's scheme (kfp ``dsl/types/artifact_types.py``)."""
+LAUNCHER_DIR = "/kfp-launcher"
+"""The launcher's emptyDir in a step pod (``argocompiler/container.go``), where it keeps the executor output."""
+LAUNCHER = (Path(__file__).parent / "kfp_launcher.py").read_text()
+"""tests/cluster/kfp_launcher.py, the step pod's launcher with an object-store root."""
+EMISSARY = (Path(__file__).parent / "argo_emissary.py").read_text()
+"""tests/cluster/argo_emissary.py, the main container's entry (Argo's ``argoexec emissary -- CMD``)."""
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Every pod's service-account mount: ``namespace`` (the pod's), ``token`` and ``ca.crt`` (with a cluster)."""
 
@@ -107,9 +151,7 @@ class Pod:
     """Where the PodDefault mounts ``token`` in the pod."""
     log: Path
     files: dict[str, str] = field(default_factory=dict)
-    """In-pod path -> content: the service-account mount."""
-    mounts: dict[str, Path] = field(default_factory=dict)
-    """In-pod path -> host folder: the claims the platform spec mounts."""
+    """In-pod path -> content: the service-account mount's ``namespace``."""
 
 
 class Engine(Protocol):
@@ -127,9 +169,6 @@ class ProcessEngine:
     """What the cluster adds to every pod besides KFP (e.g. ``MLFLOW_TRACKING_URI``, ``AWS_*`` from Secrets)."""
 
     def start(self, pod: Pod) -> subprocess.Popen:
-        if pod.mounts:
-            raise ValueError(f"pod {pod.name} mounts claims at {sorted(pod.mounts)}: a process has no in-pod paths; "
-                             "run it with the DockerEngine")
         home = self.root / pod.name
         (home / "tmp").mkdir(parents=True)
         env = {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", "HOME": str(home / "tmp"),
@@ -171,8 +210,7 @@ class DockerEngine:
         self.client = docker.from_env()
 
     def start(self, pod: Pod) -> tuple[Any, Pod]:
-        volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"},
-                   **{str(host): {"bind": target, "mode": "rw"} for target, host in pod.mounts.items()}}
+        volumes = {str(self.pipeline_root): {"bind": str(self.pipeline_root), "mode": "rw"}}
         files = {**pod.files, **({pod.token_path: pod.token} if pod.token is not None else {})}
         for index, (target, content) in enumerate(sorted(files.items())):
             source = pod.log.with_suffix(f".file{index}")
@@ -192,10 +230,22 @@ class DockerEngine:
         return code
 
     def stop(self, handle: tuple[Any, Pod]) -> None:
+        """A deleted pod's end: Argo's emissary, PID 1 of a step's main container
+        (``cmd/argoexec/commands/emissary.go``), forwards the SIGTERM to its command's process group, and the kubelet
+        kills what still runs after the pod's grace period. Here the command's ``sh`` is PID 1 (which ignores a
+        SIGTERM it has no handler for), so every other process of the container gets it, then the container is
+        killed after :data:`TERMINATION_GRACE_SECONDS`."""
+        container = handle[0]
         try:
-            handle[0].kill()
-        except docker.errors.APIError:  # it ended meanwhile
-            pass
+            container.exec_run(["sh", "-c", "kill -TERM -1"])
+            container.wait(timeout=TERMINATION_GRACE_SECONDS)
+        except (docker.errors.APIError, requests.exceptions.RequestException):  # ended meanwhile, or past the grace
+            with contextlib.suppress(docker.errors.APIError):
+                container.kill()
+
+
+TERMINATION_GRACE_SECONDS = 30
+"""A pod's ``terminationGracePeriodSeconds`` by default (Kubernetes ``DefaultTerminationGracePeriodSeconds``)."""
 
 
 class Canceled(Exception):
@@ -216,23 +266,61 @@ class _RunContext:
     kubernetes: dict[str, dict]
     """Executor label -> its Kubernetes platform spec (kfp-kubernetes)."""
     canceled: threading.Event = field(default_factory=threading.Event)
-    handles: list[Any] = field(default_factory=list)
+    stops: list[Callable[[], None]] = field(default_factory=list)
+    """What stops each running pod (the engine's stop, or the pod's deletion)."""
+    workflow: _Workflow | None = None
+    """Argo's controller of the run's step pods, with a cluster."""
 
 
 class KfpExecutor:
     """``with KfpApiServer() as kfp, KfpExecutor(kfp, ProcessEngine(root=...), pipeline_root=...):``."""
 
-    def __init__(self, server: KfpApiServer, engine: Engine, *, pipeline_root: Path, namespace: str = "kubeflow",
-                 default_service_account: str = "pipeline-runner", pod_defaults: Sequence[dict] = (),
-                 token: str | None = None, cluster: K8sServer | None = None):
+    def __init__(self, server: KfpApiServer, engine: Engine | None, *, pipeline_root: Path | str,
+                 namespace: str = "kubeflow", default_service_account: str = "pipeline-runner",
+                 pod_defaults: Sequence[dict] = (),
+                 token: str | None = None, cluster: K8sServer | None = None, object_store: str = "",
+                 security_defaults: dict[str, Any] | None = None):
+        """
+        Args:
+            pipeline_root: a host folder, or ``s3://bucket/prefix`` (``minio://`` too) of the object store at
+                ``object_store`` (its S3 endpoint URL), which needs ``cluster``: the step pods' launcher moves the
+                artifacts, with the namespace's :data:`OBJECT_STORE_SECRET` keys.
+            engine: what runs each step as a process or container without a ``cluster`` (unused with one).
+            cluster: the Kubernetes test cluster the step pods are created in and run by; None: the ``engine``
+                runs each step.
+            security_defaults: the admin's ``defaultSecurityContextRunAsUser``, ``...RunAsGroup``,
+                ``...RunAsNonRoot`` of ``pipeline-install-config``, as ``runAsUser``, ``runAsGroup``,
+                ``runAsNonRoot``: set on every step pod's main container.
+
+        Raises:
+            ValueError: neither an engine nor a cluster, an object-store root without a cluster or endpoint, a
+                host-folder root with a cluster whose kubelet runs containers (they cannot see it), a PodDefault
+                field not emulated.
+        """
         self.server, self.engine, self.cluster = server, engine, cluster
+        if engine is None and cluster is None:
+            raise ValueError("KfpExecutor needs an engine or a cluster to run the steps")
         self.pipeline_root = pipeline_root
+        remote = str(pipeline_root).split("://", 1)[0] in LOCAL_PREFIXES
+        if remote and (cluster is None or not object_store):
+            raise ValueError(f"pipeline root {pipeline_root}: an object-store root needs the cluster's step pods and "
+                             "the object store's endpoint (KfpExecutor(cluster=..., object_store=URL))")
+        if not remote and cluster is not None and not isinstance(cluster.runtime, ProcessRuntime):
+            raise ValueError(f"pipeline root {pipeline_root}: the cluster's kubelet runs containers, which cannot see "
+                             "a host folder; use an s3:// pipeline root")
+        self.object_store = object_store if remote else ""
+        """The object store's endpoint when the pipeline root is in it; "" for a host folder."""
+        self.security_defaults = dict(security_defaults or {})
         self.namespace, self.default_service_account = namespace, default_service_account
-        self.pod_defaults = [_checked_pod_default(d) for d in pod_defaults]
-        """The PodDefaults of the cluster (kubeflow.org/v1alpha1), applied to matching pods."""
+        self.pod_defaults = [poddefault_webhook.checked(d) for d in pod_defaults]
+        """The PodDefaults of the cluster (kubeflow.org/v1alpha1): with a cluster its admission applies them."""
         self.token = token
         """The token a PodDefault projects when the server is single-user; a multi-user server issues each pod's
         own (its service account, the PodDefault's audience)."""
+        if cluster is not None:
+            cluster.pod_defaults.extend(self.pod_defaults)
+            cluster.token_audiences[TOKEN_AUDIENCE] = self._kfp_token
+            install_argo(cluster)
         self.cache: dict[str, dict[str, Any]] = {}
         self._runs: dict[str, _RunContext] = {}
         self._threads: list[threading.Thread] = []
@@ -259,7 +347,7 @@ class KfpExecutor:
     def submit(self, run: dict) -> None:
         spec, platform = split_spec(run.get("pipeline_spec") or self.server.store.versions[
             run["pipeline_version_reference"]["pipeline_version_id"]]["pipeline_spec"])
-        unmodelled = unemulated_fields(spec, platform)
+        unmodelled = unemulated_fields(spec, platform, pods=self.cluster is not None)
         if unmodelled:
             with self.server.lock:
                 run["error"] = {"code": 3, "message": "the test executor does not emulate " + ", ".join(unmodelled)
@@ -271,6 +359,8 @@ class KfpExecutor:
                           str(self.pipeline_root),
                           platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get(
                               "executors", {}))
+        if self.cluster is not None:
+            ctx.workflow = _Workflow(self.cluster, self.namespace, run)
         self._runs[run["run_id"]] = ctx
         thread = threading.Thread(target=self._execute, args=(ctx,), daemon=True)
         self._threads.append(thread)
@@ -285,8 +375,8 @@ class KfpExecutor:
             if ctx.run["state"] != "CANCELING":
                 self.server.set_run_state(run_id, "CANCELING")
             ctx.canceled.set()
-            for handle in ctx.handles:
-                self.engine.stop(handle)
+            for stop in ctx.stops:
+                stop()
 
     def _execute(self, ctx: _RunContext) -> None:
         run_id = ctx.run["run_id"]
@@ -346,53 +436,199 @@ class KfpExecutor:
             pipeline_root=ctx.pipeline_root, pipeline_resource_name=prefix, task_resource_name=name)
         executor_input = executor_input_utils.construct_executor_input(
             component_spec=spec, arguments=arguments, task_root=task_root, block_input_artifact=False)
+        pod_input = _launcher_local(executor_input) if self.object_store else executor_input
         command = placeholder_utils.replace_placeholders(
             full_command=[*container.command, *container.args],
-            executor_input_dict=executor_input_utils.executor_input_to_dict(executor_input, spec),
+            executor_input_dict=executor_input_utils.executor_input_to_dict(pod_input, spec),
             pipeline_resource_name=prefix, task_resource_name=name, pipeline_root=ctx.pipeline_root,
             unique_pipeline_id=ctx.run["run_id"])
-        pod_name, pod_uid = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}", str(uuid.uuid4())
+        if self.object_store:
+            command = ["python3", "-c", LAUNCHER, json.dumps(_transfers(executor_input, pod_input)), *command]
+        pod_name = f"{prefix}-{name}-{uuid.uuid4().hex[:5]}"
         platform = ctx.kubernetes.get(spec.executor_label, {})
+        detail = self._record(ctx, name, "RUNNING", pod_name=pod_name, child_tasks=[{"pod_name": pod_name}])
+        try:
+            if self.cluster is None:
+                error = self._run_on_engine(ctx, pod_name, container, command, platform)
+            else:
+                error = self._run_step_pod(ctx, pod_name, container, command, platform)
+        except Canceled:  # the run terminated (CANCELED below), or else its pod vanished (Argo: "pod deleted")
+            error = "pod deleted"
+        with self.server.lock:
+            detail["end_time"] = _now()
+            if ctx.canceled.is_set():
+                detail["state"] = "CANCELED"
+                raise Canceled()
+            if error is not None:
+                detail.update(state="FAILED", error={"code": 2, "message": error, "details": []})
+                raise TaskFailed(name, error)
+            detail["state"] = "SUCCEEDED"
+        if self.object_store:
+            executor_input = self._fetch_outputs(executor_input, pod_name)
+        outputs = executor_output_utils.get_outputs_for_task(executor_input=executor_input, component_spec=spec)
+        if key is not None:
+            self.cache[key] = outputs
+        return outputs
+
+    def _run_on_engine(self, ctx: _RunContext, pod_name: str,
+                       container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec,
+                       command: list[str], platform: dict) -> str | None:
+        """Run the step as a process or container of the engine; its failure message, None when it succeeded."""
+        pod_uid = str(uuid.uuid4())
         pod = Pod(name=pod_name, uid=pod_uid, namespace=self.namespace,
                   service_account=ctx.run.get("service_account") or self.default_service_account,
                   image=container.image, command=command,
                   env={"KFP_POD_NAME": pod_name, "KFP_POD_UID": pod_uid, **{e.name: e.value for e in container.env}},
                   labels=dict(platform.get("podMetadata", {}).get("labels", {})), token=None,
-                  log=self.pipeline_root.with_name(f"{self.pipeline_root.name}-pods") / f"{pod_name}.log",
+                  log=Path(f"{self.pipeline_root}-pods") / f"{pod_name}.log",
                   files={f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace})
         self._admit(pod)
         pod.log.parent.mkdir(parents=True, exist_ok=True)
-        detail = self._record(ctx, name, "RUNNING", pod_name=pod_name)
-        if self.cluster is not None:
-            try:
-                self._on_cluster(pod, platform)
-            except ValueError as err:  # the kubelet does not start the container
-                with self.server.lock:
-                    message = f"CreateContainerConfigError: {err}"
-                    detail.update(state="FAILED", end_time=_now(), error={"code": 2, "message": message,
-                                                                          "details": []})
-                raise TaskFailed(name, message) from None
         with self.server.lock:
             if ctx.canceled.is_set():
                 raise Canceled()
             handle = self.engine.start(pod)
-            ctx.handles.append(handle)
+            stop = functools.partial(self.engine.stop, handle)
+            ctx.stops.append(stop)
         code = self.engine.wait(handle)
         with self.server.lock:
-            ctx.handles.remove(handle)
-            detail["end_time"] = _now()
+            ctx.stops.remove(stop)
+        return None if code == 0 else _last_error(pod.log.read_text(errors="replace")) or f"exit code {code}"
+
+    def _run_step_pod(self, ctx: _RunContext, pod_name: str,
+                      container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec,
+                      command: list[str], platform: dict) -> str | None:
+        """Argo's workflow controller: create the step pod (:meth:`_step_pod`) through the cluster's API as its own
+        service account (:data:`ARGO_USER`), have the cluster's kubelet run it, and follow its main container
+        (Argo's ``assessNodeStatus``: the node ends with the main container, whatever a sidecar does). Its failure
+        message (the API's refusal, the kubelet's CreateContainerConfigError, the log's last error), None when it
+        succeeded."""
+        pod = self._step_pod(ctx, pod_name, container, command, platform)
+        with self.server.lock:
             if ctx.canceled.is_set():
-                detail["state"] = "CANCELED"
                 raise Canceled()
-            if code != 0:
-                message = _last_error(pod.log) or f"exit code {code}"
-                detail.update(state="FAILED", error={"code": 2, "message": message, "details": []})
-                raise TaskFailed(name, message)
-            detail["state"] = "SUCCEEDED"
-        outputs = executor_output_utils.get_outputs_for_task(executor_input=executor_input, component_spec=spec)
-        if key is not None:
-            self.cache[key] = outputs
-        return outputs
+            try:
+                created = self.cluster.create_pod(self.namespace, pod, user=ARGO_USER)
+            except ApiError as err:
+                return str(err)
+            stop = functools.partial(self.cluster.delete_pod, self.namespace, pod_name)
+            ctx.stops.append(stop)
+        threading.Thread(target=ctx.workflow._kubelet, args=(created, MAIN, 0), name=f"pod-{pod_name}",
+                         daemon=True).start()
+        try:
+            state = self._main_state(ctx, pod_name)
+        finally:
+            with self.server.lock:
+                ctx.stops.remove(stop)
+        if "waiting" in state:
+            return f"{state['waiting']['reason']}: {state['waiting']['message']}"
+        code = state["terminated"]["exitCode"]
+        return None if code == 0 else _last_error(self.cluster.pod_log(self.namespace, pod_name)) or \
+            f"exit code {code}"
+
+    def _main_state(self, ctx: _RunContext, pod_name: str) -> dict:
+        """The main container's ``state`` once it is ``terminated``, or ``waiting`` for a reason that fails the
+        node (:data:`FAILED_WAITING`), watching the store's changes.
+
+        Raises:
+            Canceled: the run was terminated, or the pod deleted.
+        """
+        store = self.cluster.store
+        while not ctx.canceled.is_set():
+            with store.lock:
+                revision = store.revision
+            try:
+                pod = store.get(PODS, self.namespace, pod_name)
+            except ApiError:
+                break
+            status = next((c for c in pod.get("status", {}).get("containerStatuses", []) if c["name"] == MAIN), {})
+            state = status.get("state", {})
+            if "terminated" in state or state.get("waiting", {}).get("reason") in FAILED_WAITING:
+                return state
+            with store.lock:
+                while store.revision == revision and not store.closed and not ctx.canceled.is_set():
+                    store.lock.wait(0.5)
+        raise Canceled()
+
+    def _step_pod(self, ctx: _RunContext, pod_name: str,
+                  container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec, command: list[str],
+                  platform: dict) -> dict:
+        """The step pod as Argo creates it from KFP's compiled workflow and the driver's pod spec patch (see the
+        module docstring): the run's service account, ``restartPolicy: Never``, the ``main`` container running the
+        command under Argo's emissary (:data:`EMISSARY`) with ``KFP_POD_NAME``/``KFP_POD_UID`` (downward API), the
+        container's env and resources, the platform spec's labels, Secret env, claims and image pull secrets; the
+        service-account mount and API address Kubernetes adds; with an object-store root the launcher's folders and the
+        object store's credentials."""
+        api = urlsplit(self.cluster.url)
+        env = [{"name": "KFP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+               {"name": "KFP_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+               *({"name": e.name, "value": e.value} for e in container.env),
+               *({"name": item["envVar"], "valueFrom": {"secretKeyRef": {
+                   "name": ref.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
+                   or ref["secretName"], "key": item["secretKey"], "optional": bool(ref.get("optional"))}}}
+                 for ref in platform.get("secretAsEnv", []) for item in ref["keyToEnv"]),
+               {"name": "KUBERNETES_SERVICE_HOST", "value": api.hostname},
+               {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)}]
+        volumes = [{"name": "kube-api-access", "projected": {"sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]
+        mounts = [{"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}]
+        for index, claim in enumerate(platform.get("pvcMount", [])):
+            name = claim.get("pvcNameParameter", {}).get("runtimeValue", {}).get("constant") or claim["constant"]
+            volumes.append({"name": f"pvc-{index}", "persistentVolumeClaim": {"claimName": name}})
+            mounts.append({"name": f"pvc-{index}", "mountPath": claim["mountPath"]})
+        if self.object_store:
+            scheme = self.pipeline_root.split("://", 1)[0]
+            for name, path in (("kfp-launcher", LAUNCHER_DIR), ("artifacts", LOCAL_PREFIXES[scheme].rstrip("/"))):
+                volumes.append({"name": name, "emptyDir": {}})
+                mounts.append({"name": name, "mountPath": path})
+            env += [{"name": "AWS_ENDPOINT_URL", "value": self.object_store},
+                    *({"name": var, "valueFrom": {"secretKeyRef": {"name": OBJECT_STORE_SECRET, "key": key}}}
+                      for var, key in (("AWS_ACCESS_KEY_ID", "accesskey"), ("AWS_SECRET_ACCESS_KEY", "secretkey"))),
+                    {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"},
+                    {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
+        main = {"name": MAIN, "image": container.image, "command": ["python3", "-c", EMISSARY, "--", *command],
+                "env": env, "volumeMounts": mounts,
+                "securityContext": {**USER_CONTAINER_SECURITY, **self.security_defaults}}
+        resources = _resources(container.resources)
+        if resources:
+            main["resources"] = resources
+        spec = {"serviceAccountName": ctx.run.get("service_account") or self.default_service_account,
+                "restartPolicy": "Never", "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [main], "volumes": volumes}
+        if platform.get("imagePullSecret"):
+            spec["imagePullSecrets"] = [{"name": s["secretName"]} for s in platform["imagePullSecret"]]
+        labels = {"pipelines.kubeflow.org/v2_component": "true", "workflows.argoproj.io/workflow": ctx.workflow.name,
+                  **platform.get("podMetadata", {}).get("labels", {})}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "labels": labels},
+                "spec": spec, "status": {"phase": "Pending", "conditions": []}}
+
+    def _fetch_outputs(self, executor_input: pipeline_spec_pb2.ExecutorInput,
+                       pod_name: str) -> pipeline_spec_pb2.ExecutorInput:
+        """``executor_input`` with its executor output and output parameter files read back from the object store
+        into a local folder (what KFP's launcher reports to MLMD), its artifacts' URIs as they are."""
+        local = pipeline_spec_pb2.ExecutorInput()
+        local.CopyFrom(executor_input)
+        folder = self.cluster.workdir / "kfp-outputs" / pod_name
+        folder.mkdir(parents=True)
+        store = self._store()
+        files = [(local.outputs, "executor_output.json"),
+                 *((param, name) for name, param in local.outputs.parameters.items())]
+        for holder, name in files:
+            remote = holder.output_file.split("://", 1)[1]
+            holder.output_file = str(folder / name)
+            if store.exists(remote):
+                store.get(remote, holder.output_file)
+        return local
+
+    def _store(self) -> s3fs.S3FileSystem:
+        """The object store as KFP's backend reaches it: the endpoint, the namespace's
+        :data:`OBJECT_STORE_SECRET` keys."""
+        secret = self.cluster.store.get(SECRETS, self.namespace, OBJECT_STORE_SECRET)["data"]
+        key, token = (base64.b64decode(secret[k]).decode() for k in ("accesskey", "secretkey"))
+        return s3fs.S3FileSystem(key=key, secret=token, client_kwargs={"endpoint_url": self.object_store},
+                                 skip_instance_cache=True)
 
     def _triggers(self, ctx: _RunContext, name: str, task: pipeline_spec_pb2.PipelineTaskSpec,
                   spec: pipeline_spec_pb2.ComponentSpec, arguments: dict[str, Any]) -> bool:
@@ -422,47 +658,24 @@ class KfpExecutor:
         return runs
 
     def _admit(self, pod: Pod) -> None:
-        """The PodDefault admission webhook: each PodDefault of the pod's namespace whose selector matches its labels
-        (``filterPodDefaults``) adds its projected token, mount and env (``applyPodDefaultsOnPod``)."""
-        for default in self.pod_defaults:
-            selector = default["spec"].get("selector") or {}
-            if default["metadata"].get("namespace") != pod.namespace \
-                    or not label_matcher(_selector_string(selector))(pod.labels):
-                continue
+        """Without a cluster, the PodDefault webhook's effect on an engine's pod: a matching PodDefault's projected
+        token at its mount path, and its env (tests/cluster/pod_defaults.py)."""
+        for default in poddefault_webhook.matching(self.pod_defaults, pod.namespace, pod.labels):
             for volume in default["spec"].get("volumes", []):
                 (source,) = volume["projected"]["sources"]
-                token = source["serviceAccountToken"]
                 (mount,) = [m for m in default["spec"]["volumeMounts"] if m["name"] == volume["name"]]
-                pod.token_path = f"{mount['mountPath'].rstrip('/')}/{token['path']}"
-                pod.token = (self.server.multi_user.service_account_token(
-                    pod.namespace, pod.service_account, audience=token.get("audience", ""))
-                    if self.server.multi_user is not None else self.token)
+                pod.token_path = f"{mount['mountPath'].rstrip('/')}/{source['serviceAccountToken']['path']}"
+                pod.token = self._kfp_token(pod.namespace, pod.service_account)
             pod.env.update({e["name"]: e["value"] for e in default["spec"].get("env", [])})
 
-    def _on_cluster(self, pod: Pod, platform: dict) -> None:
-        """Give ``pod`` what the cluster adds: the platform spec's claims and Secret env, the service account's
-        token and CA, the API's address.
+    def _kfp_token(self, namespace: str, service_account: str) -> str:
+        """A projected token of the KFP API's audience: the multi-user server's TokenReview accepts it; a
+        single-user server's is :attr:`token`."""
+        if self.server.multi_user is not None:
+            return self.server.multi_user.service_account_token(namespace, service_account, audience=TOKEN_AUDIENCE)
+        return self.token or ""
 
-        Raises:
-            ValueError: a claim without a folder, or a Secret or key that is missing and not ``optional``.
-        """
-        env = [{"name": item["envVar"], "valueFrom": {"secretKeyRef": {
-                   "name": ref.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
-                   or ref["secretName"], "key": item["secretKey"], "optional": bool(ref.get("optional"))}}}
-               for ref in platform.get("secretAsEnv", []) for item in ref["keyToEnv"]]
-        pod.env.update(container_env(self.cluster, pod.namespace, {"metadata": {"name": pod.name}}, {"env": env}))
-        for mount in platform.get("pvcMount", []):
-            claim = mount.get("pvcNameParameter", {}).get("runtimeValue", {}).get("constant") or mount["constant"]
-            if claim not in self.cluster.volumes:
-                raise ValueError(f'persistentvolumeclaim "{claim}" not found')
-            pod.mounts[mount["mountPath"]] = self.cluster.volumes[claim]
-        api = urlsplit(self.cluster.url)
-        pod.env.update(KUBERNETES_SERVICE_HOST=api.hostname, KUBERNETES_SERVICE_PORT=str(api.port))
-        pod.files[f"{SERVICE_ACCOUNT_DIR}/token"] = self.cluster.identities.issue(
-            service_account_user(pod.namespace, pod.service_account))
-        pod.files[f"{SERVICE_ACCOUNT_DIR}/ca.crt"] = self.cluster.ca_pem.decode()
-
-    def _record(self, ctx: _RunContext, name: str, state: str, **extra: str) -> dict:
+    def _record(self, ctx: _RunContext, name: str, state: str, **extra: Any) -> dict:
         detail = {"run_id": ctx.run["run_id"], "task_id": str(uuid.uuid4()), "display_name": name,
                   "create_time": _now(), "start_time": _now(), "state": state, **extra}
         if state in FINAL_STATES:
@@ -500,7 +713,8 @@ class KfpExecutor:
             body = {k: rec[k] for k in ("pipeline_version_reference", "pipeline_spec", "runtime_config",
                                         "service_account", "experiment_id") if k in rec}
             self.server.add_run({**body, "display_name": f"{rec['display_name']}-{fire:%Y%m%d%H%M%S}",
-                                 "recurring_run_id": rec["recurring_run_id"]})
+                                 "recurring_run_id": rec["recurring_run_id"]},
+                                created_by=self.server.store.created_by.get(rec["recurring_run_id"]))
 
 
 EMULATED = {
@@ -515,23 +729,27 @@ EMULATED = {
 }
 """The IR and kfp-kubernetes fields the executor applies, by where they sit: any other (``retryPolicy``,
 ``container.resources`` and accelerators, ``triggerPolicy.strategy`` of exit handlers, iterators, node selectors,
-tolerations, image pull secrets, ...) would be silently ignored, so a run using one fails naming it."""
+tolerations, ...) would be silently ignored, so a run using one fails naming it."""
+POD_EMULATED = {"container": {"resources"}, "kubernetes": {"imagePullSecret"}}
+"""What the step pods of a cluster apply besides :data:`EMULATED` (an engine would ignore them)."""
 
 
-def unemulated_fields(spec: dict, platform: dict) -> list[str]:
-    """The fields of a pipeline ``spec`` and its ``platform`` spec that :data:`EMULATED` lacks, as paths."""
-    found = [f"{k}" for k in spec if k not in EMULATED["spec"]]
+def unemulated_fields(spec: dict, platform: dict, *, pods: bool = False) -> list[str]:
+    """The fields of a pipeline ``spec`` and its ``platform`` spec that :data:`EMULATED` lacks (with ``pods``, the
+    cluster's step pods, and :data:`POD_EMULATED`), as paths."""
+    emulated = {k: v | POD_EMULATED.get(k, set()) for k, v in EMULATED.items()} if pods else EMULATED
+    found = [f"{k}" for k in spec if k not in emulated["spec"]]
     for label, executor in spec.get("deploymentSpec", {}).get("executors", {}).items():
-        found += [f"deploymentSpec.executors.{label}.{k}" for k in executor if k not in EMULATED["executor"]]
+        found += [f"deploymentSpec.executors.{label}.{k}" for k in executor if k not in emulated["executor"]]
         found += [f"deploymentSpec.executors.{label}.container.{k}" for k in executor.get("container", {})
-                  if k not in EMULATED["container"]]
+                  if k not in emulated["container"]]
     for where, component in [("root", spec.get("root", {})), *((f"components.{n}", c) for n, c in
                                                                  spec.get("components", {}).items())]:
-        found += [f"{where}.{k}" for k in component if k not in EMULATED["component"]]
+        found += [f"{where}.{k}" for k in component if k not in emulated["component"]]
         for name, task in component.get("dag", {}).get("tasks", {}).items():
-            found += [f"{where}.dag.tasks.{name}.{k}" for k in task if k not in EMULATED["task"]]
+            found += [f"{where}.dag.tasks.{name}.{k}" for k in task if k not in emulated["task"]]
             found += [f"{where}.dag.tasks.{name}.triggerPolicy.{k}" for k in task.get("triggerPolicy", {})
-                      if k not in EMULATED["triggerPolicy"]]
+                      if k not in emulated["triggerPolicy"]]
     for name, value in platform.get("platforms", {}).items():
         if name != "kubernetes":
             found.append(f"platforms.{name}")
@@ -539,36 +757,91 @@ def unemulated_fields(spec: dict, platform: dict) -> list[str]:
         found += [f"platforms.kubernetes.{k}" for k in value if k != "deploymentSpec"]
         for label, executor in value.get("deploymentSpec", {}).get("executors", {}).items():
             where = f"platforms.kubernetes.deploymentSpec.executors.{label}"
-            found += [f"{where}.{k}" for k in executor if k not in EMULATED["kubernetes"]]
+            found += [f"{where}.{k}" for k in executor if k not in emulated["kubernetes"]]
             found += [f"{where}.podMetadata.{k}" for k in executor.get("podMetadata", {})
-                      if k not in EMULATED["podMetadata"]]
+                      if k not in emulated["podMetadata"]]
     return found
 
 
-def _checked_pod_default(default: dict) -> dict:
-    """``default`` if it uses only what :meth:`KfpExecutor._admit` applies.
+class _Workflow(_JobController):
+    """Argo's Workflow of one run in the test cluster: its step pods run on the kubelet of
+    :class:`cluster.k8s_operator._JobController` (a folder for their logs, no hosts of their own); the executor
+    follows each pod's main container."""
+
+    def __init__(self, cluster: K8sServer, namespace: str, run: dict):
+        self._setup(cluster, namespace, {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                                         "metadata": {"name": f"run-{run['run_id'][:8]}", "uid": run["run_id"]}})
+        self.run_policy: dict = {}
+        self._write_pod_files([])
+
+    def _master_running(self) -> bool:
+        return False  # a Workflow has no job status of its own here
+
+    def _pod_finished(self, rtype: str, index: int, name: str, exit_code: int) -> None:
+        """Nothing: :meth:`KfpExecutor._main_state` reads the pod's end from the store."""
+
+
+def install_argo(cluster: K8sServer) -> None:
+    """KFP's install of Argo in ``cluster``: :data:`ARGO_CLUSTER_ROLE` bound to :data:`ARGO_USER`'s ServiceAccount
+    (``argo-binding``); one already there is kept."""
+    binding = {"metadata": {"name": "argo-binding"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "argo-cluster-role"},
+               "subjects": [{"kind": "ServiceAccount", "name": "argo", "namespace": "kubeflow"}]}
+    for resource, body in ((CLUSTER_ROLES, ARGO_CLUSTER_ROLE), (CLUSTER_ROLE_BINDINGS, binding)):
+        try:
+            cluster.store.create(resource, "", copy.deepcopy(body))
+        except ApiError as err:
+            if err.code != 409:
+                raise
+
+
+def _launcher_local(executor_input: pipeline_spec_pb2.ExecutorInput) -> pipeline_spec_pb2.ExecutorInput:
+    """The executor input the command gets in a step pod with an object-store root: the executor output and output
+    parameter files under :data:`LAUNCHER_DIR` (``launcher_v2.go`` keeps them local), the artifacts' URIs as they
+    are (the kfp SDK reads and writes them at their local paths)."""
+    local = pipeline_spec_pb2.ExecutorInput()
+    local.CopyFrom(executor_input)
+    local.outputs.output_file = f"{LAUNCHER_DIR}/outputs/executor_output.json"
+    for name, param in local.outputs.parameters.items():
+        param.output_file = f"{LAUNCHER_DIR}/outputs/{name}"
+    return local
+
+
+def _transfers(remote: pipeline_spec_pb2.ExecutorInput, local: pipeline_spec_pb2.ExecutorInput) -> dict:
+    """The launcher's plan (tests/cluster/kfp_launcher.py): the input artifacts to download to their local paths,
+    the output artifacts and the files :func:`_launcher_local` moved to upload where ``remote`` has them."""
+    download = {_local_path(a.uri): a.uri for found in remote.inputs.artifacts.values() for a in found.artifacts}
+    upload = {_local_path(a.uri): a.uri for found in remote.outputs.artifacts.values() for a in found.artifacts}
+    upload[local.outputs.output_file] = remote.outputs.output_file
+    upload.update({local.outputs.parameters[name].output_file: param.output_file
+                   for name, param in remote.outputs.parameters.items()})
+    return {"download": download, "upload": upload}
+
+
+def _local_path(uri: str) -> str:
+    """An artifact's local path in the pod (kfp ``Artifact._get_path``).
 
     Raises:
-        ValueError: a field it does not apply, named.
+        ValueError: a scheme the test launcher cannot read (not in :data:`LOCAL_PREFIXES`).
     """
-    name = default["metadata"]["name"]
-    unknown = sorted(set(default["spec"]) - POD_DEFAULT_FIELDS)
-    for volume in default["spec"].get("volumes", []):
-        sources = volume.get("projected", {}).get("sources", [])
-        if set(volume) != {"name", "projected"} or len(sources) != 1 or set(sources[0]) != {"serviceAccountToken"}:
-            unknown.append(f"volumes[{volume['name']}] (only a projected serviceAccountToken is emulated)")
-    if unknown:
-        raise ValueError(f"PodDefault {name}: spec fields {unknown} are not emulated by the test executor")
-    return default
+    scheme, _, rest = uri.partition("://")
+    if scheme not in LOCAL_PREFIXES:
+        raise ValueError(f"artifact {uri}: the test launcher moves only {', '.join(LOCAL_PREFIXES)} URIs")
+    return LOCAL_PREFIXES[scheme] + rest
 
 
-def _selector_string(selector: dict) -> str:
-    """A ``metav1.LabelSelector`` as the selector string ``LabelSelectorAsSelector`` makes of it."""
-    ops = {"In": "{key} in ({values})", "NotIn": "{key} notin ({values})", "Exists": "{key}",
-           "DoesNotExist": "!{key}"}
-    return ",".join([*(f"{k}={v}" for k, v in sorted(selector.get("matchLabels", {}).items())),
-                     *(ops[e["operator"]].format(key=e["key"], values=",".join(e.get("values", [])))
-                       for e in selector.get("matchExpressions", []))])
+def _resources(spec: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec.ResourceSpec) -> dict:
+    """The main container's ``resources`` as the driver sets them (``driver.go`` ``initPodSpecPatch``): the
+    ``resource*`` quantities, else the older numbers (cores, GB), an accelerator's ``resourceCount`` of its
+    ``resourceType`` as a limit."""
+    limits = {"cpu": spec.resource_cpu_limit or (f"{spec.cpu_limit:g}" if spec.cpu_limit else ""),
+              "memory": spec.resource_memory_limit or (f"{spec.memory_limit:g}G" if spec.memory_limit else "")}
+    requests = {"cpu": spec.resource_cpu_request or (f"{spec.cpu_request:g}" if spec.cpu_request else ""),
+                "memory": spec.resource_memory_request or (f"{spec.memory_request:g}G" if spec.memory_request else "")}
+    if spec.accelerator.resource_type and spec.accelerator.resource_count:
+        limits[spec.accelerator.resource_type] = spec.accelerator.resource_count
+    found = {"limits": {k: v for k, v in limits.items() if v}, "requests": {k: v for k, v in requests.items() if v}}
+    return {k: v for k, v in found.items() if v}
 
 
 def _fire_times(trigger: dict, since: datetime) -> Iterator[datetime]:
@@ -598,8 +871,8 @@ def _cache_key(arguments: dict[str, Any], spec: pipeline_spec_pb2.ComponentSpec,
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _last_error(log: Path) -> str:
+def _last_error(log: str) -> str:
     """The last ``SomethingError: message`` line of a task's log (what a step's traceback ends with)."""
-    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
     errors = [line for line in lines if ("Error" in line or "Exception" in line) and ": " in line]
     return (errors or lines or [""])[-1][:2000]

@@ -18,7 +18,8 @@
   pipeline's namespace (``canAccessPipelineVersion``).
 * Experiments (``server/experiment_server.go`` ``canAccessExperiment``): an empty namespace is 400 "An experiment
   cannot have an empty namespace in multi-user mode".
-* Runs (``server/run_server.go`` ``createRun``, ``listRuns``, ``canAccessRun``) and recurring runs
+* Runs (``server/run_server.go`` ``createRun``, ``listRuns``, ``canAccessRun``; ``TerminateRun`` reviews verb
+  ``terminate``) and recurring runs
   (``server/job_server.go``, resource ``jobs``): the namespace is the experiment's; creating one without an
   experiment is 400 "Experiment id can not be empty in multi-user mode"
   (``resource_manager.go`` ``GetValidExperimentNamespacePair``); listing with neither namespace nor experiment is
@@ -72,11 +73,13 @@ class MultiUser:
     kfp_namespace: str = KFP_NAMESPACE
     reviews: list[AccessReview] = field(default_factory=list)
     """Every SubjectAccessReview, in order."""
+    tokens: Identities = field(default_factory=Identities)
+    """What a TokenReview asks: the Kubernetes test server's issued tokens (``K8sServer.identities``) when given,
+    so a pod's projected token is one the cluster issued; else tokens of this server's own."""
 
     def __post_init__(self) -> None:
         self._operation = ""
         self._rbac = Store()
-        self._tokens = Identities()
         self._audiences: dict[str, tuple[str, ...]] = {}
         roles = [d for d in yaml.safe_load_all(CLUSTER_ROLES_FILE.read_text()) if d]
         for role in [*roles, *KUBEFLOW_ROLES]:
@@ -112,7 +115,7 @@ class MultiUser:
 
     def service_account_token(self, namespace: str, name: str, *, audience: str = TOKEN_AUDIENCE) -> str:
         """A token of service account ``namespace/name`` with ``audience`` (a projected token)."""
-        token = self._tokens.issue(service_account_user(namespace, name))
+        token = self.tokens.issue(service_account_user(namespace, name))
         self._audiences[token] = (audience,)
         return token
 
@@ -127,7 +130,7 @@ class MultiUser:
             return User(headers[USERID_HEADER], ("system:authenticated",))
         token = (headers.get("authorization") or "").removeprefix("Bearer ").strip()
         try:
-            user = self._tokens.authenticate(f"Bearer {token}")
+            user = self.tokens.authenticate(f"Bearer {token}")
         except K8sApiError:
             user = None
         if user is None or TOKEN_AUDIENCE not in self._audiences.get(token, ()):
@@ -225,9 +228,9 @@ _CHECKS: dict[str, _Check] = {
         h, q.get("namespace", ""), "list", "experiments", "An experiment"),
     "RunService_CreateRun": lambda mu, st, pp, q, b, h: mu._namespaced(
         h, _experiment_namespace(st, b.get("experiment_id", ""), "run"), "create", "runs", "A run"),
-    "RunService_GetRun": lambda mu, st, pp, q, b, h: mu._namespaced(
+    **{f"RunService_{op}Run": (lambda verb: lambda mu, st, pp, q, b, h: mu._namespaced(
         h, st.experiments.get(_found(st.runs, pp["run_id"], "Run").get("experiment_id", ""), {}).get(
-            "namespace", ""), "get", "runs", "A run"),
+            "namespace", ""), verb, "runs", "A run"))(verb) for op, verb in (("Get", "get"), ("Terminate", "terminate"))},
     "RunService_ListRuns": lambda mu, st, pp, q, b, h: mu._namespaced(
         h, _list_namespace(st, q), "list", "runs", "A run"),
     "RecurringRunService_CreateRecurringRun": lambda mu, st, pp, q, b, h: mu._namespaced(

@@ -6,7 +6,9 @@ AlreadyExists); checks every query parameter, and every JSON body against the sw
 ``tests/cluster/specs/kfp_v2beta1.swagger.json`` (types, enums, no unknown fields); parses multipart uploads; and
 filters lists with the ``filter`` JSON predicates. Run states are driven by the test (:meth:`set_run_state`,
 or a per-run script of states that each GET advances), or by tests/cluster/kfp_executor.py, which executes the runs.
-Every request is recorded (:attr:`requests`). Standalone (single-user) by default, where a namespace in a request
+Every request is recorded (:attr:`requests`), and so is who created each run (:attr:`Store.created_by`); a
+test may have the next requests answered with an error status (:meth:`answer_next`), as a gateway in front of a
+restarting API server answers 502. Standalone (single-user) by default, where a namespace in a request
 is ignored; ``multi_user=MultiUser()`` (tests/cluster/kfp_multiuser.py) checks callers and namespaces as multi-user
 Kubeflow does (403 PermissionDenied).
 """
@@ -65,6 +67,9 @@ class Store:
     experiments: dict[str, dict] = field(default_factory=dict)
     runs: dict[str, dict] = field(default_factory=dict)
     recurring_runs: dict[str, dict] = field(default_factory=dict)
+    created_by: dict[str, str] = field(default_factory=dict)
+    """Run or recurring run id -> who created it: the user multi-user mode's authenticator resolved (a recurring
+    run's fires: its creator); standalone KFP knows no caller, so nothing is recorded there."""
 
 
 def _now() -> str:
@@ -262,6 +267,7 @@ class KfpApiServer:
         self.requests: list[Request] = []
         self.state_scripts: dict[str, list[str]] = {}
         self.default_state_script: list[str] = []
+        self.injected: list[HTTPStatus] = []
         self.on_run_created: Any = None
         """``callable(run)`` called for each new run: a test plays what the pipeline does in the cluster, or
         tests/cluster/kfp_executor.py executes it."""
@@ -300,6 +306,12 @@ class KfpApiServer:
             else:
                 self.state_scripts[run_id] = list(states)
 
+    def answer_next(self, status: HTTPStatus, count: int = 1) -> None:
+        """The next ``count`` API requests (health checks aside) are answered ``status`` without reaching the API,
+        as Istio's ingress gateway answers while KFP's API server restarts (502 "upstream connect error")."""
+        with self.lock:
+            self.injected.extend([status] * count)
+
     # -- handlers ------------------------------------------------------------------------------------------------
     def handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
                body: bytes) -> tuple[HTTPStatus, dict]:
@@ -307,6 +319,11 @@ class KfpApiServer:
             self.requests.append(Request(method, path, query, headers, body))
         if path == f"{API}/healthz":
             return HTTPStatus.OK, {"multi_user": self.multi_user is not None, "pipeline_store": "database"}
+        with self.lock:
+            injected = self.injected.pop(0) if self.injected else None
+        if injected is not None:
+            raise ApiError(injected, "upstream connect error or disconnect/reset before headers. reset reason: "
+                                     "connection termination")
         if self.multi_user is None and self.token is not None \
                 and headers.get("authorization") != f"Bearer {self.token}":
             raise ApiError(HTTPStatus.UNAUTHORIZED, "Failed to authenticate: missing or invalid bearer token")
@@ -461,16 +478,23 @@ class KfpApiServer:
         except ValueError as err:
             raise ApiError(HTTPStatus.BAD_REQUEST, f"Invalid input error: {err}") from None
 
-    def _RunService_CreateRun(self, *, body, **_):
+    def _RunService_CreateRun(self, *, body, headers, **_):
         self._reference(body, "run")
-        return HTTPStatus.OK, self.add_run(body)
+        return HTTPStatus.OK, self.add_run(body, created_by=self._caller(headers))
 
-    def add_run(self, body: dict) -> dict:
-        """Store a new ``PENDING`` run of ``body`` (a checked request, or a recurring run's fire)."""
+    def _caller(self, headers: dict[str, str]) -> str | None:
+        """Who calls, as multi-user mode's authenticators resolve it; None standalone."""
+        return None if self.multi_user is None else self.multi_user.identity(headers).name
+
+    def add_run(self, body: dict, *, created_by: str | None = None) -> dict:
+        """Store a new ``PENDING`` run of ``body`` (a checked request, or a recurring run's fire), recording its
+        creator when known."""
         run = {**body, "run_id": str(uuid.uuid4()), "created_at": _now(), "scheduled_at": _now(),
                "state": "PENDING", "storage_state": "AVAILABLE",
                "state_history": [{"update_time": _now(), "state": "PENDING"}]}
         self.store.runs[run["run_id"]] = run
+        if created_by is not None:
+            self.store.created_by[run["run_id"]] = created_by
         if self.default_state_script:
             self.state_scripts[run["run_id"]] = list(self.default_state_script)
         if self.on_run_created is not None:
@@ -501,7 +525,7 @@ class KfpApiServer:
                  if not query.get("experiment_id") or r.get("experiment_id") == query["experiment_id"]]
         return HTTPStatus.OK, _filtered(items, query, "runs")
 
-    def _RecurringRunService_CreateRecurringRun(self, *, body, **_):
+    def _RecurringRunService_CreateRecurringRun(self, *, body, headers, **_):
         self._reference(body, "recurring run")
         cron = ((body.get("trigger") or {}).get("cron_schedule") or {}).get("cron")
         if cron is not None and len(cron.split()) != 6:
@@ -510,6 +534,8 @@ class KfpApiServer:
         rec = {**body, "recurring_run_id": str(uuid.uuid4()), "created_at": _now(), "updated_at": _now(),
                "status": "ENABLED" if body.get("mode", "ENABLE") == "ENABLE" else "DISABLED"}
         self.store.recurring_runs[rec["recurring_run_id"]] = rec
+        if (caller := self._caller(headers)) is not None:
+            self.store.created_by[rec["recurring_run_id"]] = caller
         return HTTPStatus.OK, rec
 
     def _recurring(self, recurring_run_id: str) -> dict:

@@ -162,7 +162,7 @@ def _waiting_message(cluster, pod: str) -> str:
     (lambda pod: pod.update(volumes=[{"name": "token", "secret": {"secretName": "s"}}]) or pod["containers"][0].update(
         volumeMounts=[{"name": "token", "mountPath": "/token"}]),
      "spec.volumes[0] ('token'): secret is not emulated by the test cluster's kubelet (only persistentVolumeClaim, "
-     "emptyDir)"),
+     "emptyDir, projected)"),
     (lambda pod: pod["containers"][0].update(envFrom=[{"configMapRef": {"name": "c"}}]),
      "spec.containers[pytorch].envFrom is not emulated by the test cluster's kubelet: list the variables under env"),
     (lambda pod: pod["containers"][0]["env"].append(

@@ -278,3 +278,31 @@ def test_a_run_with_a_wrongly_typed_parameter_is_refused_at_creation(server, tmp
         "Invalid input error: input parameter times requires type double or integer, but the parameter value is not "
         "of number value type")
     assert server.store.runs == {}
+
+
+def test_multi_user_records_who_created_a_run_and_reviews_its_termination(multi_user, package):
+    server, token = multi_user
+    client = kfp.Client(host=server.url, existing_token=token)
+    pipeline = client.upload_pipeline(package, pipeline_name="echo", namespace="team-a")
+    version = client.list_pipeline_versions(pipeline.pipeline_id).pipeline_versions[0].pipeline_version_id
+    exp = client.create_experiment("kfloop", namespace="team-a")
+    run = client.run_pipeline(exp.experiment_id, "r", pipeline_id=pipeline.pipeline_id, version_id=version,
+                              params={"text": "hi"})
+    assert server.store.created_by == {run.run_id: "system:serviceaccount:team-a:default-editor"}
+
+    outsider = server.multi_user.service_account_token("team-b", "default-editor")
+    assert call(server, "POST", f"/apis/v2beta1/runs/{run.run_id}:terminate", {}, token=outsider)[0] == 403
+    assert server.store.runs[run.run_id]["state"] == "PENDING"
+    client.terminate_run(run.run_id)
+    assert server.store.runs[run.run_id]["state"] == "CANCELING"
+    assert [(r.verb, r.allowed) for r in server.multi_user.reviews if r.operation == "RunService_TerminateRun"] == [
+        ("terminate", False), ("terminate", True)]
+
+
+def test_answer_next_answers_the_next_requests_with_a_status_then_serves_again(client, server):
+    server.answer_next(502, 2)
+    for _ in range(2):
+        with pytest.raises(ApiException) as err:
+            client.list_experiments()
+        assert err.value.status == 502
+    assert client.list_experiments().experiments is None
