@@ -104,6 +104,15 @@ main() {
       [ "${previous%/}" = "$wheelhouse" ] || { cp -al "$previous". "$wheelhouse/" && rm -rf "$previous"; }
     done
     rm -f "$wheelhouse/.complete"
+    # of those, only the files the locks hash stay (a wheel an old cache built from an sdist would fail the build)
+    "$PYTHON" - "$wheelhouse" deploy/lock/torch-cpu.txt deploy/lock/runtime.txt <<'PY'
+import hashlib, pathlib, re, sys
+folder, *locks = sys.argv[1:]
+pinned = {h for lock in locks for h in re.findall(r"--hash=sha256:([0-9a-f]{64})", pathlib.Path(lock).read_text())}
+for path in pathlib.Path(folder).iterdir():
+    if path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() not in pinned:
+        path.unlink()
+PY
     "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r deploy/lock/torch-cpu.txt
     # an sdist (kfp-server-api is published as one) stays one: its hash is the locked one; the build makes the wheel
     "$PYTHON" -m pip download -qq -d "$wheelhouse" --require-hashes --no-deps -r deploy/lock/runtime.txt
