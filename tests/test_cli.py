@@ -49,7 +49,7 @@ SURFACE = {
     "rollback": ["--config", "--json", "--model", "--reason", "--set", "--to"],
     "reproduce": ["--config", "--json", "--model", "--set"],
     "report": ["--config", "--json", "--model", "--out", "--set"],
-    "serve-model": ["--alias", "--config", "--grpc-port", "--log-dir", "--model", "--model-dir", "--port", "--set", "--version"],
+    "serve-model": ["--alias", "--artifact-digest", "--config", "--grpc-port", "--log-dir", "--model", "--model-dir", "--port", "--set", "--version"],
     "render-serving": ["--alias", "--canary", "--config", "--json", "--kserve", "--model", "--set", "--version"],
 }
 """Every flag of every command, hidden old spellings included (``--model-name``, ``--kfp-host``, ``--version`` of a

@@ -16,8 +16,11 @@ from cluster.crd_schema import validate as validate_crd
 from cluster.pod_security import violations
 from pipelines.cli import main
 from training.registry.versions import CHAMPION_ALIAS
-from training.serving.artifacts import object_storage_uri, tree_digest
+from training.registry.manifest import MANIFEST_TAG, check_digest, file_manifest, tree_digest
+from training.registry.versions import ForeignModelError
 from training.serving import DIGEST_ANNOTATION, MODEL_VERSION_ANNOTATION
+from training.serving.artifacts import object_storage_uri
+from training.serving.manifests import DIGEST_VARIABLE
 
 MODEL = "churn-served"
 LOG_URI = "s3://kfloop-logs/inference"
@@ -75,7 +78,12 @@ def test_the_champion_renders_valid_manifests_pointing_at_its_s3_folder(register
     downloaded = _storage_initializer(model["storageUri"], tmp_path / "mnt-models")
     assert (downloaded / "MLmodel").is_file()
     assert annotations[MODEL_VERSION_ANNOTATION] == version
-    assert annotations[DIGEST_ANNOTATION] == tree_digest(downloaded)
+    assert annotations[DIGEST_ANNOTATION] == tree_digest(file_manifest(downloaded))  # the registry's = KServe's
+    check_digest(downloaded, annotations[DIGEST_ANNOTATION])
+    container = runtime["spec"]["containers"][0]
+    assert container["args"][container["args"].index("--artifact-digest") + 1] == f"$({DIGEST_VARIABLE})"
+    assert container["env"] == [{"name": DIGEST_VARIABLE, "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{DIGEST_ANNOTATION}']"}}}]
     logger = isvc["spec"]["predictor"]["logger"]
     assert logger["mode"] == "all" and logger["url"] == LOG_URI and logger["storage"]["parameters"]["format"] == "json"
     assert violations("restricted", _pod(runtime, isvc)) == []
@@ -116,3 +124,23 @@ def test_a_proxied_location_maps_onto_the_servers_artifacts_destination():
         "s3://store/mlartifacts/3/models/m-1/artifacts"
     with pytest.raises(ValueError, match="set serving.artifacts_destination"):
         object_storage_uri("mlflow-artifacts:/3/models/m-1/artifacts")
+
+
+def test_the_digest_comes_from_the_verified_manifest_without_a_download(registered, capsys):
+    bucket, version = registered
+    boto3.client("s3").delete_object(Bucket=bucket, Key=_model_key(bucket, "MLmodel"))  # no download reads it
+    code, (_, isvc) = _render(capsys)
+    assert code == 0
+    client = mlflow.MlflowClient()
+    manifest = json.loads(client.get_model_version(MODEL, version).tags[MANIFEST_TAG])
+    assert isvc["metadata"]["annotations"][DIGEST_ANNOTATION] == tree_digest(manifest)
+    client.set_model_version_tag(MODEL, version, MANIFEST_TAG, json.dumps({**manifest, "extra": "0" * 64}))
+    code, answer = _render(capsys)
+    assert code == ForeignModelError.exit_code and f"its {MANIFEST_TAG} tag has sha256" in answer["error"], answer
+
+
+def _model_key(bucket: str, name: str) -> str:
+    """The S3 key of the registered model folder's file ``name``."""
+    keys = [item["Key"] for page in boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket)
+            for item in page.get("Contents", [])]
+    return next(key for key in keys if key.endswith(f"/artifacts/{name}"))

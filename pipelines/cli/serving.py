@@ -20,6 +20,10 @@ def add_parsers(command: Callable[[str, str], argparse.ArgumentParser]) -> None:
     serve = command("serve-model", "serve a registered version over Open Inference Protocol v2 (KServe SDK)")
     options.add_model(serve, "registered model served, and the model name of the v2 paths")
     _add_version(serve, with_dir=True)
+    serve.add_argument("--artifact-digest", metavar="sha256:HEX",
+                       help="with --model-dir: refuse to start unless the folder's non-empty files have this digest "
+                            "(the InferenceService's serving.kfloop.io/artifact-digest, passed by the ServingRuntime "
+                            "render-serving prints); not given or empty: the folder is loaded unchecked (local use)")
     serve.add_argument("--port", type=int, default=8080, help="HTTP port of the v2 REST API (default: %(default)s)")
     serve.add_argument("--grpc-port", type=int, default=KSERVE_DEFAULT_GRPC_PORT,
                        help="gRPC port of the v2 API (default: %(default)s)")
@@ -57,7 +61,8 @@ def _source(args: argparse.Namespace):
     model = options.model_name(args)
     default_alias = "" if args.version or getattr(args, "model_dir", None) else CHAMPION_ALIAS
     return ModelSource(model_name=model, version=args.version or "", alias=args.alias or default_alias,
-                       model_dir=getattr(args, "model_dir", None) or "")
+                       model_dir=getattr(args, "model_dir", None) or "",
+                       digest=getattr(args, "artifact_digest", None) or "")
 
 
 def cmd_serve_model(args: argparse.Namespace) -> int:

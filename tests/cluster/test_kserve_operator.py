@@ -1,10 +1,12 @@
 """The test cluster's KServe (tests/cluster/kserve_operator.py): kfloop's rendered InferenceService, created through
 the API server, reconciled into predictor pods really running ``kfloop serve-model`` on the model the storage
 initializer downloaded from the S3 test server; revisions, the canary split, promotion and rollback, the status
-fields KServe reports, a failing predictor that never becomes ready, and the payload logger's blobs read back by
+fields KServe reports, a failing predictor that never becomes ready, a tampered download refused against the
+registered ``serving.kfloop.io/artifact-digest``, and the payload logger's blobs read back by
 monitoring/inference_logs.py."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -28,6 +30,8 @@ from cluster.kserve_operator import INITIALIZER, MODEL_MOUNT, REVISION_LABEL
 from cluster.kubernetes_cluster import CLAIM, s3_service_account, status_of
 from monitoring.inference_logs import REQUEST_TYPE, RESPONSE_TYPE, read_inference_logs, record_from_cloudevent
 from training.launch.cluster import ClusterConfig
+from training.registry.manifest import tree_digest
+from training.registry.versions import verified_manifest
 from training.serving import MODEL_VERSION_ANNOTATION
 from training.serving.artifacts import VersionArtifacts
 from training.serving.manifests import inference_service, serving_runtime
@@ -51,17 +55,21 @@ class Echo(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
 """
 """A predictor answering each POST with its body: the logger's tests need no model."""
+BROKEN = b"not: [an mlflow model"
+"""The MLmodel of ``broken/``: its digest matches, its loading fails."""
 
 
 @pytest.fixture(scope="module")
 def model(mlflow_server, s3_server, tmp_path_factory):
-    """A registered version's MLflow model folder, uploaded to the S3 test server under ``v1/`` and ``v2/`` (two
-    storage URIs of one model) and as ``broken/`` (an MLmodel that is no model); the folder and holdout rows."""
+    """A registered version's MLflow model folder (its logged model's files), uploaded to the S3 test server under
+    ``v1/`` and ``v2/`` (two storage URIs of one model) and as ``broken/`` (an MLmodel that is no model); the folder,
+    holdout rows and the digest ``render-serving`` annotates (from the registry's manifest)."""
     root = tmp_path_factory.mktemp("kserve-model")
     with tracking(mlflow_server.url, "kfloop-kserve-emulation") as experiment_id:
         version, rows = register_version(MODEL, experiment_id=experiment_id, root=root)
-        folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{MODEL}/{version}",
-                                                          dst_path=str(root / "model")))
+        location = mlflow.MlflowClient().get_model_version_download_uri(MODEL, version)
+        folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(root / "model")))
+        digest = tree_digest(verified_manifest(MODEL, version))
     env = s3_server.env()
     s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
                       aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
@@ -70,8 +78,8 @@ def model(mlflow_server, s3_server, tmp_path_factory):
         if path.is_file():
             for prefix in ("v1", "v2"):
                 s3.upload_file(str(path), MODELS_BUCKET, f"{prefix}/{path.relative_to(folder)}")
-    s3.put_object(Bucket=MODELS_BUCKET, Key="broken/MLmodel", Body=b"not: [an mlflow model")
-    return folder, rows
+    s3.put_object(Bucket=MODELS_BUCKET, Key="broken/MLmodel", Body=BROKEN)
+    return folder, rows, digest
 
 
 @pytest.fixture
@@ -87,8 +95,8 @@ def kserve(cluster, s3_server, s3_bucket):
     return cluster, custom, settings
 
 
-def _isvc(settings: ServingSettings, uri: str, version: str = "1", **kw) -> dict:
-    artifacts = VersionArtifacts(model_name=MODEL, version=version, storage_uri=uri, digest="sha256:" + "0" * 64)
+def _isvc(settings: ServingSettings, uri: str, digest: str, version: str = "1", **kw) -> dict:
+    artifacts = VersionArtifacts(model_name=MODEL, version=version, storage_uri=uri, digest=digest)
     return inference_service(artifacts, settings, ClusterConfig(), **kw)
 
 
@@ -143,9 +151,9 @@ def _send(url: str, rows: pd.DataFrame, n: int) -> None:
 def test_a_rendered_inferenceservice_is_downloaded_served_logged_and_reports_kserves_status(kserve, model,
                                                                                           s3_bucket):
     cluster, custom, settings = kserve
-    folder, rows = model
+    folder, rows, digest = model
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
-                                           _isvc(settings, f"s3://{MODELS_BUCKET}/v1"))
+                                           _isvc(settings, f"s3://{MODELS_BUCKET}/v1", digest))
     first = f"{MODEL}-predictor-00001"
     isvc = _wait_ready(custom, first)
 
@@ -179,10 +187,10 @@ def test_a_rendered_inferenceservice_is_downloaded_served_logged_and_reports_kse
 
 def test_a_canary_takes_its_share_then_rolls_back_and_is_promoted(kserve, model):
     cluster, custom, settings = kserve
-    _, rows = model
+    _, rows, digest = model
     first, second = f"{MODEL}-predictor-00001", f"{MODEL}-predictor-00002"
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
-                                           _isvc(settings, f"s3://{MODELS_BUCKET}/v1"))
+                                           _isvc(settings, f"s3://{MODELS_BUCKET}/v1", digest))
     url = _wait_ready(custom, first)["status"]["url"]
 
     _patch(custom, {"canaryTrafficPercent": 25, "model": {"storageUri": f"s3://{MODELS_BUCKET}/v2"}},
@@ -217,13 +225,19 @@ def test_a_canary_takes_its_share_then_rolls_back_and_is_promoted(kserve, model)
              lambda: not cluster.server.store.list(PODS, "default", f"{REVISION_LABEL}={first}")[0])
 
 
+def _failed(custom) -> dict:
+    return wait_for("the revision's failure", lambda: (c := _condition(_get(custom), "PredictorReady"))
+                    and c["status"] == "False" and c, timeout=READY_TIMEOUT_S, interval=0.2)
+
+
 def test_a_failing_predictor_never_becomes_ready(kserve, model):
     cluster, custom, settings = kserve
+    digest = tree_digest({"MLmodel": hashlib.sha256(BROKEN).hexdigest()})  # the check passes, the loading fails
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
-                                           _isvc(settings, f"s3://{MODELS_BUCKET}/broken"))
-    failed = wait_for("the revision's failure", lambda: (c := _condition(_get(custom), "PredictorReady"))
-                      and c["status"] == "False" and c, timeout=READY_TIMEOUT_S, interval=0.2)
+                                           _isvc(settings, f"s3://{MODELS_BUCKET}/broken", digest))
+    failed = _failed(custom)
     assert failed["reason"] == "RevisionFailed" and f"{MODEL}-predictor-00001" in failed["message"]
+    assert "its files have digest" not in failed["message"]
     assert "Container failed with:" in failed["message"]  # the log's tail (FallbackToLogsOnError)
     isvc = _get(custom)
     assert _condition(isvc, "Ready")["status"] == "False"
@@ -235,12 +249,25 @@ def test_a_failing_predictor_never_becomes_ready(kserve, model):
     assert cluster.server.live_pids() == []
 
 
+def test_a_tampered_download_is_refused_against_the_registered_digest(kserve, model):
+    cluster, custom, settings = kserve
+    folder, _, digest = model
+    shutil.copytree(folder, cluster.shared / "models" / "tampered")
+    (cluster.shared / "models" / "tampered" / "extra.py").write_text("import os\n")
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
+                                           _isvc(settings, f"pvc://{CLAIM}/models/tampered", digest))
+    failed = _failed(custom)
+    assert failed["reason"] == "RevisionFailed" and f"{MODEL}-predictor-00001" in failed["message"]
+    assert "its files have digest sha256:" in failed["message"] and digest in failed["message"], failed["message"]
+    assert "latestReadyRevision" not in _predictor(_get(custom))
+
+
 def test_a_model_on_a_claim_is_mounted_without_the_storage_initializer(kserve, model):
     cluster, custom, settings = kserve
-    folder, rows = model
+    folder, rows, digest = model
     shutil.copytree(folder, cluster.shared / "models" / "v1")
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
-                                           _isvc(settings, f"pvc://{CLAIM}/models/v1"))
+                                           _isvc(settings, f"pvc://{CLAIM}/models/v1", digest))
     isvc = _wait_ready(custom, f"{MODEL}-predictor-00001")
     pod = cluster.server.store.list(PODS, "default", f"{REVISION_LABEL}={MODEL}-predictor-00001")[0][0]
     assert "initContainers" not in pod["spec"]
@@ -251,7 +278,7 @@ def test_a_model_on_a_claim_is_mounted_without_the_storage_initializer(kserve, m
 
 def test_what_kserve_refuses_or_the_emulation_does_not_model_is_named(kserve):
     _, custom, settings = kserve
-    body = _isvc(settings, f"s3://{MODELS_BUCKET}/v1")
+    body = _isvc(settings, f"s3://{MODELS_BUCKET}/v1", "sha256:" + "0" * 64)
     body["metadata"]["name"] = "1-churn"
     with pytest.raises(client.ApiException) as refused:
         custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
@@ -259,7 +286,8 @@ def test_what_kserve_refuses_or_the_emulation_does_not_model_is_named(kserve):
     assert status_of(refused.value)["message"].startswith(
         'admission webhook "inferenceservice.kserve-webhook-server.validator" denied the request: '
         'the InferenceService "1-churn" is invalid')
-    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, _isvc(settings, "gs://bucket/model"))
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL,
+                                           _isvc(settings, "gs://bucket/model", "sha256:" + "0" * 64))
     condition = wait_for("the refusal", lambda: _condition(_get(custom), "PredictorReady"))
     assert condition["reason"] == "NotEmulated" and "spec.predictor.model.storageUri='gs://bucket/model'" in \
         condition["message"]

@@ -4,12 +4,14 @@ Registration (:func:`training.registry.candidates.register_candidate`) records t
 the artifact store: the JSON as the version's :data:`MANIFEST_TAG` tag and its own sha256 as the run's
 ``kfloop.``-prefixed :data:`MANIFEST_SHA_TAG` tag (recorded when the model was logged). A verified download
 (:func:`training.registry.versions.download_verified`) checks a local copy against it with :func:`check_files`
-before anything of it is imported or read.
+before anything of it is imported or read. A copy holding only the non-empty files (KServe's ``/mnt/models``) is
+checked against the manifest's :func:`tree_digest` with :func:`check_digest`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from data.errors import KfloopError
@@ -23,6 +25,11 @@ MAX_MANIFEST_CHARS = 60_000
 """Longest manifest JSON kept in a tag: MLflow validates model-version tag values to 100,000 characters
 (``MAX_MODEL_REGISTRY_TAG_VALUE_LENGTH``) and stores them as TEXT, 65,535 bytes on MySQL. A kfloop model directory
 (about a dozen files) needs under 2,000."""
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+"""sha256 of an empty file: entries :func:`tree_digest` leaves out (KServe's storage initializer never downloads
+empty objects)."""
+DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+"""The form of a :func:`tree_digest`."""
 
 
 class TamperedModelError(KfloopError, RuntimeError):
@@ -80,3 +87,28 @@ def check_files(root: str | Path, manifest: dict[str, str], *, label: str) -> No
                 f"{path} has sha256 {found} but the registry recorded {recorded}")
         raise TamperedModelError(f"{label}: {what}; the model's artifacts were modified after registration, so "
                                  "nothing of them is loaded. Re-register the model from its run instead of loading it.")
+
+
+def tree_digest(manifest: dict[str, str]) -> str:
+    """``sha256:<hex>`` of the lines ``<sha256>  <path>`` of the manifest's non-empty files, sorted by path
+    (``sha256sum`` of the sorted file list): the same for the registry's manifest and the storage initializer's
+    ``/mnt/models`` (:func:`file_manifest` of it), which never holds empty files."""
+    lines = "".join(f"{sha}  {path}\n" for path, sha in sorted(manifest.items()) if sha != EMPTY_SHA256)
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def check_digest(root: str | Path, expected: str) -> None:
+    """Check that the non-empty files under ``root`` have the :func:`tree_digest` ``expected``.
+
+    Raises:
+        TamperedModelError: another digest, named with ``root``, both digests and the folder's files (a digest
+            cannot tell which of them changed or was added).
+    """
+    files = file_manifest(root)
+    actual = tree_digest(files)
+    if actual != expected:
+        listed = ", ".join(f"{path} (sha256 {sha})" for path, sha in files.items() if sha != EMPTY_SHA256)
+        raise TamperedModelError(f"{root}: its files have digest {actual} but the registered version's is {expected}; "
+                                 "a file was changed, added or removed after registration, so nothing of it is "
+                                 f"loaded (the folder holds: {listed or 'no non-empty file'}). Re-render the "
+                                 "InferenceService with `kfloop render-serving` or re-register the model.")

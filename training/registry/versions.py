@@ -378,6 +378,30 @@ def logged_manifest(model_uri: str, *, client: "mlflow.MlflowClient | None" = No
         return manifest_json(file_manifest(local))
 
 
+def verified_manifest(model_name: str, version: str, *, client: "mlflow.MlflowClient | None" = None
+                      ) -> dict[str, str]:
+    """Version ``version``'s manifest (:mod:`training.registry.manifest`) as recorded at registration: its
+    :data:`MANIFEST_TAG` tag, checked against the sha256 its run recorded when the model was logged.
+
+    Raises:
+        ForeignModelError: the version carries no manifest (not registered by
+            :func:`training.registry.candidates.register_candidate`) or its manifest is not the one its run recorded.
+    """
+    client = registry_client(client)
+    mv = client.get_model_version(model_name, str(version))
+    label = f"{model_name} v{version}"
+    recorded = mv.tags.get(MANIFEST_TAG)
+    if not recorded:
+        raise ForeignModelError(f"{label} has no {MANIFEST_TAG} tag; refusing to load a model whose files cannot be "
+                                "verified (register versions with register_candidate())")
+    run_sha = client.get_run(mv.run_id).data.tags.get(f"kfloop.{MANIFEST_SHA_TAG}") if mv.run_id else None
+    if run_sha != manifest_sha256(recorded):
+        raise ForeignModelError(f"{label}: its {MANIFEST_TAG} tag has sha256 {manifest_sha256(recorded)} but its run "
+                                f"{mv.run_id} recorded {run_sha}; the version was re-tagged after registration or "
+                                "log_candidate() did not log it")
+    return json.loads(recorded)
+
+
 def download_verified(model_name: str, version: str, dst: str | Path, *,
                       client: "mlflow.MlflowClient | None" = None) -> Path:
     """Download every file of version ``version``'s logged model under ``dst`` and check the copy against the
@@ -398,17 +422,8 @@ def download_verified(model_name: str, version: str, dst: str | Path, *,
             the download is removed.
     """
     client = registry_client(client)
-    mv = client.get_model_version(model_name, str(version))
+    manifest = verified_manifest(model_name, version, client=client)
     label = f"{model_name} v{version}"
-    recorded = mv.tags.get(MANIFEST_TAG)
-    if not recorded:
-        raise ForeignModelError(f"{label} has no {MANIFEST_TAG} tag; refusing to load a model whose files cannot be "
-                                "verified (register versions with register_candidate())")
-    run_sha = client.get_run(mv.run_id).data.tags.get(f"kfloop.{MANIFEST_SHA_TAG}") if mv.run_id else None
-    if run_sha != manifest_sha256(recorded):
-        raise ForeignModelError(f"{label}: its {MANIFEST_TAG} tag has sha256 {manifest_sha256(recorded)} but its run "
-                                f"{mv.run_id} recorded {run_sha}; the version was re-tagged after registration or "
-                                "log_candidate() did not log it")
     root = client.get_model_version_download_uri(model_name, str(version)).rstrip("/")
     target = Path(dst) / "model"
     if target.exists():
@@ -417,7 +432,6 @@ def download_verified(model_name: str, version: str, dst: str | Path, *,
     try:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=root, dst_path=str(target),
                                                          tracking_uri=client.tracking_uri))
-        manifest = json.loads(recorded)
         if REGISTERED_MODEL_META_FILE_NAME not in manifest:  # MLflow's own note, written into a local store
             (local / REGISTERED_MODEL_META_FILE_NAME).unlink(missing_ok=True)
         check_files(local, manifest, label=f"{label} ({redact(root)})")

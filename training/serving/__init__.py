@@ -7,4 +7,5 @@ MODEL_VERSION_ANNOTATION = "serving.kfloop.io/model-version"
 that every inference-log record carries in ``ce-annotations``: the registered model and version that answered
 (:mod:`monitoring.inference_logs` reads them)."""
 DIGEST_ANNOTATION = "serving.kfloop.io/artifact-digest"
-"""sha256 of the version's files (:func:`training.serving.artifacts.tree_digest`)."""
+"""The digest of the version's files (:func:`training.registry.manifest.tree_digest` of its registered manifest);
+the predictor checks ``/mnt/models`` against it before loading (``kfloop serve-model --artifact-digest``)."""

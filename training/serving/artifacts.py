@@ -1,16 +1,14 @@
 """Where a registered version's files live in object storage (the ``storageUri`` KServe's storage initializer
-downloads) and the digest of those files."""
+downloads) and the digest of those files, from the manifest recorded at registration."""
 from __future__ import annotations
 
-import hashlib
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import mlflow
 
 from data.redaction import redact
-from training.registry.versions import model_version
+from training.registry.manifest import tree_digest
+from training.registry.versions import model_version, verified_manifest
 
 PROXIED_SCHEME = "mlflow-artifacts:"
 """An MLflow server's proxied artifact location: only that server knows the object storage behind it."""
@@ -25,18 +23,22 @@ class VersionArtifacts:
     storage_uri: str
     """``s3://...``: the version's MLflow model folder (MLflow 3: ``<experiment>/models/<model_id>/artifacts``)."""
     digest: str
-    """``sha256:<hex>`` of :func:`tree_digest` over the folder's files."""
+    """:func:`training.registry.manifest.tree_digest` of the version's verified manifest: the digest of the files
+    the storage initializer downloads."""
 
 
 def resolve_version(model_name: str, *, version: str = "", alias: str = "",
                     artifacts_destination: str = "") -> VersionArtifacts:
-    """The version (``version`` or ``alias``) of ``model_name``, its concrete ``s3://`` model folder and digest.
+    """The version (``version`` or ``alias``) of ``model_name``, its concrete ``s3://`` model folder and digest
+    (from its manifest, checked against its run's record by :func:`training.registry.versions.verified_manifest`;
+    nothing is downloaded).
 
     A proxied location (``mlflow-artifacts:/path``) becomes ``<artifacts_destination>/path``, as the MLflow server
     maps it.
 
     Raises:
         data.errors.NotFoundError: no such version or alias.
+        training.registry.versions.ForeignModelError: the version has no manifest, or one its run did not record.
         ValueError: the folder is not in object storage (a local or proxied store without
             ``serving.artifacts_destination``): KServe cannot download it.
     """
@@ -45,9 +47,7 @@ def resolve_version(model_name: str, *, version: str = "", alias: str = "",
     location = client.get_logged_model(mv.model_id).artifact_location if mv.model_id else \
         client.get_model_version_download_uri(model_name, mv.version)
     storage_uri = object_storage_uri(location, artifacts_destination)
-    with tempfile.TemporaryDirectory(prefix="kfloop-digest-") as tmp:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=tmp)
-        digest = tree_digest(Path(local))
+    digest = tree_digest(verified_manifest(model_name, str(mv.version), client=client))
     return VersionArtifacts(model_name=model_name, version=str(mv.version), storage_uri=storage_uri, digest=digest)
 
 
@@ -69,12 +69,3 @@ def object_storage_uri(location: str, artifacts_destination: str = "") -> str:
                          f"cannot download (it needs s3://): {fix}")
     return location
 
-
-def tree_digest(root: Path) -> str:
-    """``sha256:<hex>`` of the lines ``<sha256 of file>  <path relative to root>`` of every non-empty file under
-    ``root``, sorted by path (``sha256sum`` of the sorted file list): the same for the registry's copy and the
-    storage initializer's ``/mnt/models``, which never downloads empty objects."""
-    lines = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size):
-        lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.relative_to(root).as_posix()}\n")
-    return "sha256:" + hashlib.sha256("".join(lines).encode()).hexdigest()

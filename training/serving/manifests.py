@@ -34,6 +34,9 @@ LABELS = {"app.kubernetes.io/name": "kfloop", "app.kubernetes.io/component": "se
 ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 """KServe's ``IsvcNameFmt`` (pkg/apis/serving/v1beta1/inference_service_validation.go:46)."""
 _TMP = "tmp"
+DIGEST_VARIABLE = "KFLOOP_ARTIFACT_DIGEST"
+"""The predictor container's variable holding the pod's :data:`DIGEST_ANNOTATION` (downward API; the
+InferenceService's annotations are its pods'), expanded by Kubernetes into ``--artifact-digest $(...)``."""
 
 
 def render_serving(source: ModelSource, serving: ServingSettings, cluster: ClusterConfig, *,
@@ -66,14 +69,17 @@ def _check(model_name: str, serving: ServingSettings, canary_percent: int | None
 
 
 def serving_runtime(serving: ServingSettings, cluster: ClusterConfig) -> dict[str, Any]:
-    """The ServingRuntime running ``kfloop serve-model --model-dir /mnt/models`` as the restricted kfloop user."""
+    """The ServingRuntime running ``kfloop serve-model --model-dir /mnt/models`` as the restricted kfloop user,
+    refusing to start unless the folder has its InferenceService's :data:`DIGEST_ANNOTATION`."""
     container = {
         "name": "kserve-container",
         "image": cluster.image,
         "imagePullPolicy": cluster.image_pull_policy,
         "command": ["kfloop"],
-        "args": ["serve-model", "--model", "{{.Name}}", "--model-dir", MODEL_MOUNT, "--port", str(HTTP_PORT),
-                 "--grpc-port", str(GRPC_PORT)],
+        "args": ["serve-model", "--model", "{{.Name}}", "--model-dir", MODEL_MOUNT,
+                 "--artifact-digest", f"$({DIGEST_VARIABLE})", "--port", str(HTTP_PORT), "--grpc-port", str(GRPC_PORT)],
+        "env": [{"name": DIGEST_VARIABLE,
+                 "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{DIGEST_ANNOTATION}']"}}}],
         "ports": [{"containerPort": HTTP_PORT, "protocol": "TCP"}],
         "securityContext": {"runAsNonRoot": True, "runAsUser": cluster.run_as_user,
                             "runAsGroup": cluster.run_as_user, "allowPrivilegeEscalation": False,
