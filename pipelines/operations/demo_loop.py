@@ -11,13 +11,13 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from data.demo import DATA_DIR, ensure_demo_data
+from data.demo import DATA_DIR, DemoData, ensure_demo_data
 from data.dvc_store import DEFAULT_STORE_DIR
 from data.redaction import redact
-from data.settings import activate, load_environment
+from data.settings import Environment, activate, load_environment
 from monitoring.steps.checks import drift_step
 from pipelines.local.runs import run_pipeline
-from pipelines.operations.demo_serving import ServeModel, Window, logged
+from pipelines.operations.demo_serving import ServeModel, logged
 from training.progress import progress
 from training.registry.verified import load_verified
 from training.registry.versions import list_versions
@@ -71,7 +71,8 @@ def run_demo(workdir: Path, *, serve: bool = False) -> dict[str, Any]:
     return summary if serving is None else {**summary, "serving": serving}
 
 
-def _served_loop(root: Path, data, common: dict[str, Any], env, steps: dict[str, float]):
+def _served_loop(root: Path, data: DemoData, common: dict[str, Any], env: Environment,
+                 steps: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The loop through ``kfloop serve-model --log-dir <root>/inference-logs``: the champion (v1) serves the stable
     batch's rows, then the drifted batch's; each window's drift pipeline reads the window's logged requests as the
     current batch (``current_logs_uri``, the window as ``drift.logs_since``; the batch's table as the data a
@@ -118,7 +119,8 @@ def _seconds_since(at: datetime, *, margin_s: int) -> str:
     return f"{math.ceil((datetime.now(timezone.utc) - at).total_seconds()) + margin_s}s"
 
 
-def _check_logs(common: dict[str, Any], logs: Path, since: str, retrain: Path, env) -> dict[str, Any]:
+def _check_logs(common: dict[str, Any], logs: Path, since: str, retrain: Path, env: Environment) -> dict[str, Any]:
+    """The drift pipeline on the requests logged under ``logs`` in ``since``; a retraining trains on ``retrain``."""
     return run_pipeline("drift", {**common, "current_logs_uri": str(logs), "retrain_uri": str(retrain),
                                   "drift": {"logs_since": since}}, env=env)
 
