@@ -23,7 +23,7 @@ SURFACE = {
     "compile": ["--config", "--credentials-secret", "--enable-caching", "--gpu-node-selector", "--gpu-toleration",
                 "--gpus", "--image", "--image-pull-secret", "--json", "--namespace", "--out", "--set",
                 "--shared-mount-path", "--shared-volume-claim"],
-    "demo": ["--json"],
+    "demo": ["--json", "--serve"],
     "drift": ["--config", "--current", "--current-logs", "--engine", "--fail-on-drift", "--json", "--model",
               "--model-name", "--ray-address", "--reference", "--report", "--schema", "--set", "--since"],
     "infer-schema": ["--data", "--id-column", "--json", "--key-column", "--target", "--task"],

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
 
     demo = command("demo", "the whole loop locally on the demo data")
+    demo.add_argument("--serve", action="store_true",
+                      help="also serve the champion with serve-model: the batches reach the drift checks as its "
+                           "logged requests, and the summary gains a serving section")
     options.add_json(demo, "the summary")
 
     infer = command("infer-schema", "pandera schema YAML from a Parquet/CSV file")
@@ -314,7 +317,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipelines.operations.demo_loop import format_summary, run_demo
 
     with options.stdout_for_json(args):
-        summary = run_demo(load_environment(args.workdir).workdir)
+        summary = run_demo(load_environment(args.workdir).workdir, serve=args.serve)
     options.print_json(summary) if args.json else print(format_summary(summary))
     return 0
 
