@@ -139,6 +139,7 @@ LAZY_IMPORTS = {
     "pipelines.cli.commands": "*",  # each handler imports its stack when it runs: `kfloop --help` stays fast
     "pipelines.cli.operate": "*",  # the same, for the operating commands (commands imports this module)
     "pipelines.cli.serving": "*",  # the same, for serve-model and render-serving (kserve, MLflow)
+    "pipelines.operations.demo_loop": {"pipelines.operations.demo_serving"},  # kserve's v2 types: demo --serve only
     "pipelines.cli.options": {"pipelines.config",  # the settings check loads every typed config (the gate's sklearn)
                               "kfp_server_api.exceptions"},  # the KFP API's error type: only once a command failed
     "monitoring.drift_policy": {"evidently.legacy.calculations.stattests.registry",  # Evidently: only to check a

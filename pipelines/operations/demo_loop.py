@@ -17,7 +17,6 @@ from data.redaction import redact
 from data.settings import Environment, activate, load_environment
 from monitoring.steps.checks import drift_step
 from pipelines.local.runs import run_pipeline
-from pipelines.operations.demo_serving import ServeModel, logged
 from training.progress import progress
 from training.registry.verified import load_verified
 from training.registry.versions import list_versions
@@ -80,6 +79,8 @@ def _served_loop(root: Path, data: DemoData, common: dict[str, Any], env: Enviro
     restarts on the champion and answers a few more. The stable batch's and the drifted batch's summaries, and
     ``serving``: per window what was sent, logged and read back, both verdicts, and the versions that answered.
     """
+    from pipelines.operations.demo_serving import ServeModel, logged
+
     logs, log = root / "inference-logs", root / "serve-model.log"
     server = _timed(steps, "serve-model: start (v1)", lambda: ServeModel(MODEL_NAME, logs, log))
     try:
