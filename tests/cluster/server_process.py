@@ -3,18 +3,38 @@ for until its health URL answers, and stopped as a group (servers such as ``mlfl
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-from training.launch.local import free_port
+
+def free_port() -> int:
+    """A loopback TCP port free now, below the OS's ephemeral range: a port from that range (bind to port 0) may
+    be handed to some process's outgoing connection meanwhile, which for a rendezvous port means a node connecting
+    to itself. The test cluster's own (it imports nothing of kfloop, so that none of its behaviour comes from
+    the code it tests); kfloop's launcher has the same rule in ``training.launch.local.free_port``.
+
+    Raises:
+        RuntimeError: no free port was found.
+    """
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.SystemRandom().sample(range(low // 2, low), 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free TCP port found in {low // 2}..{low - 1}")
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports, each free now and below the ephemeral range
-    (:func:`training.launch.local.free_port`): for a server that listens on several."""
+    """``count`` distinct ports, each free now and below the ephemeral range (:func:`free_port`): for a server that
+    listens on several."""
     ports: set[int] = set()
     while len(ports) < count:
         ports.add(free_port())

@@ -29,7 +29,7 @@ TOKEN = "kfp-step-pod-token-7c1e"
 IMAGE = "python:3.11"
 NAMESPACE = "kfloop"
 BUCKET = "pipelines"
-PROFILE_MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubeflow-profile.yaml"
+PROFILE_MANIFESTS = Path(__file__).resolve().parents[1] / "deploy" / "kubeflow-profile.yaml"
 (POD_DEFAULT,) = [d for d in yaml.safe_load_all(PROFILE_MANIFESTS.read_text()) if d["kind"] == "PodDefault"]
 
 
