@@ -8,7 +8,9 @@
 # with an s3:// pipeline root; PyTorchJob pods; all containers of the image on the Docker kubelet), against a moto S3
 # server and a real `mlflow server`: upload, first training (a second refused while it runs), scheduled drift,
 # trigger, a killed training pod, a fire finding the retrain in flight, champion v2, cooldown, an alert through
-# `kfloop serve` whose run is cancelled mid-training (its job deleted); it writes e2e-summary.json after every check.
+# `kfloop serve` whose run is cancelled mid-training (its job deleted); every champion rolled out on the cluster's
+# KServe (v1 served, v2 a 20% canary promoted, a v3 whose canary fails rolled back), the drift schedule reading the
+# requests the predictors logged; it writes e2e-summary.json after every check.
 #
 # The slow parts are kept in KFLOOP_E2E_CACHE (default /var/tmp/kfloop-e2e) between runs on one machine: the
 # docker data root (base image, build layers), the wheelhouse (keyed by the locks). On a cold cache

@@ -16,14 +16,24 @@ container from deploy/operator-restricted-init.yaml, the shared claim root's and
 the token deploy/kubeflow-profile.yaml's PodDefault projects, ``kfloop serve`` with its account's, both by
 TokenReview against the cluster; each allowed by the RoleBindings deploy/ ships.
 
+Serving (``serving.rollout``): each training run's rollout step applies the new champion's InferenceService on the
+cluster's KServe (tests/cluster/kserve_operator.py): its predictor pods are containers of the image on the Docker
+kubelet, the model downloaded by KServe's storage initializer (:func:`~cluster.kserve_operator.
+build_storage_initializer`) with deploy/serving.yaml's account, and their payload logger writes the served requests
+to :data:`LOGS`, which the drift runs read (``current_logs_uri``).
+
 The chain: ``kfloop upload``; a first training run, whose training step launches a 2-node PyTorchJob, promotes v1 (a
-second ``kfloop run training`` meanwhile is refused: one is in flight); ``kfloop schedule drift`` fires every 5 s on
-the batch at ``current.parquet``: on the stable batch it starts nothing; on the drifted batch its trigger step creates
-a training run through the KFP API, whose worker is killed mid-epoch and resumes from a checkpoint, and which promotes
-v2; a fire meanwhile (the schedule's policy has no cooldown) finds it in flight; the next schedule's fire, inside the
-cooldown, starts nothing and ``kfloop serve``'s ``/metrics`` counts it; an alert posted to ``kfloop serve`` creates a
-training run, cancelled once its job trains: its step pod is deleted, the emissary forwards the kubelet's SIGTERM to
-the step, whose launcher deletes its job. ``e2e-summary.json`` at the repository root is deleted at the start and
+second ``kfloop run training`` meanwhile is refused: one is in flight), and whose rollout serves it; the stable
+batch's rows go to the InferenceService as v2 requests; ``kfloop schedule drift`` fires every 5 s on the logged
+requests: on the stable batch's it starts nothing; once the drifted batch's rows were served too, its trigger step
+creates a training run through the KFP API, whose worker is killed mid-epoch and resumes from a checkpoint, and which
+promotes v2 and rolls it out as a 20% canary, smoke-tested, then given all traffic; a fire meanwhile (the schedule's
+policy has no cooldown) finds it in flight; the next schedule's fire, on a batch table, inside the cooldown, starts
+nothing and ``kfloop serve``'s ``/metrics`` counts it; an alert posted to ``kfloop serve`` creates a training run,
+cancelled once its job trains: its step pod is deleted, the emissary forwards the kubelet's SIGTERM to the step,
+whose launcher deletes its job; a last training run promotes v3 with too little memory to serve it
+(:data:`BAD_MEMORY`): its canary fails, the rollout step puts the traffic back on v2 and ``champion`` too, and the
+run fails. ``e2e-summary.json`` at the repository root is deleted at the start and
 rewritten after every check from what the Docker daemon, the cluster, the servers and MLflow hold (``passed`` true
 only at the end; on a failure its ``error``); the last line printed sums it up.
 
@@ -41,11 +51,13 @@ import shutil
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
 import docker
 import kfp
+import pandas as pd
 import requests
 import s3fs
 import yaml
@@ -58,21 +70,28 @@ from data.generate import write_demo
 from cluster.docker_kubelet import CONTAINER_LABEL, POD_LABEL, DockerRuntime, pod_records
 from cluster.k8s_rbac import manifests, service_account_user
 from cluster.k8s_server import K8sServer
+from cluster.k8s_store import INFERENCESERVICES
 from cluster.kfp_executor import MAIN, OBJECT_STORE_SECRET, KfpExecutor
 from cluster.kfp_gateway import Gateway, JwtIssuer, jwt_rules
 from cluster.kfp_multiuser import MultiUser
 from cluster.kfp_server import FINAL_STATES, KfpApiServer
+from cluster.kserve_operator import build_storage_initializer
 from cluster.kubernetes_cluster import CLAIM
 from cluster.mlflow_server import MlflowServer
 from cluster.s3_server import S3Server
 from cluster.server_process import free_port, start_server, stop_group
+from monitoring.inference_logs import VERSION_COLUMN, read_inference_logs
 from monitoring.trigger_configmap import ConfigMapTriggerStore
 from pipelines.cli.commands import main as kfloop
+from pipelines.operations.demo_serving import send_rows
 from training.launch.cluster import CREDENTIAL_KEYS
 from training.launch.kubernetes import JOB_KINDS
 from training.launch.manifests import job_name_for
 from training.registry.lock import NAMESPACE_ENV as LEASE_NAMESPACE_ENV
-from training.registry.versions import list_versions
+from training.registry.versions import champion_history, list_versions
+from training.serving.rollout import GROUP as KSERVE_GROUP
+from training.serving.rollout import PROMOTED, ROLLED_BACK
+from training.serving.rollout import VERSION as KSERVE_VERSION
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY = REPO / "e2e-summary.json"
@@ -107,6 +126,17 @@ RESTRICTED_INIT = yaml.safe_load((REPO / "deploy" / "operator-restricted-init.ya
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 PROFILE_LABELS = {"istio-injection": "enabled", PSA_ENFORCE: "restricted"}
 """What a Kubeflow profile namespace carries: Istio's sidecar injection and the restricted Pod Security profile."""
+(SERVING_ACCOUNT,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "serving.yaml").read_text())
+                      if d["kind"] == "ServiceAccount"]
+"""deploy/serving.yaml's ``kfloop-serving``: the predictor pods' account, naming the Secret of the S3 keys."""
+((SERVING_SECRET,),) = [[s["name"] for s in SERVING_ACCOUNT["secrets"]]]
+LOGS = f"s3://{BUCKET}/inference"
+"""``serving.log_uri``: where KServe's payload logger writes the served requests, and where the drift runs read
+them (``current_logs_uri``)."""
+CANARY_PERCENT = 20
+BAD_MEMORY = "128Mi"
+"""``serving.memory`` of the bad version's rollout: its predictor cannot load the model in it (OOM-killed), so its
+canary never becomes ready and the rollout rolls it back."""
 WAIT_S = 900
 TRAINING = {"epochs": 30, "batch_size": 32}
 """Small batches, many epochs: the retrain on the drifted batch runs long enough (a few seconds of epochs, each one
@@ -138,11 +168,12 @@ def upload_demo_data(s3: S3Server, scratch: Path) -> tuple[s3fs.S3FileSystem, di
     return fs, {name: f"s3://{BUCKET}/data/{name}" for name in files}
 
 
-def prepare_cluster(admin: kube_client.ApiClient, secret: dict[str, str]) -> dict[str, str]:
+def prepare_cluster(admin: kube_client.ApiClient, secret: dict[str, str], s3_endpoint: str) -> dict[str, str]:
     """As the admin (``admin``): :data:`NAMESPACE` labelled as a profile's (:data:`PROFILE_LABELS`),
     deploy/rbac.yaml and deploy/webhook.yaml's Role (the trigger state's ConfigMap) in it, the credentials Secret
-    the steps and pods read, and the object store's keys for KFP's launcher (``mlpipeline-minio-artifact``, which
-    KFP's profile controller copies into a profile). Returns the namespace's labels."""
+    the steps and pods read, the object store's keys for KFP's launcher (``mlpipeline-minio-artifact``, which
+    KFP's profile controller copies into a profile), and deploy/serving.yaml's account with its Secret made as the
+    file says (the keys, the endpoint ``s3_endpoint`` in KServe's annotations). Returns the namespace's labels."""
     namespace = kube_client.CoreV1Api(admin).patch_namespace(NAMESPACE, {"metadata": {"labels": PROFILE_LABELS}})
     webhook = [d for d in manifests(REPO / "deploy" / "webhook.yaml") if d["kind"] in ("Role", "RoleBinding")]
     for doc in [*manifests(REPO / "deploy" / "rbac.yaml"), *webhook]:
@@ -154,6 +185,13 @@ def prepare_cluster(admin: kube_client.ApiClient, secret: dict[str, str]) -> dic
     kube_utils.create_from_dict(admin, {
         "apiVersion": "v1", "kind": "Secret", "metadata": {"name": OBJECT_STORE_SECRET, "namespace": NAMESPACE},
         "stringData": {"accesskey": secret["AWS_ACCESS_KEY_ID"], "secretkey": secret["AWS_SECRET_ACCESS_KEY"]}})
+    kube_utils.create_from_dict(admin, {
+        "apiVersion": "v1", "kind": "Secret", "metadata": {
+            "name": SERVING_SECRET, "namespace": NAMESPACE,
+            "annotations": {"serving.kserve.io/s3-endpoint": s3_endpoint.removeprefix("http://"),
+                            "serving.kserve.io/s3-usehttps": "0"}},
+        "stringData": {key: secret[key] for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}})
+    kube_utils.create_from_dict(admin, SERVING_ACCOUNT, namespace=NAMESPACE)
     return namespace.metadata.labels
 
 
@@ -180,16 +218,17 @@ def cli(*argv: str) -> dict:
     return json.loads(text)
 
 
-def runs_of(server: KfpApiServer, **match: str) -> list[dict]:
+def runs_of(server: KfpApiServer, failed_ok: set[str] = frozenset(), **match: str) -> list[dict]:
     """The server's runs whose fields equal ``match``, oldest first.
 
     Raises:
-        RuntimeError: a run of the server failed (the chain stops at the first failure, naming its error).
+        RuntimeError: a run of the server failed, other than those of ``failed_ok`` (the chain stops at the first
+            failure, naming its error).
     """
     with server.lock:
         runs = sorted((dict(r) for r in server.store.runs.values()), key=lambda r: r["created_at"])
     for run in runs:
-        if run["state"] == "FAILED":
+        if run["state"] == "FAILED" and run["run_id"] not in failed_ok:
             raise RuntimeError(f"run {run['run_id']} ({run['display_name']}) failed: {run.get('error')}")
     return [r for r in runs if all(r.get(k) == v for k, v in match.items())]
 
@@ -401,6 +440,90 @@ def check_trigger_run(client: docker.DockerClient, summary: dict, run_id: str, i
     return step
 
 
+def inference_service(custom: kube_client.CustomObjectsApi) -> dict:
+    """The model's InferenceService (the rollout steps apply it in :data:`NAMESPACE`, named after the model)."""
+    return custom.get_namespaced_custom_object(KSERVE_GROUP, KSERVE_VERSION, NAMESPACE, "inferenceservices", MODEL)
+
+
+def traffic(custom: kube_client.CustomObjectsApi) -> list[tuple[str, int]]:
+    """Its traffic split as KServe's status reports it: ``(revision, percent)`` per target."""
+    predictor = inference_service(custom)["status"]["components"]["predictor"]
+    return [(t["revisionName"], t["percent"]) for t in predictor["traffic"]]
+
+
+def revision(n: int) -> str:
+    """The predictor's ``n``-th revision (Knative's ``<ksvc>-0000N``)."""
+    return f"{MODEL}-predictor-{n:05d}"
+
+
+def served(custom: kube_client.CustomObjectsApi, batch: Path) -> dict:
+    """The rows of ``batch`` sent as Open Inference Protocol v2 table requests to the InferenceService's URL (its
+    route; each answered 200); what was sent."""
+    url = f"{inference_service(custom)['status']['url']}/v2/models/{MODEL}"
+    window = send_rows(url, MODEL, pd.read_parquet(batch))
+    return {"url": url, "requests": window.requests, "rows": window.rows}
+
+
+def logged() -> dict:
+    """What the payload logger wrote under :data:`LOGS`, read back as the drift runs read it: requests, rows and the
+    rows each version answered (``ce-annotations``)."""
+    rows = read_inference_logs(LOGS, since=timedelta(hours=1))
+    return {"requests": rows.requests, "rows": len(rows.rows),
+            "rows_by_version": {str(k): int(n) for k, n in
+                                rows.rows[VERSION_COLUMN].value_counts().sort_index().items()}}
+
+
+def rollout_record(version: str) -> dict:
+    """The rollout outcome the rollout step tagged on ``version``."""
+    tags = MlflowClient().get_model_version(MODEL, version).tags
+    return {"version": int(version), **{k: tags.get(k) for k in ("rollout", "rollout_revision", "rollout_reason")}}
+
+
+def check_rollout(custom: kube_client.CustomObjectsApi, version: str, outcome: str,
+                  split: list[tuple[str, int]]) -> dict:
+    """``version``'s rollout as the chain requires it: tagged ``outcome``, the traffic ``split`` after it.
+
+    Raises:
+        AssertionError: naming what differs.
+    """
+    record, now = rollout_record(version), traffic(custom)
+    if record["rollout"] != outcome or now != split:
+        raise AssertionError(f"v{version}: expected its rollout {outcome} with traffic {split}: {record}, "
+                             f"traffic {now}")
+    return {**record, "traffic": now}
+
+
+def bad_version(server: KfpApiServer, ci: list[str], custom: kube_client.CustomObjectsApi, good: str) -> dict:
+    """A training run (CI's, through the gateway) whose new version is rolled out with :data:`BAD_MEMORY`: it is
+    promoted, its canary's predictor is OOM-killed loading the model (its revision never ready), the rollout step sets
+    the canary's traffic to 0, moves ``champion`` back to ``good`` and fails, and so does the run. Returns
+    ``bad_rollout`` for the summary.
+
+    Raises:
+        AssertionError: naming what differs.
+    """
+    run_id = cli("run", "training", *ci, "--set", f"serving.memory={BAD_MEMORY}")["run_id"]
+    run = wait_until(f"run {run_id} to end", lambda: server.store.runs[run_id]["state"] in FINAL_STATES and
+                     server.store.runs[run_id])
+    tasks = {t["display_name"]: t["state"] for t in run["run_details"]["task_details"]}
+    versions = list_versions(MODEL)
+    bad = str(max(int(v["version"]) for v in versions))
+    champion = MlflowClient().get_model_version_by_alias(MODEL, "champion").version
+    moves = [(m.action, m.version) for m in champion_history(MODEL)]
+    failed = [name for name, state in tasks.items() if state == "FAILED"]
+    if run["state"] != "FAILED" or failed != ["rollout"] or champion != good or \
+            moves[-1] != ("rollback", good):
+        raise AssertionError(f"run {run_id}: expected only its rollout step to fail and champion back on v{good}: "
+                             f"{run['state']}, tasks {tasks}, champion v{champion}, moves {moves}")
+    # the canary's ``latestRevision`` target resolves to the latest *ready* revision (Knative's route), still v2's
+    record = check_rollout(custom, bad, ROLLED_BACK, [(revision(2), 0), (revision(2), 100)])
+    if record["rollout_revision"] != revision(3):
+        raise AssertionError(f"v{bad}: expected its failed revision {revision(3)} recorded: {record}")
+    say(f"run {run_id} promoted v{bad}, whose canary failed: rolled back ({record['rollout_reason']})")
+    return {"run_id": run_id, "state": run["state"], "failed_task": failed[0], "champion_version": int(champion),
+            **record}
+
+
 class Summary:
     """``e2e-summary.json`` as the chain goes: deleted at the start; rewritten whole (a rename: never half-written)
     after every check, with the checks passed so far in ``checks``; ``passed`` is false until every check passed;
@@ -460,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(MLFLOW_TRACKING_URI=mlflow.url, KFP_TOKEN=ci_token, KFLOOP_BACKEND="kubernetes",
                           **s3.env())
         runtime = DockerRuntime()
+        build_storage_initializer(daemon, args.image)  # KServe's storage-initializer image, run on the Docker kubelet
         with contextlib.ExitStack() as stack:
             cluster = stack.enter_context(K8sServer(
                 root / "k8s", namespace=NAMESPACE, volumes={CLAIM: shared}, runtime=runtime,
@@ -473,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
                                             cluster=cluster, security_defaults=STEP_SECURITY))
             admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(root / "admin")))
             core, custom = kube_client.CoreV1Api(admin), kube_client.CustomObjectsApi(admin)
-            labels = prepare_cluster(admin, secret)
+            labels = prepare_cluster(admin, secret, s3.url)
             summary.check("cluster", image=args.image, image_id=image.id, commit=commit.removesuffix("-dirty"),
                           dirty=commit.endswith("-dirty"), multi_user=server.multi_user is not None,
                           namespace={"name": NAMESPACE, "labels": labels})
@@ -481,9 +605,13 @@ def main(argv: list[str] | None = None) -> int:
             settings = root / "kfloop.yaml"
             settings.write_text(yaml.safe_dump({
                 "model_name": MODEL, "dataset_uri": uris["train.parquet"], "schema_uri": uris["schema.yaml"],
-                "current_uri": current, "nnodes": 2, "nproc_per_node": 1, "backend": "kubernetes",
+                "current_logs_uri": LOGS, "retrain_uri": current, "nnodes": 2, "nproc_per_node": 1,
+                "backend": "kubernetes",
                 "training": {"max_restarts": 1, **TRAINING}, "promotion": {"floor": 0.6},
                 "trigger": {"cooldown_seconds": 3600}, "kfp": {"host": server.url},  # in the cluster: KFP itself
+                "serving": {"rollout": True, "canary_percent": CANARY_PERCENT, "log_uri": LOGS,
+                            "service_account": SERVING_ACCOUNT["metadata"]["name"], "namespace": NAMESPACE,
+                            "artifacts_destination": f"s3://{BUCKET}/mlflow", "rollout_timeout_seconds": 300},
                 "cluster": {"image": args.image, "namespace": NAMESPACE, "cpu": "1", "memory": "2Gi",
                             "shm_size": "64Mi", "shared_volume_claim": CLAIM, "shared_mount_path": str(shared),
                             "credentials_secret": SECRET, "launcher": {"poll_seconds": 1}}}))
@@ -508,6 +636,11 @@ def main(argv: list[str] | None = None) -> int:
             summary.check("first_training", first_run=first["run_id"])
             say(f"first training run {first['run_id']} promoted v1; a second one meanwhile was refused "
                 f"({time.monotonic() - started:.0f} s)")
+            rollouts = [check_rollout(custom, "1", PROMOTED, [(revision(1), 100)])]
+            sent = {"stable_batch": served(custom, root / "demo" / "batch_stable.parquet")}
+            summary.check("served_v1", rollouts=rollouts, requests_sent=sent, logged=logged())
+            say(f"its rollout served v1 on KServe ({revision(1)}); {sent['stable_batch']['requests']} requests of the "
+                f"stable batch through {sent['stable_batch']['url']} logged to {LOGS}")
 
             # the schedule's own policy: no cooldown, one-second windows: a fire on the batch the retrain runs on
             # decides to retrain again, and the run in flight says no
@@ -520,7 +653,9 @@ def main(argv: list[str] | None = None) -> int:
             summary.check("stable_batch", stable_drift_run=stable["run_id"])
             say(f"drift run {stable['run_id']} on the stable batch started nothing")
 
-            fs.copy(uris["batch_drifted.parquet"], current)
+            fs.copy(uris["batch_drifted.parquet"], current)  # what a retraining trains on (retrain_uri)
+            sent["drifted_batch"] = served(custom, root / "demo" / "batch_drifted.parquet")
+            say(f"{sent['drifted_batch']['requests']} requests of the drifted batch served by v1 and logged")
             (fired,) = wait_until("the trigger's training run", lambda: [
                 f for f in trigger_state(admin).get("fired", []) if f["run_id"]])
             retrain = fired["run_id"]
@@ -533,11 +668,20 @@ def main(argv: list[str] | None = None) -> int:
             champion = MlflowClient().get_model_version_by_alias(MODEL, "champion").version
             if champion != "2":
                 raise AssertionError(f"the trigger's training run did not promote v2: {list_versions(MODEL)}")
-            summary.check("retrain", champion_version=int(champion))
-            say(f"the trigger's training run {retrain} promoted v2 ({time.monotonic() - started:.0f} s)")
+            rollouts.append(check_rollout(custom, "2", PROMOTED, [(revision(2), 100)]))
+            isvc = cluster.controller(INFERENCESERVICES, NAMESPACE, MODEL)
+            canary = [(revision(2), CANARY_PERCENT, "latest"), (revision(1), 100 - CANARY_PERCENT, "prev")]
+            if canary not in isvc.traffic_history:
+                raise AssertionError(f"v2 never had {CANARY_PERCENT}% as a canary: {isvc.traffic_history}")
+            summary.check("retrain", champion_version=int(champion), rollouts=rollouts, logged=logged())
+            say(f"the trigger's training run {retrain} promoted v2, rolled out as a {CANARY_PERCENT}% canary then "
+                f"given all traffic ({time.monotonic() - started:.0f} s)")
+            sent["after_v2"] = served(custom, root / "demo" / "batch_stable.parquet")
 
-            fs.copy(uris["batch_stable.parquet"], current)  # the data moves again (v2 trained on the drifted batch)
-            recurring = cli("schedule", "drift", *ci, "--cron", "*/5 * * * * *")["recurring_run_id"]
+            # the data moves again (v2 trained on the drifted batch): a batch checked as a table this time
+            fs.copy(uris["batch_stable.parquet"], current)
+            recurring = cli("schedule", "drift", *ci, "--cron", "*/5 * * * * *", "--set", f"current_uri={current}",
+                            "--set", "current_logs_uri=")["recurring_run_id"]
             after = final(server, wait_until("a drift run after v2", lambda: [
                 r["run_id"] for r in runs_of(server, recurring_run_id=recurring)])[0])
             cli("schedule", "drift", *ci, "--disable")
@@ -558,15 +702,22 @@ def main(argv: list[str] | None = None) -> int:
             cancelled = cancel_mid_training(daemon, server, kfp.Client(host=gateway.url, existing_token=ci_token),
                                             custom, alert["run_id"])
             summary.check("cancelled_run", cancelled_run=cancelled)
+            bad = bad_version(server, ci, custom, good=champion)
+            rollouts.append({k: v for k, v in bad.items() if k in ("version", "rollout", "rollout_revision",
+                                                                    "rollout_reason", "traffic")})
+            summary.check("bad_version", bad_rollout=bad, rollouts=rollouts,
+                          serving={"revisions": isvc.traffic_history, "routed": isvc.routed,
+                                   "requests_sent": sent, "logged": logged()})
 
             runs = [{"id": run["run_id"], "pipeline": run["display_name"], "state": run["state"],
                      "recurring_run_id": run.get("recurring_run_id"),
                      "created_by": server.store.created_by.get(run["run_id"]),
                      "service_account": run.get("service_account"),
-                     "tasks": task_records(daemon, core, run)} for run in runs_of(server)]
+                     "tasks": task_records(daemon, core, run)}
+                    for run in runs_of(server, failed_ok={bad["run_id"]})]
             creators = {r["id"]: r["created_by"] for r in runs}
             trigger_sa = service_account_user(NAMESPACE, "kfloop").name
-            expected = {first["run_id"]: CI_USER, retrain: trigger_sa,
+            expected = {first["run_id"]: CI_USER, bad["run_id"]: CI_USER, retrain: trigger_sa,
                         alert["run_id"]: service_account_user(NAMESPACE, "kfloop-webhook").name}
             wrong = {k: creators.get(k) for k, v in expected.items() if creators.get(k) != v}
             wrong.update({r["id"]: r["created_by"] for r in runs if r["recurring_run_id"] and r["created_by"] != CI_USER})

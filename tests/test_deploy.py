@@ -33,7 +33,7 @@ GRANTS = {
     ("coordination.k8s.io", "leases", ""): {"get", "create", "update"},
     ("", "configmaps", ""): {"create"},
     ("", "configmaps", CONFIG_MAP): {"get", "update"},
-    ("serving.kserve.io", "inferenceservices", ""): {"create", "get", "patch"},
+    ("serving.kserve.io", "inferenceservices", ""): {"create", "get", "patch", "watch"},
     ("serving.kserve.io", "servingruntimes", ""): {"create", "get", "patch"},
 }
 """Exactly what the launcher (jobs, pods, logs, events, the shared claim's access modes), the promotion lock (one

@@ -136,7 +136,7 @@ def _infer(url: str, frame: pd.DataFrame, request_id: str = "") -> pd.DataFrame:
 
 
 def _controller(cluster):
-    return next(c for key, c in cluster.server._jobs.items() if key[0] == INFERENCESERVICES.plural)
+    return cluster.server.controller(INFERENCESERVICES, "default", MODEL)
 
 
 def _routed(cluster) -> dict[str, int]:

@@ -55,14 +55,12 @@ def test_a_good_champion_is_promoted_and_one_failing_its_smoke_test_is_rolled_ba
     api = cluster.api()
     revision = [f"{MODEL}-predictor-{n:05d}" for n in range(5)]
     v1, rows = champion(1)
-    first = rollout(MODEL, v1, serving=settings, cluster=ClusterConfig(), holdout=rows, api=api, lock=lock,
-                    poll_seconds=0.2)
+    first = rollout(MODEL, v1, serving=settings, cluster=ClusterConfig(), holdout=rows, api=api, lock=lock)
     assert (first.outcome, first.revision) == (PROMOTED, revision[1])
     assert _traffic(cluster) == [(revision[1], 100)]
 
     v2, rows = champion(2)
-    second = rollout(MODEL, v2, serving=settings, cluster=ClusterConfig(), holdout=rows, api=api, lock=lock,
-                     poll_seconds=0.2)
+    second = rollout(MODEL, v2, serving=settings, cluster=ClusterConfig(), holdout=rows, api=api, lock=lock)
     assert (second.outcome, second.revision) == (PROMOTED, revision[2])
     assert _traffic(cluster) == [(revision[2], 100)]
     assert mlflow.MlflowClient().get_model_version(MODEL, v2).tags["rollout"] == PROMOTED
@@ -70,8 +68,7 @@ def test_a_good_champion_is_promoted_and_one_failing_its_smoke_test_is_rolled_ba
     v3, rows = champion(3)
     broken = rows.head(5).assign(**{rows.select_dtypes("number").columns[0]: "not a number"})
     with pytest.raises(RolloutFailed, match="smoke test: HTTP 400") as failed:
-        rollout(MODEL, v3, serving=settings, cluster=ClusterConfig(), holdout=broken, api=api, lock=lock,
-                poll_seconds=0.2)
+        rollout(MODEL, v3, serving=settings, cluster=ClusterConfig(), holdout=broken, api=api, lock=lock)
     assert f"champion back to v{v2}" in str(failed.value)
     assert _traffic(cluster) == [(revision[3], 0), (revision[2], 100)]
     assert get_champion(MODEL).version == v2

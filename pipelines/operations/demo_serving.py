@@ -67,21 +67,8 @@ class ServeModel:
             return False
 
     def send(self, rows: pd.DataFrame) -> Window:
-        """``rows`` as v2 table requests of :data:`ROWS_PER_REQUEST` rows, each answered 200 (else an error with the
-        answer's start); the window they were sent in."""
-        start = datetime.now(timezone.utc)
-        requests = 0
-        for first in range(0, len(rows), ROWS_PER_REQUEST):
-            body, _ = table_request(rows.iloc[first:first + ROWS_PER_REQUEST], self.model).to_rest()
-            request = urllib.request.Request(f"{self.url}/infer", data=json.dumps(body).encode(), method="POST",
-                                             headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=120) as answer:
-                    answer.read()
-            except urllib.error.HTTPError as exc:
-                raise RuntimeError(f"{self.url}/infer answered {exc.code}: {exc.read()[:500]!r}") from None
-            requests += 1
-        return Window(start=start, end=datetime.now(timezone.utc), requests=requests, rows=len(rows))
+        """``rows`` sent to the champion (:func:`send_rows`)."""
+        return send_rows(self.url, self.model, rows)
 
     def stop(self) -> None:
         """SIGTERM to the process group, SIGKILL after 30 s."""
@@ -93,6 +80,24 @@ class ServeModel:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+def send_rows(url: str, model: str, rows: pd.DataFrame) -> Window:
+    """``rows`` as v2 table requests of :data:`ROWS_PER_REQUEST` rows to ``url`` (``.../v2/models/<model>``), each
+    answered 200 (else an error with the answer's start); the window they were sent in."""
+    start = datetime.now(timezone.utc)
+    requests = 0
+    for first in range(0, len(rows), ROWS_PER_REQUEST):
+        body, _ = table_request(rows.iloc[first:first + ROWS_PER_REQUEST], model).to_rest()
+        request = urllib.request.Request(f"{url}/infer", data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=120) as answer:
+                answer.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{url}/infer answered {exc.code}: {exc.read()[:500]!r}") from None
+        requests += 1
+    return Window(start=start, end=datetime.now(timezone.utc), requests=requests, rows=len(rows))
 
 
 def logged(logs: Path, window: Window) -> dict[str, object]:

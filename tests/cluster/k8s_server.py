@@ -517,6 +517,10 @@ class K8sServer:
         self._jobs[(resource.plural, namespace, controller.name)] = controller
         controller.start()
 
+    def controller(self, resource: Resource, namespace: str, name: str) -> Any:
+        """The controller of ``name`` (None when none runs): its test helpers (e.g. a KServe route's counts)."""
+        return self._jobs.get((resource.plural, namespace, name))
+
     def stop_controller(self, resource: Resource, namespace: str, name: str) -> Any:
         """Stop and forget the controller of ``name``, if one runs; returns it (None when none did)."""
         controller = self._jobs.pop((resource.plural, namespace, name), None)

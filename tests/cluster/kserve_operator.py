@@ -63,7 +63,9 @@ Deliberate differences, forced by every pod sharing this host's network:
   answer returns (the agent's work queue delivers it soon after).
 * The runtime container's HTTP port (its ``containerPort``; KServe's 8080) and KServe's gRPC port 8081, where they
   appear in its args, become free host ports of the revision; ``PORT`` is set to the HTTP one, as Knative sets it.
-* The ``storage-initializer`` runs tests/cluster/kserve_storage_initializer.py (the image's entrypoint, see there).
+* The ``storage-initializer`` runs tests/cluster/kserve_storage_initializer.py (the image's entrypoint, see there):
+  a local process on the process kubelet; on the Docker kubelet a container of the image
+  :data:`INITIALIZER_IMAGE`, which :func:`build_storage_initializer` makes from the image under test.
 
 Refused with the field's name, as not emulated (``PredictorReady`` False, reason ``NotEmulated``): other
 implementations than ``model``, ``storageUri`` schemes other than ``s3://`` and ``pvc://``, ``storage``,
@@ -75,11 +77,13 @@ from __future__ import annotations
 import base64
 import copy
 import http.client
+import io
 import itertools
 import json
 import re
 import socket
 import sys
+import tarfile
 import threading
 import time
 import urllib.request
@@ -115,6 +119,13 @@ TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 """``EnableRoutingTagAnnotationKey``."""
 CONTAINER, INITIALIZER = "kserve-container", "storage-initializer"
 INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
+INITIALIZER_ENTRYPOINT = "/storage-initializer/scripts/initializer-entrypoint"
+"""The image's entrypoint (python/storage-initializer.Dockerfile)."""
+INITIALIZER_SECURITY = {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
+                        "capabilities": {"drop": ["ALL"]}}
+"""The default ClusterStorageContainer's ``securityContext`` as the chart installs it (charts/_common/common-patches/
+storagecontainer-patch.yaml of charts/kserve-resources/values.yaml ``kserve.storage.containerSecurityContext``),
+which Pod Security ``restricted`` admits beside the pod's ``seccompProfile``."""
 MODEL_MOUNT, PROVISION_VOLUME, PVC_VOLUME = "/mnt/models", "kserve-provision-location", "kserve-pvc-source"
 """``DefaultModelLocalMountPath``, ``StorageInitializerVolumeName``, ``PvcSourceMountName``."""
 GRPC_PORT = 8081
@@ -205,6 +216,8 @@ class InferenceServiceController(_JobController):
         self.routes: dict[str, Route] = {}
         self.routed: dict[str, int] = {}
         """Requests each revision answered through the routes (a test helper)."""
+        self.traffic_history: list[list[tuple[str, int, str]]] = []
+        """Each traffic split the route took, in order: ``(revision, percent, tag)`` per target (a test helper)."""
         self._thread = threading.Thread(target=self._loop, name=f"isvc-{self.name}", daemon=True)
 
     def start(self) -> None:
@@ -256,6 +269,9 @@ class InferenceServiceController(_JobController):
         self.targets = self._traffic(predictor.get("canaryTrafficPercent"), rolled_out,
                                      (isvc["metadata"].get("annotations") or {}).get(TAG_ROUTING) == "true")
         self._sync_routes()
+        split = [(t.revision, t.percent, t.tag) for t in self.targets]
+        if split and (not self.traffic_history or self.traffic_history[-1] != split):
+            self.traffic_history.append(split)
         status = self._propagate(status, self._service_status(latest))
         self._write_status(isvc, _ingress(status, self.name, self.namespace))
 
@@ -400,11 +416,14 @@ class InferenceServiceController(_JobController):
                                                          "lastTransitionTime": now()}]))
 
     def _termination_message(self, pod_name: str, status: dict) -> str:
+        """Knative's ``RevisionContainerExitingMessage`` of the failed container's termination message: the tail
+        of its own log (``FallbackToLogsOnError``), the storage initializer's when the pod failed in it; empty when
+        that log is (a container OOM-killed before it wrote anything)."""
         run = self.api._runs.get((self.namespace, pod_name))
-        logs = [run.log.with_suffix(f".{INITIALIZER}.log"), run.log] if run else []
-        text = "".join(p.read_text(errors="replace") for p in logs if p.exists())
-        tail = "\n".join(text.strip().splitlines()[-LOG_TAIL_LINES:])
-        return f"Container failed with: {tail}" if tail else f"Container failed ({status.get('phase', '')})"
+        log = (run.log.with_suffix(f".{INITIALIZER}.log") if status.get("reason") == "Init:Error" else run.log
+               ) if run else None
+        text = log.read_text(errors="replace") if log and log.exists() else ""
+        return "Container failed with: " + "\n".join(text.strip().splitlines()[-LOG_TAIL_LINES:])
 
     def _master_running(self) -> bool:
         return False  # no job conditions: the kubelet's Running hook does not apply
@@ -528,10 +547,29 @@ def _storage_initialization(api: K8sServer, namespace: str, uri: str, pod_spec: 
     mounts.append({"name": PROVISION_VOLUME, "mountPath": MODEL_MOUNT, "readOnly": False})
     init = {"name": INITIALIZER, "image": INITIALIZER_IMAGE, "args": [uri, MODEL_MOUNT],
             "resources": {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "100m", "memory": "100Mi"}},
-            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "terminationMessagePolicy": "FallbackToLogsOnError", "securityContext": copy.deepcopy(INITIALIZER_SECURITY),
             "volumeMounts": [{"name": PROVISION_VOLUME, "mountPath": MODEL_MOUNT, "readOnly": False}],
             "env": s3_env(api, namespace, pod_spec.get("serviceAccountName") or "default", by_reference=True)}
     pod_spec["initContainers"] = [*pod_spec.get("initContainers", []), init]
+
+
+def build_storage_initializer(client: Any, base_image: str) -> str:
+    """Build :data:`INITIALIZER_IMAGE` for the Docker kubelet (no registry to pull it from): ``base_image`` (one with
+    Python and botocore, e.g. the kfloop image under test) with tests/cluster/kserve_storage_initializer.py as
+    :data:`INITIALIZER_ENTRYPOINT`, run as UID 1000 from ``/work`` as kserve's Dockerfile does. Returns the image's
+    id."""
+    script = Path(__file__).with_name("kserve_storage_initializer.py").read_bytes()
+    dockerfile = (f"FROM {base_image}\nCOPY initializer-entrypoint {INITIALIZER_ENTRYPOINT}\nUSER 1000\n"
+                  f"WORKDIR /work\nENTRYPOINT [\"python\", \"{INITIALIZER_ENTRYPOINT}\"]\n").encode()
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w") as tar:
+        for name, data in (("Dockerfile", dockerfile), ("initializer-entrypoint", script)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    context.seek(0)
+    image, _ = client.images.build(fileobj=context, custom_context=True, tag=INITIALIZER_IMAGE, rm=True)
+    return image.id
 
 
 def s3_env(api: K8sServer, namespace: str, service_account: str, *, by_reference: bool) -> list[dict]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 from kubernetes import client as k8s
+from kubernetes import watch
 
 from data.errors import EXIT_FAILED, KfloopError
 from data.fileio import utc_iso
@@ -25,7 +26,7 @@ from data.redaction import redact_text
 from data.schema_rules import ON_VIOLATION_PARAM
 from data.text import shorten
 from training.launch.cluster import ClusterConfig
-from training.launch.kube_client import REQUEST_TIMEOUT, own_namespace
+from training.launch.kube_client import REQUEST_TIMEOUT, own_namespace, watch_timeout
 from training.registry.versions import MAX_TAG_CHARS, registry_client, rollback
 from training.serving import MODEL_VERSION_ANNOTATION
 from training.serving.artifacts import resolve_version
@@ -39,8 +40,8 @@ TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 """KServe's annotation giving each traffic target its own route (``latest``: the canary; ``prev``: the rest)."""
 SMOKE_ROWS = 5
 """Holdout rows the canary must answer, in ``error`` mode: a row outside the served schema fails the smoke test."""
-POLL_SECONDS = 1.0
-"""Between two reads of the InferenceService's status while waiting."""
+WATCH_SECONDS = 10
+"""The longest one watch of the InferenceService lasts before the wait checks its deadline again."""
 PROMOTED, ROLLED_BACK = "promoted", "rolled_back"
 
 
@@ -63,8 +64,7 @@ class RolloutResult:
 
 
 def rollout(model_name: str, version: str, *, serving: ServingSettings, cluster: ClusterConfig,
-            holdout: pd.DataFrame, api: k8s.ApiClient, lock: AbstractContextManager,
-            poll_seconds: float = POLL_SECONDS) -> RolloutResult:
+            holdout: pd.DataFrame, api: k8s.ApiClient, lock: AbstractContextManager) -> RolloutResult:
     """Roll ``version`` out as a canary, smoke-test it, then promote or roll back (see the module docstring).
 
     Raises:
@@ -81,10 +81,10 @@ def rollout(model_name: str, version: str, *, serving: ServingSettings, cluster:
     before = _created_before(_apply(custom, namespace, "inferenceservices", isvc), version)
     name, revision = model_name, ""
     try:
-        revision, canary_url = _wait_canary(custom, namespace, name, before, serving.rollout_timeout_seconds,
-                                            poll_seconds)
+        revision, canary_url = _wait_canary(custom, namespace, name, before, serving.rollout_timeout_seconds)
         _smoke_test(canary_url, name, holdout.head(SMOKE_ROWS))
     except RolloutFailed as failure:
+        revision = revision or _new_revision(custom, namespace, name, before)
         _set_canary(custom, namespace, name, 0)
         reason = f"rollout of v{version} rolled back: {failure}"
         try:
@@ -95,7 +95,7 @@ def rollout(model_name: str, version: str, *, serving: ServingSettings, cluster:
         _record(model_name, version, ROLLED_BACK, reason, revision)
         raise RolloutFailed(reason) from None
     _set_canary(custom, namespace, name, None)
-    _wait(custom, namespace, name, serving.rollout_timeout_seconds, poll_seconds, "all traffic on the canary",
+    _wait(custom, namespace, name, serving.rollout_timeout_seconds, "all traffic on the canary",
           lambda isvc: _predictor(isvc).get("latestRolledoutRevision") == revision)
     reason = f"canary {revision} answered {SMOKE_ROWS} holdout rows; all traffic on it"
     _record(model_name, version, PROMOTED, reason, revision)
@@ -104,7 +104,7 @@ def rollout(model_name: str, version: str, *, serving: ServingSettings, cluster:
 
 
 def serve_champion(model_name: str, version: str, *, serving: ServingSettings, cluster: ClusterConfig,
-                   api: k8s.ApiClient, poll_seconds: float = POLL_SECONDS) -> str:
+                   api: k8s.ApiClient) -> str:
     """Give ``version`` all the traffic at once (``kfloop rollback``): its InferenceService without a canary, waited
     for until Ready on its revision; that revision.
 
@@ -116,8 +116,8 @@ def serve_champion(model_name: str, version: str, *, serving: ServingSettings, c
     _apply(custom, namespace, "servingruntimes", serving_runtime(serving, cluster))
     before = _created_before(_apply(custom, namespace, "inferenceservices",
                                     inference_service(artifacts, serving, cluster)), version)
-    revision, _ = _wait_canary(custom, namespace, model_name, before, serving.rollout_timeout_seconds, poll_seconds)
-    _wait(custom, namespace, model_name, serving.rollout_timeout_seconds, poll_seconds, f"all traffic on {revision}",
+    revision, _ = _wait_canary(custom, namespace, model_name, before, serving.rollout_timeout_seconds)
+    _wait(custom, namespace, model_name, serving.rollout_timeout_seconds, f"all traffic on {revision}",
           lambda isvc: _predictor(isvc).get("latestRolledoutRevision") == revision)
     return revision
 
@@ -153,6 +153,12 @@ def _created_before(current: dict, version: str) -> str:
     return _predictor(current).get("latestCreatedRevision", "")
 
 
+def _new_revision(custom: k8s.CustomObjectsApi, namespace: str, name: str, before: str) -> str:
+    """The revision the apply created (not ``before``; failed or not ready), or ``""`` when none was."""
+    created = _predictor(_read(custom, namespace, name)).get("latestCreatedRevision", "")
+    return created if created != before else ""
+
+
 def _set_canary(custom: k8s.CustomObjectsApi, namespace: str, name: str, percent: int | None) -> None:
     custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, "inferenceservices", name,
                                           {"spec": {"predictor": {"canaryTrafficPercent": percent}}},
@@ -167,26 +173,46 @@ def _conditions(isvc: dict) -> dict[str, dict]:
     return {c["type"]: c for c in (isvc.get("status") or {}).get("conditions") or []}
 
 
-def _wait(custom: k8s.CustomObjectsApi, namespace: str, name: str, timeout: float, poll_seconds: float, what: str,
+def _wait(custom: k8s.CustomObjectsApi, namespace: str, name: str, timeout: float, what: str,
           done: Callable[[dict], Any]) -> Any:
-    """Read the InferenceService until ``done(isvc)`` is truthy (its value); :class:`RolloutFailed` after
-    ``timeout`` seconds."""
+    """Watch the InferenceService until ``done(isvc)`` is truthy (its value); :class:`RolloutFailed` after
+    ``timeout`` seconds. Each watch lasts at most :data:`WATCH_SECONDS`; an expired one (410) re-reads.
+    """
     deadline = time.monotonic() + timeout
+    isvc = _read(custom, namespace, name)
     while True:
-        isvc = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "inferenceservices", name,
-                                                   _request_timeout=REQUEST_TIMEOUT)
         value = done(isvc)
         if value:
             return value
-        if time.monotonic() > deadline:
+        left = deadline - time.monotonic()
+        if left <= 0:
             ready = _conditions(isvc).get("Ready", {})
             raise RolloutFailed(f"InferenceService {namespace}/{name}: no {what} within {timeout:g} s (Ready "
                                 f"{ready.get('status', 'Unknown')}: {ready.get('message', '')})")
-        time.sleep(poll_seconds)
+        seconds = max(1, round(min(WATCH_SECONDS, left)))
+        try:
+            for event in watch.Watch().stream(
+                    custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "inferenceservices",
+                    field_selector=f"metadata.name={name}", resource_version=isvc["metadata"]["resourceVersion"],
+                    timeout_seconds=seconds, _request_timeout=watch_timeout(seconds)):
+                if event["type"] == "DELETED":
+                    raise RolloutFailed(f"InferenceService {namespace}/{name} was deleted while waiting for {what}")
+                isvc = event["object"]
+                if done(isvc):
+                    break
+        except k8s.ApiException as exc:
+            if exc.status != 410:
+                raise
+            isvc = _read(custom, namespace, name)
 
 
-def _wait_canary(custom: k8s.CustomObjectsApi, namespace: str, name: str, before: str, timeout: float,
-                 poll_seconds: float) -> tuple[str, str]:
+def _read(custom: k8s.CustomObjectsApi, namespace: str, name: str) -> dict:
+    return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "inferenceservices", name,
+                                               _request_timeout=REQUEST_TIMEOUT)
+
+
+def _wait_canary(custom: k8s.CustomObjectsApi, namespace: str, name: str, before: str,
+                 timeout: float) -> tuple[str, str]:
     """The new revision (not ``before``) once Ready and the latest ready one, and its route's URL (the ``latest``
     tag's, else the service's).
 
@@ -205,7 +231,7 @@ def _wait_canary(custom: k8s.CustomObjectsApi, namespace: str, name: str, before
             return None
         tagged = [t["url"] for t in predictor.get("traffic", []) if t.get("tag") == "latest" and t.get("url")]
         return created, (tagged or [isvc["status"]["url"]])[0]
-    return _wait(custom, namespace, name, timeout, poll_seconds, "ready new revision", ready)
+    return _wait(custom, namespace, name, timeout, "ready new revision", ready)
 
 
 def _smoke_test(url: str, model_name: str, rows: pd.DataFrame) -> None:
