@@ -46,7 +46,7 @@ from training.config import ModelSpec
 from training.features import FeatureTransform, dictionary_encoded, target_classes
 from training.model import Predictor, save_model_dir
 from training.model_code import ModelCode
-from training.launch.local import free_port
+from training.launch.local import free_ports
 from training.registry.candidates import served_model
 from training.serving.table import table_request
 
@@ -113,8 +113,7 @@ def v2_latencies(url: str, body: bytes, requests: int) -> list[float]:
 
 def serve_model(model_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     """A ``kfloop serve-model --model-dir`` process and its URL, once ``/v2/models/<name>/ready`` answers 200."""
-    port = free_port()
-    grpc_port = next(p for p in iter(free_port, None) if p != port)  # two calls may give the same free port
+    port, grpc_port = free_ports(2)
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "pipelines", "serve-model", "--model", V2_MODEL, "--model-dir",
                                  str(model_dir), "--port", str(port), "--grpc-port", str(grpc_port)],

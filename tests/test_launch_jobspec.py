@@ -1,19 +1,22 @@
-"""The job spec (pod env, command) and its local rendering: real torchrun agents, 2 nodes x 2 processes."""
+"""The job spec (pod env, command) and its local rendering: real torchrun agents, 2 nodes x 2 processes; the free
+ports below the ephemeral range that the master and local servers take."""
 from __future__ import annotations
 
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from training.launch.jobspec import JobSpec
-from training.launch.local import LaunchError, launch_local
+from training.launch.local import LaunchError, free_port, free_ports, launch_local
 
 # A stand-in for training.train: records its env and pids; then returns (env), waits (wait), dies without an error
 # file on rank 1 (crash), or joins the process group and raises on rank 3 while the others wait (fail).
@@ -197,3 +200,13 @@ def test_sigterm_to_the_caller_stops_every_node(tmp_path):
             caller.terminate()
             caller.wait(timeout=60)
         caller.stdout.close()
+
+
+def test_free_ports_are_distinct_below_the_ephemeral_range_and_all_bindable_at_once():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [*free_ports(3), free_port()]
+    assert len(set(ports[:3])) == 3
+    assert all(low // 2 <= port < low for port in ports)
+    with ExitStack() as bound:
+        for port in ports[:3]:
+            bound.enter_context(socket.create_server(("127.0.0.1", port)))

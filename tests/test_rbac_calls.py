@@ -17,6 +17,7 @@ from cluster.k8s_rbac import Access, Authorizer, manifests, policy, service_acco
 from cluster.k8s_server import K8sServer
 from cluster.kfp_multiuser import CLUSTER_ROLES_FILE, GROUP, KUBEFLOW_ROLES, AccessReview
 from cluster.kubernetes_cluster import CLAIM
+from serving_versions import register_version, tracking
 from test_kfp_upload_run import DRIFT_SETTINGS, PROFILE, kfp_server
 
 from components import kfp_client
@@ -28,10 +29,15 @@ from pipelines.cli.commands import main
 from pipelines.kfp_server.runs import alert_starter
 
 from training.config import JobShape, TrainingConfig
+from training.launch.cluster import ClusterConfig
 from training.launch.kubernetes import JobRun, KubernetesSettings, LaunchPolicy
+from training.launch.kube_client import NAMESPACE_FILE_ENV, api_client
 from training.launch.local import LaunchError
 from training.launch.manifests import render, training_job_spec
 from training.registry.lock import NAMESPACE_ENV, promotion_lock
+from training.registry.versions import get_champion, promote
+from training.serving.rollout import RolloutFailed, rollout, serve_champion
+from training.serving.settings import ServingSettings
 
 REPO = Path(__file__).resolve().parents[1]
 RBAC = REPO / "deploy" / "rbac.yaml"
@@ -49,6 +55,16 @@ def _webhook_rbac() -> list[dict]:
     """deploy/webhook.yaml's Role and RoleBindings, applied in the steps' namespace (``kubectl apply -n``)."""
     return [{**d, "metadata": {**d["metadata"], "namespace": NAMESPACE}} for d in manifests(WEBHOOK)
             if d["kind"] in ("Role", "RoleBinding")]
+
+
+def _kfloop_kubeconfig(server: K8sServer, tmp: Path) -> Path:
+    """deploy/rbac.yaml and deploy/webhook.yaml's Role applied to ``server`` by its admin; a kubeconfig of service
+    account ``kfloop``."""
+    admin = config.new_client_from_config(config_file=str(server.write_kubeconfig(tmp / "admin")))
+    for doc in [*manifests(RBAC), *_webhook_rbac()]:
+        if doc["kind"] != "ServiceAccount":  # the server authenticates service accounts by token alone
+            utils.create_from_dict(admin, doc)
+    return server.write_kubeconfig(tmp / "kfloop-sa", user=SERVICE_ACCOUNT)
 
 
 def _trigger(kubeconfig: Path, model: str) -> None:
@@ -84,11 +100,7 @@ def recorded(tmp_path_factory) -> dict[str, list[Access]]:
     shared.mkdir()
     with K8sServer(tmp / "k8s", namespace=NAMESPACE, volumes={CLAIM: shared}) as server, \
             pytest.MonkeyPatch.context() as env:
-        admin = config.new_client_from_config(config_file=str(server.write_kubeconfig(tmp / "admin")))
-        for doc in [*manifests(RBAC), *_webhook_rbac()]:
-            if doc["kind"] != "ServiceAccount":  # the server authenticates service accounts by token alone
-                utils.create_from_dict(admin, doc)
-        kubeconfig = server.write_kubeconfig(tmp / "kfloop-sa", user=SERVICE_ACCOUNT)
+        kubeconfig = _kfloop_kubeconfig(server, tmp)
         api = config.new_client_from_config(config_file=str(kubeconfig))
         launch = LaunchPolicy(kubeconfig=str(kubeconfig), poll_seconds=0.5)
         calls: dict[str, list[Access]] = {}
@@ -121,6 +133,51 @@ def recorded(tmp_path_factory) -> dict[str, list[Access]]:
         step("serve (alert)", lambda: _trigger(server.write_kubeconfig(tmp / "webhook-sa", user=WEBHOOK_ACCOUNT),
                                                "fraud"))
         assert server.live_pids() == []
+    return calls
+
+
+SERVED = "rbac-served"
+"""The model the rollout cases roll out (in the session's MLflow server)."""
+
+
+@pytest.fixture(scope="module")
+def serving_recorded(tmp_path_factory, mlflow_server) -> dict[str, list[Access]]:
+    """Step -> the Kubernetes API calls ``serving.rollout`` makes as service account ``kfloop``, in its pod's
+    namespace, against a cluster holding deploy/rbac.yaml but no KServe operator (no revision ever becomes ready):
+    the rollout step's canary of v2 rolled back after its timeout (traffic to 0, ``champion`` back to v1 through the
+    promotion Lease), then ``kfloop rollback``'s InferenceService moved to v1 (:func:`serve_champion`, timing out
+    too)."""
+    tmp = tmp_path_factory.mktemp("rbac-serving")
+    (tmp / "namespace").write_text(NAMESPACE)
+    with K8sServer(tmp / "k8s", namespace=NAMESPACE, operator=False) as server, \
+            pytest.MonkeyPatch.context() as env, tracking(mlflow_server.url, "rbac-serving") as experiment:
+        env.setenv(NAMESPACE_FILE_ENV, str(tmp / "namespace"))  # the pod's service account namespace file
+        kubeconfig = str(_kfloop_kubeconfig(server, tmp))
+        settings = ServingSettings(log_uri="s3://kfloop-logs/inference", artifacts_destination="s3://kfloop-mlflow",
+                                   rollout=True, rollout_timeout_seconds=1)
+        versions = []
+        for n in (1, 2):
+            version, holdout = register_version(SERVED, experiment_id=experiment, root=tmp / f"v{n}")
+            promote(SERVED, version, compared_against=versions[-1] if versions else None, recheck=None,
+                    lock=promotion_lock(SERVED, tmp, kind="file"))
+            versions.append(version)
+        calls: dict[str, list[Access]] = {}
+
+        def step(name: str, action) -> str:
+            """Record ``action``'s calls as ``name``'s; the rollback's message."""
+            seen = len(server.accesses)
+            with pytest.raises(RolloutFailed, match="no ready new revision within 1 s") as failed:
+                action(api_client(kubeconfig))
+            calls[name] = server.accesses[seen:]
+            return str(failed.value)
+
+        rolled_back = step("rollout", lambda api: rollout(
+            SERVED, versions[1], serving=settings, cluster=ClusterConfig(), holdout=holdout, api=api,
+            lock=promotion_lock(SERVED, tmp, kind="lease", kubeconfig=kubeconfig, timeout_s=10), poll_seconds=0.2))
+        assert f"champion back to v{versions[0]}" in rolled_back
+        assert get_champion(SERVED).version == versions[0]
+        step("rollback", lambda api: serve_champion(
+            SERVED, versions[0], serving=settings, cluster=ClusterConfig(), api=api, poll_seconds=0.2))
     return calls
 
 
@@ -220,23 +277,26 @@ def test_every_call_each_step_makes_is_allowed_by_its_service_accounts_rules(rec
 
 
 @pytest.mark.parametrize("resource, verb", [("leases", "update"), ("pods/log", "get"), ("pytorchjobs", "delete"),
-                                            ("configmaps", "update")])
-def test_a_verb_missing_from_the_role_names_the_step_the_call_and_the_rule(recorded, resource, verb):
+                                            ("configmaps", "update"), ("servingruntimes", "create")])
+def test_a_verb_missing_from_the_role_names_the_step_the_call_and_the_rule(recorded, serving_recorded, resource,
+                                                                           verb):
     docs = [*manifests(RBAC), *_webhook_rbac()]
     (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "kfloop"]
-    for rule in role["rules"]:
-        if resource in rule["resources"] and verb in rule["verbs"]:
-            rule["verbs"].remove(verb)
+    for rule in list(role["rules"]):
+        if resource in rule["resources"] and verb in rule["verbs"]:  # the verb taken from that resource alone
+            rule["resources"].remove(resource)
+            role["rules"].append({**rule, "resources": [resource], "verbs": [v for v in rule["verbs"] if v != verb]})
     if resource != "leases":  # the upstream pipeline-runner rules, bound to the same account, grant these too
         docs = [d for d in docs if d["metadata"]["name"] != "kfloop-pipeline-runner"]
-    refused = unallowed(recorded, policy(*docs))
+    refused = unallowed({**recorded, **serving_recorded}, policy(*docs))
     assert refused, f"deploy/rbac.yaml without {verb} {resource} still allows every call"
-    step = {"leases": "promote", "configmaps": "trigger"}.get(resource, "train")
+    steps = {"leases": {"promote", "rollout"}, "configmaps": {"trigger"}, "servingruntimes": {"rollout"}}.get(
+        resource, {"train"})
     group = {"leases": "coordination.k8s.io", "pods/log": '""', "pytorchjobs": "kubeflow.org",
-             "configmaps": '""'}[resource]
-    assert all(line.startswith(f"step {step}: ") and f"as system:serviceaccount:{NAMESPACE}:kfloop needs the rule "
-               f"{{apiGroups: [{group}], resources: [{resource}], verbs: [{verb}]}} in namespace 'kfloop'" in line
-               for line in refused), refused
+             "configmaps": '""', "servingruntimes": "serving.kserve.io"}[resource]
+    assert {line.removeprefix("step ").split(": ")[0] for line in refused} == steps, refused
+    assert all(f"as system:serviceaccount:{NAMESPACE}:kfloop needs the rule {{apiGroups: [{group}], resources: "
+               f"[{resource}], verbs: [{verb}]}} in namespace 'kfloop'" in line for line in refused), refused
 
 
 def _k8s_grants() -> dict[str, Authorizer]:
@@ -265,9 +325,10 @@ def _table(calls: dict[str, list[Access]], grants: dict[str, Authorizer]) -> str
                       "|---|---|---|---|---|---|", *rows])
 
 
-def test_the_docs_tables_are_the_calls_the_steps_make(recorded, kfp_recorded):
+def test_the_docs_tables_are_the_calls_the_steps_make(recorded, serving_recorded, kfp_recorded):
     text = DOCS.read_text()
-    stale = [t for t in (_table(recorded, _k8s_grants()), _table(kfp_recorded, _kfp_grants())) if t not in text]
+    stale = [t for t in (_table({**recorded, **serving_recorded}, _k8s_grants()), _table(kfp_recorded, _kfp_grants()))
+             if t not in text]
     assert not stale, "docs/rbac.md's tables are stale; they should be:\n\n" + "\n\n".join(stale)
 
 
@@ -317,3 +378,17 @@ def test_every_call_kfp_v2_makes_in_a_step_pod_is_allowed_by_the_step_role(verb,
 def test_the_step_pods_service_account_can_do_nothing_else_a_step_needs_not(verb, resource, name):
     """No pod as another service account, no exec into others, no Secret but the artifact store's."""
     assert not _deployed().allows_access(_step_access(verb, "", resource, name))
+
+
+def test_every_call_serving_rollout_makes_is_allowed_by_the_steps_role(serving_recorded):
+    made = {(step, a.verb, a.api_group, a.resource) for step, accesses in serving_recorded.items() for a in accesses}
+    kserve = [("serving.kserve.io", plural) for plural in ("servingruntimes", "inferenceservices")]
+    assert {("rollout", verb, group, plural) for verb in ("get", "create") for group, plural in kserve} <= made
+    assert ("rollout", "patch", "serving.kserve.io", "inferenceservices") in made  # its traffic back to 0
+    assert {("rollout", verb, "coordination.k8s.io", "leases") for verb in ("get", "create", "update")} <= made
+    assert {("rollback", verb, group, plural) for verb in ("get", "patch")
+            for group, plural in kserve} <= made
+    assert {(a.user, a.namespace) for accesses in serving_recorded.values() for a in accesses} == \
+        {(SERVICE_ACCOUNT, NAMESPACE)}
+    assert all(a.allowed for accesses in serving_recorded.values() for a in accesses)
+    assert unallowed(serving_recorded, _deployed()) == []

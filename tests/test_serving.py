@@ -21,7 +21,7 @@ from kserve.inference_client import InferenceGRPCClient, InferenceRESTClient, RE
 from polling import wait_for
 from serving_versions import register_version, tracking
 
-from cluster.server_process import free_port
+from cluster.server_process import free_ports
 from data.schema_rules import DEFAULT_LIMITS
 from monitoring.inference_logs import read_inference_logs
 from training.serving.load import ModelSource
@@ -47,8 +47,7 @@ def server(registered, mlflow_server, tmp_path_factory):
     """A ``kfloop serve-model`` process serving version 1: its base URL once ``/v2/models/<name>/ready`` says so,
     and its gRPC port in ``server.grpc_port``."""
     version = registered[0]
-    port = free_port()
-    grpc_port = next(p for p in iter(free_port, None) if p != port)  # two calls may give the same free port
+    port, grpc_port = free_ports(2)
     folder = tmp_path_factory.mktemp("serve-model")
     log, payloads = folder / "serve.log", folder / "payloads"
     with open(log, "wb") as out:

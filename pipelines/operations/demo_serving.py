@@ -18,7 +18,7 @@ import pandas as pd
 
 from data.settings import CODE_ROOT
 from monitoring.inference_logs import VERSION_COLUMN, read_inference_logs
-from training.launch.local import free_port
+from training.launch.local import free_ports
 from training.registry.versions import CHAMPION_ALIAS
 from training.serving.table import table_request
 
@@ -43,8 +43,7 @@ class ServeModel:
 
     def __init__(self, model: str, logs: Path, log: Path):
         self.model, self.logs = model, logs
-        port = free_port()
-        grpc_port = next(p for p in iter(free_port, None) if p != port)  # two calls may give the same free port
+        port, grpc_port = free_ports(2)
         self.url = f"http://127.0.0.1:{port}/v2/models/{model}"
         with log.open("ab") as out:
             self.process = subprocess.Popen(

@@ -200,20 +200,27 @@ class Authorizer:
 
     def authorize(self, user: User, verb: str, resource: Resource, subresource: str | None,
                   namespace: str | None, name: str | None) -> None:
-        """Allow a resource request, or raise the API server's 403.
+        """Allow a resource request, or raise the API server's 403 (:meth:`refusal`).
 
         Raises:
             ApiError: 403 Forbidden when no bound rule allows it.
         """
+        refusal = self.refusal(user, verb, resource, subresource, namespace, name)
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, user: User, verb: str, resource: Resource, subresource: str | None,
+                namespace: str | None, name: str | None) -> ApiError | None:
+        """The API server's 403 Forbidden for a resource request no bound rule allows; None when one does."""
         what = f"{resource.plural}/{subresource}" if subresource else resource.plural
         if self.allows(user, verb, resource.group, what, namespace if resource.namespaced else None, name):
-            return
+            return None
         target = f'{resource.qualified} "{name}"' if name else resource.qualified
         scope = f'in the namespace "{namespace}"' if resource.namespaced and namespace else "at the cluster scope"
         details = {"kind": resource.plural, **({"group": resource.group} if resource.group else {}),
                    **({"name": name} if name else {})}
-        raise ApiError(403, "Forbidden", f'{target} is forbidden: User "{user.name}" cannot {verb} resource '
-                                         f'"{what}" in API group "{resource.group}" {scope}', details)
+        return ApiError(403, "Forbidden", f'{target} is forbidden: User "{user.name}" cannot {verb} resource '
+                                          f'"{what}" in API group "{resource.group}" {scope}', details)
 
     def allows_path(self, user: User, verb: str, path: str) -> bool:
         """Whether a bound rule allows ``verb`` on the non-resource URL ``path``."""

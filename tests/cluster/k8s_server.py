@@ -331,17 +331,11 @@ class K8sServer:
         verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(method)
         if method == "GET":
             verb = "get" if name else ("watch" if query.get("watch", "").lower() in ("true", "1") else "list")
-        what = f"{resource.plural}/{sub}" if sub else resource.plural
-        self.accesses.append(Access(user, verb, resource.group, what, namespace, name or "", method, path,
-                            self.authorizer.allows(user, verb, resource.group, what, namespace or None, name)))
-        if sub is not None:
-            self.authorizer.authorize(user, verb, resource, sub, namespace, name)
+        self._authorize(user, verb, resource, sub, namespace, name, method, path)
         if sub == "log" and resource is PODS and method == "GET":
             return self._log(h, namespace, name, query)
         if sub not in (None, "status"):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        if sub is None:
-            self.authorizer.authorize(user, verb, resource, None, namespace, name)
         if verb not in resource.verbs or (verb == "create" and name):
             raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported on {resource.qualified}")
         if verb == "get":
@@ -534,6 +528,18 @@ class K8sServer:
         issuer = self.token_audiences.get(audience)
         return issuer(namespace, name) if issuer else self.identities.issue(service_account_user(namespace, name))
 
+    def _authorize(self, user: User, verb: str, resource: Resource, sub: str | None, namespace: str | None,
+                   name: str | None, method: str, path: str) -> None:
+        """RBAC asked once about a resource request: its answer recorded in :attr:`accesses`, the API server's 403
+        raised when it refuses (kubernetes ``staging/src/k8s.io/apiserver/pkg/endpoints/filters/authorization.go``
+        ``WithAuthorization``: authorization before the request reaches its handler)."""
+        refusal = self.authorizer.refusal(user, verb, resource, sub, namespace, name)
+        what = f"{resource.plural}/{sub}" if sub else resource.plural
+        self.accesses.append(Access(user, verb, resource.group, what, namespace, name or "", method, path,
+                                    refusal is None))
+        if refusal is not None:
+            raise refusal
+
     def create_pod(self, namespace: str, pod: dict, *, user: User | None = None) -> dict:
         """Admit and store a pod, as the API server does for a controller's pod creation: RBAC's ``create pods`` of
         ``user`` (a controller's service account; None: an operator of this server, not authorized), recorded in
@@ -545,10 +551,7 @@ class K8sServer:
             ApiError: 403 Forbidden when RBAC denies ``user`` or the namespace's Pod Security level refuses the pod.
         """
         if user is not None:
-            self.accesses.append(Access(user, "create", "", "pods", namespace, "", "POST",
-                                        f"/api/v1/namespaces/{namespace}/pods",
-                                        self.authorizer.allows(user, "create", "", "pods", namespace, None)))
-            self.authorizer.authorize(user, "create", PODS, None, namespace, None)
+            self._authorize(user, "create", PODS, None, namespace, None, "POST", f"/api/v1/namespaces/{namespace}/pods")
         pod_defaults.apply(self.pod_defaults, namespace, pod)
         try:
             labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}

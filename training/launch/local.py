@@ -8,6 +8,7 @@ and whatever still runs at the end is killed. Linux only (``/proc``, pidfds).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -95,15 +96,32 @@ def free_port() -> int:
     Raises:
         RuntimeError: no free port was found.
     """
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports, each free now and below the ephemeral range (:func:`free_port`): for a server that
+    listens on several.
+
+    Raises:
+        RuntimeError: fewer than ``n`` free ports were found among ``100 * n`` tried.
+    """
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for port in random.SystemRandom().sample(range(low // 2, low), 100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free TCP port found in {low // 2}..{low - 1}")
+    below = range(low // 2, low)
+    candidates = random.SystemRandom().sample(below, min(100 * n, len(below)))  # distinct: drawn without replacement
+    ports = list(itertools.islice(filter(_bindable, candidates), n))
+    if len(ports) < n:
+        raise RuntimeError(f"{n} free TCP port(s) not found in {below.start}..{below.stop - 1} ({len(ports)} found)")
+    return ports
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 class _Agent:
