@@ -173,11 +173,11 @@ def serving_recorded(tmp_path_factory, mlflow_server) -> dict[str, list[Access]]
 
         rolled_back = step("rollout", lambda api: rollout(
             SERVED, versions[1], serving=settings, cluster=ClusterConfig(), holdout=holdout, api=api,
-            lock=promotion_lock(SERVED, tmp, kind="lease", kubeconfig=kubeconfig, timeout_s=10), poll_seconds=0.2))
+            lock=promotion_lock(SERVED, tmp, kind="lease", kubeconfig=kubeconfig, timeout_s=10)))
         assert f"champion back to v{versions[0]}" in rolled_back
         assert get_champion(SERVED).version == versions[0]
         step("rollback", lambda api: serve_champion(
-            SERVED, versions[0], serving=settings, cluster=ClusterConfig(), api=api, poll_seconds=0.2))
+            SERVED, versions[0], serving=settings, cluster=ClusterConfig(), api=api))
     return calls
 
 
@@ -385,6 +385,7 @@ def test_every_call_serving_rollout_makes_is_allowed_by_the_steps_role(serving_r
     kserve = [("serving.kserve.io", plural) for plural in ("servingruntimes", "inferenceservices")]
     assert {("rollout", verb, group, plural) for verb in ("get", "create") for group, plural in kserve} <= made
     assert ("rollout", "patch", "serving.kserve.io", "inferenceservices") in made  # its traffic back to 0
+    assert {(step, "watch", "serving.kserve.io", "inferenceservices") for step in ("rollout", "rollback")} <= made
     assert {("rollout", verb, "coordination.k8s.io", "leases") for verb in ("get", "create", "update")} <= made
     assert {("rollback", verb, group, plural) for verb in ("get", "patch")
             for group, plural in kserve} <= made
