@@ -542,14 +542,20 @@ class K8sServer:
         namespace's ``pod-security.kubernetes.io/enforce`` label.
 
         Raises:
-            ApiError: 403 Forbidden when RBAC denies ``user`` or the namespace's Pod Security level refuses the pod.
+            ApiError: 403 Forbidden when RBAC denies ``user``, the PodDefaults conflict with the pod or the namespace's
+                Pod Security level refuses the pod.
         """
         if user is not None:
             self.accesses.append(Access(user, "create", "", "pods", namespace, "", "POST",
                                         f"/api/v1/namespaces/{namespace}/pods",
                                         self.authorizer.allows(user, "create", "", "pods", namespace, None)))
             self.authorizer.authorize(user, "create", PODS, None, namespace, None)
-        pod_defaults.apply(self.pod_defaults, namespace, pod)
+        try:
+            pod_defaults.apply(self.pod_defaults, namespace, pod)
+        except pod_defaults.Conflict as err:  # apiserver webhook/errors/statuserror.go ToStatusErr
+            raise ApiError(403, "Forbidden", f'pods "{pod["metadata"]["name"]}" is forbidden: admission webhook '
+                                             f'"{pod_defaults.WEBHOOK}" denied the request: {err}',
+                           {"name": pod["metadata"]["name"], "kind": "pods"}) from None
         try:
             labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}
         except ApiError:
