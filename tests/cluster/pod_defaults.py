@@ -76,10 +76,10 @@ def apply(defaults: list[dict], namespace: str, pod: dict) -> None:
 
 def applied(pod: dict, defaults: list[dict]) -> tuple[dict, list[str]]:
     """``applyPodDefaultsOnPod``: a copy of ``pod`` with ``defaults`` applied, and the conflicts
-    ``safeToApplyPodDefaultsOnPod`` finds (the same merges; any refuses the pod)."""
+    ``safeToApplyPodDefaultsOnPod`` finds (the same merges, its conflicts in its order; any refuses the pod)."""
     if not defaults:
         return pod, []
-    pod = copy.deepcopy(pod)
+    pod, defaults = copy.deepcopy(pod), copy.deepcopy(defaults)  # the pod shares nothing with the PodDefaults
     meta, spec = pod.setdefault("metadata", {}), pod.setdefault("spec", {})
     errors: list[str] = []
 
@@ -99,8 +99,8 @@ def applied(pod: dict, defaults: list[dict]) -> tuple[dict, list[str]]:
             spec["automountServiceAccountToken"] = default["spec"]["automountServiceAccountToken"]
         if default["spec"].get("serviceAccountName"):
             spec["serviceAccountName"] = default["spec"]["serviceAccountName"]
-    for field in ("annotations", "labels"):
-        put(meta, field, merged_map(meta.get(field) or {}, [d["spec"].get(field) or {} for d in defaults]))
+    # safeToApplyPodDefaultsOnPod judges sidecars against the containers as they come (l. 145); the list holds them
+    sidecars = merged(spec.get("containers", []), defaults, "sidecars")
     for container in spec.get("containers", []):  # applyPodDefaultsOnContainer
         put(container, "env", merged(container.get("env", []), defaults, "env"))
         put(container, "volumeMounts", merged(container.get("volumeMounts", []), defaults, "volumeMounts",
@@ -108,8 +108,10 @@ def applied(pod: dict, defaults: list[dict]) -> tuple[dict, list[str]]:
         put(container, "envFrom", ([*container.get("envFrom", []),
                                     *(e for d in defaults for e in d["spec"].get("envFrom", []))], []))
         set_command_and_args(container, defaults)
+    for field in ("annotations", "labels"):
+        put(meta, field, merged_map(meta.get(field) or {}, [d["spec"].get(field) or {} for d in defaults]))
     put(spec, "initContainers", merged(spec.get("initContainers", []), defaults, "initContainers"))
-    put(spec, "containers", merged(spec.get("containers", []), defaults, "sidecars"))
+    put(spec, "containers", sidecars)
     meta.setdefault("annotations", {}).update(
         {f"{ANNOTATION_PREFIX}/poddefault-{d['metadata'].get('name', '')}": d["metadata"].get("resourceVersion", "")
          for d in defaults})

@@ -1,5 +1,5 @@
 """The test cluster's PodDefault webhook (tests/cluster/pod_defaults.py) on upstream's own test cases:
-kubeflow/kubeflow v1.10.0 (90e987bf) ``components/admission-webhook/main_test.go``, every case ported under its
+kubeflow/kubeflow v1.10.0 (90e987bf87d3) ``components/admission-webhook/main_test.go``, every case ported under its
 upstream name, then cases of ``main.go`` behaviour no upstream test covers (conflicts, exclusion, the API's refusal).
 
 ``TestApplyPodDefaultsOnPod`` (l. 80-252) checks ``reflect.DeepEqual(test.in, test.out)`` inverted (it fails when the
@@ -132,6 +132,16 @@ def test_what_the_pod_already_has_is_not_added_again():
     defaults, _ = CONFLICTS["the pod's own env var, volume, mount and label"]
     pod, _ = pod_defaults.applied(_POD, defaults)
     assert (pod["spec"], pod["metadata"]["labels"]) == (_POD["spec"], _POD["metadata"]["labels"])
+
+
+def test_a_sidecar_joins_the_containers_after_their_env_does():
+    """``applyPodDefaultsOnPod`` l. 531-550: env and envFrom go into the pod's containers, then the sidecars join."""
+    sidecar, env = {"name": "proxy", "image": "proxy"}, {"name": "B", "value": "2"}
+    env_from = {"secretRef": {"name": "s"}}
+    default = _default("side", sidecars=[sidecar], env=[env], envFrom=[env_from], imagePullSecrets=[{"name": "reg"}])
+    pod, conflicts = pod_defaults.applied(_POD, [default])
+    assert (pod["spec"]["containers"], pod["spec"]["imagePullSecrets"], conflicts) == (
+        [{**_MAIN, "env": [*_MAIN["env"], env], "envFrom": [env_from]}, sidecar], [{"name": "reg"}], [])
 
 
 @pytest.mark.parametrize("annotations, applied", [
