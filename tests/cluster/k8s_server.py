@@ -548,11 +548,16 @@ class K8sServer:
         namespace's ``pod-security.kubernetes.io/enforce`` label.
 
         Raises:
-            ApiError: 403 Forbidden when RBAC denies ``user`` or the namespace's Pod Security level refuses the pod.
+            ApiError: 403 Forbidden when RBAC denies ``user`` or the namespace's Pod Security level refuses the pod;
+                400 when the PodDefaults conflict with the pod.
         """
         if user is not None:
             self._authorize(user, "create", PODS, None, namespace, None, "POST", f"/api/v1/namespaces/{namespace}/pods")
-        pod_defaults.apply(self.pod_defaults, namespace, pod)
+        try:
+            pod_defaults.apply(self.pod_defaults, namespace, pod)
+        except pod_defaults.Conflict as err:  # main.go toAdmissionResponse: a Result with no code, which
+            # apiserver webhook/errors/statuserror.go ToStatusErr answers as 400 with the webhook's name
+            raise ApiError(400, "", webhook_denied(pod_defaults.WEBHOOK, str(err))) from None
         try:
             labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}
         except ApiError:
