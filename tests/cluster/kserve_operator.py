@@ -30,9 +30,10 @@ Written from kserve at tag v0.20.0 and cited by file and function, never from kf
   ``AWS_DEFAULT_REGION`` from the Secret's ``serving.kserve.io/s3-*`` annotations).
 * ``pkg/apis/serving/v1beta1/inference_service_status.go`` ``PropagateStatus`` (latest created / ready / rolled-out
   and previous rolled-out revisions, traffic, url, the ``PredictorReady``, ``PredictorRouteReady`` and
-  ``PredictorConfigurationReady`` conditions) and ``conditionSet`` (``Ready`` = ``PredictorReady`` and
-  ``IngressReady``); ``reconcilers/ingress/ingress_reconciler.go`` ``Reconcile`` (``status.url``, ``address``,
-  ``IngressReady``).
+  ``PredictorConfigurationReady`` conditions), ``PropagateCrossComponentStatus`` (``RoutesReady`` and
+  ``LatestDeploymentReady`` of the predictor's, as ``controller.go`` ``Reconcile`` sets them in Knative mode) and
+  ``conditionSet`` (``Ready`` = ``PredictorReady`` and ``IngressReady``);
+  ``reconcilers/ingress/ingress_reconciler.go`` ``Reconcile`` (``status.url``, ``address``, ``IngressReady``).
 * the agent (``pkg/webhook/admission/pod/agent_injector.go`` ``InjectAgent``: ``--log-url``, ``--log-mode``,
   ``--source-uri`` the pod's name, ``--endpoint`` / ``--component`` from the pod's labels, ``--log-store-path``,
   ``--log-store-format``, ``--metadata-annotations`` from the pod's annotations; credentials of the pod's service
@@ -118,6 +119,13 @@ INTERNAL = "internal.serving.kserve.io"
 """``InferenceServiceInternalAnnotationsPrefix``: the logger's pod annotations (``addLoggerAnnotations``)."""
 TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 """``EnableRoutingTagAnnotationKey``."""
+CROSS_COMPONENT = {
+    "RoutesReady": {"predictor": "PredictorRouteReady", "transformer": "TransformerRouteReady",
+                    "explainer": "ExplainerRoutesReady"},
+    "LatestDeploymentReady": {"predictor": "PredictorConfigurationReady",
+                              "transformer": "TransformerConfigurationReady",
+                              "explainer": "ExplainerConfigurationReady"}}
+"""``conditionsMapIndex`` (inference_service_status.go :277-292): the components' condition each aggregates."""
 CONTAINER, INITIALIZER = "kserve-container", "storage-initializer"
 INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
 INITIALIZER_ENTRYPOINT = "/storage-initializer/scripts/initializer-entrypoint"
@@ -274,6 +282,8 @@ class InferenceServiceController(_JobController):
         if split and (not self.traffic_history or self.traffic_history[-1] != split):
             self.traffic_history.append(split)
         status = propagate_status(status, self._service_status(latest))
+        for kind in CROSS_COMPONENT:  # controller.go Reconcile :340-353, Knative mode
+            status = propagate_cross_component_status(status, ["predictor"], kind)
         self._write_status(isvc, _ingress(status, self.name, self.namespace))
 
     # -- predictor.go: the pod template of the desired revision
@@ -610,6 +620,21 @@ def propagate_status(status: dict, service: dict) -> dict:
             status = _with_condition(status, kind, c["status"], c.get("reason", ""), c.get("message", ""))
     return {**status, "components": {**(status.get("components") or {}),
                                      "predictor": {k: v for k, v in spec.items() if v != ""}}}
+
+
+def propagate_cross_component_status(status: dict, components: list[str], kind: str) -> dict:
+    """``PropagateCrossComponentStatus`` (inference_service_status.go :546-565): condition ``kind`` True when each
+    component's is, else as the last component's that is not (Unknown when unset), with reason ``<it> not ready``;
+    ``status`` unchanged for a ``kind`` it does not aggregate."""
+    if kind not in CROSS_COMPONENT:
+        return status
+    states = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    state, reason = "True", ""
+    for component in components:
+        condition = CROSS_COMPONENT[kind][component]
+        if states.get(condition) != "True":
+            state, reason = "False" if states.get(condition) == "False" else "Unknown", f"{condition} not ready"
+    return _with_condition(status, kind, state, reason)
 
 
 def _with_condition(status: dict, kind: str, state: str, reason: str = "", message: str = "") -> dict:

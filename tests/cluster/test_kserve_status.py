@@ -3,7 +3,8 @@ cluster/kserve_operator.py must pass.
 
 Tables name the upstream test function and file at tag v0.20.0 (``pkg/apis/serving/v1beta1/`` and
 ``pkg/controller/v1beta1/inferenceservice/reconcilers/knative/``); each row is one upstream case, named as upstream
-names it. A Knative ``ServiceStatus`` is written as its JSON.
+names it; the tests with a docstring pin what upstream's cases leave out. A Knative ``ServiceStatus`` is
+written as its JSON.
 
 Not ported, as the emulation does not model what they test:
 
@@ -22,19 +23,20 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.kserve_operator import TAG_ROUTING, Target, ksvc_traffic, propagate_status, route_traffic
+from cluster.kserve_operator import (TAG_ROUTING, Target, ksvc_traffic, propagate_cross_component_status,
+                                     propagate_status, route_traffic)
 
 URL = "http://test-predictor-default.default.example.com"
 READY = [{"type": "Foo", "status": "True"}, {"type": "RoutesReady", "status": "True"},
          {"type": "ConfigurationsReady", "status": "True"}, {"type": "Ready", "status": "True"}]
-"""``TestPropagateStatus``'s conditions of the Knative Service (:363-380)."""
+"""``TestPropagateStatus``'s conditions of the Knative Service (:362-380)."""
 
 
 def _condition(status: dict, kind: str) -> dict:
     return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
 
 
-# inference_service_status_test.go TestPropagateStatus (:350); rolled_out is what PropagateStatus (:582-600) leaves
+# inference_service_status_test.go TestPropagateStatus (:350); rolled_out is what PropagateStatus (:582-605) leaves
 @pytest.mark.parametrize("service, status, is_ready, rolled_out", [
     pytest.param({"conditions": READY, "latestReadyRevisionName": "test-predictor-default-0001",
                   "traffic": [{"revisionName": "test-predictor-default-0001", "percent": 100, "latestRevision": True}],
@@ -57,7 +59,7 @@ def test_propagate_status(service, status, is_ready, rolled_out):
 
 
 def test_a_revision_rolled_out_then_split_with_itself_rolls_back():
-    """PropagateStatus :591-599: the latest ready (and created) revision at under 100 percent of its own 100 is a
+    """PropagateStatus :591-603: the latest ready (and created) revision at under 100 percent of its own 100 is a
     rollback, so ``latestRolledoutRevision`` returns to ``previousRolledoutRevision``."""
     rolled = {"components": {"predictor": {"latestRolledoutRevision": "r-2", "previousRolledoutRevision": "r-1"}}}
     service = {"conditions": READY, "latestReadyRevisionName": "r-2", "latestCreatedRevisionName": "r-2",
@@ -69,7 +71,7 @@ def test_a_revision_rolled_out_then_split_with_itself_rolls_back():
 
 
 def test_an_unready_service_keeps_the_url_and_propagates_its_conditions():
-    """PropagateStatus :608-631: url and address only from a Ready service; each Knative condition to its
+    """PropagateStatus :611-632: url and address only from a Ready service; each Knative condition to its
     predictor condition, reason and message kept."""
     before = propagate_status({}, {"conditions": READY, "latestReadyRevisionName": "r-1", "url": URL,
                                    "address": {"url": "http://r.default.svc.cluster.local"},
@@ -86,6 +88,43 @@ def test_an_unready_service_keeps_the_url_and_propagates_its_conditions():
     assert {c["type"]: (c["status"], c.get("reason")) for c in after["conditions"]} == {
         "PredictorReady": ("False", "RevisionFailed"), "PredictorConfigurationReady": ("False", "RevisionFailed"),
         "PredictorRouteReady": ("True", None)}
+
+
+ALL = ["predictor", "explainer", "transformer"]
+
+
+# inference_service_status_test.go TestPropagateCrossComponentStatus (:2155): the components' conditions, those
+# propagated, the aggregate's kind, and its (status, reason) or None when it is not set
+@pytest.mark.parametrize("components, propagated, kind, want", [
+    pytest.param({"PredictorRouteReady": "True", "ExplainerRoutesReady": "True", "TransformerRouteReady": "True"},
+                 ALL, "RoutesReady", ("True", None), id="All components ready sets RoutesReady True"),
+    pytest.param({"PredictorRouteReady": "True", "ExplainerRoutesReady": "False", "TransformerRouteReady": "True"},
+                 ALL, "RoutesReady", ("False", "ExplainerRoutesReady not ready"),
+                 id="One component not ready sets RoutesReady False"),
+    pytest.param({"PredictorRouteReady": "True", "ExplainerRoutesReady": "Unknown", "TransformerRouteReady": "True"},
+                 ALL, "RoutesReady", ("Unknown", "ExplainerRoutesReady not ready"),
+                 id="One component unknown sets RoutesReady Unknown"),
+    pytest.param({}, [], "RoutesReady", ("True", None), id="No components sets nothing"),
+    pytest.param({}, ["predictor"], "UnknownConditionType", None, id="Unknown conditionType does nothing"),
+    pytest.param({"PredictorConfigurationReady": "True", "ExplainerConfigurationReady": "True",
+                  "TransformerConfigurationReady": "True"},
+                 ALL, "LatestDeploymentReady", ("True", None),
+                 id="All components ready sets LatestDeploymentReady True"),
+    pytest.param({"PredictorConfigurationReady": "True", "ExplainerConfigurationReady": "False",
+                  "TransformerConfigurationReady": "True"},
+                 ALL, "LatestDeploymentReady", ("False", "ExplainerConfigurationReady not ready"),
+                 id="One component not ready sets LatestDeploymentReady False"),
+])
+def test_propagate_cross_component_status(components, propagated, kind, want):
+    status = {"conditions": [{"type": k, "status": v} for k, v in components.items()]}
+    condition = _condition(propagate_cross_component_status(status, propagated, kind), kind)
+    assert ((condition["status"], condition.get("reason")) if condition else None) == want
+
+
+def test_an_unset_component_condition_counts_as_unknown():
+    """IsConditionUnknown (inference_service_status.go :329-332): a nil condition is Unknown."""
+    condition = _condition(propagate_cross_component_status({}, ["predictor"], "RoutesReady"), "RoutesReady")
+    assert (condition["status"], condition["reason"]) == ("Unknown", "PredictorRouteReady not ready")
 
 
 # ksvc_reconciler_test.go TestCreateKnativeService (:40) and TestKsvcReconciler_Reconcile (:199): componentMeta with
