@@ -162,8 +162,8 @@ def test_a_rendered_inferenceservice_is_downloaded_served_logged_and_reports_kse
     assert predictor["traffic"] == [{"revisionName": first, "latestRevision": True, "percent": 100}]
     assert isvc["status"]["url"] == predictor["url"] and predictor["url"].startswith("http://127.0.0.1:")
     assert {c["type"]: c["status"] for c in isvc["status"]["conditions"]} == {
-        "IngressReady": "True", "PredictorConfigurationReady": "True", "PredictorReady": "True",
-        "PredictorRouteReady": "True", "Ready": "True"}
+        "IngressReady": "True", "LatestDeploymentReady": "True", "PredictorConfigurationReady": "True",
+        "PredictorReady": "True", "PredictorRouteReady": "True", "Ready": "True", "RoutesReady": "True"}
     pod = cluster.server.store.list(PODS, "default", f"{REVISION_LABEL}={first}")[0][0]
     init = pod["spec"]["initContainers"][0]
     assert init["name"] == INITIALIZER and init["args"] == [f"s3://{MODELS_BUCKET}/v1", MODEL_MOUNT]

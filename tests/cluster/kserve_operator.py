@@ -17,8 +17,9 @@ Written from kserve at tag v0.20.0 and cited by file and function, never from kf
   annotations (so a logger change is a new revision).
 * ``reconcilers/knative/ksvc_reconciler.go`` ``createKnativeService``: traffic targets. With ``canaryTrafficPercent``
   and a rolled-out revision: the latest revision at P percent (tag ``latest`` under
-  ``serving.kserve.io/enable-tag-routing``) and, under 100, the last rolled-out revision at 100 - P (tag ``prev``);
-  otherwise the latest at 100. The storage initializer is added there (``pod.CommonStorageInitialization``).
+  ``serving.kserve.io/enable-tag-routing`` among the predictor's annotations of runtime, isvc and predictor) and,
+  under 100, the last rolled-out revision at 100 - P (tag ``prev``); otherwise the latest at 100. The storage
+  initializer is added there (``pod.CommonStorageInitialization``).
 * ``pkg/webhook/admission/pod/storage_initializer_injector.go`` ``CommonStorageInitialization`` (one URI):
   ``pvc://<claim>/<path>`` mounts the claim at ``/mnt/models`` with ``subPath`` (volume ``kserve-pvc-source``), no
   init container; any other URI gets the ``storage-initializer`` init container with args ``<uri> /mnt/models`` and
@@ -29,9 +30,10 @@ Written from kserve at tag v0.20.0 and cited by file and function, never from kf
   ``AWS_DEFAULT_REGION`` from the Secret's ``serving.kserve.io/s3-*`` annotations).
 * ``pkg/apis/serving/v1beta1/inference_service_status.go`` ``PropagateStatus`` (latest created / ready / rolled-out
   and previous rolled-out revisions, traffic, url, the ``PredictorReady``, ``PredictorRouteReady`` and
-  ``PredictorConfigurationReady`` conditions) and ``conditionSet`` (``Ready`` = ``PredictorReady`` and
-  ``IngressReady``); ``reconcilers/ingress/ingress_reconciler.go`` ``Reconcile`` (``status.url``, ``address``,
-  ``IngressReady``).
+  ``PredictorConfigurationReady`` conditions), ``PropagateCrossComponentStatus`` (``RoutesReady`` and
+  ``LatestDeploymentReady`` of the predictor's, as ``controller.go`` ``Reconcile`` sets them in Knative mode) and
+  ``conditionSet`` (``Ready`` = ``PredictorReady`` and ``IngressReady``);
+  ``reconcilers/ingress/ingress_reconciler.go`` ``Reconcile`` (``status.url``, ``address``, ``IngressReady``).
 * the agent (``pkg/webhook/admission/pod/agent_injector.go`` ``InjectAgent``: ``--log-url``, ``--log-mode``,
   ``--source-uri`` the pod's name, ``--endpoint`` / ``--component`` from the pod's labels, ``--log-store-path``,
   ``--log-store-format``, ``--metadata-annotations`` from the pod's annotations; credentials of the pod's service
@@ -88,7 +90,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -117,6 +119,13 @@ INTERNAL = "internal.serving.kserve.io"
 """``InferenceServiceInternalAnnotationsPrefix``: the logger's pod annotations (``addLoggerAnnotations``)."""
 TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 """``EnableRoutingTagAnnotationKey``."""
+CROSS_COMPONENT = {
+    "RoutesReady": {"predictor": "PredictorRouteReady", "transformer": "TransformerRouteReady",
+                    "explainer": "ExplainerRoutesReady"},
+    "LatestDeploymentReady": {"predictor": "PredictorConfigurationReady",
+                              "transformer": "TransformerConfigurationReady",
+                              "explainer": "ExplainerConfigurationReady"}}
+"""``conditionsMapIndex`` (inference_service_status.go :277-292): the components' condition each aggregates."""
 CONTAINER, INITIALIZER = "kserve-container", "storage-initializer"
 INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
 INITIALIZER_ENTRYPOINT = "/storage-initializer/scripts/initializer-entrypoint"
@@ -266,13 +275,15 @@ class InferenceServiceController(_JobController):
         self._probe()
         if latest.ready:
             self.latest_ready = latest.name
-        self.targets = self._traffic(predictor.get("canaryTrafficPercent"), rolled_out,
-                                     (isvc["metadata"].get("annotations") or {}).get(TAG_ROUTING) == "true")
+        self.targets = route_traffic(ksvc_traffic(predictor.get("canaryTrafficPercent"), rolled_out,
+                                                  latest.template["metadata"]["annotations"]), self.latest_ready)
         self._sync_routes()
         split = [(t.revision, t.percent, t.tag) for t in self.targets]
         if split and (not self.traffic_history or self.traffic_history[-1] != split):
             self.traffic_history.append(split)
-        status = self._propagate(status, self._service_status(latest))
+        status = propagate_status(status, self._service_status(latest))
+        for kind in CROSS_COMPONENT:  # controller.go Reconcile :340-353, Knative mode
+            status = propagate_cross_component_status(status, ["predictor"], kind)
         self._write_status(isvc, _ingress(status, self.name, self.namespace))
 
     # -- predictor.go: the pod template of the desired revision
@@ -433,18 +444,6 @@ class InferenceServiceController(_JobController):
 
     # -- ksvc_reconciler.go and Knative's route
 
-    def _traffic(self, canary: int | None, rolled_out: str, tags: bool) -> list[Target]:
-        """``createKnativeService``'s targets, resolved as Knative's route resolves them (``latestRevision`` to the
-        latest ready revision); empty while there is none."""
-        if not self.latest_ready:
-            return []
-        if canary is not None and rolled_out:
-            targets = [Target(self.latest_ready, int(canary), True, "latest" if tags else "")]
-            if canary < 100:
-                targets.append(Target(rolled_out, 100 - int(canary), False, "prev"))
-            return targets
-        return [Target(self.latest_ready, 100, True, "latest" if tags else "")]
-
     def _sync_routes(self) -> None:
         for tag in {t.tag for t in self.targets if t.tag} - set(self.routes):
             self.routes[tag] = Route(self, tag)
@@ -486,41 +485,13 @@ class InferenceServiceController(_JobController):
         ready = config if config[0] != "True" else routes
         traffic = [{**({"tag": t.tag, "url": self.routes[t.tag].url} if t.tag else {}), "revisionName": t.revision,
                     "latestRevision": t.latest, "percent": t.percent} for t in self.targets]
+        conditions = [{"type": kind, "status": state, **({"reason": reason} if reason else {}),
+                       **({"message": message} if message else {})}
+                      for kind, (state, reason, message) in (("ConfigurationsReady", config), ("Ready", ready),
+                                                             ("RoutesReady", routes))]
         return {"latestCreatedRevisionName": latest.name, "latestReadyRevisionName": self.latest_ready,
                 "traffic": traffic, "url": self.routes[""].url,
-                "conditions": {"Ready": ready, "ConfigurationsReady": config, "RoutesReady": routes}}
-
-    # -- inference_service_status.go PropagateStatus
-
-    def _propagate(self, status: dict, service: dict) -> dict:
-        spec = dict((status.get("components") or {}).get("predictor") or {})
-        spec["latestCreatedRevision"] = service["latestCreatedRevisionName"]
-        ready_name = service["latestReadyRevisionName"]
-        revision_traffic: dict[str, int] = {}
-        for t in service["traffic"]:
-            revision_traffic[t["revisionName"]] = revision_traffic.get(t["revisionName"], 0) + t["percent"]
-        for t in service["traffic"]:
-            if t["revisionName"] == ready_name and t["latestRevision"]:
-                if spec.get("latestRolledoutRevision", "") != ready_name:
-                    if t["percent"] == 100:
-                        spec["previousRolledoutRevision"] = spec.get("latestRolledoutRevision", "")
-                        spec["latestRolledoutRevision"] = ready_name
-                elif ready_name == service["latestCreatedRevisionName"] and t["percent"] < 100 \
-                        and revision_traffic.get(t["revisionName"]) == 100 and spec.get("previousRolledoutRevision"):
-                    spec["latestRolledoutRevision"] = spec["previousRolledoutRevision"]
-        if ready_name:
-            spec["latestReadyRevision"] = ready_name
-        ready = service["conditions"]["Ready"]
-        if ready[0] == "True":
-            spec["url"] = service["url"]
-            spec["address"] = {"url": f"http://{self.ksvc}.{self.namespace}.svc.cluster.local"}
-        spec["traffic"] = service["traffic"]
-        spec = {k: v for k, v in spec.items() if v != ""}
-        status = _with_condition(status, "PredictorReady", *ready)
-        status = _with_condition(status, "PredictorRouteReady", *service["conditions"]["RoutesReady"])
-        status = _with_condition(status, "PredictorConfigurationReady", *service["conditions"]["ConfigurationsReady"])
-        status["components"] = {**(status.get("components") or {}), "predictor": spec}
-        return status
+                "address": {"url": f"http://{self.ksvc}.{self.namespace}.svc.cluster.local"}, "conditions": conditions}
 
     def _write_status(self, isvc: dict, status: dict) -> None:
         status["observedGeneration"] = isvc["metadata"].get("generation", 1)
@@ -602,6 +573,68 @@ def s3_env(api: K8sServer, namespace: str, service_account: str, *, by_reference
                 {"name": "S3_ENDPOINT", "value": host}, {"name": "AWS_ENDPOINT_URL", "value": f"{scheme}://{host}"}]
         env += [{"name": var, "value": annotations[key]} for key, var in S3_ANNOTATIONS.items() if key in annotations]
     return env
+
+
+def ksvc_traffic(canary: int | None, rolled_out: str, annotations: dict) -> list[Target]:
+    """``createKnativeService``'s ``spec.traffic`` (ksvc_reconciler.go :132-164) for the component's annotations and
+    its status's ``latestRolledoutRevision``; a ``latestRevision`` target has no revision name."""
+    tag = "latest" if annotations.get(TAG_ROUTING) == "true" else ""
+    if canary is None or not rolled_out:
+        return [Target("", 100, True, tag)]  # blue-green rollout
+    return [Target("", canary, True, tag), *([Target(rolled_out, 100 - canary, False, "prev")] if canary < 100 else [])]
+
+
+def route_traffic(spec: list[Target], latest_ready: str) -> list[Target]:
+    """Knative's route: each ``latestRevision`` target resolved to the latest ready revision; none while there is
+    none."""
+    return [replace(t, revision=latest_ready) if t.latest else t for t in spec] if latest_ready else []
+
+
+def propagate_status(status: dict, service: dict) -> dict:
+    """``PropagateStatus`` (inference_service_status.go :567-636) of the predictor: ``status`` with the Knative
+    Service's ``service`` status (its JSON) propagated."""
+    spec = dict((status.get("components") or {}).get("predictor") or {})
+    spec["latestCreatedRevision"] = service.get("latestCreatedRevisionName", "")
+    ready_name = service.get("latestReadyRevisionName", "")
+    revision_traffic: dict[str, int] = {}
+    for t in service.get("traffic", []):
+        revision_traffic[t["revisionName"]] = revision_traffic.get(t["revisionName"], 0) + t["percent"]
+    for t in service.get("traffic", []):
+        if t["revisionName"] == ready_name and t.get("latestRevision"):
+            if spec.get("latestRolledoutRevision", "") != ready_name:
+                if t["percent"] == 100:  # track the last revision that's fully rolled out
+                    spec["previousRolledoutRevision"] = spec.get("latestRolledoutRevision", "")
+                    spec["latestRolledoutRevision"] = ready_name
+            elif ready_name == spec["latestCreatedRevision"] and t["percent"] < 100 \
+                    and revision_traffic[ready_name] == 100 and spec.get("previousRolledoutRevision"):
+                spec["latestRolledoutRevision"] = spec["previousRolledoutRevision"]  # rolled back
+    spec["latestReadyRevision"] = ready_name
+    conditions = {c["type"]: c for c in service.get("conditions", [])}
+    if conditions.get("Ready", {}).get("status") == "True":
+        spec.update({k: service[k] for k in ("address", "url") if k in service})
+    spec["traffic"] = service.get("traffic", [])
+    for kind, source in (("PredictorReady", "Ready"), ("PredictorRouteReady", "RoutesReady"),
+                         ("PredictorConfigurationReady", "ConfigurationsReady")):
+        if source in conditions:  # SetCondition: a nil condition is left alone
+            c = conditions[source]
+            status = _with_condition(status, kind, c["status"], c.get("reason", ""), c.get("message", ""))
+    return {**status, "components": {**(status.get("components") or {}),
+                                     "predictor": {k: v for k, v in spec.items() if v != ""}}}
+
+
+def propagate_cross_component_status(status: dict, components: list[str], kind: str) -> dict:
+    """``PropagateCrossComponentStatus`` (inference_service_status.go :546-565): condition ``kind`` True when each
+    component's is, else as the last component's that is not (Unknown when unset), with reason ``<it> not ready``;
+    ``status`` unchanged for a ``kind`` it does not aggregate."""
+    if kind not in CROSS_COMPONENT:
+        return status
+    states = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    state, reason = "True", ""
+    for component in components:
+        condition = CROSS_COMPONENT[kind][component]
+        if states.get(condition) != "True":
+            state, reason = "False" if states.get(condition) == "False" else "Unknown", f"{condition} not ready"
+    return _with_condition(status, kind, state, reason)
 
 
 def _with_condition(status: dict, kind: str, state: str, reason: str = "", message: str = "") -> dict:
