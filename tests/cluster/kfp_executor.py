@@ -129,6 +129,9 @@ LAUNCHER = (Path(__file__).parent / "kfp_launcher.py").read_text()
 """tests/cluster/kfp_launcher.py, the step pod's launcher with an object-store root."""
 EMISSARY = (Path(__file__).parent / "argo_emissary.py").read_text()
 """tests/cluster/argo_emissary.py, the main container's entry (Argo's ``argoexec emissary -- CMD``)."""
+VAR_RUN_ARGO = "/var/run/argo"
+"""Argo's ``var-run-argo`` emptyDir in every step pod (``workflow/controller/workflowpod.go``), where ``argoexec``
+lives and the emissary writes ``ctr/main/exitcode``."""
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Every pod's service-account mount: ``namespace`` (the pod's), ``token`` and ``ca.crt`` (with a cluster)."""
 
@@ -588,7 +591,11 @@ class KfpExecutor:
                       for var, key in (("AWS_ACCESS_KEY_ID", "accesskey"), ("AWS_SECRET_ACCESS_KEY", "secretkey"))),
                     {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"},
                     {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
-        main = {"name": MAIN, "image": container.image, "command": ["python3", "-c", EMISSARY, "--", *command],
+        volumes.append({"name": "var-run-argo", "emptyDir": {}})
+        mounts.append({"name": "var-run-argo", "mountPath": VAR_RUN_ARGO})
+        env.append({"name": "ARGO_CONTAINER_NAME", "value": MAIN})
+        main = {"name": MAIN, "image": container.image,
+                "command": ["python3", "-c", EMISSARY, f"{VAR_RUN_ARGO}/argoexec", "--", *command],
                 "env": env, "volumeMounts": mounts,
                 "securityContext": {**USER_CONTAINER_SECURITY, **self.security_defaults}}
         resources = _resources(container.resources)
