@@ -501,12 +501,15 @@ class KfpExecutor:
     def _run_step_pod(self, ctx: _RunContext, pod_name: str,
                       container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec,
                       command: list[str], platform: dict) -> str | None:
-        """Argo's workflow controller: create the step pod (:meth:`_step_pod`) through the cluster's API as its own
+        """Argo's workflow controller: create the step pod (:func:`step_pod`) through the cluster's API as its own
         service account (:data:`ARGO_USER`), have the cluster's kubelet run it, and follow its main container
         (Argo's ``assessNodeStatus``: the node ends with the main container, whatever a sidecar does). Its failure
         message (the API's refusal, the kubelet's CreateContainerConfigError, the log's last error), None when it
         succeeded."""
-        pod = self._step_pod(ctx, pod_name, container, command, platform)
+        pod = step_pod(pod_name, container, command, platform, workflow=ctx.workflow.name,
+                       service_account=ctx.run.get("service_account") or self.default_service_account,
+                       api_url=self.cluster.url, object_store=self.object_store,
+                       pipeline_root=str(self.pipeline_root), security_defaults=self.security_defaults)
         with self.server.lock:
             if ctx.canceled.is_set():
                 raise Canceled()
@@ -552,64 +555,6 @@ class KfpExecutor:
                 while store.revision == revision and not store.closed and not ctx.canceled.is_set():
                     store.lock.wait(0.5)
         raise Canceled()
-
-    def _step_pod(self, ctx: _RunContext, pod_name: str,
-                  container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec, command: list[str],
-                  platform: dict) -> dict:
-        """The step pod as Argo creates it from KFP's compiled workflow and the driver's pod spec patch (see the
-        module docstring): the run's service account, ``restartPolicy: Never``, the ``main`` container running the
-        command under Argo's emissary (:data:`EMISSARY`) with ``KFP_POD_NAME``/``KFP_POD_UID`` (downward API), the
-        container's env and resources, the platform spec's labels, Secret env, claims and image pull secrets; the
-        service-account mount and API address Kubernetes adds; with an object-store root the launcher's folders and the
-        object store's credentials."""
-        api = urlsplit(self.cluster.url)
-        env = [{"name": "KFP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-               {"name": "KFP_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-               *({"name": e.name, "value": e.value} for e in container.env),
-               *({"name": item["envVar"], "valueFrom": {"secretKeyRef": {
-                   "name": ref.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
-                   or ref["secretName"], "key": item["secretKey"], "optional": bool(ref.get("optional"))}}}
-                 for ref in platform.get("secretAsEnv", []) for item in ref["keyToEnv"]),
-               {"name": "KUBERNETES_SERVICE_HOST", "value": api.hostname},
-               {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)}]
-        volumes = [{"name": "kube-api-access", "projected": {"sources": [
-            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
-            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]
-        mounts = [{"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}]
-        for index, claim in enumerate(platform.get("pvcMount", [])):
-            name = claim.get("pvcNameParameter", {}).get("runtimeValue", {}).get("constant") or claim["constant"]
-            volumes.append({"name": f"pvc-{index}", "persistentVolumeClaim": {"claimName": name}})
-            mounts.append({"name": f"pvc-{index}", "mountPath": claim["mountPath"]})
-        if self.object_store:
-            scheme = self.pipeline_root.split("://", 1)[0]
-            for name, path in (("kfp-launcher", LAUNCHER_DIR), ("artifacts", LOCAL_PREFIXES[scheme].rstrip("/"))):
-                volumes.append({"name": name, "emptyDir": {}})
-                mounts.append({"name": name, "mountPath": path})
-            env += [{"name": "AWS_ENDPOINT_URL", "value": self.object_store},
-                    *({"name": var, "valueFrom": {"secretKeyRef": {"name": OBJECT_STORE_SECRET, "key": key}}}
-                      for var, key in (("AWS_ACCESS_KEY_ID", "accesskey"), ("AWS_SECRET_ACCESS_KEY", "secretkey"))),
-                    {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"},
-                    {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
-        volumes.append({"name": "var-run-argo", "emptyDir": {}})
-        mounts.append({"name": "var-run-argo", "mountPath": VAR_RUN_ARGO})
-        env.append({"name": "ARGO_CONTAINER_NAME", "value": MAIN})
-        main = {"name": MAIN, "image": container.image,
-                "command": ["python3", "-c", EMISSARY, f"{VAR_RUN_ARGO}/argoexec", "--", *command],
-                "env": env, "volumeMounts": mounts,
-                "securityContext": {**USER_CONTAINER_SECURITY, **self.security_defaults}}
-        resources = _resources(container.resources)
-        if resources:
-            main["resources"] = resources
-        spec = {"serviceAccountName": ctx.run.get("service_account") or self.default_service_account,
-                "restartPolicy": "Never", "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                "containers": [main], "volumes": volumes}
-        if platform.get("imagePullSecret"):
-            spec["imagePullSecrets"] = [{"name": s["secretName"]} for s in platform["imagePullSecret"]]
-        labels = {"pipelines.kubeflow.org/v2_component": "true", "workflows.argoproj.io/workflow": ctx.workflow.name,
-                  **platform.get("podMetadata", {}).get("labels", {})}
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "labels": labels},
-                "spec": spec, "status": {"phase": "Pending", "conditions": []}}
 
     def _fetch_outputs(self, executor_input: pipeline_spec_pb2.ExecutorInput,
                        pod_name: str) -> pipeline_spec_pb2.ExecutorInput:
@@ -802,6 +747,72 @@ def install_argo(cluster: K8sServer) -> None:
                 raise
 
 
+def step_pod(pod_name: str, container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec,
+             command: list[str], platform: dict, *, workflow: str, service_account: str, api_url: str,
+             object_store: str = "", pipeline_root: str = "", security_defaults: dict[str, Any] | None = None) -> dict:
+    """The step pod as Argo creates it from KFP's compiled workflow and the driver's pod spec patch (see the
+    module docstring): the run's service account, ``restartPolicy: Never``, the ``main`` container running the
+    command under Argo's emissary (:data:`EMISSARY`) with ``KFP_POD_NAME``/``KFP_POD_UID`` (downward API), the
+    container's env and resources, the platform spec's labels, Secret env, claims and image pull secrets; the
+    service-account mount and API address Kubernetes adds; with an object-store root the launcher's folders and the
+    object store's credentials.
+
+    Args:
+        workflow: the run's Argo Workflow (the pod's ``workflows.argoproj.io/workflow`` label).
+        api_url: the cluster's API server, as the pod's ``KUBERNETES_SERVICE_HOST``/``PORT``.
+        object_store: the object store's endpoint with an ``s3://``/``minio://`` ``pipeline_root``, else "".
+        security_defaults: the admin's ``runAsUser``, ``runAsGroup``, ``runAsNonRoot`` (see :class:`KfpExecutor`).
+    """
+    api = urlsplit(api_url)
+    env = [{"name": "KFP_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           {"name": "KFP_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+           *({"name": e.name, "value": e.value} for e in container.env),
+           *({"name": item["envVar"], "valueFrom": {"secretKeyRef": {
+               "name": ref.get("secretNameParameter", {}).get("runtimeValue", {}).get("constant")
+               or ref["secretName"], "key": item["secretKey"], "optional": bool(ref.get("optional"))}}}
+             for ref in platform.get("secretAsEnv", []) for item in ref["keyToEnv"]),
+           {"name": "KUBERNETES_SERVICE_HOST", "value": api.hostname},
+           {"name": "KUBERNETES_SERVICE_PORT", "value": str(api.port)}]
+    volumes = [{"name": "kube-api-access", "projected": {"sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}]
+    mounts = [{"name": "kube-api-access", "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}]
+    for index, claim in enumerate(platform.get("pvcMount", [])):
+        name = claim.get("pvcNameParameter", {}).get("runtimeValue", {}).get("constant") or claim["constant"]
+        volumes.append({"name": f"pvc-{index}", "persistentVolumeClaim": {"claimName": name}})
+        mounts.append({"name": f"pvc-{index}", "mountPath": claim["mountPath"]})
+    if object_store:
+        scheme = pipeline_root.split("://", 1)[0]
+        for name, path in (("kfp-launcher", LAUNCHER_DIR), ("artifacts", LOCAL_PREFIXES[scheme].rstrip("/"))):
+            volumes.append({"name": name, "emptyDir": {}})
+            mounts.append({"name": name, "mountPath": path})
+        env += [{"name": "AWS_ENDPOINT_URL", "value": object_store},
+                *({"name": var, "valueFrom": {"secretKeyRef": {"name": OBJECT_STORE_SECRET, "key": key}}}
+                  for var, key in (("AWS_ACCESS_KEY_ID", "accesskey"), ("AWS_SECRET_ACCESS_KEY", "secretkey"))),
+                {"name": "AWS_DEFAULT_REGION", "value": "us-east-1"},
+                {"name": "AWS_EC2_METADATA_DISABLED", "value": "true"}]
+    volumes.append({"name": "var-run-argo", "emptyDir": {}})
+    mounts.append({"name": "var-run-argo", "mountPath": VAR_RUN_ARGO})
+    env.append({"name": "ARGO_CONTAINER_NAME", "value": MAIN})
+    main = {"name": MAIN, "image": container.image,
+            "command": ["python3", "-c", EMISSARY, f"{VAR_RUN_ARGO}/argoexec", "--", *command],
+            "env": env, "volumeMounts": mounts,
+            "securityContext": {**USER_CONTAINER_SECURITY, **(security_defaults or {})}}
+    resources = _resources(container.resources)
+    if resources:
+        main["resources"] = resources
+    spec = {"serviceAccountName": service_account,
+            "restartPolicy": "Never", "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [main], "volumes": volumes}
+    if platform.get("imagePullSecret"):
+        spec["imagePullSecrets"] = [{"name": s["secretName"]} for s in platform["imagePullSecret"]]
+    labels = {"pipelines.kubeflow.org/v2_component": "true", "workflows.argoproj.io/workflow": workflow,
+              **platform.get("podMetadata", {}).get("labels", {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "labels": labels},
+            "spec": spec, "status": {"phase": "Pending", "conditions": []}}
+
+
 def _launcher_local(executor_input: pipeline_spec_pb2.ExecutorInput) -> pipeline_spec_pb2.ExecutorInput:
     """The executor input the command gets in a step pod with an object-store root: the executor output and output
     parameter files under :data:`LAUNCHER_DIR` (``launcher_v2.go`` keeps them local), the artifacts' URIs as they
@@ -838,15 +849,18 @@ def _local_path(uri: str) -> str:
 
 
 def _resources(spec: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec.ResourceSpec) -> dict:
-    """The main container's ``resources`` as the driver sets them (``driver.go`` ``initPodSpecPatch``): the
-    ``resource*`` quantities, else the older numbers (cores, GB), an accelerator's ``resourceCount`` of its
-    ``resourceType`` as a limit."""
+    """The main container's ``resources`` as the driver sets them (``driver.go`` ``initPodSpecPatch``, lines
+    358-445): the ``resource*`` quantities, else the older numbers (cores, GB), an accelerator's ``resourceCount``
+    (else its older ``count`` when positive) of its ``resourceType`` (else ``type``) as a limit."""
     limits = {"cpu": spec.resource_cpu_limit or (f"{spec.cpu_limit:g}" if spec.cpu_limit else ""),
               "memory": spec.resource_memory_limit or (f"{spec.memory_limit:g}G" if spec.memory_limit else "")}
     requests = {"cpu": spec.resource_cpu_request or (f"{spec.cpu_request:g}" if spec.cpu_request else ""),
                 "memory": spec.resource_memory_request or (f"{spec.memory_request:g}G" if spec.memory_request else "")}
-    if spec.accelerator.resource_type and spec.accelerator.resource_count:
-        limits[spec.accelerator.resource_type] = spec.accelerator.resource_count
+    accelerator = spec.accelerator
+    kind = accelerator.resource_type or accelerator.type
+    count = accelerator.resource_count or (str(accelerator.count) if accelerator.count > 0 else "")
+    if kind and count:
+        limits[kind] = count
     found = {"limits": {k: v for k, v in limits.items() if v}, "requests": {k: v for k, v in requests.items() if v}}
     return {k: v for k, v in found.items() if v}
 
