@@ -32,7 +32,10 @@ Written from kserve at tag v0.20.0 and cited by file and function, never from kf
   and previous rolled-out revisions, traffic, url, the ``PredictorReady``, ``PredictorRouteReady`` and
   ``PredictorConfigurationReady`` conditions), ``PropagateCrossComponentStatus`` (``RoutesReady`` and
   ``LatestDeploymentReady`` of the predictor's, as ``controller.go`` ``Reconcile`` sets them in Knative mode) and
-  ``conditionSet`` (``Ready`` = ``PredictorReady`` and ``IngressReady``);
+  ``conditionSet`` (``Ready`` of ``PredictorReady`` and ``IngressReady``, kept by knative.dev/pkg's
+  ``apis/condition_set.go``: see :class:`Status`); ``controller.go`` ``Reconcile`` (the conditions initialized
+  :224-228, ``Stopped`` False :309-317, no ``serving.kserve.io/stop`` being emulated) and ``updateStatus`` (written
+  only when something but a ``lastTransitionTime`` changed: ``VolatileTime``);
   ``reconcilers/ingress/ingress_reconciler.go`` ``Reconcile`` (``status.url``, ``address``, ``IngressReady``).
 * the agent (``pkg/webhook/admission/pod/agent_injector.go`` ``InjectAgent``: ``--log-url``, ``--log-mode``,
   ``--source-uri`` the pod's name, ``--endpoint`` / ``--component`` from the pod's labels, ``--log-store-path``,
@@ -46,13 +49,15 @@ Written from kserve at tag v0.20.0 and cited by file and function, never from kf
   ``<prefix>/<namespace>/<isvc>/<component>/<path>/<id>-<request|response>.json``), ``marshaller_json.go`` (one
   record an object) of ``types.go`` ``LogRequest`` as Go's ``encoding/json`` writes it.
 
-Knative Serving (v1.x, which KServe's Knative mode runs on): each change of the service's template is a new
-revision ``<ksvc>-0000N`` (``kmeta.ChildName(config, "-%05d")`` of the configuration's generation); a traffic-only
-change makes none; ``latestRevision`` targets follow the latest *ready* revision, so a failing new revision leaves
-the traffic on the old one; ``latestReadyRevisionName`` only moves forward; a revision is ready once its container
-answers the queue-proxy's default TCP probe on its port and failed once that container terminated with an error
-(``ContainerHealthy`` False, the log's tail as message: ``terminationMessagePolicy: FallbackToLogsOnError``); a
-revision no route sends traffic to scales to zero (its pod is deleted) unless it is the latest created.
+Knative Serving (v1.x, which KServe's Knative mode runs on): each change of the service's template is a new revision
+``<ksvc>-0000N`` (``kmeta.ChildName(config, "-%05d")`` of the configuration's generation); a traffic-only change
+makes none; each change of the service's spec (template or traffic, which ``createKnativeService`` derives from
+``latestRolledoutRevision`` too) is a new generation of the service, observed at once; ``latestRevision`` targets
+follow the latest *ready* revision, so a failing new revision leaves the traffic on the old one;
+``latestReadyRevisionName`` only moves forward; a revision is ready once its container answers the queue-proxy's
+default TCP probe on its port and failed once that container terminated with an error (``ContainerHealthy`` False,
+the log's tail as message: ``terminationMessagePolicy: FallbackToLogsOnError``); a revision no route sends traffic to
+scales to zero (its pod is deleted) unless it is the latest created.
 
 Deliberate differences, forced by every pod sharing this host's network:
 
@@ -126,6 +131,8 @@ CROSS_COMPONENT = {
                               "transformer": "TransformerConfigurationReady",
                               "explainer": "ExplainerConfigurationReady"}}
 """``conditionsMapIndex`` (inference_service_status.go :277-292): the components' condition each aggregates."""
+HAPPY, DEPENDENTS = "Ready", ("PredictorReady", "IngressReady")
+"""``conditionSet`` (inference_service_status.go :295-298): ``NewLivingConditionSet(PredictorReady, IngressReady)``."""
 CONTAINER, INITIALIZER = "kserve-container", "storage-initializer"
 INITIALIZER_IMAGE = "kserve/storage-initializer:v0.20.0"
 INITIALIZER_ENTRYPOINT = "/storage-initializer/scripts/initializer-entrypoint"
@@ -210,6 +217,90 @@ class Target:
     tag: str = ""
 
 
+class Status:
+    """An InferenceService's status (its JSON, ``json``) in one reconcile, with its conditions kept as
+    knative.dev/pkg's ``conditionsImpl`` (``apis/condition_set.go`` at 4a022ed9999a, the version kserve v0.20.0's
+    go.mod pins) keeps those of ``conditionSet``: ``Ready`` and its terminal dependents carry no ``severity``, the
+    others ``Info`` (``severity`` :220-225); a condition set again keeps its ``lastTransitionTime`` only when nothing
+    else changed (``SetCondition`` :187-209). Go orders conditions set within one reconcile by nanoseconds, which
+    JSON's seconds lose: ``fresh`` keeps that order. ``dependents``: those of ``Ready``'s living set."""
+
+    def __init__(self, status: dict, dependents: tuple[str, ...] = DEPENDENTS):
+        self.json, self.dependents = copy.deepcopy(status), dependents
+        self.fresh: list[str] = []
+
+    def condition(self, kind: str) -> dict | None:
+        return next((c for c in self.json.get("conditions") or [] if c["type"] == kind), None)
+
+    def state(self, kind: str) -> str:
+        """The condition's status, Unknown when unset (``IsConditionUnknown``, inference_service_status.go
+        :329-332)."""
+        return (self.condition(kind) or {}).get("status", "Unknown")
+
+    def initialize(self) -> None:
+        """``InitializeConditions`` (:416-436): unset ones Unknown (True under a True ``Ready``)."""
+        happy = self.condition(HAPPY) or self._set(HAPPY, "Unknown")
+        for kind in self.dependents:
+            if self.condition(kind) is None:
+                self._set(kind, "True" if happy["status"] == "True" else "Unknown")
+
+    def set(self, kind: str, state: str, reason: str = "", message: str = "") -> None:
+        """``SetCondition`` (inference_service_status.go :638-648): ``MarkUnknown``, ``MarkTrueWithReason`` or
+        ``MarkFalse`` by ``state``."""
+        {"Unknown": self._mark_unknown, "True": self._mark_true, "False": self._mark_false}[state](kind, reason,
+                                                                                                 message)
+
+    def _mark_true(self, kind: str, reason: str, message: str) -> None:
+        """``MarkTrueWithReason`` (:270-280) and ``recomputeHappiness`` (:283-301)."""
+        self._set(kind, "True", reason, message)
+        unhappy = self._unhappy_dependent()
+        if unhappy:
+            self._set(HAPPY, unhappy["status"], unhappy.get("reason", ""), unhappy.get("message", ""))
+        elif kind != HAPPY:
+            self._set(HAPPY, "True")
+
+    def _mark_unknown(self, kind: str, reason: str, message: str) -> None:
+        """``MarkUnknown`` (:354-392): a False dependent makes ``Ready`` False with this reason instead."""
+        self._set(kind, "Unknown", reason, message)
+        if any(self.state(dependent) == "False" for dependent in self.dependents):
+            if self.state(HAPPY) != "False":
+                self._mark_false(HAPPY, reason, message)
+        elif kind in self.dependents:
+            self._set(HAPPY, "Unknown", reason, message)
+
+    def _mark_false(self, kind: str, reason: str, message: str) -> None:
+        """``MarkFalse`` (:395-412): a dependent's ``Ready`` with it."""
+        for t in (kind, HAPPY) if kind in self.dependents else (kind,):
+            self._set(t, "False", reason, message)
+
+    def _unhappy_dependent(self) -> dict | None:
+        """``findUnhappyDependent`` (:303-350): of the terminal conditions, most recently changed first, a False one,
+        else an Unknown one, else Unknown while one is unset."""
+        terminal = [c for c in self.json.get("conditions") or [] if not c.get("severity") and c["type"] != HAPPY]
+        terminal.sort(key=lambda c: (c.get("lastTransitionTime", ""),
+                                     self.fresh.index(c["type"]) + 1 if c["type"] in self.fresh else 0),
+                      reverse=True)
+        for state in ("False", "Unknown"):
+            unhappy = next((c for c in terminal if c["status"] == state), None)
+            if unhappy:
+                return unhappy
+        return {"status": "Unknown"} if len(self.dependents) > len(terminal) else None
+
+    def _set(self, kind: str, state: str, reason: str = "", message: str = "") -> dict:
+        """``conditionsImpl.SetCondition`` (:187-209) of a condition as Go writes it (``omitempty``)."""
+        severity = "" if kind == HAPPY or kind in self.dependents else "Info"
+        new = {k: v for k, v in (("type", kind), ("status", state), ("severity", severity), ("reason", reason),
+                                 ("message", message)) if v}
+        old = self.condition(kind)
+        if old is not None and {k: v for k, v in old.items() if k != "lastTransitionTime"} == new:
+            return old
+        new["lastTransitionTime"] = now()
+        self.json["conditions"] = sorted([*(c for c in self.json.get("conditions") or [] if c["type"] != kind), new],
+                                         key=lambda c: c["type"])
+        self.fresh = [*(t for t in self.fresh if t != kind), kind]
+        return new
+
+
 class InferenceServiceController(_JobController):
     """The reconcile loop of one InferenceService (KServe's predictor and ingress reconcilers over Knative's
     configuration and route), the kubelet of its pods, and its routes."""
@@ -221,6 +312,9 @@ class InferenceServiceController(_JobController):
         self.ksvc = f"{self.name}-predictor"
         self.revisions: list[Revision] = []
         self.latest_ready = ""
+        self.service_spec: tuple[dict, list[Target]] | None = None
+        self.service_generation = 0
+        """The Knative Service's spec (template, traffic) and ``metadata.generation``, one more each spec change."""
         self.targets: list[Target] = []
         self.routes: dict[str, Route] = {}
         self.routed: dict[str, int] = {}
@@ -256,35 +350,43 @@ class InferenceServiceController(_JobController):
 
     def reconcile(self) -> None:
         isvc = self.api.store.get(INFERENCESERVICES, self.namespace, self.name)
-        status = copy.deepcopy(isvc.get("status") or {})
+        status = Status(isvc.get("status") or {})
+        if status.condition(HAPPY) is None:  # controller.go Reconcile :224-228
+            status.initialize()
         try:
             template, logger = self._template(isvc)
         except NotEmulated as exc:
-            return self._write_status(isvc, _with_condition(status, "PredictorReady", "False", "NotEmulated",
-                                                            str(exc)))
+            status.set("PredictorReady", "False", "NotEmulated", str(exc))
+            return self._write_status(isvc, status)
         except LookupError as exc:  # predictor.go reconcileModel
-            status["modelStatus"] = {"transitionStatus": "InvalidSpec",
-                                     "lastFailureInfo": {"reason": "RuntimeNotRecognized", "message": str(exc)}}
+            status.json["modelStatus"] = {"transitionStatus": "InvalidSpec",
+                                          "lastFailureInfo": {"reason": "RuntimeNotRecognized", "message": str(exc)}}
             return self._write_status(isvc, status)
         if not self.revisions or self.revisions[-1].template != template:
             self.revisions.append(Revision(f"{self.ksvc}-{len(self.revisions) + 1:05d}", template, logger))
         latest = self.revisions[-1]
         predictor = isvc["spec"]["predictor"]
-        rolled_out = (status.get("components", {}).get("predictor") or {}).get("latestRolledoutRevision", "")
+        rolled_out = (status.json.get("components", {}).get("predictor") or {}).get("latestRolledoutRevision", "")
+        spec = (template, ksvc_traffic(predictor.get("canaryTrafficPercent"), rolled_out,
+                                       template["metadata"]["annotations"]))
+        if spec != self.service_spec:
+            self.service_spec, self.service_generation = spec, self.service_generation + 1
         self._scale(latest, rolled_out, predictor)
         self._probe()
         if latest.ready:
             self.latest_ready = latest.name
-        self.targets = route_traffic(ksvc_traffic(predictor.get("canaryTrafficPercent"), rolled_out,
-                                                  latest.template["metadata"]["annotations"]), self.latest_ready)
+        self.targets = route_traffic(spec[1], self.latest_ready)
         self._sync_routes()
         split = [(t.revision, t.percent, t.tag) for t in self.targets]
         if split and (not self.traffic_history or self.traffic_history[-1] != split):
             self.traffic_history.append(split)
-        status = propagate_status(status, self._service_status(latest))
+        propagate_status(status, self._service_status(latest))
+        if status.condition("Stopped") is None:  # controller.go Reconcile :309-317
+            status.set("Stopped", "False")
         for kind in CROSS_COMPONENT:  # controller.go Reconcile :340-353, Knative mode
-            status = propagate_cross_component_status(status, ["predictor"], kind)
-        self._write_status(isvc, _ingress(status, self.name, self.namespace))
+            propagate_cross_component_status(status, ["predictor"], kind)
+        ingress(status, self.name, self.namespace)
+        self._write_status(isvc, status)
 
     # -- predictor.go: the pod template of the desired revision
 
@@ -471,7 +573,8 @@ class InferenceServiceController(_JobController):
             pass
 
     def _service_status(self, latest: Revision) -> dict:
-        """The Knative Service's status: revisions, traffic, url, conditions."""
+        """The Knative Service's status: revisions, traffic, url, conditions, ``observedGeneration`` (its
+        generation: knative.dev/pkg ``reconciler/reconcile_common.go`` ``PostProcessReconcile`` :82)."""
         if latest.ready:
             config = ("True", "", "")
         elif latest.failure:
@@ -489,16 +592,18 @@ class InferenceServiceController(_JobController):
                        **({"message": message} if message else {})}
                       for kind, (state, reason, message) in (("ConfigurationsReady", config), ("Ready", ready),
                                                              ("RoutesReady", routes))]
-        return {"latestCreatedRevisionName": latest.name, "latestReadyRevisionName": self.latest_ready,
+        return {"observedGeneration": self.service_generation, "latestCreatedRevisionName": latest.name,
+                "latestReadyRevisionName": self.latest_ready,
                 "traffic": traffic, "url": self.routes[""].url,
                 "address": {"url": f"http://{self.ksvc}.{self.namespace}.svc.cluster.local"}, "conditions": conditions}
 
-    def _write_status(self, isvc: dict, status: dict) -> None:
-        status["observedGeneration"] = isvc["metadata"].get("generation", 1)
-        status = _with_condition(status, "Ready", *_ready(status))
-        if status == isvc.get("status"):
+    def _write_status(self, isvc: dict, status: Status) -> None:
+        """``updateStatus`` (controller.go :421-456): written unless semantically equal, which ignores the
+        conditions' ``lastTransitionTime`` (knative.dev/pkg ``apis/volatile_time.go`` :47-54)."""
+        if _semantic(status.json) == _semantic(isvc.get("status") or {}):
             return
-        self.api.store.update(INFERENCESERVICES, self.namespace, self.name, lambda obj: {**obj, "status": status})
+        self.api.store.update(INFERENCESERVICES, self.namespace, self.name,
+                              lambda obj: {**obj, "status": status.json})
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -590,10 +695,10 @@ def route_traffic(spec: list[Target], latest_ready: str) -> list[Target]:
     return [replace(t, revision=latest_ready) if t.latest else t for t in spec] if latest_ready else []
 
 
-def propagate_status(status: dict, service: dict) -> dict:
-    """``PropagateStatus`` (inference_service_status.go :567-636) of the predictor: ``status`` with the Knative
-    Service's ``service`` status (its JSON) propagated."""
-    spec = dict((status.get("components") or {}).get("predictor") or {})
+def propagate_status(status: Status, service: dict) -> None:
+    """``PropagateStatus`` (inference_service_status.go :567-636) of the predictor: the Knative Service's status
+    ``service`` (its JSON) propagated into ``status``."""
+    spec = dict((status.json.get("components") or {}).get("predictor") or {})
     spec["latestCreatedRevision"] = service.get("latestCreatedRevisionName", "")
     ready_name = service.get("latestReadyRevisionName", "")
     revision_traffic: dict[str, int] = {}
@@ -617,57 +722,45 @@ def propagate_status(status: dict, service: dict) -> dict:
                          ("PredictorConfigurationReady", "ConfigurationsReady")):
         if source in conditions:  # SetCondition: a nil condition is left alone
             c = conditions[source]
-            status = _with_condition(status, kind, c["status"], c.get("reason", ""), c.get("message", ""))
-    return {**status, "components": {**(status.get("components") or {}),
-                                     "predictor": {k: v for k, v in spec.items() if v != ""}}}
+            status.set(kind, c["status"], c.get("reason", ""), c.get("message", ""))
+    status.json["components"] = {**(status.json.get("components") or {}),
+                                 "predictor": {k: v for k, v in spec.items() if v != ""}}
+    status.json["observedGeneration"] = service.get("observedGeneration", 0)
+    if not status.json["observedGeneration"]:  # omitempty
+        del status.json["observedGeneration"]
 
 
-def propagate_cross_component_status(status: dict, components: list[str], kind: str) -> dict:
+def propagate_cross_component_status(status: Status, components: list[str], kind: str) -> None:
     """``PropagateCrossComponentStatus`` (inference_service_status.go :546-565): condition ``kind`` True when each
     component's is, else as the last component's that is not (Unknown when unset), with reason ``<it> not ready``;
-    ``status`` unchanged for a ``kind`` it does not aggregate."""
+    nothing for a ``kind`` it does not aggregate."""
     if kind not in CROSS_COMPONENT:
-        return status
-    states = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        return
     state, reason = "True", ""
     for component in components:
         condition = CROSS_COMPONENT[kind][component]
-        if states.get(condition) != "True":
-            state, reason = "False" if states.get(condition) == "False" else "Unknown", f"{condition} not ready"
-    return _with_condition(status, kind, state, reason)
+        if status.state(condition) != "True":
+            state, reason = status.state(condition), f"{condition} not ready"
+    status.set(kind, state, reason)
 
 
-def _with_condition(status: dict, kind: str, state: str, reason: str = "", message: str = "") -> dict:
-    """``status`` with condition ``kind`` set (its ``lastTransitionTime`` kept while its status holds)."""
-    status = dict(status)
-    conditions = [dict(c) for c in status.get("conditions") or []]
-    old = next((c for c in conditions if c["type"] == kind), None)
-    new = {"type": kind, "status": state, **({"reason": reason} if reason else {}),
-           **({"message": message} if message else {}),
-           "lastTransitionTime": old["lastTransitionTime"] if old and old["status"] == state else now()}
-    status["conditions"] = sorted([c for c in conditions if c["type"] != kind] + [new], key=lambda c: c["type"])
-    return status
+def ingress(status: Status, name: str, namespace: str) -> None:
+    """``IngressReconciler.Reconcile`` (ingress_reconciler.go :82-127) with Istio's VirtualService: while
+    ``PredictorReady`` is not True, ``IngressReady`` as it with reason ``Predictor ingress not created``
+    (``createIngress`` :487-497); then, once the predictor has a url, the service's url and address and
+    ``IngressReady`` True (:103-122)."""
+    if status.state("PredictorReady") != "True":
+        status.set("IngressReady", status.state("PredictorReady"), "Predictor ingress not created")
+    url = ((status.json.get("components") or {}).get("predictor") or {}).get("url")
+    if url:
+        status.json.update(url=url, address={"url": f"http://{name}.{namespace}.svc.cluster.local"})
+        status.set("IngressReady", "True")
 
 
-def _ready(status: dict) -> tuple[str, str, str]:
-    """``conditionSet``'s ``Ready``: ``PredictorReady`` and ``IngressReady`` (the first not True decides)."""
-    conditions = {c["type"]: c for c in status.get("conditions") or []}
-    for kind in ("PredictorReady", "IngressReady"):
-        c = conditions.get(kind)
-        if c is None:
-            return "Unknown", "", ""
-        if c["status"] != "True":
-            return c["status"], c.get("reason", ""), c.get("message", "")
-    return "True", "", ""
-
-
-def _ingress(status: dict, name: str, namespace: str) -> dict:
-    """``IngressReconciler.Reconcile``: the service's url and address once the predictor has one."""
-    url = ((status.get("components") or {}).get("predictor") or {}).get("url")
-    if not url:
-        return status
-    status = {**status, "url": url, "address": {"url": f"http://{name}.{namespace}.svc.cluster.local"}}
-    return _with_condition(status, "IngressReady", "True")
+def _semantic(status: dict) -> dict:
+    """``status`` less its conditions' ``lastTransitionTime``."""
+    return {**status, "conditions": [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                                     for c in status.get("conditions") or []]}
 
 
 def _map_port(arg: str, ports: dict[str, str]) -> str:
