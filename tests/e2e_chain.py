@@ -73,7 +73,7 @@ from cluster.k8s_server import K8sServer
 from cluster.k8s_store import INFERENCESERVICES
 from cluster.kfp_executor import MAIN, OBJECT_STORE_SECRET, KfpExecutor
 from cluster.kfp_gateway import Gateway, JwtIssuer, jwt_rules
-from cluster.kfp_multiuser import MultiUser
+from cluster.kfp_multiuser import PROFILE_LABELS as PROFILE_CONTROLLER_LABELS, MultiUser
 from cluster.kfp_server import FINAL_STATES, KfpApiServer
 from cluster.kserve_operator import build_storage_initializer
 from cluster.kubernetes_cluster import CLAIM
@@ -124,8 +124,9 @@ RESTRICTED_INIT = yaml.safe_load((REPO / "deploy" / "operator-restricted-init.ya
 """The operator's ``--pytorch-init-container-template-file`` as deploy/ ships it for restricted namespaces (its
 ``--pytorch-init-container-image`` is the job's own image: nothing is pulled)."""
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
-PROFILE_LABELS = {"istio-injection": "enabled", PSA_ENFORCE: "restricted"}
-"""What a Kubeflow profile namespace carries: Istio's sidecar injection and the restricted Pod Security profile."""
+PROFILE_LABELS = {**PROFILE_CONTROLLER_LABELS, PSA_ENFORCE: "restricted"}
+"""What a Kubeflow profile namespace carries: the profile controller's labels (Istio's sidecar injection, the
+PodDefault webhook's selector) and the restricted Pod Security profile."""
 (SERVING_ACCOUNT,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "serving.yaml").read_text())
                       if d["kind"] == "ServiceAccount"]
 """deploy/serving.yaml's ``kfloop-serving``: the predictor pods' account, naming the Secret of the S3 keys."""

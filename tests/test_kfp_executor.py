@@ -2,6 +2,7 @@
 pipelines through the real ``kfp.Client``; the training pipeline itself is in tests/test_kfp_upload_run.py."""
 # kfp reads the components' annotations at definition time: no `from __future__ import annotations` here.
 
+import contextlib
 from pathlib import Path
 
 import kfp
@@ -9,6 +10,7 @@ import pytest
 import yaml
 from cluster.k8s_server import K8sServer
 from cluster.kfp_executor import ACCESS_LABEL, KfpExecutor, ProcessEngine, unemulated_fields
+from cluster.kfp_multiuser import PROFILE_LABELS
 from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
 from kfp import kubernetes as kfp_k8s
@@ -76,6 +78,12 @@ def secret_env_pipeline():
     kfp_k8s.add_pod_label(task, ACCESS_LABEL, "true")
 
 
+@dsl.pipeline(name="own-token-path")
+def own_token_path_pipeline():
+    task = env_of(names="KF_PIPELINES_SA_TOKEN_PATH").set_caching_options(False)
+    kfp_k8s.add_pod_label(task.set_env_variable("KF_PIPELINES_SA_TOKEN_PATH", "/tmp/mine"), ACCESS_LABEL, "true")
+
+
 @dsl.pipeline(name="if-pipeline")
 def if_pipeline(word: str):
     first = produce(word=word)
@@ -105,7 +113,7 @@ def served(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # kfp.Client reads ~/.config/kfp/context.json
     with KfpApiServer(token=TOKEN) as server, KfpExecutor(
             server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root", namespace="kfloop",
-            pod_defaults=[POD_DEFAULT], token=TOKEN) as executor:
+            namespace_labels=PROFILE_LABELS, pod_defaults=[POD_DEFAULT], token=TOKEN) as executor:
         yield server, executor, kfp.Client(host=server.url, existing_token=TOKEN)
 
 
@@ -146,23 +154,54 @@ def test_a_run_executes_its_tasks_in_order_with_the_condition_and_artifacts(serv
     assert {n: t.state for n, t in tasks(skipped).items()} == {"produce": "SUCCEEDED", "condition-1": "SKIPPED"}
 
 
-@pytest.mark.parametrize("pod_defaults, namespace", [
-    ([], "kfloop"),  # no PodDefault: a label alone mounts nothing
-    ([POD_DEFAULT], "team-b"),  # filterPodDefaults: only the pod's own namespace's PodDefaults apply
+@pytest.mark.parametrize("pod_defaults, namespace, labels", [
+    ([], "kfloop", PROFILE_LABELS),  # no PodDefault: a label alone mounts nothing
+    ([POD_DEFAULT], "team-b", PROFILE_LABELS),  # filterPodDefaults: only the pod's own namespace's PodDefaults apply
     ([{**POD_DEFAULT, "spec": {**POD_DEFAULT["spec"], "selector": {"matchExpressions": [
-        {"key": ACCESS_LABEL, "operator": "NotIn", "values": ["true"]}]}}}], "kfloop"),  # the selector decides
+        {"key": ACCESS_LABEL, "operator": "NotIn", "values": ["true"]}]}}}], "kfloop", PROFILE_LABELS),  # the selector
+    # the webhook's namespaceSelector: not a profile's namespace (no app.kubernetes.io/part-of), no webhook
+    ([POD_DEFAULT], "kfloop", {k: v for k, v in PROFILE_LABELS.items() if k != "app.kubernetes.io/part-of"}),
 ])
 def test_a_labelled_pod_gets_a_token_only_from_a_poddefault_that_selects_it(tmp_path, monkeypatch, pod_defaults,
-                                                                             namespace):
+                                                                             namespace, labels):
     monkeypatch.setenv("HOME", str(tmp_path))
     with KfpApiServer() as server, KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"), namespace=namespace,
-                                               pipeline_root=tmp_path / "root", pod_defaults=pod_defaults,
-                                               token=TOKEN):
+                                               namespace_labels=labels, pipeline_root=tmp_path / "root",
+                                               pod_defaults=pod_defaults, token=TOKEN):
         client = kfp.Client(host=server.url)
         run = finish(client, start(client, if_pipeline, tmp_path, word="go"))
     assert run.state == "SUCCEEDED"
     (report,) = (tmp_path / "root").rglob("report")
     assert report.read_text().endswith("; token no token")
+
+
+@pytest.mark.parametrize("with_cluster", [False, True])
+def test_a_poddefault_env_var_the_pod_sets_itself_refuses_the_pod_with_or_without_a_cluster(tmp_path, monkeypatch,
+                                                                                            with_cluster):
+    """``mutatePods``: ``safeToApplyPodDefaultsOnPod`` finds the step's own ``KF_PIPELINES_SA_TOKEN_PATH`` unequal to
+    the PodDefault's, and the API server refuses the pod; without a cluster the executor refuses it the same way
+    (never overriding the step's variable), and the task fails with the API server's message."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(K8sServer(tmp_path / "k8s", namespace="kfloop")) if with_cluster else None
+        server = stack.enter_context(KfpApiServer(token=TOKEN))
+        stack.enter_context(KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root",
+                                        namespace="kfloop", namespace_labels=None if cluster else PROFILE_LABELS,
+                                        pod_defaults=[POD_DEFAULT], token=TOKEN, cluster=cluster))
+        if cluster:
+            admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(tmp_path / "admin")))
+            kube_client.CoreV1Api(admin).patch_namespace("kfloop", {"metadata": {"labels": PROFILE_LABELS}})
+        client = kfp.Client(host=server.url, existing_token=TOKEN)
+        run = finish(client, start(client, own_token_path_pipeline, tmp_path))
+
+    (task,) = tasks(run).values()
+    assert (run.state, task.state, task.error.message) == ("FAILED", "FAILED", (
+        'admission webhook "admission-webhook-deployment.kubeflow.org" denied the request: conflict occurred while '
+        f"applying poddefaults: access-ml-pipeline on pod: {task.pod_name} err: merging env for access-ml-pipeline "
+        "has a conflict on name KF_PIPELINES_SA_TOKEN_PATH: {'name': 'KF_PIPELINES_SA_TOKEN_PATH', 'value': "
+        "'/var/run/secrets/kubeflow/pipelines/token'} does not match {'name': 'KF_PIPELINES_SA_TOKEN_PATH', "
+        "'value': '/tmp/mine'}"))
+    assert list((tmp_path / "root").rglob("out")) == []
 
 
 def test_a_poddefault_field_the_executor_does_not_apply_is_refused_by_name(tmp_path):
@@ -305,10 +344,12 @@ def test_the_platform_spec_gives_a_pod_its_secret_env_and_label_and_a_missing_se
     with K8sServer(tmp_path / "k8s", namespace="kfloop") as cluster, KfpApiServer(token=TOKEN) as server, \
             KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root",
                         namespace="kfloop", pod_defaults=[POD_DEFAULT], token=TOKEN, cluster=cluster):
+        admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(tmp_path / "admin")))
+        core = kube_client.CoreV1Api(admin)
+        core.patch_namespace("kfloop", {"metadata": {"labels": PROFILE_LABELS}})
         client = kfp.Client(host=server.url, existing_token=TOKEN)
         missing = finish(client, start(client, secret_env_pipeline, tmp_path))
-        admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(tmp_path / "admin")))
-        kube_client.CoreV1Api(admin).create_namespaced_secret("kfloop", {
+        core.create_namespaced_secret("kfloop", {
             "metadata": {"name": "creds"}, "stringData": {"uri": "s3://b/x", "token": "t-1"}})
         run = finish(client, start(client, secret_env_pipeline, tmp_path))
 

@@ -7,6 +7,7 @@ import docker
 import kfp
 from e2e_image import IMAGE, needs_image
 from cluster.kfp_executor import ACCESS_LABEL, DockerEngine, KfpExecutor
+from cluster.kfp_multiuser import PROFILE_LABELS
 from cluster.kfp_server import KfpApiServer
 from kfp import compiler, dsl
 from kfp import kubernetes as kfp_k8s
@@ -56,6 +57,7 @@ def test_each_task_is_a_container_of_its_image_as_its_user_with_a_read_only_root
     compiler.Compiler().compile(docker_pipeline, str(package))
     with KfpApiServer(token=TOKEN) as server, KfpExecutor(server, DockerEngine(pipeline_root=root),
                                                           pipeline_root=root, namespace="kfloop",
+                                                          namespace_labels=PROFILE_LABELS,
                                                           pod_defaults=[POD_DEFAULT], token=TOKEN):
         client = kfp.Client(host=server.url, existing_token=TOKEN)
         run_id = client.create_run_from_pipeline_package(str(package), arguments={}).run_id

@@ -15,6 +15,7 @@ from cluster.docker_kubelet import DockerRuntime
 from cluster.k8s_server import K8sServer
 from cluster.kfp_executor import (ACCESS_LABEL, OBJECT_STORE_SECRET, KfpExecutor, ProcessEngine,
                                   unemulated_fields)
+from cluster.kfp_multiuser import PROFILE_LABELS
 from cluster.kfp_server import KfpApiServer
 from cluster.s3_server import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from kfp import compiler, dsl
@@ -117,13 +118,16 @@ def tasks(run) -> dict[str, object]:
 
 @contextmanager
 def serving(tmp_path, **executor):
-    """A cluster (namespace ``kfloop``, the profile's PodDefault), the KFP server and its executor (with
-    ``executor``'s arguments); the admin's CoreV1Api and RbacAuthorizationV1Api."""
+    """A cluster (namespace ``kfloop`` labelled as the profile controller labels a profile's, the profile's
+    PodDefault), the KFP server and its executor (with ``executor``'s arguments); the admin's CoreV1Api and
+    RbacAuthorizationV1Api."""
     with K8sServer(tmp_path / "k8s", namespace=NAMESPACE) as cluster, KfpApiServer(token=TOKEN) as server, \
             KfpExecutor(server, ProcessEngine(root=tmp_path / "pods"), pipeline_root=tmp_path / "root",
                         namespace=NAMESPACE, pod_defaults=[POD_DEFAULT], token=TOKEN, cluster=cluster, **executor):
         admin = kube_config.new_client_from_config(config_file=str(cluster.write_kubeconfig(tmp_path / "admin")))
-        yield (cluster, kfp.Client(host=server.url, existing_token=TOKEN), kube_client.CoreV1Api(admin),
+        core = kube_client.CoreV1Api(admin)
+        core.patch_namespace(NAMESPACE, {"metadata": {"labels": PROFILE_LABELS}})
+        yield (cluster, kfp.Client(host=server.url, existing_token=TOKEN), core,
                kube_client.RbacAuthorizationV1Api(admin))
 
 
@@ -152,7 +156,7 @@ def test_a_step_is_a_pod_the_poddefault_admission_gives_its_token_only_when_labe
     assert (resources.limits, resources.requests) == ({"cpu": "1"}, {"memory": "64M"})
     assert [s.name for s in with_token.spec.image_pull_secrets] == ["registry-creds"]
     assert (without.spec.containers[0].resources, without.spec.image_pull_secrets) == (None, None)
-    assert {p.status.phase for p in by_task.values()} == {"Succeeded"}
+    assert {p.status.container_statuses[0].state.terminated.exit_code for p in by_task.values()} == {0}
     log = core.read_namespaced_pod_log(with_token.metadata.name, NAMESPACE)
     assert f"step with in pod {with_token.metadata.name}" in log
     creations = [a for a in cluster.accesses if a.verb == "create" and a.resource == "pods"]
@@ -200,10 +204,24 @@ def test_rbac_denying_argo_create_pods_fails_the_task(served, tmp_path):
     assert core.list_namespaced_pod(NAMESPACE).items == []
 
 
-def test_a_step_pod_in_an_injected_namespace_ends_with_its_main_container(served, tmp_path):
-    """Istio injects its sidecar, which keeps the pod Running; the node ends with the main container (Argo)."""
+def test_a_step_pod_outside_a_profile_namespace_gets_no_poddefault(served, tmp_path):
+    """The webhook's ``namespaceSelector`` (tests/cluster/pod_defaults.py ``NAMESPACE_SELECTOR``): without the
+    profile's ``app.kubernetes.io/part-of`` label the API server does not call it, so even the labelled step (the
+    trigger, in kfloop's pipelines) gets no token."""
     _, client, core, _ = served
-    core.patch_namespace(NAMESPACE, {"metadata": {"labels": {"istio-injection": "enabled"}}})
+    core.patch_namespace(NAMESPACE, {"metadata": {"labels": {"app.kubernetes.io/part-of": None}}})
+    run = finish(client, start(client, labelled_pipeline, tmp_path))
+
+    assert run.state == "SUCCEEDED"
+    assert sorted(p.read_text() for p in (tmp_path / "root").rglob("out")) == ["with -", "without -"]
+    pods = core.list_namespaced_pod(NAMESPACE).items
+    assert len(pods) == 2 and not [p for p in pods if "volume-kf-pipeline-token" in [v.name for v in p.spec.volumes]]
+
+
+def test_a_step_pod_in_an_injected_namespace_ends_with_its_main_container(served, tmp_path):
+    """A profile's namespace has Istio's injection: the sidecar keeps the pod Running; the node ends with the main
+    container (Argo)."""
+    _, client, core, _ = served
     run = finish(client, start(client, labelled_pipeline, tmp_path))
 
     assert run.state == "SUCCEEDED"
@@ -292,9 +310,14 @@ def test_the_executor_needs_a_runner_step_pods_for_an_object_store_root_and_a_pr
                         object_store="http://127.0.0.1:1")
         with pytest.raises(ValueError) as hidden:
             KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=tmp_path / "root", cluster=containers)
+        with pytest.raises(ValueError) as labelled:
+            KfpExecutor(server, None, pipeline_root=f"s3://{BUCKET}/root", object_store="http://127.0.0.1:1",
+                        cluster=containers, namespace_labels=PROFILE_LABELS)
 
     assert str(nothing_runs.value) == "KfpExecutor needs an engine or a cluster to run the steps"
     assert str(no_pods.value) == (f"pipeline root s3://{BUCKET}/root: an object-store root needs the cluster's step "
                                   "pods and the object store's endpoint (KfpExecutor(cluster=..., object_store=URL))")
     assert str(hidden.value) == (f"pipeline root {tmp_path / 'root'}: the cluster's kubelet runs containers, which "
                                  "cannot see a host folder; use an s3:// pipeline root")
+    assert str(labelled.value) == ("namespace kubeflow: its labels are the cluster's namespace object's (patch it "
+                                   "through the cluster's API)")

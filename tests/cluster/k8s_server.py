@@ -21,7 +21,8 @@ cluster admin, or of any user or service account):
   (tests/cluster/k8s_rbac.py), each recorded in ``accesses`` with its caller and attributes (verb, API group,
   resource/subresource, namespace, name: ``k8s_rbac.Access``) for tests that check a step's calls (and a
   controller's pod creations, :meth:`K8sServer.create_pod` with its ``user``); Kubeflow's PodDefault webhook
-  (tests/cluster/pod_defaults.py) on every pod created; Istio's sidecar
+  (tests/cluster/pod_defaults.py) on every pod created in a profile's namespace (labelled
+  `app.kubernetes.io/part-of: kubeflow-profile`); Istio's sidecar
   injection into pods of namespaces labelled `istio-injection: enabled` (tests/cluster/istio_injection.py: the
   sidecar outlives the app container, so such a pod stays Running) and Pod Security admission of pods in namespaces
   labelled `pod-security.kubernetes.io/enforce` (tests/cluster/pod_security.py).
@@ -543,9 +544,9 @@ class K8sServer:
     def create_pod(self, namespace: str, pod: dict, *, user: User | None = None) -> dict:
         """Admit and store a pod, as the API server does for a controller's pod creation: RBAC's ``create pods`` of
         ``user`` (a controller's service account; None: an operator of this server, not authorized), recorded in
-        :attr:`accesses`; the mutating webhooks, Kubeflow's PodDefaults (tests/cluster/pod_defaults.py) and Istio's
-        sidecar injection where the namespace has it (tests/cluster/istio_injection.py); then Pod Security of the
-        namespace's ``pod-security.kubernetes.io/enforce`` label.
+        :attr:`accesses`; the mutating webhooks where the namespace has them, Kubeflow's PodDefaults (a profile's,
+        tests/cluster/pod_defaults.py) and Istio's sidecar injection (tests/cluster/istio_injection.py); then Pod
+        Security of the namespace's ``pod-security.kubernetes.io/enforce`` label.
 
         Raises:
             ApiError: 403 Forbidden when RBAC denies ``user`` or the namespace's Pod Security level refuses the pod;
@@ -554,14 +555,14 @@ class K8sServer:
         if user is not None:
             self._authorize(user, "create", PODS, None, namespace, None, "POST", f"/api/v1/namespaces/{namespace}/pods")
         try:
-            pod_defaults.apply(self.pod_defaults, namespace, pod)
-        except pod_defaults.Conflict as err:  # main.go toAdmissionResponse: a Result with no code, which
-            # apiserver webhook/errors/statuserror.go ToStatusErr answers as 400 with the webhook's name
-            raise ApiError(400, "", webhook_denied(pod_defaults.WEBHOOK, str(err))) from None
-        try:
             labels = self.store.get(NAMESPACES, "", namespace)["metadata"].get("labels") or {}
         except ApiError:
             labels = {}
+        try:
+            pod_defaults.admit(self.pod_defaults, namespace, labels, pod)
+        except pod_defaults.Conflict as err:  # main.go toAdmissionResponse: a Result with no code, which
+            # apiserver webhook/errors/statuserror.go ToStatusErr answers as 400 with the webhook's name
+            raise ApiError(400, "", err.denial) from None
         if istio_injection.injection_required(namespace, labels, pod):  # mutating admission, before validating
             istio_injection.inject(pod)
         refusal = pod_security.admit(labels, pod)

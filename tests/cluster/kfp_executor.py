@@ -52,10 +52,11 @@ kubeflow/pipelines 2.17 (cited where used):
 
 Without a cluster, an engine runs each step: :class:`DockerEngine` as a container of the image the IR names,
 :class:`ProcessEngine` as a subprocess (its own process group) with the pod's environment, the checkout's
-virtualenv standing in for the image. The executor then applies the PodDefaults itself (a token file under the
-pod's directory, its path in ``KF_PIPELINES_SA_TOKEN_PATH``, the variable the kfp SDK reads), but not the
-platform spec's Secrets, claims, pull secrets or resources (a run using the last two fails naming them); the
-engine's ``env`` stands in for the Secrets, and the pipeline root must be a host folder.
+virtualenv standing in for the image. The executor then applies the PodDefaults itself, as a cluster's admission
+would (in a profile's namespace, its ``namespace_labels``; a conflicting pod refused with the API server's message;
+a token file under the pod's directory, its path in ``KF_PIPELINES_SA_TOKEN_PATH``, the variable the kfp SDK
+reads), but not the platform spec's Secrets, claims, pull secrets or resources (a run using the last two fails
+naming them); the engine's ``env`` stands in for the Secrets, and the pipeline root must be a host folder.
 """
 from __future__ import annotations
 
@@ -280,7 +281,7 @@ class KfpExecutor:
 
     def __init__(self, server: KfpApiServer, engine: Engine | None, *, pipeline_root: Path | str,
                  namespace: str = "kubeflow", default_service_account: str = "pipeline-runner",
-                 pod_defaults: Sequence[dict] = (),
+                 pod_defaults: Sequence[dict] = (), namespace_labels: dict[str, str] | None = None,
                  token: str | None = None, cluster: K8sServer | None = None, object_store: str = "",
                  security_defaults: dict[str, Any] | None = None):
         """
@@ -291,14 +292,16 @@ class KfpExecutor:
             engine: what runs each step as a process or container without a ``cluster`` (unused with one).
             cluster: the Kubernetes test cluster the step pods are created in and run by; None: the ``engine``
                 runs each step.
+            namespace_labels: without a cluster, the labels of ``namespace`` (with one, its namespace object's):
+                the PodDefault webhook fires only in a profile's (tests/cluster/kfp_multiuser.py ``PROFILE_LABELS``).
             security_defaults: the admin's ``defaultSecurityContextRunAsUser``, ``...RunAsGroup``,
                 ``...RunAsNonRoot`` of ``pipeline-install-config``, as ``runAsUser``, ``runAsGroup``,
                 ``runAsNonRoot``: set on every step pod's main container.
 
         Raises:
             ValueError: neither an engine nor a cluster, an object-store root without a cluster or endpoint, a
-                host-folder root with a cluster whose kubelet runs containers (they cannot see it), a PodDefault
-                field not emulated.
+                host-folder root with a cluster whose kubelet runs containers (they cannot see it), namespace
+                labels with a cluster, a PodDefault field not emulated.
         """
         self.server, self.engine, self.cluster = server, engine, cluster
         if engine is None and cluster is None:
@@ -311,12 +314,17 @@ class KfpExecutor:
         if not remote and cluster is not None and not isinstance(cluster.runtime, ProcessRuntime):
             raise ValueError(f"pipeline root {pipeline_root}: the cluster's kubelet runs containers, which cannot see "
                              "a host folder; use an s3:// pipeline root")
+        if namespace_labels is not None and cluster is not None:
+            raise ValueError(f"namespace {namespace}: its labels are the cluster's namespace object's "
+                             "(patch it through the cluster's API)")
         self.object_store = object_store if remote else ""
         """The object store's endpoint when the pipeline root is in it; "" for a host folder."""
         self.security_defaults = dict(security_defaults or {})
         self.namespace, self.default_service_account = namespace, default_service_account
         self.pod_defaults = [poddefault_webhook.checked(d) for d in pod_defaults]
         """The PodDefaults of the cluster (kubeflow.org/v1alpha1): with a cluster its admission applies them."""
+        self.namespace_labels = dict(namespace_labels or {})
+        """Without a cluster, the labels of :attr:`namespace`."""
         self.token = token
         """The token a PodDefault projects when the server is single-user; a multi-user server issues each pod's
         own (its service account, the PodDefault's audience)."""
@@ -485,7 +493,10 @@ class KfpExecutor:
                   labels=dict(platform.get("podMetadata", {}).get("labels", {})), token=None,
                   log=Path(f"{self.pipeline_root}-pods") / f"{pod_name}.log",
                   files={f"{SERVICE_ACCOUNT_DIR}/namespace": self.namespace})
-        self._admit(pod)
+        try:
+            self._admit(pod)
+        except poddefault_webhook.Conflict as err:  # the API server's refusal, as a cluster's create_pod answers
+            return err.denial
         pod.log.parent.mkdir(parents=True, exist_ok=True)
         with self.server.lock:
             if ctx.canceled.is_set():
@@ -610,15 +621,24 @@ class KfpExecutor:
         return runs
 
     def _admit(self, pod: Pod) -> None:
-        """Without a cluster, the PodDefault webhook's effect on an engine's pod: a matching PodDefault's projected
-        token at its mount path, and its env (tests/cluster/pod_defaults.py)."""
-        for default in poddefault_webhook.matching(self.pod_defaults, pod.namespace, pod.labels):
-            for volume in default["spec"].get("volumes", []):
-                (source,) = volume["projected"]["sources"]
-                (mount,) = [m for m in default["spec"]["volumeMounts"] if m["name"] == volume["name"]]
-                pod.token_path = f"{mount['mountPath'].rstrip('/')}/{source['serviceAccountToken']['path']}"
-                pod.token = self._kfp_token(pod.namespace, pod.service_account)
-            pod.env.update({e["name"]: e["value"] for e in default["spec"].get("env", [])})
+        """Without a cluster, the PodDefault webhook on an engine's pod as the API server calls it
+        (tests/cluster/pod_defaults.py ``admit``, in a namespace labelled as :attr:`namespace_labels`): the pod as
+        a manifest of one container (:data:`MAIN`, its env), the PodDefaults merged in, their env and projected token
+        (at its mount path) taken back.
+
+        Raises:
+            pod_defaults.Conflict: the PodDefaults conflict with the pod or each other (e.g. an env var of its own).
+        """
+        manifest = {"metadata": {"name": pod.name, "labels": pod.labels}, "spec": {"containers": [
+            {"name": MAIN, "env": [{"name": name, "value": value} for name, value in pod.env.items()]}]}}
+        poddefault_webhook.admit(self.pod_defaults, pod.namespace, self.namespace_labels, manifest)
+        (container,) = manifest["spec"]["containers"]
+        pod.env = {e["name"]: e["value"] for e in container["env"]}
+        for volume in manifest["spec"].get("volumes", []):
+            (source,) = volume["projected"]["sources"]
+            (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+            pod.token_path = f"{mount['mountPath'].rstrip('/')}/{source['serviceAccountToken']['path']}"
+            pod.token = self._kfp_token(pod.namespace, pod.service_account)
 
     def _kfp_token(self, namespace: str, service_account: str) -> str:
         """A projected token of the KFP API's audience: the multi-user server's TokenReview accepts it; a

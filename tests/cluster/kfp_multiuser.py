@@ -36,10 +36,19 @@ from typing import Any, Callable
 
 import yaml
 
+from cluster.istio_injection import NAMESPACE_LABEL as ISTIO_INJECTION
 from cluster.k8s_rbac import Authorizer, Identities, User, service_account_user
 from cluster.k8s_store import CLUSTER_ROLES, RBAC_GROUP, ROLE_BINDINGS, ROLES, ApiError as K8sApiError, Resource, Store
 from cluster.kfp_server import ApiError
 
+PROFILE_LABELS = {ISTIO_INJECTION: "enabled", "katib.kubeflow.org/metrics-collector-injection": "enabled",
+                  "serving.kubeflow.org/inferenceservice": "enabled", "pipelines.kubeflow.org/enabled": "true",
+                  "app.kubernetes.io/part-of": "kubeflow-profile"}
+"""The labels the profile controller gives a profile's namespace (kubeflow/kubeflow v1.10.0 (90e987bf)
+``components/profile-controller/controllers/profile_controller.go`` ``Reconcile`` l. 127-137: ``istio-injection``,
+then ``setNamespaceLabels`` l. 754-773 with ``config/base/namespace-labels.yaml``'s, the same in kubeflow/manifests
+v1.10.0 ``apps/profiles/upstream/base/namespace-labels.yaml``); the last one selects the namespace for the PodDefault
+webhook (tests/cluster/pod_defaults.py ``NAMESPACE_SELECTOR``)."""
 KFP_NAMESPACE = "kubeflow"
 """The namespace KFP's API server runs in (``common.GetPodNamespace()``): shared pipelines are reviewed there."""
 USERID_HEADER = "kubeflow-userid"

@@ -1,5 +1,6 @@
 """Kubeflow's PodDefault admission webhook, a mutating admission of the Kubernetes test server
-(tests/cluster/k8s_server.py ``create_pod``) and of the KFP executor's direct engines.
+(tests/cluster/k8s_server.py ``create_pod``) and of the KFP executor's direct engines (tests/cluster/kfp_executor.py
+``_admit``), both through :func:`admit`: the API server calls it only for pods of a profile's namespace.
 
 From kubeflow/kubeflow v1.10.0 (90e987bf) ``components/admission-webhook/main.go``: ``mutatePods`` (l. 599-704: a
 pod annotated ``poddefault.admission.kubeflow.org/exclude: "true"`` and a mirror pod are left alone; a conflict
@@ -13,11 +14,17 @@ from __future__ import annotations
 import copy
 
 from cluster.k8s_store import label_matcher
+from cluster.k8s_validation import webhook_denied
 
 WEBHOOK = "admission-webhook-deployment.kubeflow.org"
 """The webhook's name in an API server's refusal: ``$(podDefaultsDeploymentName).kubeflow.org`` (manifests/base/
 mutating-webhook-configuration.yaml) under the cert-manager overlay's ``namePrefix: admission-webhook-``."""
 ANNOTATION_PREFIX = "poddefault.admission.kubeflow.org"
+NAMESPACE_SELECTOR = {"matchLabels": {"app.kubernetes.io/part-of": "kubeflow-profile"}}
+"""The webhook's ``namespaceSelector`` (kubeflow/manifests v1.10.0 (c1ae8498), unchanged in 26.03,
+``apps/admission-webhook/upstream/base/mutating-webhook-configuration.yaml`` l. 17-19; it has no ``objectSelector``,
+its rule is pods' CREATE): the label the profile controller gives a profile's namespace
+(tests/cluster/kfp_multiuser.py :data:`~cluster.kfp_multiuser.PROFILE_LABELS`)."""
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 """``corev1.MirrorPodAnnotationKey``: a static pod's mirror, which ``mutatePods`` leaves alone."""
 ISTIO_PROXY = "istio-proxy"
@@ -29,6 +36,11 @@ FIELDS = {"desc", "selector", "volumes", "volumeMounts", "env"}
 
 class Conflict(ValueError):
     """``safeToApplyPodDefaultsOnPod`` found conflicts: ``mutatePods`` refuses the pod with this message."""
+
+    @property
+    def denial(self) -> str:
+        """The API server's message for the refusal (``webhookerrors.ToStatusErr``, with the webhook's name)."""
+        return webhook_denied(WEBHOOK, str(self))
 
 
 def checked(default: dict) -> dict:
@@ -53,6 +65,18 @@ def matching(defaults: list[dict], namespace: str, labels: dict[str, str]) -> li
     """``filterPodDefaults``: the PodDefaults of ``namespace`` whose selector matches ``labels``."""
     return [d for d in defaults if d["metadata"].get("namespace") == namespace
             and label_matcher(selector_string(d["spec"].get("selector") or {}))(labels)]
+
+
+def admit(defaults: list[dict], namespace: str, namespace_labels: dict[str, str], pod: dict) -> None:
+    """The API server's call of the webhook on a created ``pod``: :func:`apply` where ``namespace_labels`` match
+    :data:`NAMESPACE_SELECTOR` (k8s.io/apiserver ``pkg/admission/plugin/webhook/predicates/namespace/matcher.go``
+    ``MatchNamespaceSelector``); a pod of any other namespace is not sent to it.
+
+    Raises:
+        Conflict: as :func:`apply`.
+    """
+    if label_matcher(selector_string(NAMESPACE_SELECTOR))(namespace_labels):
+        apply(defaults, namespace, pod)
 
 
 def apply(defaults: list[dict], namespace: str, pod: dict) -> None:

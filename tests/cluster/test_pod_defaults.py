@@ -1,6 +1,7 @@
 """The test cluster's PodDefault webhook (tests/cluster/pod_defaults.py) on upstream's own test cases:
 kubeflow/kubeflow v1.10.0 (90e987bf87d3) ``components/admission-webhook/main_test.go``, every case ported under its
-upstream name, then cases of ``main.go`` behaviour no upstream test covers (conflicts, exclusion, the API's refusal).
+upstream name, then cases of ``main.go`` behaviour no upstream test covers (conflicts, exclusion, the API's refusal)
+and of the webhook's ``namespaceSelector`` (kubeflow/manifests v1.10.0, which has no test of it).
 
 ``TestApplyPodDefaultsOnPod`` (l. 80-252) checks ``reflect.DeepEqual(test.in, test.out)`` inverted (it fails when the
 pod equals ``out``); here the pod must equal ``out``, which is what ``applyPodDefaultsOnPod`` makes of it (upstream's
@@ -14,7 +15,8 @@ import copy
 import pytest
 from cluster import pod_defaults
 from cluster.k8s_server import K8sServer
-from cluster.k8s_store import PODS, ApiError
+from cluster.k8s_store import NAMESPACES, PODS, ApiError
+from cluster.kfp_multiuser import PROFILE_LABELS
 
 MARKER = "poddefault.admission.kubeflow.org/poddefault-"
 """The annotation ``applyPodDefaultsOnPod`` marks a pod with for a PodDefault with no name (upstream's test ones)."""
@@ -156,17 +158,44 @@ def test_an_excluded_or_mirror_pod_is_left_alone(annotations, applied):
     assert ("env" in pod["spec"]["containers"][0]) is applied
 
 
+def _namespace(server: K8sServer, labels: dict[str, str]) -> str:
+    """A namespace ``team`` of ``server`` labelled ``labels``, with a PodDefault (env ``A=2``) for pods of team a."""
+    server.create(NAMESPACES, "", {"metadata": {"name": "team", "labels": labels}})
+    server.pod_defaults.append({"metadata": {"name": "env", "namespace": "team"},
+                                "spec": {"selector": {"matchLabels": {"team": "a"}},
+                                         "env": [{"name": "A", "value": "2"}]}})
+    return "team"
+
+
+@pytest.mark.parametrize("labels, applied", [
+    (PROFILE_LABELS, True),  # what the profile controller labels a profile's namespace with
+    ({"app.kubernetes.io/part-of": "kubeflow-profile"}, True),  # the namespaceSelector's one label
+    ({k: v for k, v in PROFILE_LABELS.items() if k != "app.kubernetes.io/part-of"}, False),
+    ({}, False),
+])
+def test_the_api_server_calls_the_webhook_only_for_pods_of_a_namespace_its_selector_matches(tmp_path, labels,
+                                                                                              applied):
+    """mutating-webhook-configuration.yaml's ``namespaceSelector``: elsewhere a pod its PodDefault would conflict
+    with is stored as it came."""
+    with K8sServer(tmp_path, operator=False) as server:
+        namespace = _namespace(server, labels)
+        if applied:
+            with pytest.raises(ApiError) as refused:
+                server.create_pod(namespace, copy.deepcopy(_POD))
+            assert refused.value.code == 400
+        else:
+            assert server.create_pod(namespace, copy.deepcopy(_POD))["spec"]["containers"][0] == _MAIN
+
+
 def test_the_api_server_refuses_a_pod_its_poddefaults_conflict_with(tmp_path):
     """A refusing webhook's answer as the API server returns it (apiserver ``webhook/errors/statuserror.go``
     ``ToStatusErr``); the pod is not stored."""
     with K8sServer(tmp_path, operator=False) as server:
-        server.pod_defaults.append({"metadata": {"name": "env", "namespace": "default"},
-                                    "spec": {"selector": {"matchLabels": {"team": "a"}},
-                                             "env": [{"name": "A", "value": "2"}]}})
+        namespace = _namespace(server, PROFILE_LABELS)
         with pytest.raises(ApiError) as refused:
-            server.create_pod("default", copy.deepcopy(_POD))
+            server.create_pod(namespace, copy.deepcopy(_POD))
         with pytest.raises(ApiError) as missing:
-            server.store.get(PODS, "default", "p")
+            server.store.get(PODS, namespace, "p")
     assert (refused.value.code, str(refused.value), missing.value.code) == (
         400, 'admission webhook "admission-webhook-deployment.kubeflow.org" denied the '
              "request: conflict occurred while applying poddefaults: env on pod: p err: merging env for env has a "
