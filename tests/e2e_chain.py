@@ -740,8 +740,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.image} (the killed one restarted once, resumed from checkpoint step {resumed}); fires in "
                 f"flight {decisions['counts']['in_flight']}; champion v{champion}; then cooldown; the alert's run "
                 f"cancelled mid-training, its job deleted; served on KServe: v1, v2 as a {CANARY_PERCENT}% canary "
-                f"promoted, v{bad['version']} rolled back; {summary.data['serving']['logged']['requests']} requests logged and "
-                f"read back; {SUMMARY.name}")
+                f"promoted, v{bad['version']} rolled back; {summary.data['serving']['logged']['requests']} "
+                f"requests logged and read back; {SUMMARY.name}")
     except BaseException as err:
         summary.fail(err)
         print(f"e2e: failed; logs under {root}", file=sys.stderr)
