@@ -206,12 +206,14 @@ def test_a_poddefault_env_var_the_pod_sets_itself_refuses_the_pod_with_or_withou
 
 def test_a_poddefault_field_the_executor_does_not_apply_is_refused_by_name(tmp_path):
     secret = {**POD_DEFAULT, "spec": {**POD_DEFAULT["spec"], "annotations": {"a": "b"},
-                                      "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}]}}
+                                      "volumes": [{"name": "creds", "secret": {"secretName": "creds"}}],
+                                      "env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "creds",
+                                                                                             "key": "key"}}}]}}
     with KfpApiServer() as server, pytest.raises(ValueError) as refused:
         KfpExecutor(server, ProcessEngine(root=tmp_path), pipeline_root=tmp_path, pod_defaults=[secret])
     assert str(refused.value) == ("PodDefault access-ml-pipeline: spec fields ['annotations', 'volumes[creds] (only "
-                                  "a projected serviceAccountToken is emulated)'] are not emulated by the test "
-                                  "cluster")
+                                  "a projected serviceAccountToken is emulated)', 'env[KEY] (only a value is "
+                                  "emulated)'] are not emulated by the test cluster")
 
 
 @pytest.mark.parametrize("condition, error", [

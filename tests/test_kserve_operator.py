@@ -298,6 +298,12 @@ def test_what_kserve_refuses_or_the_emulation_does_not_model_is_named(kserve):
     condition = wait_for("the refusal", lambda: _condition(_get(custom), "PredictorReady"))
     assert condition["reason"] == "NotEmulated" and "spec.predictor.model.storageUri='gs://bucket/model'" in \
         condition["message"]
+    stopped = _isvc(settings, f"s3://{MODELS_BUCKET}/v1", "sha256:" + "0" * 64)
+    stopped["metadata"]["name"] = "churn-stopped"
+    stopped["metadata"]["annotations"]["serving.kserve.io/stop"] = "True"
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, stopped)
+    condition = wait_for("the stop's refusal", lambda: _condition(_get(custom, "churn-stopped"), "PredictorReady"))
+    assert condition["reason"] == "NotEmulated" and "serving.kserve.io/stop" in condition["message"]
 
 
 @pytest.fixture

@@ -77,7 +77,8 @@ Deliberate differences, forced by every pod sharing this host's network:
 Refused with the field's name, as not emulated (``PredictorReady`` False, reason ``NotEmulated``): other
 implementations than ``model``, ``storageUri`` schemes other than ``s3://`` and ``pvc://``, ``storage``,
 ``storageUris``, transformers and explainers, a logger ``batchSize`` over 1 or ``marshallerUrl``, a blob format
-other than ``json``; ``minReplicas``/``maxReplicas``/autoscaling are ignored (one pod per running revision).
+other than ``json``, the stop annotation (``serving.kserve.io/stop: "true"``); ``minReplicas``/``maxReplicas``/
+autoscaling are ignored (one pod per running revision).
 """
 from __future__ import annotations
 
@@ -124,6 +125,9 @@ INTERNAL = "internal.serving.kserve.io"
 """``InferenceServiceInternalAnnotationsPrefix``: the logger's pod annotations (``addLoggerAnnotations``)."""
 TAG_ROUTING = "serving.kserve.io/enable-tag-routing"
 """``EnableRoutingTagAnnotationKey``."""
+STOP_ANNOTATION = "serving.kserve.io/stop"
+"""``StopAnnotationKey`` (pkg/constants/constants.go:121): ``true`` in any case stops the InferenceService
+(pkg/utils/utils.go ``GetForceStopRuntime``, l. 347-349)."""
 CROSS_COMPONENT = {
     "RoutesReady": {"predictor": "PredictorRouteReady", "transformer": "TransformerRouteReady",
                     "explainer": "ExplainerRoutesReady"},
@@ -392,6 +396,9 @@ class InferenceServiceController(_JobController):
 
     def _template(self, isvc: dict) -> tuple[dict, dict | None]:
         spec, meta = isvc["spec"], isvc["metadata"]
+        if (meta.get("annotations") or {}).get(STOP_ANNOTATION, "").lower() == "true":  # utils.go GetForceStopRuntime
+            raise NotEmulated(f"metadata.annotations[{STOP_ANNOTATION!r}]: stopping is not emulated by the test "
+                              "cluster's KServe")
         for component in ("transformer", "explainer"):
             if spec.get(component):
                 raise NotEmulated(f"spec.{component} is not emulated by the test cluster's KServe")

@@ -45,7 +45,7 @@ class Conflict(ValueError):
 
 def checked(default: dict) -> dict:
     """``default`` if it uses only what the KFP executor's direct engines apply (:data:`FIELDS`, a volume being a
-    projected ``serviceAccountToken``).
+    projected ``serviceAccountToken``, an env variable a plain ``value``).
 
     Raises:
         ValueError: a field they do not apply, named.
@@ -56,6 +56,8 @@ def checked(default: dict) -> dict:
         sources = volume.get("projected", {}).get("sources", [])
         if set(volume) != {"name", "projected"} or len(sources) != 1 or set(sources[0]) != {"serviceAccountToken"}:
             unknown.append(f"volumes[{volume['name']}] (only a projected serviceAccountToken is emulated)")
+    unknown += [f"env[{e['name']}] (only a value is emulated)" for e in default["spec"].get("env", [])
+                if set(e) != {"name", "value"}]
     if unknown:
         raise ValueError(f"PodDefault {name}: spec fields {unknown} are not emulated by the test cluster")
     return default
