@@ -305,9 +305,9 @@ def experiment_id(client: Any, name: str, namespace: str | None = None) -> str:
     return client.create_experiment(name, namespace=namespace).experiment_id
 
 
-def run_name(version: VersionRef) -> str:
-    """A run's default name: ``<pipeline> <version> <time>``."""
-    return f"{version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
+def run_name(version: VersionRef, label: str = "") -> str:
+    """A run's default name: ``<label> <version> <time>``, the label by default the pipeline's name."""
+    return f"{label or version.pipeline_name} {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def create_run(client: Any, version: VersionRef, params: dict[str, Any], *, experiment: str = DEFAULT_EXPERIMENT,
@@ -383,8 +383,7 @@ def start_training(client: Any, version: VersionRef, params: dict[str, Any], *,
     if busy:
         raise TrainingInFlight(busy[0].run_id, busy[0].state)
     return create_run(client, version, params, experiment=experiment, namespace=namespace,
-                      display_name=display_name or
-                      f"retrain {version.version_name[:12]} {time.strftime('%Y%m%d-%H%M%S')}",
+                      display_name=display_name or run_name(version, "retrain"),
                       service_account=service_account).run_id
 
 
