@@ -211,11 +211,18 @@ def test_ray_pods_of_an_image_without_wget_never_get_ready_below_ray_2_53(cluste
     api.create_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", {
         "apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "no-wget"}, "spec": spec})
     core = client.CoreV1Api(cluster.api())
-    unhealthy = wait_for("both pods' readiness probes to fail", lambda: len(events := [
-        e for e in core.list_namespaced_event("default").items if e.reason == "Unhealthy"]) == 2 and events)
+
+    def probed() -> list | None:
+        """The two Ray pods once both run and each has its Unhealthy Event (a loaded host may start them slowly)."""
+        pods = core.list_namespaced_pod("default", label_selector=f"{CLUSTER_LABEL}=no-wget").items
+        events = [e for e in core.list_namespaced_event("default").items if e.reason == "Unhealthy"]
+        running = {p.metadata.name for p in pods if p.status.phase == "Running"}
+        if len(pods) == len(running) == 2 and running <= {e.involved_object.name for e in events}:
+            return events
+        return None
+
+    unhealthy = wait_for("both pods' readiness probes to fail", probed, timeout=240)
     assert {e.message for e in unhealthy} == {"Readiness probe failed: bash: line 1: wget: command not found"}
-    pods = core.list_namespaced_pod("default", label_selector=f"{CLUSTER_LABEL}=no-wget").items
-    assert {p.status.phase for p in pods} == {"Running"} and len(pods) == 2
     status = api.get_namespaced_custom_object("ray.io", "v1", "default", "rayclusters", "no-wget").get("status", {})
     assert status.get("state") != "ready" and status.get("readyWorkerReplicas") == 0
 
