@@ -263,7 +263,8 @@ def test_a_suspended_rayjob_waits_then_runs_and_its_deletion_takes_the_cluster_a
 
     # once the cluster is ready the controller creates the submitter Job (named after the RayJob) and its pod: wait
     # for that, so what the deletion takes along and the events it leaves are the same on every run
-    wait_for("the submitter's pod", lambda: "SuccessfulCreate" in [r for _, r, _ in _events(cluster, "queued")])
+    wait_for("the submitter's pod", lambda: "SuccessfulCreate" in [r for _, r, _ in _events(cluster, "queued")],
+             timeout=240)  # the Ray pods must be ready first: slow on a loaded host
     api.delete_namespaced_custom_object("ray.io", "v1", "default", "rayjobs", "queued")
     assert cluster.server.store.list(RAYCLUSTERS, "default")[0] == []
     assert core.list_namespaced_pod("default", label_selector=f"{CLUSTER_LABEL}={ray_cluster}").items == []
