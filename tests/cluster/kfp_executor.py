@@ -25,20 +25,21 @@ kubeflow/pipelines 2.17 (cited where used):
 - Argo's workflow controller creates each step pod (``backend/src/v2/compiler/argocompiler/container.go``,
   ``common.go``: the ``main`` container with ``KFP_POD_NAME`` and ``KFP_POD_UID`` from the downward API and the
   container's own ``env``, its command run by Argo's emissary (tests/cluster/argo_emissary.py, ``argoexec emissary --
-  CMD``: a deleted pod's SIGTERM reaches the command's process group), ``/kfp-launcher`` an emptyDir; the pod runs as
-  the run's service account in the profile's namespace). With a cluster (``KfpExecutor(cluster=K8sServer)``) the pod is
-  created through the cluster's API as the controller's own ServiceAccount ``kubeflow/argo`` (RBAC: KFP's manifests bind
-  Argo's ClusterRole to it, :func:`install_argo`), so the API server's admission applies: the PodDefault webhook
-  (tests/cluster/pod_defaults.py, kubeflow/kubeflow ``components/admission-webhook/main.go``: the PodDefaults given,
-  e.g. deploy/kubeflow-profile.yaml's ``access-ml-pipeline``, project the service-account token of the audience they
-  name; nothing else gives a pod a KFP API token), Istio's injection and Pod Security; a refusal fails the task with the
-  API's message (the main container's security context, :data:`USER_CONTAINER_SECURITY`, satisfies ``restricted`` only
-  with the admin's non-root defaults). The cluster's kubelet (its ``runtime``: processes, or containers of the image)
-  runs the pod, and the task ends with the main container (Argo's ``assessNodeStatus``: an Istio sidecar may keep the
-  pod Running); the task records ``pod_name`` (and as ``child_tasks[].pod_name``), the pod's log is the ``pods/log``
-  API's. Every pod mounts its service account's token, ``ca.crt`` and namespace at
-  ``/var/run/secrets/kubernetes.io/serviceaccount`` and has ``KUBERNETES_SERVICE_HOST``/``PORT`` (what Kubernetes'
-  ServiceAccount admission and kubelet add).
+  CMD``: a deleted pod's SIGTERM reaches the command's process group), with an object-store root the template's
+  emptyDirs (``/kfp-launcher``, scratch at ``/s3``, ``/minio``, ``/gcs``, ``/.local``, ``/.cache``, ``/.config``); the
+  pod runs as the run's service account in the profile's namespace). With a cluster
+  (``KfpExecutor(cluster=K8sServer)``) the pod is created through the cluster's API as the controller's own
+  ServiceAccount ``kubeflow/argo`` (RBAC: KFP's manifests bind Argo's ClusterRole to it, :func:`install_argo`), so the
+  API server's admission applies: the PodDefault webhook (tests/cluster/pod_defaults.py, kubeflow/kubeflow
+  ``components/admission-webhook/main.go``: the PodDefaults given, e.g. deploy/kubeflow-profile.yaml's
+  ``access-ml-pipeline``, project the service-account token of the audience they name; nothing else gives a pod a KFP
+  API token), Istio's injection and Pod Security; a refusal fails the task with the API's message (the main
+  container's security context, :data:`USER_CONTAINER_SECURITY`, satisfies ``restricted`` only with the admin's
+  non-root defaults). The cluster's kubelet (its ``runtime``: processes, or containers of the image) runs the pod, and
+  the task ends with the main container (Argo's ``assessNodeStatus``: an Istio sidecar may keep the pod Running); the
+  task records ``pod_name`` (and as ``child_tasks[].pod_name``), the pod's log is the ``pods/log`` API's. Every pod
+  mounts its service account's token, ``ca.crt`` and namespace at ``/var/run/secrets/kubernetes.io/serviceaccount``
+  and has ``KUBERNETES_SERVICE_HOST``/``PORT`` (what Kubernetes' ServiceAccount admission and kubelet add).
 - ``backend/src/v2/driver/driver.go`` (``extendPodSpecPatch``, ``initPodSpecPatch``) applies the task's Kubernetes
   platform spec (kfp-kubernetes): ``podMetadata`` labels, ``pvcMount`` as a volume of the claim at its
   ``mountPath``, ``secretAsEnv`` as ``secretKeyRef`` env (a missing Secret or key that is not ``optional`` fails
@@ -126,6 +127,11 @@ LOCAL_PREFIXES = {"s3": "/s3/", "minio": "/minio/"}
 """The local path prefix of an artifact URI's scheme (kfp ``dsl/types/artifact_types.py``)."""
 LAUNCHER_DIR = "/kfp-launcher"
 """The launcher's emptyDir in a step pod (``argocompiler/container.go``), where it keeps the executor output."""
+STEP_EMPTY_DIRS = {"kfp-launcher": LAUNCHER_DIR, "gcs-scratch": "/gcs", "s3-scratch": "/s3", "minio-scratch": "/minio",
+                   "dot-local-scratch": "/.local", "dot-cache-scratch": "/.cache", "dot-config-scratch": "/.config"}
+"""The emptyDirs every step pod's main container mounts, by volume name (``argocompiler/container.go`` 2.17.0
+``Container``, lines 469-564): the launcher's, and scratch space for the artifacts' local paths and a home-less
+user's ``.local``, ``.cache`` and ``.config``."""
 LAUNCHER = (Path(__file__).parent / "kfp_launcher.py").read_text()
 """tests/cluster/kfp_launcher.py, the step pod's launcher with an object-store root."""
 EMISSARY = (Path(__file__).parent / "argo_emissary.py").read_text()
@@ -520,7 +526,7 @@ class KfpExecutor:
         pod = step_pod(pod_name, container, command, platform, workflow=ctx.workflow.name,
                        service_account=ctx.run.get("service_account") or self.default_service_account,
                        api_url=self.cluster.url, object_store=self.object_store,
-                       pipeline_root=str(self.pipeline_root), security_defaults=self.security_defaults)
+                       security_defaults=self.security_defaults)
         with self.server.lock:
             if ctx.canceled.is_set():
                 raise Canceled()
@@ -769,13 +775,13 @@ def install_argo(cluster: K8sServer) -> None:
 
 def step_pod(pod_name: str, container: pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec,
              command: list[str], platform: dict, *, workflow: str, service_account: str, api_url: str,
-             object_store: str = "", pipeline_root: str = "", security_defaults: dict[str, Any] | None = None) -> dict:
+             object_store: str = "", security_defaults: dict[str, Any] | None = None) -> dict:
     """The step pod as Argo creates it from KFP's compiled workflow and the driver's pod spec patch (see the
     module docstring): the run's service account, ``restartPolicy: Never``, the ``main`` container running the
     command under Argo's emissary (:data:`EMISSARY`) with ``KFP_POD_NAME``/``KFP_POD_UID`` (downward API), the
     container's env and resources, the platform spec's labels, Secret env, claims and image pull secrets; the
-    service-account mount and API address Kubernetes adds; with an object-store root the launcher's folders and the
-    object store's credentials.
+    service-account mount and API address Kubernetes adds; with an object-store root the compiled template's
+    emptyDirs (:data:`STEP_EMPTY_DIRS`) and the object store's credentials.
 
     Args:
         workflow: the run's Argo Workflow (the pod's ``workflows.argoproj.io/workflow`` label).
@@ -803,10 +809,8 @@ def step_pod(pod_name: str, container: pipeline_spec_pb2.PipelineDeploymentConfi
         volumes.append({"name": f"pvc-{index}", "persistentVolumeClaim": {"claimName": name}})
         mounts.append({"name": f"pvc-{index}", "mountPath": claim["mountPath"]})
     if object_store:
-        scheme = pipeline_root.split("://", 1)[0]
-        for name, path in (("kfp-launcher", LAUNCHER_DIR), ("artifacts", LOCAL_PREFIXES[scheme].rstrip("/"))):
-            volumes.append({"name": name, "emptyDir": {}})
-            mounts.append({"name": name, "mountPath": path})
+        volumes += [{"name": name, "emptyDir": {}} for name in STEP_EMPTY_DIRS]
+        mounts += [{"name": name, "mountPath": path} for name, path in STEP_EMPTY_DIRS.items()]
         env += [{"name": "AWS_ENDPOINT_URL", "value": object_store},
                 *({"name": var, "valueFrom": {"secretKeyRef": {"name": OBJECT_STORE_SECRET, "key": key}}}
                   for var, key in (("AWS_ACCESS_KEY_ID", "accesskey"), ("AWS_SECRET_ACCESS_KEY", "secretkey"))),

@@ -40,13 +40,13 @@ USER_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["
 
 
 def build(resources: Resources | None = None, platform: dict | None = None,
-          security_defaults: dict | None = None) -> dict:
+          security_defaults: dict | None = None, object_store: str = "") -> dict:
     """The step pod of driver_test.go's container (``python:3.11``, ``sh -ec python3 -m kfp...``)."""
     container = ContainerSpec(image="python:3.11", command=["sh", "-ec", "python3 -m kfp.components.executor_main"],
                               args=["--function_to_execute", "add"], resources=resources)
     return step_pod("run-1-add-abcde", container, [*container.command, *container.args], platform or {},
                     workflow="run-1", service_account="pipeline-runner", api_url="https://127.0.0.1:6443",
-                    security_defaults=security_defaults)
+                    object_store=object_store, security_defaults=security_defaults)
 
 
 def main(pod: dict) -> dict:
@@ -130,3 +130,14 @@ def test_resources(name, resources, expected):
     built = main(build(resources))["resources"]
     assert {kind: {k: parse_quantity(v) for k, v in values.items()} for kind, values in built.items()} == \
         {kind: {k: parse_quantity(v) for k, v in values.items()} for kind, values in expected.items()}
+
+
+def test_an_object_store_step_mounts_the_compiled_templates_empty_dirs():
+    """argocompiler/container.go 2.17.0 ``Container`` (lines 469-564): the executor template's seven emptyDirs, each
+    mounted in the main container at its path; the launcher and scratch folders a non-root user can write."""
+    pod = build(object_store="http://127.0.0.1:9000")
+    empty = {v["name"] for v in pod["spec"]["volumes"] if v.get("emptyDir") == {}}
+    mounts = {m["name"]: m["mountPath"] for m in main(pod)["volumeMounts"] if m["name"] in empty}
+    assert mounts == {"kfp-launcher": "/kfp-launcher", "gcs-scratch": "/gcs", "s3-scratch": "/s3",
+                      "minio-scratch": "/minio", "dot-local-scratch": "/.local", "dot-cache-scratch": "/.cache",
+                      "dot-config-scratch": "/.config", "var-run-argo": "/var/run/argo"}
