@@ -16,9 +16,9 @@ Taken from the kubelet (kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_contain
   it (``subPath``, ``readOnly``); an ``emptyDir`` a folder of the pod made ``0777`` (``pkg/volume/emptydir/
   empty_dir.go`` ``defaultPerm``), or a tmpfs of ``sizeLimit`` when its ``medium`` is ``Memory``; a memory
   ``emptyDir`` at ``/dev/shm`` sizes the container's shm; a ``projected`` volume is a read-only folder of its files
-  (``k8s_operator.projected_folder``). The pod's ``securityContext.fsGroup`` is applied to both
-  kinds as the kubelet's volume ownership code does (:func:`set_volume_ownership`) and joins the container's
-  supplementary groups with ``supplementalGroups`` (``pkg/kubelet/kuberuntime/security_context.go``
+  (``k8s_operator.projected_folder``). The pod's ``securityContext.fsGroup`` is applied to all three kinds (a
+  projected one read-only) as the kubelet's volume ownership code does (:func:`set_volume_ownership`) and joins the
+  container's supplementary groups with ``supplementalGroups`` (``pkg/kubelet/kuberuntime/security_context.go``
   ``determineEffectiveSecurityContext``); the claims stand for volumes whose driver supports fsGroup (block volumes;
   a CSI driver with ``fsGroupPolicy: File``).
 - ``resources.limits`` cpu and memory as the container's CPU quota and memory limit (OOMKilled from the daemon).
@@ -233,7 +233,9 @@ class DockerRuntime:
                 source = job.api.volumes[claim] / mount.get("subPath", "")
                 mounts.append(Mount(target, str(source), type="bind", read_only=read_only))
             elif "projected" in volume:
-                mounts.append(Mount(target, str(projected_folder(job, pod, volume)), type="bind", read_only=True))
+                folder = projected_folder(job, pod, volume)
+                set_volume_ownership(folder, fs_group, read_only=True)  # projected.go SetUpAt: no change policy
+                mounts.append(Mount(target, str(folder), type="bind", read_only=True))
             else:
                 empty = volume["emptyDir"] or {}
                 size = int(quantity(empty["sizeLimit"])) if "sizeLimit" in empty else None

@@ -5,7 +5,9 @@ written from the operator's source; nothing here imports the code under test."""
 from __future__ import annotations
 
 import base64
+import json
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -23,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from cluster import istio_injection
 from cluster import pytorchjob_contract as operator
 from cluster.k8s_store import PODS, PYTORCHJOBS, SECRETS, ApiError, now
-from cluster.k8s_validation import service_refusal
+from cluster.k8s_validation import aggregate, service_refusal
+from cluster.kuberay_validation import label_key_errors
 from cluster.server_process import free_port
 
 if TYPE_CHECKING:
@@ -228,36 +231,151 @@ def container_volumes(pod: dict, container: dict) -> list[tuple[dict, dict]]:
     return found
 
 
-def projected_folder(job: "_JobController", pod: dict, volume: dict) -> Path:
-    """A ``projected`` volume written as the kubelet's projection does (kubernetes ``pkg/volume/projected/
-    projected.go`` ``collectData``) into a folder of the pod: a ``serviceAccountToken`` source the pod's service
-    account's token for its ``audience`` (``K8sServer.service_account_token``: TokenRequest), the
-    ``kube-root-ca.crt`` ConfigMap's ``ca.crt`` the cluster's CA, a ``downwardAPI`` item its ``fieldRef``'s value.
+PROJECTED_DEFAULT_MODE = 0o644
+"""``projected.defaultMode`` when the pod sets none: the API server's default (kubernetes
+``pkg/apis/core/v1/defaults.go`` ``SetDefaults_ProjectedVolumeSource``, ``v1.ProjectedVolumeSourceDefaultMode``)."""
+ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
+"""The ConfigMap kube-controller-manager publishes in every namespace (``pkg/controller/certificates/
+rootcacertpublisher/publisher.go``): its one key ``ca.crt`` is the cluster's CA, the only ConfigMap emulated."""
+
+
+def fs_user(pod: dict) -> int | None:
+    """The user a pod's volume files are given to (kubernetes ``pkg/volume/util/util.go`` ``FsUserFrom``, as
+    ``operation_generator.go`` passes it to ``SetUp``): the ``runAsUser`` every container runs as (its own, else the
+    pod's, ``securitycontext.DetermineEffectiveRunAsUser``); None when one has none or two differ."""
+    default = (pod["spec"].get("securityContext") or {}).get("runAsUser")
+    users = {(c.get("securityContext") or {}).get("runAsUser", default)
+             for c in [*pod["spec"].get("initContainers", []), *pod["spec"]["containers"]]}
+    return next(iter(users)) if len(users) == 1 else None
+
+
+def volume_field_value(pod: dict, path: str) -> str:
+    """What a ``downwardAPI`` volume item's ``fieldRef`` reads (kubernetes ``pkg/fieldpath/fieldpath.go``
+    ``ExtractFieldPathAsString``, ``SplitMaybeSubscriptedPath``, ``FormatMap``): ``metadata.name``, ``.namespace``,
+    ``.uid``, a label or annotation by key, or all of them as sorted ``key="value"`` lines.
 
     Raises:
-        ValueError: another source (``secret``, other ConfigMaps), named.
+        ValueError: upstream's errors: a subscript that is no qualified name, a subscript on another field, or
+            another field.
     """
+    meta = pod["metadata"]
+    name, subscripted, key = path.removesuffix("']").partition("['")
+    if path.endswith("']") and subscripted and name:
+        if name not in ("metadata.annotations", "metadata.labels"):
+            raise ValueError(f"fieldPath {json.dumps(name)} does not support subscript")
+        errors = label_key_errors(key.lower() if name == "metadata.annotations" else key)
+        if errors:
+            raise ValueError(f"invalid key subscript in {path}: {';'.join(errors)}")
+        return (meta.get(name.split(".")[1]) or {}).get(key, "")
+    if path in ("metadata.annotations", "metadata.labels"):
+        values = meta.get(path.split(".")[1]) or {}
+        return "\n".join(f"{k}={json.dumps(values[k], ensure_ascii=False)}" for k in sorted(values))
+    if path in ("metadata.name", "metadata.namespace", "metadata.uid"):
+        return meta.get(path.split(".")[1], "")
+    raise ValueError(f"unsupported fieldPath: {path}")
+
+
+def _key_payload(source: dict, data: dict[str, str], default_mode: int) -> dict[str, tuple[str, int]]:
+    """A ConfigMap source's files (kubernetes ``pkg/volume/configmap/configmap.go`` ``MakePayload``): every key
+    with no ``items``, else each item's key at its ``path`` with its ``mode``; a missing key skipped when
+    ``optional``.
+
+    Raises:
+        ValueError: an item names a key the ConfigMap lacks (upstream's words).
+    """
+    if not source.get("items"):
+        return {key: (value, default_mode) for key, value in data.items()}
+    payload = {}
+    for item in source["items"]:
+        if item["key"] in data:
+            payload[item["path"]] = (data[item["key"]], item.get("mode", default_mode))
+        elif not source.get("optional"):
+            raise ValueError(f"configmap references non-existent config key: {item['key']}")
+    return payload
+
+
+def _projection_refusal(volume: dict, source: dict) -> str | None:
+    """Why the test cluster's kubelet does not emulate a ``projected`` source (None when it does): a ``secret``,
+    another ConfigMap, a ``clusterTrustBundle`` or ``podCertificate``; a ``downwardAPI`` item's
+    ``resourceFieldRef``."""
+    where = f"spec.volumes[{volume['name']}].projected"
+    if "downwardAPI" in source:
+        refused = [item["path"] for item in source["downwardAPI"].get("items") or [] if "fieldRef" not in item]
+        return (f"{where} downwardAPI item {refused[0]!r}: only a fieldRef is emulated by the test cluster's kubelet"
+                if refused else None)
+    if "serviceAccountToken" in source or source.get("configMap", {}).get("name") == ROOT_CA_CONFIGMAP:
+        return None
+    return (f"{where} source {sorted(source)} is not emulated by the test cluster's kubelet (only "
+            f"serviceAccountToken, the {ROOT_CA_CONFIGMAP} ConfigMap and downwardAPI)")
+
+
+def _projection(job: "_JobController", pod: dict, source: dict,
+                default_mode: int) -> dict[str, tuple[str, int, int | None]]:
+    """One emulated source's files: path -> (content, mode, owner or None), as :func:`projected_folder` says.
+
+    Raises:
+        ValueError: upstream's error for the source (a missing key, a field path it does not read).
+    """
+    if "serviceAccountToken" in source:
+        token, user = source["serviceAccountToken"], fs_user(pod)
+        group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+        content = job.api.service_account_token(job.namespace, pod["spec"].get("serviceAccountName") or "default",
+                                                token.get("audience", ""))
+        return {token["path"]: (content, 0o600 if user is not None or group is not None else default_mode, user)}
+    if "configMap" in source:
+        payload = _key_payload(source["configMap"], {"ca.crt": job.api.ca_pem.decode()}, default_mode)
+        return {path: (content, mode, None) for path, (content, mode) in payload.items()}
+    return {posixpath.normpath(item["path"]): (volume_field_value(pod, item["fieldRef"]["fieldPath"]),
+                                               item.get("mode", default_mode), None)
+            for item in source["downwardAPI"].get("items") or []}
+
+
+def projected_folder(job: "_JobController", pod: dict, volume: dict) -> Path:
+    """A ``projected`` volume's files in a folder of the pod, as the kubelet collects them (kubernetes
+    ``pkg/volume/projected/projected.go`` ``projectedVolumeMounter.collectData``; read at kubernetes master
+    059ce4e8a1d958959595b970acaf846259348518 as mirrored in sanposhiho/kubernetes), for the sources emulated:
+
+    * ``serviceAccountToken``: a TokenRequest of the pod's service account for its ``audience``
+      (``K8sServer.service_account_token``) at ``path``, mode ``defaultMode``, or ``0600`` given to :func:`fs_user`
+      when the pod has one or an ``fsGroup`` ("we depend on SetVolumeOwnership to change from 0600 to 0640");
+      ``expirationSeconds`` is not emulated: the test cluster's tokens do not expire;
+    * the ``kube-root-ca.crt`` ConfigMap (key ``ca.crt``) as ``configmap.MakePayload`` projects one
+      (:func:`_key_payload`);
+    * ``downwardAPI`` items' ``fieldRef`` (:func:`volume_field_value`) at their cleaned ``path``
+      (``pkg/volume/downwardapi/downwardapi.go`` ``CollectData``).
+
+    A file's mode is its item's ``mode``, else ``defaultMode`` (:data:`PROJECTED_DEFAULT_MODE`). Every source's
+    errors are gathered and fail the mount together (``utilerrors.NewAggregate``). Unlike the kubelet's
+    ``AtomicWriter`` (``pkg/volume/util/atomic_writer.go``) the files are written in place, with no ``..data`` link
+    to a timestamped folder; only a root kubelet gives the token to :func:`fs_user` (a non-root one runs every pod
+    as its own user).
+
+    Raises:
+        ValueError: the gathered errors, or a source or item form not emulated, named (:func:`_projection_refusal`).
+    """
+    sources = volume["projected"].get("sources") or []
+    refusal = next(filter(None, (_projection_refusal(volume, source) for source in sources)), None)
+    if refusal:
+        raise ValueError(refusal)
+    default_mode = volume["projected"].get("defaultMode", PROJECTED_DEFAULT_MODE)
+    files: dict[str, tuple[str, int, int | None]] = {}
+    errors = []
+    for source in sources:
+        try:
+            files.update(_projection(job, pod, source, default_mode))
+        except ValueError as err:
+            errors.append(str(err))
+    if errors:
+        raise ValueError(aggregate(errors))
     folder = job.dir / pod["metadata"]["name"] / "projected" / volume["name"]
-    folder.mkdir(parents=True, exist_ok=True)
-    files: dict[str, str] = {}
-    for source in volume["projected"].get("sources", []):
-        if "serviceAccountToken" in source:
-            token = source["serviceAccountToken"]
-            files[token["path"]] = job.api.service_account_token(
-                job.namespace, pod["spec"].get("serviceAccountName") or "default", token.get("audience", ""))
-        elif source.get("configMap", {}).get("name") == "kube-root-ca.crt":
-            files.update({item["path"]: job.api.ca_pem.decode() for item in source["configMap"]["items"]})
-        elif "downwardAPI" in source:
-            files.update({item["path"]: field_value(pod, item["fieldRef"]["fieldPath"])
-                          for item in source["downwardAPI"]["items"]})
-        else:
-            raise ValueError(f"spec.volumes[{volume['name']}].projected source {sorted(source)} is not emulated by "
-                             "the test cluster's kubelet (only serviceAccountToken, the kube-root-ca.crt ConfigMap "
-                             "and downwardAPI)")
-    for path, content in files.items():
+    for path, (content, mode, owner) in files.items():
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).unlink(missing_ok=True)  # a read-only file of the last setup (``RequiresRemount``)
         (folder / path).write_text(content)
-        (folder / path).chmod(0o644)
+        (folder / path).chmod(mode)
+        if owner is not None and os.geteuid() == 0:
+            os.chown(folder / path, owner, -1)
+    folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
