@@ -325,6 +325,13 @@ def test_what_kserve_refuses_or_the_emulation_does_not_model_is_named(kserve):
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, stopped)
     condition = wait_for("the stop's refusal", lambda: _condition(_get(custom, "churn-stopped"), "PredictorReady"))
     assert condition["reason"] == "NotEmulated" and "serving.kserve.io/stop" in condition["message"]
+    standard = _isvc(settings, f"s3://{MODELS_BUCKET}/v1", "sha256:" + "0" * 64)
+    standard["metadata"]["name"] = "churn-standard"
+    standard["metadata"]["annotations"][DEPLOYMENT_MODE] = "RawDeployment"
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, standard)
+    condition = wait_for("Standard's refusal", lambda: _condition(_get(custom, "churn-standard"), "PredictorReady"))
+    assert condition["reason"] == "NotEmulated" and "deployment mode Standard" in condition["message"]
+    assert _get(custom, "churn-standard")["status"]["deploymentMode"] == "Standard"
 
 
 @pytest.fixture
