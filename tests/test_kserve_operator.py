@@ -1,9 +1,9 @@
 """The test cluster's KServe (tests/cluster/kserve_operator.py): kfloop's rendered InferenceService, created through
 the API server, reconciled into predictor pods really running ``kfloop serve-model`` on the model the storage
 initializer downloaded from the S3 test server; revisions, the canary split, promotion and rollback, the status
-fields KServe reports, a failing predictor that never becomes ready, a tampered download refused against the
-registered ``serving.kfloop.io/artifact-digest``, and the payload logger's blobs read back by
-monitoring/inference_logs.py."""
+fields KServe reports, the deployment mode it records and then keeps, a failing predictor that never becomes ready,
+a tampered download refused against the registered ``serving.kfloop.io/artifact-digest``, and the payload logger's
+blobs read back by monitoring/inference_logs.py."""
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +34,7 @@ from training.registry.manifest import tree_digest
 from training.registry.versions import verified_manifest
 from training.serving import MODEL_VERSION_ANNOTATION
 from training.serving.artifacts import VersionArtifacts
-from training.serving.manifests import inference_service, serving_runtime
+from training.serving.manifests import DEPLOYMENT_MODE, inference_service, serving_runtime
 from training.serving.settings import ServingSettings
 from training.serving.table import response_table, table_request
 
@@ -232,6 +232,27 @@ def test_a_canary_takes_its_share_then_rolls_back_and_is_promoted(kserve, model)
              lambda: not cluster.server.store.list(PODS, "default", f"{REVISION_LABEL}={first}")[0])
 
 
+def test_the_deployment_mode_is_recorded_and_then_cannot_change(kserve, model):
+    """``updateStatus`` records the mode kfloop's annotation chose; the webhook then refuses an update naming another
+    (``validateDeploymentMode``) and admits one naming the same."""
+    cluster, custom, settings = kserve
+    body = _isvc(settings, f"s3://{MODELS_BUCKET}/v1", model[2])
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, body)
+    recorded = wait_for("the recorded mode", lambda: (_get(custom).get("status") or {}).get("deploymentMode"))
+    assert recorded == body["metadata"]["annotations"][DEPLOYMENT_MODE] == "Knative"
+    with pytest.raises(client.ApiException) as refused:
+        _patch(custom, {}, {"annotations": {DEPLOYMENT_MODE: "Standard"}})
+    assert refused.value.status == 403
+    assert status_of(refused.value)["message"] == (
+        'admission webhook "inferenceservice.kserve-webhook-server.validator" denied the request: '
+        "update rejected: deploymentMode cannot be changed from 'Knative' to 'Standard'")
+    assert _get(custom)["metadata"]["annotations"][DEPLOYMENT_MODE] == "Knative"
+    _patch(custom, {}, {"annotations": {DEPLOYMENT_MODE: "Knative", MODEL_VERSION_ANNOTATION: "2"}})
+    assert _get(custom)["metadata"]["annotations"][MODEL_VERSION_ANNOTATION] == "2"
+    custom.delete_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, MODEL)
+    assert cluster.server.live_pids() == []
+
+
 def _failed(custom) -> dict:
     return wait_for("the revision's failure", lambda: (c := _condition(_get(custom), "PredictorReady"))
                     and c["status"] == "False" and c, timeout=READY_TIMEOUT_S, interval=0.2)
@@ -304,6 +325,13 @@ def test_what_kserve_refuses_or_the_emulation_does_not_model_is_named(kserve):
     custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, stopped)
     condition = wait_for("the stop's refusal", lambda: _condition(_get(custom, "churn-stopped"), "PredictorReady"))
     assert condition["reason"] == "NotEmulated" and "serving.kserve.io/stop" in condition["message"]
+    standard = _isvc(settings, f"s3://{MODELS_BUCKET}/v1", "sha256:" + "0" * 64)
+    standard["metadata"]["name"] = "churn-standard"
+    standard["metadata"]["annotations"][DEPLOYMENT_MODE] = "RawDeployment"
+    custom.create_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, standard)
+    condition = wait_for("Standard's refusal", lambda: _condition(_get(custom, "churn-standard"), "PredictorReady"))
+    assert condition["reason"] == "NotEmulated" and "deployment mode Standard" in condition["message"]
+    assert _get(custom, "churn-standard")["status"]["deploymentMode"] == "Standard"
 
 
 @pytest.fixture

@@ -610,7 +610,7 @@ class K8sServer:
                 if resource is PYTORCHJOBS:
                     _admit_pytorchjob(candidate, current)
                 if resource is INFERENCESERVICES:
-                    kserve_operator.admit(candidate)
+                    kserve_operator.admit(candidate, current)
             return updated
 
         _check_micro_times(resource, body)

@@ -7,6 +7,11 @@ Written from kserve at tag v0.20.0 and cited by file and function, never from kf
 
 * admission: ``pkg/apis/serving/v1beta1/inference_service_validation.go`` through tests/cluster/kserve_validation.py
   (``ValidateCreate`` / ``ValidateUpdate``: the webhook ``inferenceservice.kserve-webhook-server.validator``).
+* the deployment mode: ``controller.go`` ``Reconcile`` (:156) resolves it by ``utils/utils.go`` ``GetDeploymentMode``
+  (:224-248: ``status.deploymentMode`` parsed, else the annotation ``serving.kserve.io/deploymentMode`` if it names
+  ``Standard``, ``Knative`` or ``ModelMesh`` after the legacy names, else the default ``Knative``: the
+  ``deploy`` config's ``Serverless`` in config/configmap/inferenceservice.yaml :745 as ``NewDeployConfig``,
+  configmap.go :377-380, converts it) and ``updateStatus`` (:424-425) records it as ``status.deploymentMode``.
 * ``pkg/controller/v1beta1/inferenceservice/components/predictor.go``: ``reconcileModel`` (the ServingRuntime named
   by ``model.runtime`` in the namespace, else ``RuntimeNotRecognized``; the protocol version it must support),
   ``buildPodSpec`` (``MergeServingRuntimeAndInferenceServiceSpecs``: the runtime's first container as
@@ -74,11 +79,11 @@ Deliberate differences, forced by every pod sharing this host's network:
   a local process on the process kubelet; on the Docker kubelet a container of the image
   :data:`INITIALIZER_IMAGE`, which :func:`build_storage_initializer` makes from the image under test.
 
-Refused with the field's name, as not emulated (``PredictorReady`` False, reason ``NotEmulated``): other
-implementations than ``model``, ``storageUri`` schemes other than ``s3://`` and ``pvc://``, ``storage``,
-``storageUris``, transformers and explainers, a logger ``batchSize`` over 1 or ``marshallerUrl``, a blob format
-other than ``json``, the stop annotation (``serving.kserve.io/stop: "true"``); ``minReplicas``/``maxReplicas``/
-autoscaling are ignored (one pod per running revision).
+Refused with the field's name, as not emulated (``PredictorReady`` False, reason ``NotEmulated``): a deployment
+mode other than ``Knative``, other implementations than ``model``, ``storageUri`` schemes other than ``s3://`` and
+``pvc://``, ``storage``, ``storageUris``, transformers and explainers, a logger ``batchSize`` over 1 or
+``marshallerUrl``, a blob format other than ``json``, the stop annotation (``serving.kserve.io/stop: "true"``);
+``minReplicas``/``maxReplicas``/autoscaling are ignored (one pod per running revision).
 """
 from __future__ import annotations
 
@@ -135,6 +140,10 @@ CROSS_COMPONENT = {
                               "transformer": "TransformerConfigurationReady",
                               "explainer": "ExplainerConfigurationReady"}}
 """``conditionsMapIndex`` (inference_service_status.go :277-292): the components' condition each aggregates."""
+DEFAULT_MODE = kserve_validation.KNATIVE
+"""``DeployConfig.DefaultDeploymentMode`` as installed (see the module docstring)."""
+RESOLVED_MODES = (kserve_validation.STANDARD, kserve_validation.KNATIVE, "ModelMesh")
+"""The modes an annotation may choose (``GetDeploymentMode``, utils.go :240-242)."""
 HAPPY, DEPENDENTS = "Ready", ("PredictorReady", "IngressReady")
 """``conditionSet`` (inference_service_status.go :295-298): ``NewLivingConditionSet(PredictorReady, IngressReady)``."""
 CONTAINER, INITIALIZER = "kserve-container", "storage-initializer"
@@ -165,13 +174,13 @@ SPLIT_STRIDE = 37
 LOG_TAIL_LINES = 20
 
 
-def admit(isvc: dict) -> None:
-    """KServe's validating webhook on create and update.
+def admit(isvc: dict, old: dict | None = None) -> None:
+    """KServe's validating webhook on create, and on update from ``old`` (the stored object, its status included).
 
     Raises:
         ApiError: 403 with the webhook's denial, as the API server answers it.
     """
-    refusal = kserve_validation.validate(isvc)
+    refusal = kserve_validation.validate(isvc) if old is None else kserve_validation.validate_update(isvc, old)
     if refusal:
         raise ApiError(403, "Forbidden", webhook_denied(WEBHOOK, refusal))
 
@@ -190,6 +199,16 @@ def deleted(api: K8sServer, namespace: str, name: str) -> None:
     api.stop_controller(INFERENCESERVICES, namespace, name)
     for pod in api.store.list(PODS, namespace, f"{ISVC_LABEL}={name}")[0]:
         api.delete_pod(namespace, pod["metadata"]["name"])
+
+
+def deployment_mode(isvc: dict) -> str:
+    """``GetDeploymentMode`` with the installed default (see the module docstring)."""
+    recorded = (isvc.get("status") or {}).get("deploymentMode", "")
+    if recorded:
+        return kserve_validation.parse_deployment_mode(recorded)
+    annotated = (isvc["metadata"].get("annotations") or {}).get(kserve_validation.DEPLOYMENT_MODE, "")
+    annotated = kserve_validation.LEGACY_MODES.get(annotated, annotated)
+    return annotated if annotated in RESOLVED_MODES else DEFAULT_MODE
 
 
 class NotEmulated(ValueError):
@@ -357,7 +376,11 @@ class InferenceServiceController(_JobController):
         status = Status(isvc.get("status") or {})
         if status.condition(HAPPY) is None:  # controller.go Reconcile :224-228
             status.initialize()
+        status.json["deploymentMode"] = mode = deployment_mode(isvc)  # updateStatus (controller.go :424-425)
         try:
+            if mode != kserve_validation.KNATIVE:
+                raise NotEmulated(f"metadata.annotations[{kserve_validation.DEPLOYMENT_MODE!r}]: deployment mode "
+                                  f"{mode} is not emulated by the test cluster's KServe")
             template, logger = self._template(isvc)
         except NotEmulated as exc:
             status.set("PredictorReady", "False", "NotEmulated", str(exc))

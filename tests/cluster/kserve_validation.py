@@ -11,10 +11,15 @@ the controller's checks), ported from kserve at tag v0.20.0 with upstream's mess
 - ``pkg/controller/v1beta1/inferenceservice/utils/utils.go`` ``ValidateStorageURI`` (411-442, prefixes at 48,
   Azure at 52-53), which the predictor reconciler applies (``components/predictor.go`` 300); a
   ClusterStorageContainer (its step 1) is not modelled: none is installed;
+- ``ValidateUpdate`` (84-106): ``validateDeploymentMode`` (685-701) first, then the rules above; its deletion
+  case (``DeletionTimestamp`` set: nothing checked) does not arise, the test server deleting at once;
+  ``validatePredictorNameChange`` (a Standard-mode canary rule) is not ported;
+- ``pkg/constants/constants.go`` ``ParseDeploymentMode`` (570-587): the legacy ``Serverless`` and ``RawDeployment``
+  are ``Knative`` and ``Standard``, an empty mode ``DefaultDeployment`` (``Standard``, 566);
 - ``canaryTrafficPercent``: the Knative reconciler turns it into traffic targets ``P`` and ``100 - P``
   (``reconcilers/knative/ksvc_reconciler.go`` 134-153), which Knative refuses outside 0-100.
 
-:func:`validate` answers like the webhook: the first rule broken, or None.
+:func:`validate` (create) and :func:`validate_update` answer like the webhook: the first rule broken, or None.
 """
 from __future__ import annotations
 
@@ -43,6 +48,10 @@ STORAGE_PREFIXES = ("gs://", "s3://", "pvc://", "file://", "https://", "http://"
 UNSUPPORTED_STORAGE_URI = ("storageUri, must be one of: [{}] or match https://{{}}.blob.core.windows.net/{{}}/{{}} or be "
                            "an absolute or relative local path. StorageUri [{}] is not supported")
 DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
+KNATIVE, STANDARD = "Knative", "Standard"
+LEGACY_MODES = {"Serverless": KNATIVE, "RawDeployment": STANDARD}
+"""``LegacyServerless`` and ``LegacyRawDeployment`` (constants.go 562-564) and what they are now."""
+MODE_CHANGED = "update rejected: deploymentMode cannot be changed from '{}' to '{}'"
 
 
 def validate(isvc: dict[str, Any]) -> str | None:
@@ -64,6 +73,30 @@ def validate(isvc: dict[str, Any]) -> str | None:
         if error:
             return error
     return canary_error(isvc) or traffic_error(predictor)
+
+
+def validate_update(isvc: dict[str, Any], old: dict[str, Any]) -> str | None:
+    """``ValidateUpdate`` of ``old`` (with its status) to ``isvc``."""
+    return deployment_mode_error(isvc, old) or validate(isvc)
+
+
+def deployment_mode_error(isvc: dict[str, Any], old: dict[str, Any]) -> str | None:
+    """``validateDeploymentMode``: once the controller recorded ``status.deploymentMode``, an annotation naming
+    another mode (legacy names compared as written) is refused; before that, anything goes."""
+    recorded = (old.get("status") or {}).get("deploymentMode", "")
+    if not recorded:
+        return None
+    recorded = parse_deployment_mode(recorded)
+    annotations = isvc["metadata"].get("annotations") or {}
+    if DEPLOYMENT_MODE in annotations and annotations[DEPLOYMENT_MODE] != recorded:
+        return MODE_CHANGED.format(recorded, annotations[DEPLOYMENT_MODE])
+    return None
+
+
+def parse_deployment_mode(mode: str) -> str:
+    """``ParseDeploymentMode``: ``Standard`` for an empty mode, legacy names as their successors, others as they
+    are."""
+    return LEGACY_MODES.get(mode, mode or STANDARD)
 
 
 def implementations(predictor: dict[str, Any]) -> list[str]:
@@ -131,7 +164,7 @@ def canary_error(isvc: dict[str, Any]) -> str | None:
     canaries = isvc["spec"].get("canary") or []
     if not canaries:
         return None
-    if isvc["metadata"].get("annotations", {}).get(DEPLOYMENT_MODE) != "Standard":
+    if isvc["metadata"].get("annotations", {}).get(DEPLOYMENT_MODE) != STANDARD:
         return "canary is only supported in Standard deployment mode"
     stable = isvc["spec"]["predictor"]
     if storage_uri(stable) is None and stable.get("model") is None:

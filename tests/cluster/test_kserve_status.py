@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import pytest
 
-from cluster.kserve_operator import (TAG_ROUTING, Status, Target, ingress, ksvc_traffic,
+from cluster.kserve_operator import (TAG_ROUTING, Status, Target, deployment_mode, ingress, ksvc_traffic,
                                      propagate_cross_component_status, propagate_status, route_traffic)
 
 URL = "http://test-predictor-default.default.example.com"
@@ -404,3 +404,27 @@ def test_the_route_resolves_latest_revision_targets_to_the_latest_ready_revision
     spec = ksvc_traffic(20, "r-1", {})
     assert route_traffic(spec, "r-2") == [Target("r-2", 20, True), Target("r-1", 80, False, "prev")]
     assert route_traffic(spec, "") == []
+
+
+# utils/utils_test.go TestGetDeploymentMode (:1478), under ``pkg/controller/v1beta1/inferenceservice/``: its
+# ``DeployConfig{}`` rows never reach the default, and its ``DefaultDeploymentMode`` row's default is the installed one
+@pytest.mark.parametrize("recorded, annotations, want", [
+    pytest.param("", {"serving.kserve.io/deploymentMode": "Standard"}, "Standard", id="Standard"),
+    pytest.param("", {"serving.kserve.io/deploymentMode": "Knative"}, "Knative", id="ServerlessDeployment"),
+    pytest.param("", {"serving.kserve.io/deploymentMode": "ModelMesh"}, "ModelMesh", id="ModelMeshDeployment"),
+    pytest.param("", {}, "Knative", id="DefaultDeploymentMode"),
+    pytest.param("RawDeployment", {}, "Standard", id="LegacyRawDeploymentInStatus"),
+    pytest.param("Serverless", {}, "Knative", id="LegacyServerlessInStatus"),
+])
+def test_get_deployment_mode(recorded, annotations, want):
+    assert deployment_mode({"metadata": {"annotations": annotations}, "status": {"deploymentMode": recorded}}) == want
+
+
+@pytest.mark.parametrize("recorded, annotation, want", [
+    ("", "Serverless", "Knative"), ("", "RawDeployment", "Standard"), ("", "Bogus", "Knative"),
+    ("Standard", "Knative", "Standard")])
+def test_the_recorded_mode_wins_then_the_parsed_annotation_then_the_default(recorded, annotation, want):
+    """utils.go :226-247: the status first, legacy annotations as their successors, an unknown one the default."""
+    isvc = {"metadata": {"annotations": {"serving.kserve.io/deploymentMode": annotation}},
+            "status": {"deploymentMode": recorded}}
+    assert deployment_mode(isvc) == want

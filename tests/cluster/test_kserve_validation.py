@@ -4,6 +4,10 @@ Tables name the upstream test function and file at tag v0.20.0. Upstream's ``mak
 (``inference_service_validation_test.go`` :61) is :func:`base`: ``foo`` in ``default``, a TFServing predictor with
 ``storageUri: gs://testbucket/testmodel``. ``None`` is upstream's ``BeNil``/``Succeed``; ``ERR`` is upstream's
 ``ShouldNot(Succeed())`` (any error).
+
+Not ported: ``TestDeploymentModeUpdate``'s deletion case and ``TestValidateUpdateDuringDeletion`` (the test server
+deletes at once, so no update carries a ``deletionTimestamp``), ``TestValidatePredictorNameChange`` (not ported in
+cluster/kserve_validation.py).
 """
 from __future__ import annotations
 
@@ -11,9 +15,10 @@ import copy
 
 import pytest
 
-from cluster.kserve_validation import (EXACTLY_ONE, INVALID_LOGGER_STORAGE, INVALID_LOGGER_TYPE, MAX_REPLICAS_NEGATIVE,
-                                       MIN_REPLICAS_NEGATIVE, MIN_REPLICAS_OVER_MAX, PARALLELISM_NEGATIVE,
-                                       logger_error, storage_uri_error, validate)
+from cluster.kserve_validation import (DEPLOYMENT_MODE, EXACTLY_ONE, INVALID_LOGGER_STORAGE, INVALID_LOGGER_TYPE,
+                                       MAX_REPLICAS_NEGATIVE, MIN_REPLICAS_NEGATIVE, MIN_REPLICAS_OVER_MAX,
+                                       MODE_CHANGED, PARALLELISM_NEGATIVE, logger_error, parse_deployment_mode,
+                                       storage_uri_error, validate, validate_update)
 
 ERR = object()
 
@@ -178,3 +183,60 @@ def test_validate_canary_specs(isvc, want):
 def test_canary_traffic_percent_is_a_share_of_knative_traffic(percent, ok):
     """ksvc_reconciler.go :134-153: ``P`` to the latest revision and ``100 - P`` to the last rolled-out one."""
     assert (validate(base(canaryTrafficPercent=percent)) is None) is ok
+
+
+# constants_test.go TestParseDeploymentMode (:25)
+@pytest.mark.parametrize("mode, want", [
+    pytest.param("", "Standard", id="Empty string returns default"),
+    pytest.param("Standard", "Standard", id="Standard mode"),
+    pytest.param("Knative", "Knative", id="Knative mode"),
+    pytest.param("ModelMesh", "ModelMesh", id="ModelMesh mode"),
+    pytest.param("RawDeployment", "Standard", id="Legacy RawDeployment normalizes to Standard"),
+    pytest.param("Serverless", "Knative", id="Legacy Serverless normalizes to Knative"),
+    pytest.param("UnknownMode", "UnknownMode", id="Unknown mode returns as-is"),
+])
+def test_parse_deployment_mode(mode, want):
+    assert parse_deployment_mode(mode) == want
+
+
+# inference_service_validation_test.go TestDeploymentModeUpdate (:1398): the status of the old object, the
+# annotation of the update (None: no annotation), upstream's comment as the id
+@pytest.mark.parametrize("recorded, annotation, want", [
+    pytest.param("Knative", "Standard", MODE_CHANGED.format("Knative", "Standard"),
+                 id="Annotation does not match status, update should be rejected"),
+    pytest.param("Knative", "Knative", None, id="Annotation matches status, update is accepted"),
+    pytest.param("RawDeployment", "Standard", None,
+                 id='Legacy status "RawDeployment" should accept normalized annotation "Standard"'),
+    pytest.param("Serverless", "Knative", None,
+                 id='Legacy status "Serverless" should accept normalized annotation "Knative"'),
+    pytest.param("RawDeployment", "Knative", MODE_CHANGED.format("Standard", "Knative"),
+                 id='Legacy status "RawDeployment" with different mode "Knative" should still be rejected'),
+    pytest.param("", "Knative", None,
+                 id="Empty Status.DeploymentMode with a non-Standard annotation should be accepted"),
+    pytest.param("", "Serverless", None,
+                 id="Empty Status.DeploymentMode with a legacy Serverless annotation should also be accepted"),
+    pytest.param("", "Standard", None,
+                 id="Empty Status.DeploymentMode with a Standard annotation should also be accepted"),
+    pytest.param("", None, None, id="Empty Status.DeploymentMode with no deploymentMode annotation should be accepted"),
+])
+def test_deployment_mode_update(recorded, annotation, want):
+    old = {**base(), "status": {"deploymentMode": recorded}}
+    updated = base()
+    updated["metadata"]["annotations"] = {} if annotation is None else {DEPLOYMENT_MODE: annotation}
+    check(validate_update(updated, old), want)
+
+
+def test_a_recorded_mode_refuses_its_legacy_name_and_passes_no_annotation():
+    """inference_service_validation.go :695-698: the annotation is compared as written, not parsed; an update
+    without it keeps the recorded mode."""
+    old = {**base(), "status": {"deploymentMode": "Knative"}}
+    updated = base()
+    updated["metadata"]["annotations"] = {DEPLOYMENT_MODE: "Serverless"}
+    check(validate_update(updated, old), MODE_CHANGED.format("Knative", "Serverless"))
+    check(validate_update(base(), old), None)
+
+
+def test_the_update_rules_include_the_create_rules():
+    """``ValidateUpdate`` ends in ``validateInferenceService`` (:105), as ``ValidateCreate`` does."""
+    old = {**base(), "status": {"deploymentMode": "Knative"}}
+    check(validate_update(base(minReplicas=-1), old), MIN_REPLICAS_NEGATIVE)
