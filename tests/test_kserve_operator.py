@@ -246,6 +246,11 @@ def test_the_deployment_mode_is_recorded_and_then_cannot_change(kserve, model):
     assert status_of(refused.value)["message"] == (
         'admission webhook "inferenceservice.kserve-webhook-server.validator" denied the request: '
         "update rejected: deploymentMode cannot be changed from 'Knative' to 'Standard'")
+    replaced = _get(custom)  # a PUT (replace) goes through the same webhook
+    replaced["metadata"]["annotations"][DEPLOYMENT_MODE] = "RawDeployment"
+    with pytest.raises(client.ApiException) as refused:
+        custom.replace_namespaced_custom_object(GROUP, VERSION, "default", PLURAL, MODEL, replaced)
+    assert status_of(refused.value)["message"].endswith("cannot be changed from 'Knative' to 'RawDeployment'")
     assert _get(custom)["metadata"]["annotations"][DEPLOYMENT_MODE] == "Knative"
     _patch(custom, {}, {"annotations": {DEPLOYMENT_MODE: "Knative", MODEL_VERSION_ANNOTATION: "2"}})
     assert _get(custom)["metadata"]["annotations"][MODEL_VERSION_ANNOTATION] == "2"

@@ -598,11 +598,12 @@ class K8sServer:
                 if sub == "status":
                     return {**current, "status": updated.get("status", {})}
                 kept = {"status": current["status"]} if "status" in current else {}
-                return {**updated, **kept, "apiVersion": current["apiVersion"], "kind": current["kind"]}
-            patch = {"status": body.get("status")} if sub == "status" else {k: v for k, v in body.items()
-                                                                            if k != "status"}
-            updated = merge_patch(current, patch)
-            if resource.crd and sub != "status":
+                updated = {**updated, **kept, "apiVersion": current["apiVersion"], "kind": current["kind"]}
+            else:
+                patch = {"status": body.get("status")} if sub == "status" else {k: v for k, v in body.items()
+                                                                                if k != "status"}
+                updated = merge_patch(current, patch)
+            if resource.crd and sub != "status":  # an update by PUT or PATCH: the schema, then the webhooks
                 candidate = {k: v for k, v in updated.items() if k != "status"}
                 candidate["metadata"] = {k: v for k, v in updated["metadata"].items()
                                          if k in ("name", "namespace", "labels", "annotations")}
