@@ -22,6 +22,9 @@ from cluster.server_process import free_ports
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("MLFLOW_ENABLE_TELEMETRY", "false")
 os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"  # as the tests' Ray heads (--disable-usage-stats); else Ray Data's driver
+# starts a usage poller thread that logs a traceback every 10 s, and formatting one calls ast.parse, which races the
+# tests' own ast.parse on Python 3.11 before 3.11.9 ("AST constructor recursion depth mismatch", CPython gh-106905)
 os.environ.pop("CI", None)  # GitHub's runners set CI=true, under which `kfloop upload` refuses the default image;
 # the tests of that refusal set it themselves
 
