@@ -105,11 +105,16 @@ def quantity(value: Any) -> float:
 
 
 def field_value(pod: dict, path: str) -> str:
-    """The kubelet's downward API: the value of a ``fieldRef`` (``metadata.name``, ``metadata.labels['k']``,
-    ``metadata.annotations['k']``, ``spec.serviceAccountName``, ``status.podIP`` ...) of ``pod``; "" when unset."""
-    keyed = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
-    if keyed:
-        return pod["metadata"].get(keyed[1], {}).get(keyed[2], "")
+    """An env var's ``fieldRef`` as the kubelet resolves it (kubernetes ``pkg/kubelet/kubelet_pods.go``
+    ``podFieldSelectorRuntimeValue``): ``spec.*`` and ``status.*`` fields (``spec.serviceAccountName``,
+    ``status.podIP`` ...) read from ``pod`` ("" when unset), the metadata ones as a volume's
+    (:func:`extract_field_path`).
+
+    Raises:
+        ValueError: a metadata path :func:`extract_field_path` refuses.
+    """
+    if not path.startswith(("spec.", "status.")):
+        return extract_field_path(pod, path)
     value: Any = pod
     for part in path.split("."):
         value = value.get(part, "") if isinstance(value, dict) else ""
@@ -249,10 +254,11 @@ def fs_user(pod: dict) -> int | None:
     return next(iter(users)) if len(users) == 1 else None
 
 
-def volume_field_value(pod: dict, path: str) -> str:
-    """What a ``downwardAPI`` volume item's ``fieldRef`` reads (kubernetes ``pkg/fieldpath/fieldpath.go``
-    ``ExtractFieldPathAsString``, ``SplitMaybeSubscriptedPath``, ``FormatMap``): ``metadata.name``, ``.namespace``,
-    ``.uid``, a label or annotation by key, or all of them as sorted ``key="value"`` lines.
+def extract_field_path(pod: dict, path: str) -> str:
+    """What a ``downwardAPI`` volume item's ``fieldRef`` reads, and an env var's of the pod's metadata (kubernetes
+    ``pkg/fieldpath/fieldpath.go`` ``ExtractFieldPathAsString``, ``SplitMaybeSubscriptedPath``, ``FormatMap``):
+    ``metadata.name``, ``.namespace``, ``.uid``, a label or annotation by key, or all of them as sorted
+    ``key="value"`` lines.
 
     Raises:
         ValueError: upstream's errors: a subscript that is no qualified name, a subscript on another field, or
@@ -325,7 +331,7 @@ def _projection(job: "_JobController", pod: dict, source: dict,
     if "configMap" in source:
         payload = _key_payload(source["configMap"], {"ca.crt": job.api.ca_pem.decode()}, default_mode)
         return {path: (content, mode, None) for path, (content, mode) in payload.items()}
-    return {posixpath.normpath(item["path"]): (volume_field_value(pod, item["fieldRef"]["fieldPath"]),
+    return {posixpath.normpath(item["path"]): (extract_field_path(pod, item["fieldRef"]["fieldPath"]),
                                                item.get("mode", default_mode), None)
             for item in source["downwardAPI"].get("items") or []}
 
@@ -341,7 +347,7 @@ def projected_folder(job: "_JobController", pod: dict, volume: dict) -> Path:
       ``expirationSeconds`` is not emulated: the test cluster's tokens do not expire;
     * the ``kube-root-ca.crt`` ConfigMap (key ``ca.crt``) as ``configmap.MakePayload`` projects one
       (:func:`_key_payload`);
-    * ``downwardAPI`` items' ``fieldRef`` (:func:`volume_field_value`) at their cleaned ``path``
+    * ``downwardAPI`` items' ``fieldRef`` (:func:`extract_field_path`) at their cleaned ``path``
       (``pkg/volume/downwardapi/downwardapi.go`` ``CollectData``).
 
     A file's mode is its item's ``mode``, else ``defaultMode`` (:data:`PROJECTED_DEFAULT_MODE`). Every source's

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 from cluster.docker_kubelet import EXEC_MASK, RW_MASK, set_volume_ownership
-from cluster.k8s_operator import expand
+from cluster.k8s_operator import expand, field_value
 from cluster.kubernetes_cluster import PYTHON, pytorchjob
 from polling import wait_for
 
@@ -36,6 +36,18 @@ EXPAND_VECTORS = [
 @pytest.mark.parametrize("text, want", EXPAND_VECTORS)
 def test_expansion_follows_the_kubelets_own_cases(text, want):
     assert expand(text, _ENV) == want
+
+
+def test_an_env_field_ref_reads_spec_and_status_and_the_metadata_as_the_downward_api_volume_does():
+    """kubelet_pods.go ``podFieldSelectorRuntimeValue``: its own ``spec``/``status`` fields, the rest through
+    ``fieldpath.ExtractFieldPathAsString``, which refuses what it does not read."""
+    pod = {"metadata": {"name": "p", "labels": {"app": "a"}}, "spec": {"serviceAccountName": "kfloop"},
+           "status": {"podIP": "127.0.0.1"}}
+    assert [field_value(pod, path) for path in ("metadata.name", "metadata.labels['app']", "metadata.labels",
+                                                "spec.serviceAccountName", "status.podIP", "spec.nodeName")] == [
+        "p", "a", 'app="a"', "kfloop", "127.0.0.1", ""]
+    with pytest.raises(ValueError, match=r"^unsupported fieldPath: metadata\.generateName$"):
+        field_value(pod, "metadata.generateName")
 
 
 def _provisioned(tmp_path):
